@@ -1,0 +1,40 @@
+"""The shared Transformer backbone: the public API that every task builds on.
+
+Tasks import from here only::
+
+    from trident.backbone import TransformerConfig, Decoder, TokenEmbedding
+"""
+
+from trident.backbone.attention import MultiHeadAttention
+from trident.backbone.block import TransformerBlock
+from trident.backbone.cache import KVCache, LayerKVCache
+from trident.backbone.config import TransformerConfig
+from trident.backbone.layers import FeedForward, TokenEmbedding, make_norm
+from trident.backbone.masks import build_attention_mask, causal_mask
+from trident.backbone.positional import (
+    PositionalEncoding,
+    available_pos_encodings,
+    pos_encoding_class,
+    register_pos_encoding,
+)
+from trident.backbone.stack import Decoder, Encoder, TransformerStack
+
+__all__ = [
+    "Decoder",
+    "Encoder",
+    "FeedForward",
+    "KVCache",
+    "LayerKVCache",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TokenEmbedding",
+    "TransformerBlock",
+    "TransformerConfig",
+    "TransformerStack",
+    "available_pos_encodings",
+    "build_attention_mask",
+    "causal_mask",
+    "make_norm",
+    "pos_encoding_class",
+    "register_pos_encoding",
+]

@@ -1,0 +1,77 @@
+"""One Transformer block: self-attention, optional cross-attention, feed-forward, each a residual sub-layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from trident.backbone.attention import MultiHeadAttention
+from trident.backbone.cache import LayerKVCache
+from trident.backbone.config import TransformerConfig
+from trident.backbone.layers import FeedForward, make_norm
+
+
+class TransformerBlock(nn.Module):
+    """Post-norm (``norm_first=False``, the paper): x = Norm(x + Dropout(Sublayer(x))).
+    Pre-norm (``norm_first=True``): x = x + Dropout(Sublayer(Norm(x))), which trains stably
+    without warmup and needs a final norm after the stack."""
+
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+
+        def attention(cross: bool) -> MultiHeadAttention:
+            return MultiHeadAttention(
+                cfg.d_model,
+                cfg.n_heads,
+                cross=cross,
+                bias=cfg.bias,
+                attn_dropout=cfg.attn_dropout,
+                impl=cfg.attn_impl,
+            )
+
+        self.self_attn = attention(cross=False)
+        self.self_attn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias)
+        self.cross_attn = attention(cross=True) if cross_attention else None
+        self.cross_attn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias) if cross_attention else None
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.bias)
+        self.ffn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: LayerKVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``x``: (B, T, D); ``memory``: (B, S, D) encoder output for cross-attention.
+        Returns the block output and the self-attention weights (when asked for)."""
+        self_weights: list[Tensor | None] = []
+
+        def self_attention(h: Tensor) -> Tensor:
+            out, weights = self.self_attn(
+                h, attn_mask=attn_mask, is_causal=is_causal, rope=rope, cache=cache, need_weights=need_weights
+            )
+            self_weights.append(weights)
+            return out
+
+        x = self._residual(x, self.self_attn_norm, self_attention)
+        if self.cross_attn is not None and self.cross_attn_norm is not None:
+            cross_attn = self.cross_attn
+            x = self._residual(
+                x, self.cross_attn_norm, lambda h: cross_attn(h, memory, attn_mask=memory_mask, cache=cache)[0]
+            )
+        x = self._residual(x, self.ffn_norm, self.ffn)
+        return x, self_weights[0]

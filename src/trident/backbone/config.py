@@ -1,0 +1,77 @@
+"""The typed configuration of a Transformer stack, checked once when it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trident.errors import ConfigError
+
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+ATTENTION_IMPLS = ("sdpa", "explicit")
+
+
+@dataclass
+class TransformerConfig:
+    """Shape and architecture of one encoder or decoder stack.
+
+    The defaults are the paper's base model ("Attention Is All You Need", Table 3),
+    except ``norm_first``/``activation`` which follow modern practice; the ``model``
+    config group overrides them per size.
+    """
+
+    d_model: int = 512
+    n_heads: int = 8
+    n_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # on embeddings and on every residual branch
+    attn_dropout: float = 0.0  # on the attention weights
+    activation: str = "gelu"  # relu (paper) | gelu | swiglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_first: bool = True  # pre-norm; False is the paper's post-norm
+    bias: bool = True  # biases in linear layers
+    max_seq_len: int = 1024  # longest sequence the positional encoding must serve
+    attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
+    pos_encoding: str = "sinusoidal"  # a name from trident.backbone.available_pos_encodings()
+    pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # e.g. rope base
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
+                f"choose n_heads among the divisors of d_model (e.g. {_divisors_hint(self.d_model)})"
+            )
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+        _check_choice("model.activation", self.activation, ACTIVATIONS)
+        _check_choice("model.norm", self.norm, NORMS)
+        _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)
+        # Imported here: the positional registry imports this module for type hints.
+        from trident.backbone.positional import pos_encoding_class
+
+        spec = pos_encoding_class(self.pos_encoding)
+        if spec.uses_rotary and self.head_dim % 2 != 0:
+            raise ConfigError(
+                f"pos_encoding=rope needs an even head size, got d_model/n_heads={self.head_dim}: "
+                "change model.d_model or model.n_heads"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not supported: choose one of {', '.join(choices)}")
+
+
+def _divisors_hint(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, min(n, 64) + 1) if n % d == 0)

@@ -1,0 +1,53 @@
+"""Attention masks. Convention: a boolean *allowed* mask is True where a query may attend,
+and a ``key_padding_mask`` is True at padding positions (PyTorch's convention)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
+    """(Tq, Tk) allowed mask where the queries are the *last* ``q_len`` of ``k_len`` positions.
+
+    With a KV cache the keys include ``k_len - q_len`` earlier positions, so query i sits at
+    absolute position ``k_len - q_len + i`` and may see every key up to and including it.
+    """
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    return k_pos <= q_pos
+
+
+def padding_allowed(key_padding_mask: Tensor) -> Tensor:
+    """(B, Tk) True-at-padding mask -> (B, 1, 1, Tk) allowed mask, broadcast over heads and queries."""
+    return ~key_padding_mask.bool()[:, None, None, :]
+
+
+def build_attention_mask(
+    *,
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    key_padding_mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    device: torch.device | None = None,
+) -> tuple[Tensor | None, bool]:
+    """Combine causality, key padding and a positional score bias into one SDPA argument.
+
+    Returns ``(attn_mask, is_causal)``: ``is_causal=True`` with no mask is the fast path that
+    lets SDPA pick a fused kernel; otherwise ``attn_mask`` is a boolean allowed mask or an
+    additive float mask with ``-inf`` where attention is forbidden (exactly zero weight).
+    """
+    if causal and key_padding_mask is None and bias is None and q_len == k_len:
+        return None, True
+    allowed: Tensor | None = None
+    if causal and q_len > 1:  # a single new query may see every cached key
+        allowed = causal_mask(q_len, k_len, device)  # (Tq, Tk)
+    if key_padding_mask is not None:
+        pad = padding_allowed(key_padding_mask)  # (B, 1, 1, Tk)
+        allowed = pad if allowed is None else allowed & pad
+    if bias is None:
+        return allowed, False
+    if allowed is None:
+        return bias, False
+    return bias.masked_fill(~allowed, float("-inf")), False

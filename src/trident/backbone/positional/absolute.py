@@ -1,0 +1,71 @@
+"""Absolute encodings added to the token embeddings: the paper's sinusoids and a learned table."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from trident.backbone.positional.base import PositionalEncoding, register_pos_encoding
+
+if TYPE_CHECKING:
+    from trident.backbone.config import TransformerConfig
+
+
+def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); (T, d_model)."""
+    inv_freq = torch.exp(
+        -math.log(base) * torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32) / d_model
+    )  # (ceil(d/2),)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, ceil(d/2))
+    table = torch.zeros(positions.numel(), d_model, device=positions.device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+@register_pos_encoding
+class SinusoidalEncoding(PositionalEncoding):
+    """Fixed sinusoids of geometrically spaced wavelengths (Vaswani et al., section 3.5)."""
+
+    name: ClassVar[str] = "sinusoidal"
+    extrapolates: ClassVar[bool] = False
+
+    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+        super().__init__(cfg, causal=causal)
+        self.d_model = cfg.d_model
+        self.base = float(cfg.pos_encoding_options.get("base", 10000.0))
+        # Precompute the table up to the configured length; longer sequences are computed on the fly.
+        table = sinusoidal_table(torch.arange(cfg.max_seq_len), cfg.d_model, self.base)
+        self.register_buffer("table", table, persistent=False)
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return ("base",)
+
+    def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
+        last = int(positions[-1]) if positions.numel() else -1
+        if last < self.table.size(0):
+            pe = self.table[positions]
+        else:
+            pe = sinusoidal_table(positions, self.d_model, self.base)
+        return x + pe.to(x.dtype)  # (B, T, D) + (T, D)
+
+
+@register_pos_encoding
+class LearnedEncoding(PositionalEncoding):
+    """A trainable vector per position (BERT, GPT-2, ViT); cannot go beyond ``max_seq_len``."""
+
+    name: ClassVar[str] = "learned"
+    bounded_length: ClassVar[bool] = True
+    extrapolates: ClassVar[bool] = False
+
+    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+        super().__init__(cfg, causal=causal)
+        self.embedding = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + self.embedding(positions).to(x.dtype)

@@ -1,0 +1,104 @@
+"""The interface every positional encoding implements, and the registry that names them.
+
+A Transformer is permutation-invariant without position information. Encodings inject it
+in one of three places, so each one overrides exactly one hook:
+
+* ``add_to_embeddings``: absolute vectors added to the token embeddings (sinusoidal, learned);
+* ``rotary``: a rotation of queries and keys inside every attention layer (rope);
+* ``attention_bias``: an additive bias on the attention scores (alibi, relative).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from trident.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trident.backbone.config import TransformerConfig
+
+_REGISTRY: dict[str, type[PositionalEncoding]] = {}
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: no position information at all (the ``none`` encoding)."""
+
+    name: ClassVar[str] = "none"
+    #: True when the encoding has a hard maximum length (a learned table).
+    bounded_length: ClassVar[bool] = False
+    #: True when incremental decoding with a KV cache gives the same result as a full pass.
+    supports_kv_cache: ClassVar[bool] = True
+    #: True when quality holds on sequences longer than those seen in training.
+    extrapolates: ClassVar[bool] = True
+    #: True when queries and keys are rotated (needs an even head size).
+    uses_rotary: ClassVar[bool] = False
+
+    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.max_len: int | None = cfg.max_seq_len if self.bounded_length else None
+        unknown = set(cfg.pos_encoding_options) - set(self.option_names())
+        if unknown:
+            raise ConfigError(
+                f"pos_encoding={self.name} has no option(s) {sorted(unknown)}; "
+                f"it accepts {sorted(self.option_names()) or 'none'}"
+            )
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """Names accepted in ``TransformerConfig.pos_encoding_options``."""
+        return ()
+
+    def check_length(self, length: int) -> None:
+        """Fail clearly when a sequence is longer than the encoding can represent."""
+        if self.max_len is not None and length > self.max_len:
+            raise ConfigError(
+                f"sequence length {length} exceeds the {self.name} positional encoding's maximum "
+                f"{self.max_len}: raise model.max_seq_len or shorten the sequence (data.block_size)"
+            )
+
+    def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x``: (B, T, D) embeddings; ``positions``: (T,) absolute positions."""
+        return x
+
+    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(cos, sin), each (T, head_dim), for rotating queries/keys at ``positions``."""
+        return None
+
+    def attention_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """Additive score bias of shape (1, n_heads, Tq, Tk), or None."""
+        return None
+
+
+def register_pos_encoding(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
+    """Class decorator adding an encoding to the registry under ``cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+register_pos_encoding(PositionalEncoding)
+
+
+def available_pos_encodings() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def pos_encoding_class(name: str) -> type[PositionalEncoding]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown positional encoding {name!r}: choose one of {', '.join(available_pos_encodings())}"
+        ) from None
+
+
+def build_pos_encoding(cfg: TransformerConfig, *, causal: bool) -> PositionalEncoding:
+    return pos_encoding_class(cfg.pos_encoding)(cfg, causal=causal)
+
+
+def positions_from(offset: int, length: int, device: torch.device) -> Tensor:
+    """Absolute positions ``offset .. offset+length-1`` as a (length,) long tensor."""
+    return torch.arange(offset, offset + length, device=device)

@@ -1,0 +1,133 @@
+"""Encoder and decoder stacks: one layer stack, two thin subclasses (causal or not)."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+from trident.backbone.block import TransformerBlock
+from trident.backbone.cache import KVCache
+from trident.backbone.config import TransformerConfig
+from trident.backbone.layers import make_norm
+from trident.backbone.masks import build_attention_mask, padding_allowed
+from trident.backbone.positional import build_pos_encoding, positions_from
+
+
+class TransformerStack(nn.Module):
+    """Positional encoding, dropout, ``n_layers`` blocks and (pre-norm only) a final norm.
+
+    Input and output are embeddings (B, T, D): token or patch embeddings belong to the model
+    that owns the stack, so one stack serves text and images alike.
+    """
+
+    def __init__(self, cfg: TransformerConfig, *, causal: bool, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.causal = causal
+        self.pos_encoding = build_pos_encoding(cfg, causal=causal)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg, cross_attention=cross_attention) for _ in range(cfg.n_layers)
+        )
+        # Post-norm blocks end in a norm already; pre-norm stacks need one after the last residual.
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias) if cfg.norm_first else nn.Identity()
+        self._init_linear_weights()
+
+    def _init_linear_weights(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02), and residual output projections scaled by
+        1/sqrt(2 * n_layers) so the residual stream's variance does not grow with depth."""
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.blocks.named_modules():
+            if isinstance(module, nn.Linear):
+                is_residual_out = name.endswith("out_proj") or name.endswith("fc_out")
+                nn.init.normal_(module.weight, std=residual_std if is_residual_out else 0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """An empty KV cache for incremental decoding of up to ``max_len`` positions."""
+        return KVCache(len(self.blocks), max_len)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """``x``: (B, T, D) embeddings. ``key_padding_mask``: (B, T_total) True at padding, covering
+        cached positions too. ``memory``: (B, S, D) for cross-attention. Returns (B, T, D)."""
+        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False)[0]
+
+    def forward_with_attention(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Like :meth:`forward`, also returning each block's self-attention weights (B, nh, Tq, Tk)."""
+        hidden, weights = self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=True)
+        return hidden, [w for w in weights if w is not None]
+
+    def _run(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None,
+        memory: Tensor | None,
+        memory_padding_mask: Tensor | None,
+        cache: KVCache | None,
+        *,
+        need_weights: bool,
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        length = x.size(1)
+        offset = cache.length if cache is not None else 0
+        self.pos_encoding.check_length(offset + length)
+        q_positions = positions_from(offset, length, x.device)  # (T,)
+        k_positions = positions_from(0, offset + length, x.device)  # (T_total,)
+        # Everything position-dependent is computed once here and shared by all blocks.
+        rope = self.pos_encoding.rotary(q_positions)
+        bias = self.pos_encoding.attention_bias(q_positions, k_positions)
+        attn_mask, is_causal = build_attention_mask(
+            q_len=length,
+            k_len=offset + length,
+            causal=self.causal,
+            key_padding_mask=key_padding_mask,
+            bias=bias,
+            device=x.device,
+        )
+        memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
+        h = self.dropout(self.pos_encoding.add_to_embeddings(x, q_positions))
+        all_weights: list[Tensor | None] = []
+        for i, block in enumerate(self.blocks):
+            h, weights = block(
+                h,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
+                rope=rope,
+                memory=memory,
+                memory_mask=memory_mask,
+                cache=cache.layers[i] if cache is not None else None,
+                need_weights=need_weights,
+            )
+            all_weights.append(weights)
+        return self.final_norm(h), all_weights
+
+
+class Encoder(TransformerStack):
+    """Bidirectional stack: every position attends to every non-padding position."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__(cfg, causal=False)
+
+
+class Decoder(TransformerStack):
+    """Causal stack; with ``cross_attention=True`` each block also attends to an encoder's output."""
+
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False) -> None:
+        super().__init__(cfg, causal=True, cross_attention=cross_attention)

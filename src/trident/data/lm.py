@@ -1,0 +1,165 @@
+"""Language-modelling data: corpus -> tokenizer -> token stream -> packed fixed-length blocks.
+
+Preparation (reading, tokenizer training, tokenization) runs once per distinct data config and
+is cached on disk under ``cache_dir``; later runs, and every DDP rank, load the cached arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from filelock import FileLock
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from trident.data.corpora import SPLITS, load_corpus
+from trident.data.tokenization import train_tokenizer
+from trident.errors import ConfigError, DataError
+
+CACHE_VERSION = 1  # bump when the preparation below changes its output
+
+
+class PackedBlocks(Dataset[tuple[Tensor, Tensor]]):
+    """Non-overlapping windows of ``block_size + 1`` tokens: inputs and next-token targets."""
+
+    def __init__(self, ids: np.ndarray, block_size: int) -> None:
+        self.ids = ids
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.ids) - 1) // self.block_size
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        start = index * self.block_size
+        window = torch.from_numpy(self.ids[start : start + self.block_size + 1].astype(np.int64))
+        return window[:-1], window[1:]  # (T,), (T,)
+
+
+class LMDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "shakespeare",
+        source_options: dict[str, Any] | None = None,
+        tokenizer: str = "char",
+        vocab_size: int = 8192,
+        block_size: int = 256,
+        batch_size: int = 32,
+        split: tuple[float, float, float] = (0.9, 0.05, 0.05),
+        cache_dir: str = "outputs/cache",
+        num_workers: int = 0,
+        sample_prompts: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if block_size <= 0 or batch_size <= 0:
+            raise ConfigError(f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}")
+        self.source = source
+        self.source_options = dict(source_options or {})
+        self.tokenizer_kind = tokenizer
+        self.vocab_size_target = vocab_size
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.split = list(split)
+        self.num_workers = num_workers
+        self.sample_prompts = list(sample_prompts or [])
+        key = json.dumps(
+            [CACHE_VERSION, source, self.source_options, tokenizer, vocab_size if tokenizer != "char" else 0, self.split],
+            sort_keys=True,
+            default=str,
+        )
+        self.cache_path = Path(cache_dir) / "lm" / hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.tokenizer: Tokenizer | None = None
+        self.splits: dict[str, np.ndarray] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        if self.tokenizer is None:
+            raise RuntimeError("call prepare_data() and setup() before reading vocab_size")
+        return self.tokenizer.get_vocab_size()
+
+    def prepare_data(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        # A lock, so concurrent jobs (DDP ranks, parallel sweeps) build the cache once.
+        with FileLock(str(self.cache_path) + ".lock"):
+            if not (self.cache_path / "meta.json").exists():
+                self._build_cache()
+
+    def _build_cache(self) -> None:
+        corpus = load_corpus(self.source, self.source_options, self.split)
+        for name in SPLITS:
+            if not any(t.strip() for t in corpus[name]["text"]):
+                raise DataError(f"the {name} split of data.source={self.source} is empty: use a larger corpus or change data.split")
+        tokenizer = train_tokenizer(self.tokenizer_kind, corpus["train"]["text"], vocab_size=self.vocab_size_target)
+        staging = self.cache_path.with_name(self.cache_path.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+
+        def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+            return {"ids": [e.ids for e in tokenizer.encode_batch(batch["text"])]}
+
+        dtype = np.uint16 if tokenizer.get_vocab_size() < 2**16 else np.int32
+        counts = {}
+        for name in SPLITS:
+            tokenized = corpus[name].map(
+                encode, batched=True, remove_columns=["text"], desc=f"Tokenizing {name}",
+                cache_file_name=str(staging / f"{name}.arrow"),
+            )
+            ids = np.fromiter((i for row in tokenized["ids"] for i in row), dtype=dtype)
+            np.save(staging / f"{name}.npy", ids)
+            counts[name] = int(ids.size)
+        tokenizer.save(str(staging / "tokenizer.json"))
+        (staging / "meta.json").write_text(json.dumps({"tokens": counts, "vocab_size": tokenizer.get_vocab_size()}))
+        shutil.rmtree(self.cache_path, ignore_errors=True)
+        staging.rename(self.cache_path)  # atomic: a half-built cache is never picked up
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        for name in SPLITS:
+            self.splits[name] = np.load(self.cache_path / f"{name}.npy", mmap_mode="r")
+            if len(self.splits[name]) <= self.block_size:
+                raise DataError(
+                    f"the {name} split has {len(self.splits[name])} tokens, fewer than one block of "
+                    f"data.block_size={self.block_size}+1: lower data.block_size or use a larger corpus"
+                )
+
+    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            PackedBlocks(self.splits[name], self.block_size),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+    def task_inputs(self) -> dict[str, Any]:
+        """What the task module needs from the data: vocabulary, tokenizer, prompts for samples."""
+        if self.tokenizer is None:
+            raise RuntimeError("call prepare_data() and setup() before task_inputs()")
+        return {
+            "vocab_size": self.vocab_size,
+            "tokenizer_json": self.tokenizer.to_str(),
+            "sample_prompts": self.sample_prompts,
+        }
+
+    def token_counts(self) -> dict[str, int]:
+        return {name: int(len(ids)) for name, ids in self.splits.items()}
+

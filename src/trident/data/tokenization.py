@@ -1,0 +1,54 @@
+"""Tokenizers trained with Hugging Face ``tokenizers``: character level and byte-level BPE.
+
+Both are plain ``tokenizers.Tokenizer`` objects, so one JSON string saves and restores either
+(with the run directory and inside checkpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from trident.errors import ConfigError
+
+UNK = "<unk>"
+END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_KINDS = ("char", "bpe")
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) -> Tokenizer:
+    """``char``: one token per character seen in ``texts`` (plus ``<unk>``); ``vocab_size`` is ignored.
+    ``bpe``: byte-level BPE (GPT-2 style) with ``vocab_size`` tokens; it never produces unknowns."""
+    if kind == "char":
+        return _char_tokenizer(texts)
+    if kind == "bpe":
+        if vocab_size < 257:
+            raise ConfigError(f"data.vocab_size={vocab_size} is too small for byte-level BPE: use at least 257")
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[END_OF_TEXT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=True,
+        )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return tokenizer
+    raise ConfigError(f"unknown data.tokenizer {kind!r}: choose one of {', '.join(TOKENIZER_KINDS)}")
+
+
+def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:
+    alphabet: set[str] = set()
+    for text in texts:
+        alphabet.update(text)
+    vocab = {UNK: 0} | {char: i + 1 for i, char in enumerate(sorted(alphabet))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
+    tokenizer.decoder = decoders.Fuse()  # join characters back without separators
+    return tokenizer
+
+
+def decode(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)

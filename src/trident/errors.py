@@ -1,0 +1,16 @@
+"""User-facing errors: each message names the problem and the fix in one line."""
+
+
+class TridentError(Exception):
+    """A problem the user can fix (bad config value, missing file, ...).
+
+    ``train.py`` prints these as a single ``error: ...`` line instead of a traceback.
+    """
+
+
+class ConfigError(TridentError, ValueError):
+    """An invalid or inconsistent configuration value."""
+
+
+class DataError(TridentError):
+    """A missing, empty or unreadable dataset or corpus."""

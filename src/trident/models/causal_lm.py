@@ -1,0 +1,41 @@
+"""Decoder-only language model (GPT): token embedding -> causal stack -> vocabulary logits."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from trident.backbone import Decoder, KVCache, TokenEmbedding, TransformerConfig
+
+
+class CausalLM(nn.Module):
+    def __init__(
+        self, cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: bool = True, scale_embeddings: bool = False
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        self.decoder = Decoder(cfg)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            # Input and output embeddings share one matrix (Press & Wolf 2017; the paper, section 3.4).
+            self.head.weight = self.embed.weight
+        else:
+            nn.init.normal_(self.head.weight, std=0.02)
+
+    def forward(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only."""
+        return self.head(self.decoder(self.embed(ids), cache=cache))
+
+    def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""
+        hidden, weights = self.decoder.forward_with_attention(self.embed(ids))
+        return self.head(hidden), weights
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return self.decoder.new_cache(max_len)
+
+    @property
+    def context_length(self) -> int:
+        """Longest context the model was configured for (``model.max_seq_len``)."""
+        return self.cfg.max_seq_len

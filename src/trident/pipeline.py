@@ -1,0 +1,124 @@
+"""The training pipeline behind ``train.py``: config -> data, task, callbacks, loggers, trainer -> fit, test."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra.utils
+import lightning as L
+import wandb
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.tree import Tree
+
+from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.errors import ConfigError
+from trident.training.loggers import build_loggers
+
+log = logging.getLogger(__name__)
+
+
+def backbone_options(cfg: DictConfig) -> dict[str, Any]:
+    """The ``model`` group (sizes, architecture) and the ``pos_encoding`` group as one plain dict,
+    validated by :class:`TransformerConfig`."""
+    options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
+    options.pop("name", None)
+    options["max_seq_len"] = cfg.data.max_seq_len  # the context comes with the data, not the size
+    options["pos_encoding"] = cfg.pos_encoding.name
+    options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
+    return options
+
+
+def check_config(cfg: DictConfig) -> TransformerConfig:
+    """Fail before any work when values are inconsistent, with a message naming the fix."""
+    backbone = TransformerConfig(**backbone_options(cfg))
+    encoding = pos_encoding_class(backbone.pos_encoding)
+    block_size = cfg.data.get("block_size")
+    if block_size is not None and block_size > backbone.max_seq_len:
+        kind = "the learned table" if encoding.bounded_length else "the configured context"
+        raise ConfigError(
+            f"data.block_size={block_size} is longer than model.max_seq_len={backbone.max_seq_len} ({kind}): "
+            f"raise model.max_seq_len or lower data.block_size"
+        )
+    return backbone
+
+
+def print_config_tree(cfg: DictConfig) -> None:
+    tree = Tree("config", guide_style="dim")
+    for key, value in cfg.items():
+        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        tree.add(str(key)).add(Syntax(text, "yaml", theme="ansi_dark", background_color="default"))
+    Console().print(tree)
+
+
+def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+# Keys of the `data` and `task` groups that the pipeline reads; the rest are constructor arguments.
+PIPELINE_KEYS = {"data": ("name", "max_seq_len"), "task": ("name", "monitor", "monitor_mode")}
+
+
+def constructor_args(cfg: DictConfig, group: str) -> dict[str, Any]:
+    args: dict[str, Any] = OmegaConf.to_container(cfg[group], resolve=True)  # type: ignore[assignment]
+    for key in PIPELINE_KEYS[group]:
+        args.pop(key, None)
+    return args
+
+
+def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    # LearningRateMonitor refuses to run without a logger (logger=none): leave it out then.
+    return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run one training job; returns the final metrics (for sweeps and tests)."""
+    run_dir = Path(cfg.paths.output_dir)
+    backbone = check_config(cfg)
+    if cfg.get("print_config", True):
+        print_config_tree(cfg)
+    save_resolved_config(cfg, run_dir)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule: L.LightningDataModule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    task: L.LightningModule = hydra.utils.instantiate(
+        constructor_args(cfg, "task"),
+        backbone=vars(backbone),
+        optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
+        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
+        **datamodule.task_inputs(),
+        _convert_="all",
+        _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
+    )
+    loggers = build_loggers(cfg, run_dir)
+    callbacks = build_callbacks(cfg, has_logger=bool(loggers))
+    trainer: L.Trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), _convert_="all"
+    )
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if cfg.get("test", True):
+            best = _best_checkpoint(trainer)
+            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=False)
+            metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    finally:
+        if wandb.run is not None:
+            wandb.finish()  # exactly one W&B run per job, also when a multirun reuses the process
+    log.info("Run directory: %s", run_dir)
+    return metrics
+
+
+def _best_checkpoint(trainer: L.Trainer) -> str | None:
+    checkpoint = trainer.checkpoint_callback
+    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
+        return checkpoint.best_model_path
+    return None

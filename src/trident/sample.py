@@ -1,0 +1,71 @@
+"""Sample text from a trained language-model checkpoint.
+
+    python -m trident.sample outputs/runs/.../checkpoints/last.ckpt --prompt "ROMEO:" --max-new-tokens 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from trident.cli import run_with_clear_errors
+from trident.errors import DataError
+from trident.models import generate
+from trident.tasks.lm import LanguageModelTask
+
+
+def load_lm_checkpoint(path: Path) -> LanguageModelTask:
+    """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file."""
+    if not path.is_file():
+        raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
+    try:
+        task = LanguageModelTask.load_from_checkpoint(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError) as err:
+        raise DataError(
+            f"cannot read checkpoint {str(path)!r} ({type(err).__name__}): it is corrupt, truncated or not a trident "
+            "language-model checkpoint; use another checkpoint of the run (last.ckpt or best-*.ckpt)"
+        ) from err
+    if task.tokenizer is None:
+        raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's LM task")
+    return task.eval()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=300)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        task = load_lm_checkpoint(args.checkpoint)
+        assert task.tokenizer is not None
+        generator = torch.Generator().manual_seed(args.seed)
+        prompt = torch.tensor([task.tokenizer.encode(args.prompt).ids] * args.num_samples)
+        out = generate(
+            task.net,
+            prompt,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            use_cache=not args.no_cache,
+            generator=generator,
+        )
+        for row in out.tolist():
+            sys.stdout.write(task.tokenizer.decode(row) + "\n" + "-" * 40 + "\n")
+
+    run_with_clear_errors(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Causal language modelling as a LightningModule: next-token loss, perplexity, sampled text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import Tensor
+from torchmetrics.text import Perplexity
+
+from trident.backbone import TransformerConfig
+from trident.models import CausalLM, generate
+from trident.training.optim import build_optimizer, build_scheduler
+from trident.training.text_logging import log_text_table
+
+
+class LanguageModelTask(L.LightningModule):
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        vocab_size: int,
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        tie_embeddings: bool = True,
+        scale_embeddings: bool = False,
+        sample_prompts: list[str] | None = None,
+        sampling: dict[str, Any] | None = None,
+        tokenizer_json: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain values only, so that load_from_checkpoint can rebuild the module; the tokenizer
+        # travels in the checkpoint itself (see on_save_checkpoint), not in the hyperparameters.
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        self.net = CausalLM(
+            TransformerConfig(**backbone), vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
+        )
+        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.val_perplexity = Perplexity()
+        self.test_perplexity = Perplexity()
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.net(ids)
+
+    def throughput_units(self, batch: tuple[Tensor, Tensor]) -> dict[str, int]:
+        return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}
+
+    def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        inputs, targets = batch  # (B, T), (B, T)
+        logits = self.net(inputs)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return loss, logits
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        self.val_perplexity(logits.float(), batch[1])
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", self.val_perplexity)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        self.test_perplexity(logits.float(), batch[1])
+        self.log("test/loss", loss, sync_dist=True)
+        self.log("test/ppl", self.test_perplexity)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        samples = self.sample_texts()
+        if samples:
+            log_text_table(self, "samples", ["step", "prompt", "sample"], [[self.global_step, p, s] for p, s in samples])
+
+    def sample_texts(self) -> list[tuple[str, str]]:
+        """Continue each configured prompt with the sampling settings; returns (prompt, text) pairs."""
+        if self.tokenizer is None or not self.hparams.sample_prompts:
+            return []
+        settings = dict(self.hparams.sampling or {})
+        generator = torch.Generator(device=self.device).manual_seed(int(settings.pop("seed", 0)))
+        results = []
+        was_training = self.training
+        self.eval()
+        for prompt in self.hparams.sample_prompts:
+            ids = torch.tensor([self.tokenizer.encode(prompt).ids], device=self.device)
+            out = generate(self.net, ids, generator=generator, **settings)
+            results.append((prompt, self.tokenizer.decode(out[0].tolist())))
+        self.train(was_training)
+        return results
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        no_decay = {"decoder.pos_encoding.embedding.weight", "decoder.pos_encoding.bias.weight"}
+        optimizer = build_optimizer(self.net, self.hparams.optimizer, no_decay)
+        scheduler = build_scheduler(optimizer, self.hparams.scheduler, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer_json"] = self.tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("tokenizer_json"):
+            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])

@@ -1,0 +1,87 @@
+"""Optimizer parameter groups and learning-rate schedules (warmup + cosine, the paper's inverse sqrt)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import hydra.utils
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from trident.errors import ConfigError
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Decay matrices only: biases, norm gains (all < 2-D) and the names in ``no_decay_names``
+    (e.g. positional tables) are left alone, as in GPT-2 / timm."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or name in no_decay_names else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
+    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay`` and other kwargs."""
+    cfg = dict(cfg)
+    if float(cfg.get("lr", 0)) <= 0:
+        raise ConfigError(f"optimizer.lr must be positive, got {cfg.get('lr')!r}")
+    weight_decay = float(cfg.pop("weight_decay", 0.0))
+    if weight_decay < 0:
+        raise ConfigError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
+    groups = parameter_groups(model, weight_decay, set(no_decay_names))
+    return hydra.utils.instantiate(cfg, params=groups, _convert_="all")
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
+    """Linear warmup to the peak, then cosine decay to ``min_lr_ratio`` x peak at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def inverse_sqrt(warmup_steps: int) -> Callable[[int], float]:
+    """The paper's schedule (section 5.3): lr ~ min(step^-0.5, step * warmup^-1.5), normalised
+    so the peak, reached at ``warmup_steps``, equals the optimizer's lr.
+
+    The paper's own peak is d_model^-0.5 * warmup^-0.5 (7e-4 for d_model=512, warmup=4000).
+    """
+
+    def factor(step: int) -> float:
+        step = step + 1
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+    return factor
+
+
+def constant() -> Callable[[int], float]:
+    return lambda step: 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any], total_steps: int) -> LambdaLR:
+    """``cfg.name``: cosine | inverse_sqrt | constant; stepped every optimizer step."""
+    name = cfg.get("name", "constant")
+    warmup = int(cfg.get("warmup_steps", 0))
+    if warmup < 0:
+        raise ConfigError(f"scheduler.warmup_steps must be >= 0, got {warmup}")
+    if name == "cosine":
+        schedule = warmup_cosine(max(1, warmup), total_steps, float(cfg.get("min_lr_ratio", 0.1)))
+    elif name == "inverse_sqrt":
+        schedule = inverse_sqrt(max(1, warmup))
+    elif name == "constant":
+        schedule = constant()
+    else:
+        raise ConfigError(f"unknown scheduler.name {name!r}: choose one of cosine, inverse_sqrt, constant")
+    return LambdaLR(optimizer, schedule)

@@ -1,0 +1,66 @@
+"""Shared fixtures: compose the real Hydra config the way train.py does, on small settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+
+# Small and fast: the nano model on short blocks, a few batches of everything.
+SMALL = [
+    "model=nano",
+    "data.block_size=32",
+    "data.batch_size=4",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.num_sanity_val_steps=0",
+    "task.sampling.max_new_tokens=8",
+    "print_config=false",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No network, no user W&B settings, one shared data cache for the whole session."""
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["WANDB_SILENT"] = "true"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TRIDENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+    """Compose ``conf/train.yaml`` with ``overrides``, as ``python train.py <overrides>`` would."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        if output_dir is not None:
+            cfg.paths.output_dir = str(output_dir)
+        del cfg.hydra
+    return cfg
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., DictConfig]:
+    """``make_config("pos_encoding=alibi", ...)``: the small config plus overrides, writing under tmp_path."""
+
+    def make(*overrides: str) -> DictConfig:
+        return compose_config([*SMALL, *overrides], output_dir=tmp_path / "run")
+
+    return make

@@ -1,0 +1,56 @@
+"""Every option of every config group composes, resolves and passes the config check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from trident.pipeline import backbone_options, check_config
+
+from .conftest import CONF_DIR, compose_config
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+# Options that need a value only the user can give.
+REQUIRED = {"data/text_files": ["data.source_options.files=[corpus.txt]"]}
+
+
+def all_options() -> list[tuple[str, str]]:
+    return [(group, p.stem) for group in GROUPS for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+
+
+def test_every_group_has_options() -> None:
+    assert {"task", "model", "pos_encoding", "precision", "data", "trainer", "logger", "callbacks"} <= set(GROUPS)
+    assert {"optimizer", "scheduler", "debug", "experiment"} <= set(GROUPS)
+
+
+@pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))
+def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
+    cfg = compose_config([f"{group}={option}", *REQUIRED.get(f"{group}/{option}", [])], output_dir=tmp_path)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    if group == "model":
+        assert cfg.model.name == option
+    if group == "pos_encoding":
+        assert backbone_options(cfg)["pos_encoding"] == option
+    if group == "precision":
+        assert cfg.trainer.precision == {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[option]
+    check_config(cfg)
+
+
+def test_paper_sizes_are_defined_once() -> None:
+    base = OmegaConf.load(CONF_DIR / "model" / "base.yaml")
+    assert (base.d_model, base.n_layers, base.n_heads, base.d_ff) == (768, 12, 12, 3072)
+    paper = OmegaConf.load(CONF_DIR / "model" / "transformer_base.yaml")
+    assert (paper.d_model, paper.n_layers, paper.n_heads, paper.d_ff, paper.dropout) == (512, 6, 8, 2048, 0.1)
+    assert paper.norm_first is False and paper.activation == "relu"
+    big = OmegaConf.load(CONF_DIR / "model" / "transformer_big.yaml")
+    assert (big.d_model, big.n_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+
+
+def test_task_selects_its_defaults_and_command_line_wins(tmp_path: Path) -> None:
+    cfg = compose_config([], output_dir=tmp_path)
+    assert (cfg.task.name, cfg.data.name, cfg.pos_encoding.name) == ("lm", "shakespeare", "rope")
+    cfg = compose_config(["pos_encoding=alibi", "data=bible_kjv"], output_dir=tmp_path)
+    assert (cfg.pos_encoding.name, cfg.data.name, cfg.data.source) == ("alibi", "bible_kjv", "bible")

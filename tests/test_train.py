@@ -1,0 +1,76 @@
+"""train.py end to end on CPU: every precision, every positional encoding, W&B files read back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from trident.pipeline import train
+from trident.sample import load_lm_checkpoint
+from trident.tracking import find_offline_runs
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_fast_dev_run_each_precision(precision: str, make_config: Callable[..., DictConfig]) -> None:
+    metrics = train(make_config("debug=fast_dev_run", f"precision={precision}"))
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    assert "test/loss" in metrics
+
+
+@pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])
+def test_lm_trains_with_each_pos_encoding(encoding: str, make_config: Callable[..., DictConfig]) -> None:
+    cfg = make_config(f"pos_encoding={encoding}", "logger=none", "trainer.max_steps=6", "test=false")
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["val/loss"]))
+
+
+def test_wandb_offline_run_holds_config_metrics_and_samples(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    cfg = make_config("pos_encoding=alibi", "seed=7")
+    metrics = train(cfg)
+    runs = find_offline_runs(tmp_path / "run")
+    assert len(runs) == 1, "exactly one W&B run per job"
+    run = runs[0]
+    assert run.name == "lm-shakespeare-nano-alibi-seed7" and run.group == "lm-shakespeare"
+    assert {"lm", "nano", "alibi", "fp32"} <= set(run.tags)
+    # The resolved Hydra config, not just the module's hyperparameters.
+    assert run.config["model"]["d_model"] == 64 and run.config["pos_encoding"]["name"] == "alibi"
+    assert run.config["seed"] == 7 and run.config["backbone"]["pos_encoding"] == "alibi"
+    losses = run.metric("train/loss")
+    assert len(losses) == 4 and all(isinstance(v, float) for v in losses)
+    assert run.metric("val/loss") and run.metric("val/ppl")
+    assert run.summary["test/loss"] == pytest.approx(metrics["test/loss"])
+    assert any(k.startswith("samples") for row in run.history for k in row), "samples table logged"
+    tables = list((tmp_path / "run").rglob("media/table/samples_*.table.json"))
+    assert tables and "ROMEO" in tables[0].read_text()
+
+
+def test_run_directory_keeps_resolved_config_and_checkpoints(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    train(make_config("logger=csv", "callbacks.throughput.window=1"))
+    run_dir = tmp_path / "run"
+    resolved = (run_dir / "config_resolved.yaml").read_text()
+    assert "${" not in resolved and "d_model: 64" in resolved
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert list((run_dir / "checkpoints").glob("best-*.ckpt"))
+    metrics_csv = next(run_dir.rglob("metrics.csv")).read_text()
+    header = metrics_csv.split("\n")[0]
+    assert "train/loss" in header and "throughput/tokens_per_sec" in header
+
+
+def test_checkpoint_samples_from_command_line(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    train(make_config("logger=none"))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    task = load_lm_checkpoint(ckpt)
+    assert task.tokenizer is not None and task.net.vocab_size == task.tokenizer.get_vocab_size()
+    out = subprocess.run(
+        [sys.executable, "-m", "trident.sample", str(ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "20"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")

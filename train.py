@@ -1,0 +1,19 @@
+"""Train a Transformer: `python train.py task=lm pos_encoding=rope` (see README for all options)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from trident.cli import run_with_clear_errors
+from trident.pipeline import train
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = run_with_clear_errors(lambda: train(cfg))
+    # Returned for Hydra sweepers (e.g. Optuna): the monitored validation metric.
+    value = metrics.get(cfg.task.monitor)
+    return None if value is None else float(value)
+
+
+if __name__ == "__main__":
+    main()
