@@ -13,7 +13,7 @@ from .conftest import CONF_DIR, compose_config
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 # Options that need a value only the user can give.
-REQUIRED = {"data/text_files": ["data.source_options.files=[corpus.txt]"]}
+REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"]}
 
 
 def all_options() -> list[tuple[str, str]]:

@@ -56,6 +56,7 @@ def test_run_directory_keeps_resolved_config_and_checkpoints(make_config: Callab
     resolved = (run_dir / "config_resolved.yaml").read_text()
     assert "${" not in resolved and "d_model: 64" in resolved
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert '"type": "WordLevel"' in (run_dir / "tokenizer.json").read_text()
     assert list((run_dir / "checkpoints").glob("best-*.ckpt"))
     metrics_csv = next(run_dir.rglob("metrics.csv")).read_text()
     header = metrics_csv.split("\n")[0]
@@ -74,3 +75,19 @@ def test_checkpoint_samples_from_command_line(make_config: Callable[..., DictCon
         check=True,
     )
     assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")
+
+
+def test_multirun_gives_one_wandb_run_per_job(tmp_path: Path) -> None:
+    from .conftest import ROOT, SMALL
+
+    overrides = [o for o in SMALL if not o.startswith("callbacks.")] + ["callbacks=none"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", *overrides, "seed=1,2", f"paths.output_root={tmp_path}",
+         "hydra.sweep.dir=" + str(tmp_path / "sweep")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = find_offline_runs(tmp_path / "sweep")
+    assert sorted(r.name for r in runs) == ["lm-shakespeare-nano-rope-seed1", "lm-shakespeare-nano-rope-seed2"]
+    assert len({r.run_id for r in runs}) == 2
+    assert all(r.metric("train/loss") for r in runs)

@@ -89,6 +89,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule: L.LightningDataModule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
     datamodule.prepare_data()
     datamodule.setup("fit")
+    datamodule.save_to(run_dir)
     task: L.LightningModule = hydra.utils.instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),

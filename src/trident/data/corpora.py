@@ -95,7 +95,7 @@ def contiguous_split(texts: list[str], fractions: list[float]) -> datasets.Datas
         raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
     full = "\n".join(texts)
     if not full.strip():
-        raise DataError("the corpus is empty: point data.files at a text file with content")
+        raise DataError("the corpus is empty: point data.files at text files with content")
     cuts = [0]
     for fraction in (fractions[0], fractions[0] + fractions[1]):
         target = int(len(full) * fraction)
@@ -128,7 +128,7 @@ def load_corpus(source: str, options: dict[str, Any], fractions: list[float]) ->
         return _load_with_datasets("text", {"data_files": files, "sample_by": "document"}, "text", fractions)
     if source == "hub":
         if not options.get("path"):
-            raise ConfigError("data.source=hub needs data.path (a Hugging Face dataset name, e.g. wikitext)")
+            raise ConfigError("data.source=hub needs data.hub_path (a Hugging Face dataset name, e.g. wikitext)")
         kwargs = {"name": options.get("name")} if options.get("name") else {}
         return _load_with_datasets(str(options["path"]), kwargs, str(options.get("text_column", "text")), fractions)
     raise ConfigError(f"unknown data.source {source!r}: choose one of shakespeare, bible, files, hub")
@@ -152,7 +152,7 @@ def _load_with_datasets(path: str, kwargs: dict[str, Any], text_column: str, fra
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
         raise DataError(
             f"could not load dataset {path!r} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "check data.path / data.files, or use data=shakespeare offline"
+            "check data.hub_path / data.files, or use data=shakespeare offline"
         ) from err
     if text_column not in loaded[next(iter(loaded))].column_names:
         raise ConfigError(f"dataset {path!r} has no column {text_column!r}: set data.text_column")

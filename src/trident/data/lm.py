@@ -47,7 +47,11 @@ class LMDataModule(L.LightningDataModule):
     def __init__(
         self,
         source: str = "shakespeare",
-        source_options: dict[str, Any] | None = None,
+        files: list[str] | None = None,
+        hub_path: str | None = None,
+        hub_config: str | None = None,
+        text_column: str = "text",
+        translation: str = "k",
         tokenizer: str = "char",
         vocab_size: int = 8192,
         block_size: int = 256,
@@ -61,7 +65,13 @@ class LMDataModule(L.LightningDataModule):
         if block_size <= 0 or batch_size <= 0:
             raise ConfigError(f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}")
         self.source = source
-        self.source_options = dict(source_options or {})
+        # Only the options of the chosen source matter (and enter the cache key).
+        all_options = {
+            "files": {"files": files},
+            "hub": {"path": hub_path, "name": hub_config, "text_column": text_column},
+            "bible": {"translation": translation},
+        }
+        self.source_options: dict[str, Any] = all_options.get(source, {})
         self.tokenizer_kind = tokenizer
         self.vocab_size_target = vocab_size
         self.block_size = block_size
@@ -159,6 +169,11 @@ class LMDataModule(L.LightningDataModule):
             "tokenizer_json": self.tokenizer.to_str(),
             "sample_prompts": self.sample_prompts,
         }
+
+    def save_to(self, run_dir: Path) -> None:
+        """Keep the tokenizer with the run, so the run directory alone can decode its outputs."""
+        if self.tokenizer is not None:
+            self.tokenizer.save(str(run_dir / "tokenizer.json"))
 
     def token_counts(self) -> dict[str, int]:
         return {name: int(len(ids)) for name, ids in self.splits.items()}

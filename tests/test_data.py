@@ -1,0 +1,147 @@
+"""LM data: Shakespeare conversion, contiguous splits, tokenizers, the datasets path on local files, caching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trident.data.corpora import contiguous_split, load_corpus, play_to_text
+from trident.data.lm import LMDataModule, PackedBlocks
+from trident.data.tokenization import train_tokenizer
+from trident.errors import ConfigError, DataError
+
+PLAY = """# A Play
+
+## ACT I
+
+### SCENE I. A room.
+
+_Enter ROMEO and JULIET_
+
+**ROMEO**  
+But soft, what light  
+Through yonder window breaks?
+
+_Aside_
+
+It is the east.
+
+**JULIET**  
+_\\[Aside]_  
+Ay me!
+"""
+
+
+def test_play_markdown_becomes_speaker_text() -> None:
+    text = play_to_text(PLAY)
+    assert text == "ROMEO:\nBut soft, what light\nThrough yonder window breaks?\nIt is the east.\n\nJULIET:\nAy me!\n"
+
+
+def test_shakespeare_corpus_is_the_real_plays() -> None:
+    corpus = load_corpus("shakespeare", {}, [0.9, 0.05, 0.05])
+    train = "".join(corpus["train"]["text"])
+    assert len(train) > 3_500_000
+    assert "ROMEO:\n" in "".join(t for s in corpus.values() for t in s["text"])
+    assert "**" not in train and "_Exit" not in train
+
+
+def test_contiguous_split_has_no_overlap_and_covers_everything() -> None:
+    lines = [f"line {i}" for i in range(1000)]
+    corpus = contiguous_split(lines, [0.8, 0.1, 0.1])
+    parts = {name: "".join(split["text"]).splitlines() for name, split in corpus.items()}
+    assert parts["train"] + parts["validation"] + parts["test"] == lines
+    assert set(parts["train"]).isdisjoint(parts["validation"]) and set(parts["validation"]).isdisjoint(parts["test"])
+    assert 780 <= len(parts["train"]) <= 820
+
+
+@pytest.mark.parametrize("fractions", [[0.5, 0.5], [0.9, 0.2, -0.1], [0.5, 0.2, 0.2]])
+def test_bad_split_fractions(fractions: list[float]) -> None:
+    with pytest.raises(ConfigError, match="data.split"):
+        contiguous_split(["a", "b"], fractions)
+
+
+def test_char_tokenizer_round_trips_and_marks_unknown() -> None:
+    tok = train_tokenizer("char", ["hello world\n"])
+    text = "hello\nworld  hello"
+    assert tok.decode(tok.encode(text).ids) == text
+    assert len(tok.encode(text).ids) == len(text)
+    assert tok.encode("z").ids == [tok.token_to_id("<unk>")]
+
+
+def test_bpe_tokenizer_has_requested_vocab_and_round_trips() -> None:
+    texts = ["the quick brown fox jumps over the lazy dog\n" * 50, "Ünïcödé and émojis 🙂\n"]
+    tok = train_tokenizer("bpe", texts, vocab_size=300)
+    assert tok.get_vocab_size() == 300
+    for text in ["the lazy fox 🙂\n", "never seen: Ωλ"]:
+        assert tok.decode(tok.encode(text).ids) == text
+    assert len(tok.encode("the quick brown fox").ids) < len("the quick brown fox")
+
+
+def test_unknown_tokenizer_kind() -> None:
+    with pytest.raises(ConfigError, match="char, bpe"):
+        train_tokenizer("wordpiece", ["x"])
+
+
+def test_local_files_go_through_datasets_and_cache(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line number {i} of a small local corpus.\n" for i in range(400)))
+    module = LMDataModule(
+        source="files", files=[str(corpus)], tokenizer="bpe", vocab_size=300,
+        block_size=16, batch_size=2, cache_dir=str(tmp_path / "cache"),
+    )
+    module.prepare_data()
+    module.setup()
+    counts = module.token_counts()
+    assert all(n > 16 for n in counts.values())
+    # The prepared arrays and the tokenizer are cached: a second module reads them without rebuilding.
+    built = sorted(p.name for p in module.cache_path.iterdir())
+    assert {"tokenizer.json", "train.npy", "validation.npy", "test.npy", "meta.json"} <= set(built)
+    mtime = (module.cache_path / "train.npy").stat().st_mtime_ns
+    again = LMDataModule(
+        source="files", files=[str(corpus)], tokenizer="bpe", vocab_size=300,
+        block_size=16, batch_size=2, cache_dir=str(tmp_path / "cache"),
+    )
+    again.prepare_data()
+    again.setup()
+    assert (again.cache_path / "train.npy").stat().st_mtime_ns == mtime
+    assert again.token_counts() == counts
+    x, y = next(iter(again.train_dataloader()))
+    assert x.shape == (2, 16) and (x[:, 1:] == y[:, :-1]).all()
+
+
+def test_packed_blocks_are_contiguous_and_shifted() -> None:
+    ids = np.arange(100, dtype=np.uint16)
+    blocks = PackedBlocks(ids, 10)
+    assert len(blocks) == 9
+    x, y = blocks[3]
+    assert x.tolist() == list(range(30, 40)) and y.tolist() == list(range(31, 41))
+
+
+def test_missing_corpus_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        load_corpus("files", {"files": [str(tmp_path / "nope.txt")]}, [0.9, 0.05, 0.05])
+
+
+def test_empty_corpus_file(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match="empty"):
+        LMDataModule(source="files", files=[str(empty)], cache_dir=str(tmp_path)).prepare_data()
+
+
+def test_corpus_too_small_for_a_block(tmp_path: Path) -> None:
+    small = tmp_path / "small.txt"
+    small.write_text("".join(f"line {i}\n" for i in range(40)))
+    module = LMDataModule(source="files", files=[str(small)], block_size=64, cache_dir=str(tmp_path))
+    module.prepare_data()
+    with pytest.raises(DataError, match="block_size"):
+        module.setup()
+
+
+def test_bible_corpus_is_the_kjv() -> None:
+    corpus = load_corpus("bible", {"translation": "k"}, [0.9, 0.05, 0.05])
+    assert "".join(corpus["train"]["text"]).startswith("In the beginning God created the heaven and the earth.")
+    with pytest.raises(DataError, match="translation"):
+        load_corpus("bible", {"translation": "?"}, [0.9, 0.05, 0.05])
