@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,13 +34,14 @@ SMALL = [
 ]
 
 
+# No network and no user W&B settings. Set at import time: huggingface_hub and datasets read
+# these variables when they are first imported, before any fixture could run.
+os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _offline_environment(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No network, no user W&B settings, one shared data cache for the whole session."""
-    os.environ["WANDB_MODE"] = "offline"
-    os.environ["WANDB_SILENT"] = "true"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
+def _shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One prepared-data cache for the whole session (the Shakespeare corpus is prepared once)."""
     os.environ.setdefault("TRIDENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
@@ -64,3 +66,12 @@ def make_config(tmp_path: Path) -> Callable[..., DictConfig]:
         return compose_config([*SMALL, *overrides], output_dir=tmp_path / "run")
 
     return make
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    """Tiny models: intra-op threads cost more than they save (and the 2-core CPU is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -5,53 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from trident.backbone import (
     Decoder,
     Encoder,
     MultiHeadAttention,
-    TransformerConfig,
     available_pos_encodings,
     build_attention_mask,
     causal_mask,
 )
 
-D_MODEL, N_HEADS, N_LAYERS, D_FF = 32, 4, 2, 64
+from .backbone_helpers import D_MODEL, N_HEADS, N_LAYERS, make_cfg, perturb_
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 POS_ENCODINGS = available_pos_encodings()
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These models are tiny: intra-op threads cost more than they save (and the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_cfg(**overrides) -> TransformerConfig:
-    options = {
-        "d_model": D_MODEL,
-        "n_heads": N_HEADS,
-        "n_layers": N_LAYERS,
-        "d_ff": D_FF,
-        "dropout": 0.0,
-        "max_seq_len": 64,
-    }
-    options.update(overrides)
-    return TransformerConfig(**options)
-
-
-def perturb_(module: nn.Module, std: float = 0.3, seed: int = 0) -> nn.Module:
-    """Add noise to every parameter. The GPT-2 init (std 0.02) makes attention almost uniform,
-    which would let a wrong mask or a wrong position go unnoticed."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * std)
-    return module
 
 
 def sdpa_explicit_pair(make_stack, pos_encoding: str, **cfg_overrides):

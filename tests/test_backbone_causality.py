@@ -11,48 +11,18 @@ from trident.backbone import (
     Decoder,
     Encoder,
     KVCache,
-    TransformerConfig,
     available_pos_encodings,
     pos_encoding_class,
 )
 
-D_MODEL, N_HEADS, N_LAYERS, D_FF = 32, 4, 2, 64
-HEAD_DIM = D_MODEL // N_HEADS
+from .backbone_helpers import D_MODEL, HEAD_DIM, N_HEADS, N_LAYERS, make_cfg, perturb_
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 POS_ENCODINGS = available_pos_encodings()
 CACHEABLE = [name for name in POS_ENCODINGS if pos_encoding_class(name).supports_kv_cache]
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 UNCHANGED = {"rtol": 0.0, "atol": 1e-6}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These models are tiny: intra-op threads cost more than they save (and the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_cfg(**overrides) -> TransformerConfig:
-    options = {
-        "d_model": D_MODEL,
-        "n_heads": N_HEADS,
-        "n_layers": N_LAYERS,
-        "d_ff": D_FF,
-        "dropout": 0.0,
-        "max_seq_len": 64,
-    }
-    options.update(overrides)
-    return TransformerConfig(**options)
-
-
-def perturb_(module: nn.Module, std: float = 0.3, seed: int = 0) -> nn.Module:
-    """Add noise to every parameter so that attention is far from uniform."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * std)
-    return module
 
 
 def build(make_stack, **cfg_overrides) -> nn.Module:
@@ -218,7 +188,7 @@ def test_kv_cache_reuses_the_stored_memory() -> None:
     stored = [layer.memory for layer in cache.layers]
     # Later steps read the cached projections; the memory passed in is not projected again.
     second = decoder(x[:, 2:], memory=torch.zeros_like(memory), cache=cache)
-    assert all(layer.memory is s for layer, s in zip(cache.layers, stored))
+    assert all(layer.memory is s for layer, s in zip(cache.layers, stored), strict=True)
     torch.testing.assert_close(torch.cat([first, second], dim=1), decoder(x, memory=memory), **TOL)
 
 

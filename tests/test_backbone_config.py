@@ -8,32 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from trident.backbone import Decoder, Encoder, FeedForward, TransformerConfig, make_norm
+from trident.backbone import Decoder, Encoder, FeedForward, make_norm
 from trident.errors import ConfigError, TridentError
 
-D_MODEL, N_HEADS, N_LAYERS, D_FF = 32, 4, 2, 64
+from .backbone_helpers import D_FF, D_MODEL, N_HEADS, N_LAYERS, make_cfg
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These models are tiny: intra-op threads cost more than they save (and the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_cfg(**overrides) -> TransformerConfig:
-    options = {
-        "d_model": D_MODEL,
-        "n_heads": N_HEADS,
-        "n_layers": N_LAYERS,
-        "d_ff": D_FF,
-        "dropout": 0.0,
-        "max_seq_len": 64,
-    }
-    options.update(overrides)
-    return TransformerConfig(**options)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_small_config_is_valid() -> None:

@@ -18,31 +18,11 @@ from trident.backbone import (
 from trident.backbone.positional import alibi_slopes, apply_rotary, relative_bucket, sinusoidal_table
 from trident.errors import ConfigError
 
-D_MODEL, N_HEADS, N_LAYERS, D_FF = 32, 4, 2, 64
-HEAD_DIM = D_MODEL // N_HEADS
+from .backbone_helpers import D_MODEL, HEAD_DIM, N_HEADS, make_cfg
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 POS_ENCODINGS = available_pos_encodings()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """These models are tiny: intra-op threads cost more than they save (and the CPU is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_cfg(**overrides) -> TransformerConfig:
-    options = {
-        "d_model": D_MODEL,
-        "n_heads": N_HEADS,
-        "n_layers": N_LAYERS,
-        "d_ff": D_FF,
-        "dropout": 0.0,
-        "max_seq_len": 64,
-    }
-    options.update(overrides)
-    return TransformerConfig(**options)
 
 
 def test_registry_lists_the_documented_encodings() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -145,3 +146,23 @@ def test_bible_corpus_is_the_kjv() -> None:
     assert "".join(corpus["train"]["text"]).startswith("In the beginning God created the heaven and the earth.")
     with pytest.raises(DataError, match="translation"):
         load_corpus("bible", {"translation": "?"}, [0.9, 0.05, 0.05])
+
+
+def test_hub_source_runs_load_dataset_and_keeps_its_splits(tmp_path: Path) -> None:
+    """data.source=hub calls datasets.load_dataset(hub_path): here a local folder with the
+    hub layout (train/validation/test files), since nothing can be downloaded in CI."""
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    for split, n in [("train", 50), ("validation", 5), ("test", 7)]:
+        rows = [json.dumps({"story": f"{split} story {i}.", "id": i}) for i in range(n)]
+        (folder / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    corpus = load_corpus("hub", {"path": str(folder), "name": None, "text_column": "story"}, [0.9, 0.05, 0.05])
+    assert {name: len(split) for name, split in corpus.items()} == {"train": 50, "validation": 5, "test": 7}
+    assert corpus["test"]["text"][0] == "test story 0." and corpus["train"].column_names == ["text"]
+    with pytest.raises(ConfigError, match="text_column"):
+        load_corpus("hub", {"path": str(folder), "text_column": "body"}, [0.9, 0.05, 0.05])
+
+
+def test_hub_dataset_unreachable_is_a_clear_error() -> None:
+    with pytest.raises(DataError, match="could not load dataset 'no-such-user/no-such-dataset'"):
+        load_corpus("hub", {"path": "no-such-user/no-such-dataset"}, [0.9, 0.05, 0.05])

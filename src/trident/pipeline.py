@@ -16,6 +16,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.training.loggers import build_loggers
 
@@ -86,7 +87,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     save_resolved_config(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule: L.LightningDataModule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
+    datamodule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
+    if not isinstance(datamodule, TridentDataModule):
+        raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup("fit")
     datamodule.save_to(run_dir)

@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from filelock import FileLock
@@ -20,6 +19,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from trident.data.base import TridentDataModule
 from trident.data.corpora import SPLITS, load_corpus
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
@@ -43,7 +43,7 @@ class PackedBlocks(Dataset[tuple[Tensor, Tensor]]):
         return window[:-1], window[1:]  # (T,), (T,)
 
 
-class LMDataModule(L.LightningDataModule):
+class LMDataModule(TridentDataModule):
     def __init__(
         self,
         source: str = "shakespeare",
@@ -66,7 +66,7 @@ class LMDataModule(L.LightningDataModule):
             raise ConfigError(f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}")
         self.source = source
         # Only the options of the chosen source matter (and enter the cache key).
-        all_options = {
+        all_options: dict[str, dict[str, Any]] = {
             "files": {"files": files},
             "hub": {"path": hub_path, "name": hub_config, "text_column": text_column},
             "bible": {"translation": translation},

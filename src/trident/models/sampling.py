@@ -11,7 +11,10 @@ from trident.backbone import KVCache
 
 
 class Generative(Protocol):
-    context_length: int
+    """A model that maps token ids to next-token logits, with an optional KV cache."""
+
+    @property
+    def context_length(self) -> int: ...
 
     def __call__(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor: ...
 

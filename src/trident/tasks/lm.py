@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from tokenizers import Tokenizer
 from torch import Tensor
 from torchmetrics.text import Perplexity
@@ -38,6 +39,9 @@ class LanguageModelTask(L.LightningModule):
             TransformerConfig(**backbone), vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.sample_prompts = list(sample_prompts or [])
+        self.sampling = dict(sampling or {})
         self.val_perplexity = Perplexity()
         self.test_perplexity = Perplexity()
 
@@ -79,24 +83,24 @@ class LanguageModelTask(L.LightningModule):
 
     def sample_texts(self) -> list[tuple[str, str]]:
         """Continue each configured prompt with the sampling settings; returns (prompt, text) pairs."""
-        if self.tokenizer is None or not self.hparams.sample_prompts:
+        if self.tokenizer is None or not self.sample_prompts:
             return []
-        settings = dict(self.hparams.sampling or {})
+        settings = dict(self.sampling)
         generator = torch.Generator(device=self.device).manual_seed(int(settings.pop("seed", 0)))
         results = []
         was_training = self.training
         self.eval()
-        for prompt in self.hparams.sample_prompts:
+        for prompt in self.sample_prompts:
             ids = torch.tensor([self.tokenizer.encode(prompt).ids], device=self.device)
             out = generate(self.net, ids, generator=generator, **settings)
             results.append((prompt, self.tokenizer.decode(out[0].tolist())))
         self.train(was_training)
         return results
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         no_decay = {"decoder.pos_encoding.embedding.weight", "decoder.pos_encoding.bias.weight"}
-        optimizer = build_optimizer(self.net, self.hparams.optimizer, no_decay)
-        scheduler = build_scheduler(optimizer, self.hparams.scheduler, int(self.trainer.estimated_stepping_batches))
+        optimizer = build_optimizer(self.net, self.optimizer_cfg, no_decay)
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
