@@ -188,7 +188,7 @@ def test_kv_cache_reuses_the_stored_memory() -> None:
     stored = [layer.memory for layer in cache.layers]
     # Later steps read the cached projections; the memory passed in is not projected again.
     second = decoder(x[:, 2:], memory=torch.zeros_like(memory), cache=cache)
-    assert all(layer.memory is s for layer, s in zip(cache.layers, stored), strict=True)
+    assert all(layer.memory is s for layer, s in zip(cache.layers, stored, strict=True))
     torch.testing.assert_close(torch.cat([first, second], dim=1), decoder(x, memory=memory), **TOL)
 
 
