@@ -51,6 +51,7 @@ def test_scheduler_names() -> None:
     opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
     sched = build_scheduler(opt, {"name": "cosine", "warmup_steps": 2}, total_steps=10)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5)
+    opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="scheduler.name"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import hydra.utils
 import lightning as L
 import wandb
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
@@ -22,16 +23,40 @@ from trident.training.loggers import build_loggers
 
 log = logging.getLogger(__name__)
 
+# Library notices that say nothing about the user's run.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+_NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
+
+
+class _DropLibraryNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(notice in record.getMessage() for notice in _NOTICES)
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLibraryNotices())
+
 
 def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     """The ``model`` group (sizes, architecture) and the ``pos_encoding`` group as one plain dict,
     validated by :class:`TransformerConfig`."""
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
-    options["max_seq_len"] = cfg.data.max_seq_len  # the context comes with the data, not the size
+    options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
     options["pos_encoding"] = cfg.pos_encoding.name
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
+    # The sequence geometry comes with the data, not the size: a task class may derive it
+    # (e.g. ViT: patch grid and class token from the image size); by default it is data.max_seq_len.
+    task_class = hydra.utils.get_class(cfg.task._target_)
+    geometry = getattr(task_class, "backbone_geometry", None)
+    if geometry is None:
+        options["max_seq_len"] = cfg.data.max_seq_len
+    else:
+        options.update(geometry(_plain(cfg.data), _plain(cfg.task)))
     return options
+
+
+def _plain(node: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
 
 
 def check_config(cfg: DictConfig) -> TransformerConfig:
@@ -42,8 +67,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     if block_size is not None and block_size > backbone.max_seq_len:
         kind = "the learned table" if encoding.bounded_length else "the configured context"
         raise ConfigError(
-            f"data.block_size={block_size} is longer than model.max_seq_len={backbone.max_seq_len} ({kind}): "
-            f"raise model.max_seq_len or lower data.block_size"
+            f"data.block_size={block_size} is longer than data.max_seq_len={backbone.max_seq_len} ({kind}): "
+            f"raise data.max_seq_len or lower data.block_size"
         )
     return backbone
 
@@ -51,7 +76,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
 def print_config_tree(cfg: DictConfig) -> None:
     tree = Tree("config", guide_style="dim")
     for key, value in cfg.items():
-        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else str(value)
         tree.add(str(key)).add(Syntax(text, "yaml", theme="ansi_dark", background_color="default"))
     Console().print(tree)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from timm.layers import DropPath, LayerScale
 from torch import Tensor, nn
 
 from trident.backbone.attention import MultiHeadAttention
@@ -17,7 +18,7 @@ class TransformerBlock(nn.Module):
     Pre-norm (``norm_first=True``): x = x + Dropout(Sublayer(Norm(x))), which trains stably
     without warmup and needs a final norm after the stack."""
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False) -> None:
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
 
@@ -31,18 +32,32 @@ class TransformerBlock(nn.Module):
                 impl=cfg.attn_impl,
             )
 
-        self.self_attn = attention(cross=False)
-        self.self_attn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias)
-        self.cross_attn = attention(cross=True) if cross_attention else None
-        self.cross_attn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias) if cross_attention else None
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.bias)
-        self.ffn_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        def norm() -> nn.Module:
+            return make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps)
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        def layer_scale() -> nn.Module:
+            # CaiT's per-channel scale on each residual branch, started small so deep stacks train.
+            return LayerScale(cfg.d_model, cfg.layer_scale_init) if cfg.layer_scale_init else nn.Identity()
+
+        self.self_attn = attention(cross=False)
+        self.self_attn_norm = norm()
+        self.self_attn_scale = layer_scale()
+        self.cross_attn = attention(cross=True) if cross_attention else None
+        self.cross_attn_norm = norm() if cross_attention else None
+        self.cross_attn_scale = layer_scale() if cross_attention else None
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.bias)
+        self.ffn_norm = norm()
+        self.ffn_scale = layer_scale()
+        self.dropout = nn.Dropout(cfg.dropout)
+        # Stochastic depth: drop the whole residual branch per sample (Huang et al. 2016).
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def _residual(
+        self, x: Tensor, norm: nn.Module, scale: nn.Module, sublayer: Callable[[Tensor], Tensor]
+    ) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + self.drop_path(scale(self.dropout(sublayer(norm(x)))))
+        return norm(x + self.drop_path(scale(self.dropout(sublayer(x)))))
 
     def forward(
         self,
@@ -67,11 +82,14 @@ class TransformerBlock(nn.Module):
             self_weights.append(weights)
             return out
 
-        x = self._residual(x, self.self_attn_norm, self_attention)
-        if self.cross_attn is not None and self.cross_attn_norm is not None:
+        x = self._residual(x, self.self_attn_norm, self.self_attn_scale, self_attention)
+        if self.cross_attn is not None and self.cross_attn_norm is not None and self.cross_attn_scale is not None:
             cross_attn = self.cross_attn
             x = self._residual(
-                x, self.cross_attn_norm, lambda h: cross_attn(h, memory, attn_mask=memory_mask, cache=cache)[0]
+                x,
+                self.cross_attn_norm,
+                self.cross_attn_scale,
+                lambda h: cross_attn(h, memory, attn_mask=memory_mask, cache=cache)[0],
             )
-        x = self._residual(x, self.ffn_norm, self.ffn)
+        x = self._residual(x, self.ffn_norm, self.ffn_scale, self.ffn)
         return x, self_weights[0]

@@ -35,6 +35,12 @@ class TransformerConfig:
     attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
     pos_encoding: str = "sinusoidal"  # a name from trident.backbone.available_pos_encodings()
     pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # e.g. rope base
+    norm_eps: float = 1e-5  # LayerNorm/RMSNorm epsilon (timm's ViT uses 1e-6)
+    drop_path: float = 0.0  # stochastic depth rate of the last block, rising linearly from 0
+    layer_scale_init: float | None = None  # per-channel residual scale (CaiT); None = off
+    # Images: positions form a (rows, cols) grid after ``num_prefix_tokens`` (class token) positions.
+    grid: tuple[int, int] | None = None
+    num_prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -50,6 +56,10 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.drop_path, (int, float)) or not 0.0 <= self.drop_path < 1.0:
+            raise ConfigError(f"model.drop_path must be in [0, 1), got {self.drop_path!r}")
+        if self.layer_scale_init is not None and self.layer_scale_init <= 0:
+            raise ConfigError(f"model.layer_scale_init must be positive or null, got {self.layer_scale_init!r}")
         _check_choice("model.activation", self.activation, ACTIVATIONS)
         _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)
@@ -57,11 +67,23 @@ class TransformerConfig:
         from trident.backbone.positional import pos_encoding_class
 
         spec = pos_encoding_class(self.pos_encoding)
-        if spec.uses_rotary and self.head_dim % 2 != 0:
+        rotary_multiple = 4 if self.grid is not None else 2  # 2-D rope rotates rows and columns apart
+        if spec.uses_rotary and self.head_dim % rotary_multiple != 0:
             raise ConfigError(
-                f"pos_encoding=rope needs an even head size, got d_model/n_heads={self.head_dim}: "
-                "change model.d_model or model.n_heads"
+                f"pos_encoding=rope needs a head size divisible by {rotary_multiple}, got d_model/n_heads="
+                f"{self.head_dim}: change model.d_model or model.n_heads"
             )
+        if self.grid is not None:
+            if not spec.supports_grid:
+                raise ConfigError(
+                    f"pos_encoding={self.pos_encoding} measures 1-D distances and does not apply to image patches: "
+                    "use learned, sinusoidal, rope or none"
+                )
+            if self.num_prefix_tokens + self.grid[0] * self.grid[1] > self.max_seq_len:
+                raise ConfigError(
+                    f"{self.grid[0]}x{self.grid[1]} patches + {self.num_prefix_tokens} prefix tokens exceed "
+                    f"max_seq_len={self.max_seq_len}"
+                )
 
     @property
     def head_dim(self) -> int:

@@ -8,11 +8,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def make_norm(name: str, d_model: int, *, bias: bool = True) -> nn.Module:
+def make_norm(name: str, d_model: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:
     """``layernorm`` (the paper) or ``rmsnorm`` (no mean centring, no bias; Zhang & Sennrich 2019)."""
     if name == "rmsnorm":
-        return nn.RMSNorm(d_model)
-    return nn.LayerNorm(d_model, bias=bias)
+        return nn.RMSNorm(d_model, eps=eps)
+    return nn.LayerNorm(d_model, eps=eps, bias=bias)
 
 
 class FeedForward(nn.Module):

@@ -27,11 +27,15 @@ class TransformerStack(nn.Module):
         self.causal = causal
         self.pos_encoding = build_pos_encoding(cfg, causal=causal)
         self.dropout = nn.Dropout(cfg.dropout)
+        # Stochastic depth rises linearly with depth, from 0 to cfg.drop_path at the last block.
+        rates = [cfg.drop_path * i / max(1, cfg.n_layers - 1) for i in range(cfg.n_layers)]
         self.blocks = nn.ModuleList(
-            TransformerBlock(cfg, cross_attention=cross_attention) for _ in range(cfg.n_layers)
+            TransformerBlock(cfg, cross_attention=cross_attention, drop_path=rate) for rate in rates
         )
         # Post-norm blocks end in a norm already; pre-norm stacks need one after the last residual.
-        self.final_norm = make_norm(cfg.norm, cfg.d_model, bias=cfg.bias) if cfg.norm_first else nn.Identity()
+        self.final_norm = (
+            make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps) if cfg.norm_first else nn.Identity()
+        )
         self._init_linear_weights()
 
     def _init_linear_weights(self) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import lightning as L
+
+log = logging.getLogger(__name__)
 
 
 class Throughput(L.Callback):
@@ -38,3 +41,21 @@ class Throughput(L.Callback):
             elapsed = now - self._start
             pl_module.log_dict({f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()})
             self._start, self._counts, self._steps = now, {}, 0
+
+
+class MetricsToLog(L.Callback):
+    """Writes validation and test metrics to Python logging, so ``train.log`` records them too."""
+
+    def _write(self, trainer: L.Trainer, prefix: str) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)}
+        if values:
+            text = "  ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
+            log.info("step %d  %s", trainer.global_step, text)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "val/")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "test/")

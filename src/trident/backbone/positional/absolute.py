@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor, nn
 
-from trident.backbone.positional.base import PositionalEncoding, register_pos_encoding
+from trident.backbone.positional.base import PositionalEncoding, grid_coordinates, register_pos_encoding
 
 if TYPE_CHECKING:
     from trident.backbone.config import TransformerConfig
@@ -26,9 +26,20 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
     return table
 
 
+def sinusoidal_table_2d(
+    positions: Tensor, d_model: int, grid: tuple[int, int], num_prefix_tokens: int, base: float = 10000.0
+) -> Tensor:
+    """2-D sinusoids for image patches (as in MAE): the first half of the channels encodes the
+    row, the second half the column; prefix tokens (the class token) get zeros. (T, d_model)."""
+    rows, cols, is_patch = grid_coordinates(positions, grid, num_prefix_tokens)
+    half = d_model // 2
+    table = torch.cat((sinusoidal_table(rows, half, base), sinusoidal_table(cols, d_model - half, base)), dim=1)
+    return table * is_patch[:, None]
+
+
 @register_pos_encoding
 class SinusoidalEncoding(PositionalEncoding):
-    """Fixed sinusoids of geometrically spaced wavelengths (Vaswani et al., section 3.5)."""
+    """Fixed sinusoids of geometrically spaced wavelengths (Vaswani et al., section 3.5); 2-D on a grid."""
 
     name: ClassVar[str] = "sinusoidal"
     extrapolates: ClassVar[bool] = False
@@ -38,8 +49,13 @@ class SinusoidalEncoding(PositionalEncoding):
         self.d_model = cfg.d_model
         self.base = float(cfg.pos_encoding_options.get("base", 10000.0))
         # Precompute the table up to the configured length; longer sequences are computed on the fly.
-        table = sinusoidal_table(torch.arange(cfg.max_seq_len), cfg.d_model, self.base)
+        table = self._table(torch.arange(cfg.max_seq_len))
         self.register_buffer("table", table, persistent=False)
+
+    def _table(self, positions: Tensor) -> Tensor:
+        if self.grid is not None:
+            return sinusoidal_table_2d(positions, self.d_model, self.grid, self.num_prefix_tokens, self.base)
+        return sinusoidal_table(positions, self.d_model, self.base)
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -50,7 +66,7 @@ class SinusoidalEncoding(PositionalEncoding):
         if last < self.table.size(0):
             pe = self.table[positions]
         else:
-            pe = sinusoidal_table(positions, self.d_model, self.base)
+            pe = self._table(positions)
         return x + pe.to(x.dtype)  # (B, T, D) + (T, D)
 
 

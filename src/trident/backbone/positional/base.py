@@ -35,11 +35,15 @@ class PositionalEncoding(nn.Module):
     extrapolates: ClassVar[bool] = True
     #: True when queries and keys are rotated (needs an even head size).
     uses_rotary: ClassVar[bool] = False
+    #: True when the encoding can place image patches on a 2-D grid (``TransformerConfig.grid``).
+    supports_grid: ClassVar[bool] = True
 
     def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
         super().__init__()
         self.causal = causal
         self.max_len: int | None = cfg.max_seq_len if self.bounded_length else None
+        self.grid = cfg.grid
+        self.num_prefix_tokens = cfg.num_prefix_tokens
         unknown = set(cfg.pos_encoding_options) - set(self.option_names())
         if unknown:
             raise ConfigError(
@@ -97,6 +101,15 @@ def pos_encoding_class(name: str) -> type[PositionalEncoding]:
 
 def build_pos_encoding(cfg: TransformerConfig, *, causal: bool) -> PositionalEncoding:
     return pos_encoding_class(cfg.pos_encoding)(cfg, causal=causal)
+
+
+def grid_coordinates(positions: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(row, col, is_patch) of each position: prefix tokens (e.g. the class token) come first and
+    have no place on the grid; patch i after them sits at row i // cols, column i % cols."""
+    patch_index = positions - num_prefix_tokens
+    is_patch = patch_index >= 0
+    patch_index = patch_index.clamp(min=0)
+    return patch_index // grid[1], patch_index % grid[1], is_patch
 
 
 def positions_from(offset: int, length: int, device: torch.device) -> Tensor:

@@ -35,6 +35,7 @@ class AlibiEncoding(PositionalEncoding):
     """Linear distance penalty -slope_h * |i - j|; needs no parameters and extrapolates."""
 
     name: ClassVar[str] = "alibi"
+    supports_grid: ClassVar[bool] = False
 
     def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
@@ -65,6 +66,7 @@ class RelativeEncoding(PositionalEncoding):
     """T5's learned bias per head and per bucket of the query-key offset (Raffel et al. 2020)."""
 
     name: ClassVar[str] = "relative"
+    supports_grid: ClassVar[bool] = False
 
     def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)

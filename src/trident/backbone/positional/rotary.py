@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from trident.backbone.positional.base import PositionalEncoding, register_pos_encoding
+from trident.backbone.positional.base import PositionalEncoding, grid_coordinates, register_pos_encoding
 
 if TYPE_CHECKING:
     from trident.backbone.config import TransformerConfig
@@ -30,6 +30,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @register_pos_encoding
 class RotaryEncoding(PositionalEncoding):
+    """1-D rope; on an image grid, axial 2-D rope: half of the rotated pairs turn with the row,
+    the other half with the column, and prefix tokens (the class token) are not rotated."""
+
     name: ClassVar[str] = "rope"
     uses_rotary: ClassVar[bool] = True
     extrapolates: ClassVar[bool] = False
@@ -37,8 +40,9 @@ class RotaryEncoding(PositionalEncoding):
     def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         base = float(cfg.pos_encoding_options.get("base", 10000.0))
-        hs = cfg.head_dim
-        inv_freq = base ** (-torch.arange(0, hs, 2, dtype=torch.float32) / hs)  # (hs/2,)
+        # One frequency per rotated pair (hs/2 pairs); on a grid, rows and columns get hs/4 each.
+        n_freq = cfg.head_dim // 2 if cfg.grid is None else cfg.head_dim // 4
+        inv_freq = base ** (-torch.arange(n_freq, dtype=torch.float32) / n_freq)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @classmethod
@@ -46,6 +50,11 @@ class RotaryEncoding(PositionalEncoding):
         return ("base",)
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hs/2)
+        if self.grid is None:
+            angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hs/2)
+        else:
+            rows, cols, is_patch = grid_coordinates(positions, self.grid, self.num_prefix_tokens)
+            angles = torch.cat((rows.float()[:, None] * self.inv_freq, cols.float()[:, None] * self.inv_freq), dim=1)
+            angles = angles * is_patch[:, None]  # (T, hs/2); zero angle = identity for prefix tokens
         angles = torch.cat((angles, angles), dim=-1)  # (T, hs): one angle per rotated pair
         return angles.cos(), angles.sin()

