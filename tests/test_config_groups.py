@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from trident.errors import ConfigError
 from trident.pipeline import backbone_options, check_config
 
 from .conftest import CONF_DIR, compose_config
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 # Options that need a value only the user can give.
-REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"]}
+REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": ["data.data_dir=images"]}
 
 
 def all_options() -> list[tuple[str, str]]:
@@ -25,9 +26,17 @@ def test_every_group_has_options() -> None:
     assert {"optimizer", "scheduler", "debug", "experiment"} <= set(GROUPS)
 
 
+# Data options belong to one task: compose them with it.
+TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit"}
+
+
 @pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))
 def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
-    cfg = compose_config([f"{group}={option}", *REQUIRED.get(f"{group}/{option}", [])], output_dir=tmp_path)
+    overrides = [f"{group}={option}", *REQUIRED.get(f"{group}/{option}", [])]
+    cfg = compose_config(overrides, output_dir=tmp_path)
+    if group == "data":
+        task = TASK_OF_DATA[cfg.data._target_.rsplit(".", 1)[-1]]
+        cfg = compose_config([f"task={task}", *overrides], output_dir=tmp_path)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     if group == "model":
@@ -54,3 +63,9 @@ def test_task_selects_its_defaults_and_command_line_wins(tmp_path: Path) -> None
     assert (cfg.task.name, cfg.data.name, cfg.pos_encoding.name) == ("lm", "shakespeare", "rope")
     cfg = compose_config(["pos_encoding=alibi", "data=bible_kjv"], output_dir=tmp_path)
     assert (cfg.pos_encoding.name, cfg.data.name, cfg.data.source) == ("alibi", "bible_kjv", "bible")
+
+
+def test_data_of_another_task_is_refused(tmp_path: Path) -> None:
+    cfg = compose_config(["data=mnist"], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="data=mnist .ImageDataModule. is not data for task=lm, which needs LMDataModule"):
+        check_config(cfg)

@@ -147,3 +147,10 @@ def test_attention_rollout_rows_are_distributions() -> None:
     rollout = attention_rollout(weights)
     assert rollout.shape == (2, 17, 17)
     torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 17))
+
+
+def test_pool_and_prefix_must_agree() -> None:
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, pos_encoding="learned",
+                            **vit_geometry(28, 7, "mean"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="pool=cls needs the grid and prefix"):
+        VisionTransformer(cfg, patch_size=7, in_channels=1, num_classes=10, pool="cls")

@@ -59,8 +59,21 @@ def _plain(node: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
 
 
+def check_task_data(cfg: DictConfig) -> None:
+    """The data option must feed the task (e.g. not image data for the language model)."""
+    task_class = hydra.utils.get_class(cfg.task._target_)
+    data_class = hydra.utils.get_class(cfg.data._target_)
+    expected = getattr(task_class, "DATA_MODULE", TridentDataModule)
+    if not issubclass(data_class, expected):
+        raise ConfigError(
+            f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
+            f"{expected.__name__}: choose a {cfg.task.name} data option (README, config groups)"
+        )
+
+
 def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
+    check_task_data(cfg)
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
     block_size = cfg.data.get("block_size")

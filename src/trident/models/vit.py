@@ -47,8 +47,8 @@ class VisionTransformer(nn.Module):
         self, cfg: TransformerConfig, *, patch_size: int, in_channels: int, num_classes: int, pool: str = "cls"
     ) -> None:
         super().__init__()
-        if cfg.grid is None:
-            raise ConfigError("a VisionTransformer needs TransformerConfig.grid (see vit_geometry)")
+        if cfg.grid is None or cfg.num_prefix_tokens != (1 if pool == "cls" else 0):
+            raise ConfigError(f"a VisionTransformer with pool={pool} needs the grid and prefix of vit_geometry(..., {pool!r})")
         self.pool = pool
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.patch_embed = PatchEmbedding(patch_size, in_channels, cfg.d_model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -13,12 +13,17 @@ from torch import Tensor
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig
+from trident.data.lm import LMDataModule
+from trident.data.base import TridentDataModule
 from trident.models import CausalLM, generate
 from trident.training.optim import build_optimizer, build_scheduler
 from trident.training.text_logging import log_text_table
 
 
 class LanguageModelTask(L.LightningModule):
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
+
     def __init__(
         self,
         backbone: dict[str, Any],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from trident.backbone import TransformerConfig
+from trident.data.base import TridentDataModule
+from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.timm_compat import load_timm_weights
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
@@ -23,6 +25,9 @@ Batch = tuple[Tensor, Tensor]
 
 
 class ImageClassificationTask(L.LightningModule):
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
+
     def __init__(
         self,
         backbone: dict[str, Any],
@@ -58,9 +63,11 @@ class ImageClassificationTask(L.LightningModule):
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
         self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         top_k = min(5, num_classes)
-        self.val_top1, self.test_top1 = MulticlassAccuracy(num_classes, top_k=1), MulticlassAccuracy(num_classes, top_k=1)
-        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top_k)
-        self.test_top5 = MulticlassAccuracy(num_classes, top_k=top_k)
+        # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
+        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
+        self.test_top5 = MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self._misclassified: list[tuple[Tensor, int, int]] = []
 

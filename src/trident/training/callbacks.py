@@ -54,8 +54,9 @@ class MetricsToLog(L.Callback):
             text = "  ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))
             log.info("step %d  %s", trainer.global_step, text)
 
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    # The *_end hooks run after the epoch's metrics are reduced (the *_epoch_end hooks run before).
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "val/")
 
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "test/")

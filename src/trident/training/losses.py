@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -21,7 +22,7 @@ def label_smoothed_cross_entropy(
         raise ValueError(f"label smoothing must be in [0, 1), got {epsilon}")
     log_probs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V), fp32 even under autocast
     flat = targets.flatten()  # (N,)
-    keep = flat != ignore_index if ignore_index is not None else flat.new_ones(flat.shape, dtype=bool)
+    keep = flat != ignore_index if ignore_index is not None else torch.ones_like(flat, dtype=torch.bool)
     safe = flat.masked_fill(~keep, 0)  # any valid index; the padded rows are masked out below
     nll = -log_probs.gather(1, safe[:, None]).squeeze(1)  # (N,)
     smooth = -log_probs.mean(dim=-1)  # (N,)  the cross entropy against the uniform distribution

@@ -61,7 +61,7 @@ class PositionalEncoding(nn.Module):
         if self.max_len is not None and length > self.max_len:
             raise ConfigError(
                 f"sequence length {length} exceeds the {self.name} positional encoding's maximum "
-                f"{self.max_len}: raise model.max_seq_len or shorten the sequence (data.block_size)"
+                f"{self.max_len}: raise data.max_seq_len or shorten the sequence (data.block_size)"
             )
 
     def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:

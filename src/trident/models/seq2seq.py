@@ -1,0 +1,89 @@
+"""Encoder-decoder Transformer (the paper's translation model) built on the shared backbone."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig
+from trident.errors import ConfigError
+
+# all: encoder embedding = decoder embedding = output projection (the paper, section 3.4; needs
+# a shared vocabulary); decoder: decoder embedding = output projection; none: three matrices.
+TIE_MODES = ("all", "decoder", "none")
+
+
+def tie_mode(value: str | bool) -> str:
+    """``true`` means ``all`` and ``false`` means ``none``, as for the LM's boolean switch."""
+    if isinstance(value, bool):
+        return "all" if value else "none"
+    if value not in TIE_MODES:
+        raise ConfigError(f"task.tie_embeddings={value!r} is not supported: choose one of {', '.join(TIE_MODES)}")
+    return value
+
+
+class EncoderDecoder(nn.Module):
+    """Source ids -> encoder -> memory; target prefix + memory -> decoder (with cross-attention)
+    -> next-token logits. Both stacks share one :class:`TransformerConfig` (``n_layers`` each).
+
+    ``scale_embeddings`` multiplies embeddings by sqrt(d_model) (the paper), which keeps them on
+    the scale of the sinusoids when the same matrix is also the output projection.
+    """
+
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        vocab_size: int,
+        *,
+        pad_id: int = 0,
+        tie_embeddings: str | bool = "all",
+        scale_embeddings: bool = True,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
+        self.tie_embeddings = tie_mode(tie_embeddings)
+        self.src_embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        # With "all" the two names refer to one module: parameters() lists its weight once.
+        share = self.tie_embeddings == "all"
+        self.tgt_embed = self.src_embed if share else TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg, cross_attention=True)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if self.tie_embeddings != "none":
+            self.head.weight = self.tgt_embed.weight
+        else:
+            # The same scale as a scaled embedding table, so untied logits start at unit variance too.
+            nn.init.normal_(self.head.weight, std=cfg.d_model**-0.5 if scale_embeddings else 0.02)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """``src``: (B, S) ids, right-padded with ``pad_id``. Returns memory (B, S, D) and the
+        source padding mask (B, S), True at padding."""
+        padding = src.eq(self.pad_id)  # (B, S)
+        return self.encoder(self.src_embed(src), key_padding_mask=padding), padding
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, memory_padding_mask: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """``tgt_in``: (B, T) target prefix (with ``cache``: only the new tokens) -> logits (B, T, V).
+
+        No target padding mask is needed: targets are right-padded, so under the causal mask
+        no real position ever attends to padding (and SDPA keeps its fused causal path).
+        With ``cache``, the cross-attention keys/values of ``memory`` are projected on the first
+        call and reused afterwards.
+        """
+        hidden = self.decoder(
+            self.tgt_embed(tgt_in), memory=memory, memory_padding_mask=memory_padding_mask, cache=cache
+        )  # (B, T, D)
+        return self.head(hidden)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: (B, S) source, (B, T) decoder input -> logits (B, T, V)."""
+        memory, padding = self.encode(src)
+        return self.decode(tgt_in, memory, padding)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        return self.decoder.new_cache(max_len)
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence either stack was configured for (``model.max_seq_len``)."""
+        return self.cfg.max_seq_len

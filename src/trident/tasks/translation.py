@@ -1,0 +1,217 @@
+"""Machine translation as a LightningModule: label-smoothed training, greedy / beam decoding,
+sacreBLEU and chrF on detokenised text, a table of example translations at each validation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import lightning as L
+import sacrebleu
+import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from tokenizers import Tokenizer
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from trident.backbone import TransformerConfig
+from trident.data.base import TridentDataModule
+from trident.data.translation import TranslationDataModule
+from trident.data.batching import TranslationBatch
+from trident.data.translation import detokenize
+from trident.models.decoding import Hypothesis, beam_search, greedy_decode
+from trident.models.seq2seq import EncoderDecoder
+from trident.training.losses import label_smoothed_cross_entropy
+from trident.training.optim import build_optimizer, build_scheduler
+from trident.training.text_logging import log_text_table
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    """sacreBLEU (13a tokenisation, exp smoothing: its defaults) and chrF on detokenised text."""
+    return {
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+    }
+
+
+class TranslationTask(L.LightningModule):
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
+
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        vocab_size: int,
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        tie_embeddings: str | bool = "all",
+        scale_embeddings: bool = True,
+        label_smoothing: float = 0.1,
+        beam_size: int = 4,
+        val_beam_size: int = 1,
+        length_penalty: float = 0.6,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        test_greedy: bool = True,
+        num_examples: int = 8,
+        tokenizer_json: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain values only; the tokenizer travels in the checkpoint (see on_save_checkpoint).
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        self.net = EncoderDecoder(
+            TransformerConfig(**backbone), vocab_size, pad_id=pad_id,
+            tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
+        )
+        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.label_smoothing = label_smoothing
+        # Decoding settings as attributes, so the translate command can override them per call.
+        self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.test_greedy, self.num_examples = test_greedy, num_examples
+        self.val_nll = MeanMetric()  # token-weighted, for perplexity = exp(mean NLL)
+        self.test_nll = MeanMetric()
+        # (source, reference, hypothesis) per evaluated sentence, per decoder, for corpus BLEU.
+        self._outputs: dict[str, list[tuple[str, str, str]]] = {}
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.net(src, tgt_in)
+
+    def throughput_units(self, batch: TranslationBatch) -> dict[str, int]:
+        """Real (non-padding) source and target tokens, and sentence pairs."""
+        src_tokens = int(batch["src"].ne(self.pad_id).sum())
+        tgt_tokens = int(batch["tgt_out"].ne(self.pad_id).sum())
+        return {"tokens": src_tokens + tgt_tokens, "target_tokens": tgt_tokens, "samples": batch["src"].size(0)}
+
+    def _loss(self, batch: TranslationBatch) -> tuple[Tensor, Tensor, Tensor]:
+        logits = self.net(batch["src"], batch["tgt_in"])  # (B, T, V)
+        return label_smoothed_cross_entropy(
+            logits, batch["tgt_out"], epsilon=self.label_smoothing, ignore_index=self.pad_id
+        )
+
+    def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
+        loss, nll, n_tokens = self._loss(batch)
+        size = batch["src"].size(0)
+        padded = batch["src"].numel() + batch["tgt_in"].numel()
+        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        self.log("train/nll_loss", nll, batch_size=size)
+        # What token-budget batching is for: compute spent on padding (fairseq keeps it small).
+        self.log("train/padding_fraction", 1.0 - real / padded, batch_size=size)
+        self.log("train/tokens_per_batch", float(n_tokens), batch_size=size)
+        return loss
+
+    def _evaluate(self, batch: TranslationBatch, stage: str, nll_metric: MeanMetric) -> None:
+        loss, nll, n_tokens = self._loss(batch)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=int(n_tokens))
+        nll_metric.update(nll, weight=n_tokens)
+        for suffix, beam in self._decoders(stage).items():
+            hypotheses = self.decode_ids(batch["src"], beam_size=beam)
+            texts = [self._detokenize(h.tokens) for h in hypotheses]
+            self._outputs.setdefault(suffix, []).extend(zip(batch["src_text"], batch["tgt_text"], texts))
+
+    def _decoders(self, stage: str) -> dict[str, int]:
+        """Metric-name suffix -> beam size: validation decodes once, test also greedily."""
+        decoders = {"": self.val_beam_size if stage == "val" else self.beam_size}
+        if stage == "test" and self.test_greedy and self.beam_size > 1:
+            decoders["_greedy"] = 1
+        return decoders
+
+    def validation_step(self, batch: TranslationBatch, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_nll)
+
+    def test_step(self, batch: TranslationBatch, batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_nll)
+
+    def on_validation_epoch_start(self) -> None:
+        self._outputs = {}
+
+    def on_test_epoch_start(self) -> None:
+        self._outputs = {}
+
+    def on_validation_epoch_end(self) -> None:
+        rows = self._score("val", self.val_nll)
+        if rows and not self.trainer.sanity_checking and self.trainer.is_global_zero:
+            examples = [[self.global_step, *row] for row in rows[: self.num_examples]]
+            log_text_table(self, "translations", ["step", "source", "reference", "hypothesis"], examples)
+
+    def on_test_epoch_end(self) -> None:
+        self._score("test", self.test_nll)
+
+    def _score(self, stage: str, nll_metric: MeanMetric) -> list[tuple[str, str, str]]:
+        """Corpus BLEU / chrF over all ranks' sentences; perplexity from the token-weighted NLL."""
+        # Values are the same on every rank (synced metric, gathered corpus): sync_dist averages
+        # equal numbers, and keeps them available to ModelCheckpoint on every rank.
+        self.log(f"{stage}/ppl", math.exp(min(float(nll_metric.compute()), 50.0)), sync_dist=True)
+        nll_metric.reset()
+        first: list[tuple[str, str, str]] = []
+        # The same sequence of collective calls on every rank, whatever each rank decoded.
+        for suffix in self._decoders(stage):
+            rows = _gather(self._outputs.get(suffix, []))
+            if not rows:
+                continue
+            scores = corpus_scores([r[2] for r in rows], [r[1] for r in rows])
+            for name, value in scores.items():
+                self.log(f"{stage}/{name}{suffix}", value, prog_bar=name == "bleu" and not suffix, sync_dist=True)
+            first = first or rows
+        self._outputs = {}
+        return first
+
+    def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
+        """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search."""
+        options: dict[str, Any] = {"bos_id": self.bos_id, "eos_id": self.eos_id, "max_len_a": self.max_len_a,
+                   "max_len_b": self.max_len_b, "banned_ids": (self.pad_id, self.bos_id), "use_cache": use_cache}
+        if beam_size <= 1:
+            return greedy_decode(self.net, src, **options)
+        return beam_search(self.net, src, beam_size=beam_size, alpha=self.length_penalty, **options)
+
+    def translate(self, texts: list[str], *, beam_size: int | None = None, use_cache: bool = True) -> list[str]:
+        """Free text in, detokenised translations out (the ``trident.translate`` command)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this task has no tokenizer: load it from a trident translation checkpoint")
+        if not texts:
+            return []
+        keep = self.net.max_positions - 1  # room for EOS
+        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts])]
+        src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
+        for i, row in enumerate(rows):
+            src[i, : len(row)] = torch.tensor(row, device=self.device)
+        was_training = self.training
+        self.eval()
+        hypotheses = self.decode_ids(src, beam_size=self.beam_size if beam_size is None else beam_size,
+                                     use_cache=use_cache)
+        self.train(was_training)
+        return [self._detokenize(h.tokens) for h in hypotheses]
+
+    def _detokenize(self, ids: list[int]) -> str:
+        return detokenize(self.tokenizer, ids) if self.tokenizer is not None else " ".join(map(str, ids))
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        # Learned positional tables and relative-position biases are not decayed (as in the LM task).
+        no_decay = {name for name, _ in self.net.named_parameters() if ".pos_encoding." in f".{name}"}
+        optimizer = build_optimizer(self.net, self.optimizer_cfg, no_decay)
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer_json"] = self.tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("tokenizer_json"):
+            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
+
+
+def _gather(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Every rank's (source, reference, hypothesis) rows, on every rank (strings, so not all_gather)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows
+    gathered: list[list[tuple[str, str, str]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rows)
+    return [row for part in gathered for row in (part or [])]

@@ -1,0 +1,73 @@
+"""Translate free text with a trained translation checkpoint (the tokenizer is stored inside it).
+
+    python -m trident.translate outputs/runs/.../checkpoints/best-step3000.ckpt "In the beginning was the Word."
+    echo "And God said, Let there be light." | python -m trident.translate CKPT --beam-size 1
+
+Each argument (or, without arguments, each line of stdin) is one sentence; one translation per
+line is printed, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from trident.cli import run_with_clear_errors
+from trident.errors import ConfigError, DataError
+from trident.tasks.translation import TranslationTask
+
+
+def load_translation_checkpoint(path: Path) -> TranslationTask:
+    """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint."""
+    if not path.is_file():
+        raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
+    try:
+        task = TranslationTask.load_from_checkpoint(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError) as err:
+        raise DataError(
+            f"cannot read checkpoint {str(path)!r} ({type(err).__name__}): it is corrupt, truncated or not a trident "
+            "translation checkpoint; use another checkpoint of a task=translation run"
+        ) from err
+    if task.tokenizer is None:
+        raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's translation task")
+    return task.eval()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("texts", nargs="*", help="sentences to translate (default: read lines from stdin)")
+    parser.add_argument("--beam-size", type=int, default=None, help="1 = greedy (default: the run's task.beam_size)")
+    parser.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: the run's)")
+    parser.add_argument("--max-len-a", type=float, default=None, help="max length = a * source length + b")
+    parser.add_argument("--max-len-b", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        if args.beam_size is not None and args.beam_size < 1:
+            raise ConfigError(f"--beam-size must be at least 1, got {args.beam_size}")
+        task = load_translation_checkpoint(args.checkpoint)
+        for name in ("length_penalty", "max_len_a", "max_len_b"):
+            if getattr(args, name) is not None:
+                setattr(task, name, getattr(args, name))
+        texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+        with torch.inference_mode():
+            for start in range(0, len(texts), args.batch_size):
+                chunk = texts[start : start + args.batch_size]
+                # Empty lines stay empty, so output lines match input lines one to one.
+                nonempty = [t for t in chunk if t.strip()]
+                out = iter(task.translate(nonempty, beam_size=args.beam_size, use_cache=not args.no_cache))
+                for text in chunk:
+                    sys.stdout.write((next(out) if text.strip() else "") + "\n")
+                sys.stdout.flush()
+
+    run_with_clear_errors(run)
+
+
+if __name__ == "__main__":
+    main()
