@@ -119,3 +119,54 @@ def test_real_fashion_mnist_when_installed() -> None:
         pytest.skip("Debian package dataset-fashion-mnist not installed (.ci/run installs it)")
     data = load_image_source("fashion_mnist", {"validation_size": 5000, "test_size": 10000, "split_seed": 0})
     assert {n: len(s[1]) for n, s in data.splits.items()} == {"train": 55000, "validation": 5000, "test": 10000}
+
+
+def test_unaugmented_arrays_take_the_tensor_path_with_the_same_pixels() -> None:
+    from trident.data.images import ImageDataModule, NormalizedArrays, eval_transform
+
+    module = ImageDataModule(patch_size=7, mean=[0.1307], std=[0.3081], augment={"scale": [1.0, 1.0]})
+    module.setup()
+    assert isinstance(module.datasets["validation"], NormalizedArrays)
+    assert isinstance(module.datasets["train"], NormalizedArrays)  # augment=none: nothing to do per image
+    images, labels = module.data.splits["validation"]  # type: ignore[union-attr, misc]
+    reference = eval_transform(28, [0.1307], [0.3081])
+    for i in (0, 7, 499):
+        image, label = module.datasets["validation"][i]
+        np.testing.assert_allclose(image.numpy(), reference(Image.fromarray(images[i])).numpy(), rtol=1e-6, atol=1e-6)
+        assert label == labels[i]
+
+
+def test_model_pretrained_loads_timm_weights_through_the_pipeline(tmp_path: Path) -> None:
+    import torch
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from trident.tasks.vit import ImageClassificationTask
+
+    reference = TimmViT(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
+    weights = tmp_path / "timm_vit.pth"
+    torch.save(reference.state_dict(), weights)
+    cfg = vit_config(tmp_path, f"model.pretrained={weights}", "logger=none", "debug=fast_dev_run")
+    train(cfg)
+    task = ImageClassificationTask(
+        backbone={"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 256, "dropout": 0.0, "norm_eps": 1e-6,
+                  "pos_encoding": "learned", **vit_geometry_for(28, 7)},
+        optimizer={}, scheduler={}, num_classes=10, image_size=28, in_channels=1, patch_size=7,
+        class_names=[str(i) for i in range(10)], mean=[0.5], std=[0.5], pretrained=str(weights),
+    )
+    torch.testing.assert_close(task.net.patch_embed.proj.weight, reference.patch_embed.proj.weight)
+    (tmp_path / "bad.pth").write_text("garbage")
+    with pytest.raises(DataError, match="cannot read pretrained weights"):
+        train(vit_config(tmp_path, f"model.pretrained={tmp_path / 'bad.pth'}", "logger=none", "debug=fast_dev_run"))
+
+
+def vit_geometry_for(image_size: int, patch: int) -> dict:
+    from trident.models.vit import vit_geometry
+
+    return vit_geometry(image_size, patch, "cls")
+
+
+def test_headline_command_composes_vit_base_on_the_default_data(tmp_path: Path) -> None:
+    cfg = vit_config(tmp_path, "model=base")
+    backbone = check_config(cfg)
+    assert (backbone.d_model, backbone.n_layers, backbone.n_heads) == (768, 12, 12)
+    assert backbone.grid == (4, 4)  # 28x28 digits with the test's 7x7 patches

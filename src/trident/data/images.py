@@ -8,6 +8,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import torch
 from PIL import Image
 from timm.data import create_transform
 from timm.data.random_erasing import RandomErasing
@@ -41,6 +42,30 @@ class ImageDataset(Dataset[tuple[Tensor, int]]):
             row = self.split[index]
             image, label = row["image"], int(row["label"])
         return self.transform(image.convert(self.mode)), label
+
+
+class NormalizedArrays(Dataset[tuple[Tensor, int]]):
+    """Un-augmented uint8 arrays of the model's size, normalised once into one tensor: per-image
+    PIL conversion would cost more than a small model's forward pass."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mean: list[float], std: list[float]) -> None:
+        pixels = torch.from_numpy(images).float().div_(255)  # (N, H, W) or (N, H, W, C)
+        pixels = pixels[:, None] if pixels.ndim == 3 else pixels.permute(0, 3, 1, 2)  # (N, C, H, W)
+        self.images = (pixels - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+        self.labels = torch.from_numpy(labels).long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+def is_identity(augment: dict[str, Any]) -> bool:
+    """True when the augmentation settings change nothing (augment=none)."""
+    scale = tuple(augment.get("scale", (0.08, 1.0)))
+    return (not augment.get("auto_augment") and scale == (1.0, 1.0) and not augment.get("re_prob")
+            and not augment.get("hflip"))
 
 
 def train_transform(image_size: int, mean: list[float], std: list[float], augment: dict[str, Any]) -> Transform:
@@ -118,7 +143,11 @@ class ImageDataModule(TridentDataModule):
         train_tf = train_transform(self.image_size, self.mean, self.std, self.augment)
         eval_tf = eval_transform(self.image_size, self.mean, self.std)
         for name, split in self.data.splits.items():
-            self.datasets[name] = ImageDataset(split, train_tf if name == "train" else eval_tf, self.in_channels)
+            plain = name != "train" or is_identity(self.augment)
+            if plain and isinstance(split, tuple) and split[0].shape[1:3] == (self.image_size, self.image_size):
+                self.datasets[name] = NormalizedArrays(*split, self.mean, self.std)
+            else:
+                self.datasets[name] = ImageDataset(split, train_tf if name == "train" else eval_tf, self.in_channels)
 
     @property
     def num_classes(self) -> int:
