@@ -10,6 +10,7 @@ from typing import Any
 import hydra.utils
 import lightning as L
 import wandb
+from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
@@ -17,6 +18,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.training.loggers import build_loggers
@@ -110,8 +112,20 @@ def constructor_args(cfg: DictConfig, group: str) -> dict[str, Any]:
     return args
 
 
+def instantiate(config: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` that lets a user error (ConfigError, DataError) raised by a
+    constructor through as itself, instead of wrapped in Hydra's InstantiationException."""
+    try:
+        return hydra.utils.instantiate(config, **kwargs)
+    except InstantiationException as err:
+        user_error = find_user_error(err)
+        if user_error is None:
+            raise
+        raise user_error from err
+
+
 def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
-    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     # LearningRateMonitor refuses to run without a logger (logger=none): leave it out then.
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
 
@@ -125,13 +139,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     save_resolved_config(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
+    datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
     if not isinstance(datamodule, TridentDataModule):
         raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup("fit")
     datamodule.save_to(run_dir)
-    task: L.LightningModule = hydra.utils.instantiate(
+    task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
         optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
@@ -142,7 +156,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     loggers = build_loggers(cfg, run_dir)
     callbacks = build_callbacks(cfg, has_logger=bool(loggers))
-    trainer: L.Trainer = hydra.utils.instantiate(
+    trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), _convert_="all"
     )
     try:

@@ -11,26 +11,15 @@ from pathlib import Path
 
 import torch
 
+from trident.checkpoints import load_task_checkpoint
 from trident.cli import run_with_clear_errors
-from trident.errors import DataError
 from trident.models import generate
 from trident.tasks.lm import LanguageModelTask
 
 
 def load_lm_checkpoint(path: Path) -> LanguageModelTask:
     """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file."""
-    if not path.is_file():
-        raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
-    try:
-        task = LanguageModelTask.load_from_checkpoint(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError) as err:
-        raise DataError(
-            f"cannot read checkpoint {str(path)!r} ({type(err).__name__}): it is corrupt, truncated or not a trident "
-            "language-model checkpoint; use another checkpoint of the run (last.ckpt or best-*.ckpt)"
-        ) from err
-    if task.tokenizer is None:
-        raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's LM task")
-    return task.eval()
+    return load_task_checkpoint(LanguageModelTask, path, "lm")
 
 
 def main(argv: list[str] | None = None) -> None:

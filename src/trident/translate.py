@@ -15,25 +15,15 @@ from pathlib import Path
 
 import torch
 
+from trident.checkpoints import load_task_checkpoint
 from trident.cli import run_with_clear_errors
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError
 from trident.tasks.translation import TranslationTask
 
 
 def load_translation_checkpoint(path: Path) -> TranslationTask:
     """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint."""
-    if not path.is_file():
-        raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
-    try:
-        task = TranslationTask.load_from_checkpoint(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError) as err:
-        raise DataError(
-            f"cannot read checkpoint {str(path)!r} ({type(err).__name__}): it is corrupt, truncated or not a trident "
-            "translation checkpoint; use another checkpoint of a task=translation run"
-        ) from err
-    if task.tokenizer is None:
-        raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's translation task")
-    return task.eval()
+    return load_task_checkpoint(TranslationTask, path, "translation")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,14 +13,15 @@ from torch import Tensor
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig
-from trident.data.lm import LMDataModule
+from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
+from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
-from trident.training.optim import build_optimizer, build_scheduler
+from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
 
 
-class LanguageModelTask(L.LightningModule):
+class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
     #: The data module this task trains on (checked before any work).
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
 
@@ -103,15 +104,6 @@ class LanguageModelTask(L.LightningModule):
         return results
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        no_decay = {"decoder.pos_encoding.embedding.weight", "decoder.pos_encoding.bias.weight"}
-        optimizer = build_optimizer(self.net, self.optimizer_cfg, no_decay)
-        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer_json"] = self.tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("tokenizer_json"):
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
+        steps = int(self.trainer.estimated_stepping_batches)
+        no_decay = positional_parameter_names(self.net)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)

@@ -16,14 +16,14 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from trident.backbone import TransformerConfig
+from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
-from trident.data.translation import TranslationDataModule
 from trident.data.batching import TranslationBatch
-from trident.data.translation import detokenize
+from trident.data.translation import TranslationDataModule, detokenize
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
 from trident.training.losses import label_smoothed_cross_entropy
-from trident.training.optim import build_optimizer, build_scheduler
+from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
 
 
@@ -35,7 +35,7 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
     }
 
 
-class TranslationTask(L.LightningModule):
+class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
     #: The data module this task trains on (checked before any work).
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
 
@@ -193,19 +193,10 @@ class TranslationTask(L.LightningModule):
         return detokenize(self.tokenizer, ids) if self.tokenizer is not None else " ".join(map(str, ids))
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        # Learned positional tables and relative-position biases are not decayed (as in the LM task).
-        no_decay = {name for name, _ in self.net.named_parameters() if ".pos_encoding." in f".{name}"}
-        optimizer = build_optimizer(self.net, self.optimizer_cfg, no_decay)
-        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        steps = int(self.trainer.estimated_stepping_batches)
+        no_decay = positional_parameter_names(self.net)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer_json"] = self.tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("tokenizer_json"):
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
 
 
 def _gather(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

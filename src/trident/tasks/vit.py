@@ -19,7 +19,7 @@ from trident.errors import ConfigError
 from trident.models.timm_compat import load_timm_weights
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
-from trident.training.optim import build_optimizer, build_scheduler
+from trident.training.optim import optimizers_for
 
 Batch = tuple[Tensor, Tensor]
 
@@ -149,6 +149,5 @@ class ImageClassificationTask(L.LightningModule):
         publish_figure(self, "test/attention_rollout", fig)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.net.no_weight_decay())
-        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        steps = int(self.trainer.estimated_stepping_batches)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, self.net.no_weight_decay())

@@ -8,6 +8,7 @@ from typing import Any
 
 import hydra.utils
 import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -85,3 +86,21 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any], total
     else:
         raise ConfigError(f"unknown scheduler.name {name!r}: choose one of cosine, inverse_sqrt, constant")
     return LambdaLR(optimizer, schedule)
+
+
+def positional_parameter_names(model: nn.Module) -> set[str]:
+    """Learned position tables and relative-position biases: kept out of weight decay."""
+    return {name for name, _ in model.named_parameters() if ".pos_encoding." in f".{name}"}
+
+
+def optimizers_for(
+    model: nn.Module,
+    optimizer_cfg: dict[str, Any],
+    scheduler_cfg: dict[str, Any],
+    total_steps: int,
+    no_decay_names: set[str] = frozenset(),
+) -> OptimizerLRSchedulerConfig:
+    """What ``LightningModule.configure_optimizers`` returns: the optimizer and a per-step schedule."""
+    optimizer = build_optimizer(model, optimizer_cfg, no_decay_names)
+    scheduler = build_scheduler(optimizer, scheduler_cfg, total_steps)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
