@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from torch.utils.data import DataLoader
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
@@ -20,3 +21,16 @@ class TridentDataModule(L.LightningDataModule, ABC):
     @abstractmethod
     def save_to(self, run_dir: Path) -> None:
         """Write what a run needs to be read later (e.g. the tokenizer) into its directory."""
+
+    @abstractmethod
+    def split_loader(self, split: str, train: bool) -> DataLoader:
+        """The DataLoader of ``split`` (train / validation / test); ``train`` shuffles."""
+
+    def train_dataloader(self) -> DataLoader:
+        return self.split_loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.split_loader("validation", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.split_loader("test", train=False)

@@ -173,21 +173,12 @@ class ImageDataModule(TridentDataModule):
     def save_to(self, run_dir: Path) -> None:
         (run_dir / "classes.json").write_text(json.dumps(self.task_inputs()["class_names"]))
 
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+    def split_loader(self, split: str, train: bool) -> DataLoader:
         return DataLoader(
-            self.datasets[name],
+            self.datasets[split],
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
+            shuffle=train,
+            drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

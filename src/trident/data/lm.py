@@ -141,24 +141,15 @@ class LMDataModule(TridentDataModule):
                     f"data.block_size={self.block_size}+1: lower data.block_size or use a larger corpus"
                 )
 
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
+    def split_loader(self, split: str, train: bool) -> DataLoader:
         return DataLoader(
-            PackedBlocks(self.splits[name], self.block_size),
+            PackedBlocks(self.splits[split], self.block_size),
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
+            shuffle=train,
+            drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
 
     def task_inputs(self) -> dict[str, Any]:
         """What the task module needs from the data: vocabulary, tokenizer, prompts for samples."""

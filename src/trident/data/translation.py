@@ -350,8 +350,8 @@ class TranslationDataModule(TridentDataModule):
         tables = datasets.load_from_disk(str(self.cache_path))
         self.datasets = {name: ParallelDataset(tables[name]) for name in SPLITS}
 
-    def _loader(self, name: str, train: bool) -> DataLoader:
-        src_lengths, tgt_lengths = self.datasets[name].lengths()
+    def split_loader(self, split: str, train: bool) -> DataLoader:
+        src_lengths, tgt_lengths = self.datasets[split].lengths()
         trainer = self.trainer
         sampler = TokenBudgetBatchSampler(
             src_lengths, tgt_lengths, self.max_tokens if train else self.eval_max_tokens,
@@ -361,17 +361,8 @@ class TranslationDataModule(TridentDataModule):
             num_replicas=trainer.world_size if trainer is not None else 1,
             rank=trainer.global_rank if trainer is not None else 0,
         )
-        return DataLoader(self.datasets[name], batch_sampler=sampler, collate_fn=collate_pairs,
+        return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=collate_pairs,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", train=False)
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:
