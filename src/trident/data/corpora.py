@@ -144,16 +144,20 @@ def _existing_files(files: Any) -> list[str]:
     return [str(Path(p).resolve()) for p in paths]
 
 
+def load_dataset_or_explain(path: str, kwargs: dict[str, Any], fix: str, what: str = "dataset") -> datasets.DatasetDict:
+    """``datasets.load_dataset(path, **kwargs)``; a dataset that cannot be found or downloaded
+    becomes one DataError line ending in ``fix``."""
+    try:
+        return datasets.load_dataset(path, **kwargs)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        raise DataError(f"could not load {what} {path!r} ({type(err).__name__}: {first_line}); {fix}") from err
+
+
 def _load_with_datasets(path: str, kwargs: dict[str, Any], text_column: str, fractions: list[float]) -> datasets.DatasetDict:
     """``datasets.load_dataset`` for hub names and local files alike; keep its splits when it has
     all three, otherwise cut its train split contiguously."""
-    try:
-        loaded = datasets.load_dataset(path, **kwargs)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
-        raise DataError(
-            f"could not load dataset {path!r} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "check data.hub_path / data.files, or use data=shakespeare offline"
-        ) from err
+    loaded = load_dataset_or_explain(path, kwargs, "check data.hub_path / data.files, or use data=shakespeare offline")
     if text_column not in loaded[next(iter(loaded))].column_names:
         raise ConfigError(f"dataset {path!r} has no column {text_column!r}: set data.text_column")
     aliases = {"validation": ("validation", "valid", "dev"), "test": ("test",), "train": ("train",)}

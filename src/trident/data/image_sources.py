@@ -15,7 +15,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from trident.data.corpora import package_path
+from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -89,13 +89,8 @@ def fashion_mnist(directory: str, validation: int, seed: int) -> ImageSplits:
 def from_datasets(path: str, kwargs: dict[str, Any], image_column: str, label_column: str, validation: int, seed: int) -> ImageSplits:
     """``datasets.load_dataset`` (hub name, or ``imagefolder`` with ``data_dir``); a missing validation
     split is cut from train with a fixed seed."""
-    try:
-        loaded = datasets.load_dataset(path, **kwargs)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
-        raise DataError(
-            f"could not load image dataset {path!r} ({type(err).__name__}); check data.hub_path / data.data_dir, "
-            "or use data=mnist / data=fashion_mnist offline"
-        ) from err
+    fix = "check data.hub_path / data.data_dir, or use data=mnist / data=fashion_mnist offline"
+    loaded = load_dataset_or_explain(path, kwargs, fix)
     first = loaded[next(iter(loaded))]
     for column in (image_column, label_column):
         if column not in first.column_names:

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
-from trident.data.corpora import SPLITS, package_path
+from trident.data.corpora import SPLITS, load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
 
 CACHE_VERSION = 1  # bump when the preparation below changes its output
@@ -109,12 +109,14 @@ def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: st
         return bible_pairs(src_lang, tgt_lang, fractions)
     if source == "files":
         path, kwargs = _file_loader(options.get("files"), src_lang, tgt_lang)
-        loaded = _load_dataset(path, kwargs, "check data.files")
+        loaded = load_dataset_or_explain(path, kwargs, "check data.files", what="parallel data")
     elif source == "hub":
         if not options.get("path"):
             raise ConfigError("data.source=hub needs data.hub_path (a Hugging Face dataset name, e.g. wmt/wmt14)")
         kwargs = {"name": options["name"]} if options.get("name") else {}
-        loaded = _load_dataset(str(options["path"]), kwargs, "check data.hub_path / data.hub_config (needs internet)")
+        loaded = load_dataset_or_explain(
+            str(options["path"]), kwargs, "check data.hub_path / data.hub_config (needs internet)", what="parallel data"
+        )
     else:
         raise ConfigError(f"unknown data.source {source!r}: choose one of bible, files, hub")
     found = {name: next((a for a in aliases if a in loaded), None) for name, aliases in SPLIT_ALIASES.items()}
@@ -150,14 +152,6 @@ def _file_loader(files: Any, src_lang: str, tgt_lang: str) -> tuple[str, dict[st
         return "csv", {"data_files": data_files, "sep": "\t", "column_names": [src_lang, tgt_lang],
                        "features": features, "quoting": 3, "na_filter": False}
     raise ConfigError(f"data.files must all be .tsv/.txt (src<TAB>tgt) or all .jsonl/.json, got {sorted(suffixes)}")
-
-
-def _load_dataset(path: str, kwargs: dict[str, Any], hint: str) -> datasets.DatasetDict:
-    try:
-        return datasets.load_dataset(path, **kwargs)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
-        first_line = str(err).splitlines()[0] if str(err) else ""
-        raise DataError(f"could not load parallel data {path!r} ({type(err).__name__}: {first_line}); {hint}") from err
 
 
 def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.Dataset:
