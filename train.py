@@ -4,9 +4,11 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from trident.cli import check_group_choices, run_with_clear_errors
+from trident.distributed import is_global_zero, worker_argv, workers_follow
 from trident.pipeline import train
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -14,12 +16,17 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = run_with_clear_errors(lambda: train(cfg), run_dir=Path(cfg.paths.output_dir))
+    run_dir = Path(cfg.paths.output_dir)
+    # DDP workers that Lightning starts during this job run this job, in this run directory.
+    with workers_follow(HydraConfig.get().overrides.task, run_dir):
+        # The run directory is rank 0's to clean up after a failure.
+        metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir if is_global_zero() else None)
     # Returned for Hydra sweepers (e.g. Optuna): the monitored validation metric.
     value = metrics.get(cfg.task.monitor)
     return None if value is None else float(value)
 
 
 if __name__ == "__main__":
+    sys.argv = worker_argv(sys.argv)
     check_group_choices(sys.argv[1:], CONF_DIR)
     main()

@@ -20,6 +20,7 @@ from rich.tree import Tree
 from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
+from trident.distributed import is_global_zero
 from trident.errors import ConfigError
 from trident.training.loggers import build_loggers
 
@@ -134,9 +135,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
     backbone = check_config(cfg)
-    if cfg.get("print_config", True):
+    # Every DDP rank runs this function; only rank 0 writes the run's files.
+    writes_outputs = is_global_zero()
+    if writes_outputs and cfg.get("print_config", True):
         print_config_tree(cfg)
-    save_resolved_config(cfg, run_dir)
+    if writes_outputs:
+        save_resolved_config(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -144,7 +148,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup("fit")
-    datamodule.save_to(run_dir)
+    if writes_outputs:
+        datamodule.save_to(run_dir)
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),

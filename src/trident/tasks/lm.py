@@ -65,7 +65,8 @@ class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -100,7 +100,8 @@ class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
         size = batch["src"].size(0)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
         real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
+        self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
         self.log("train/nll_loss", nll, batch_size=size)
         # What token-budget batching is for: compute spent on padding (fairseq keeps it small).
         self.log("train/padding_fraction", 1.0 - real / padded, batch_size=size)

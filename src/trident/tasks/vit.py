@@ -91,7 +91,8 @@ class ImageClassificationTask(L.LightningModule):
             loss = self.train_loss(self.net(images).float(), targets)
         else:
             loss = self.train_loss(self.net(images).float(), labels)
-        self.log("train/loss", loss, prog_bar=True)
+        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

@@ -1,0 +1,103 @@
+"""One Hydra job, one run directory, also when Lightning runs it as several DDP processes.
+
+Lightning's ``ddp`` strategy starts its worker processes (local ranks 1..N-1) by running the
+launching command again. For a Hydra app that command may be a whole sweep (``-m seed=1,2``):
+every worker would then start its own sweep, in a new sweep directory. :func:`workers_follow`
+tells the workers which job they belong to (its overrides and run directory), and
+:func:`worker_argv` turns a worker's command line into that one job. Only global rank 0 writes
+the run's files: :func:`is_global_zero` answers before the process group exists, and
+:class:`OtherRanksFilter` keeps the other ranks out of ``train.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_only
+
+#: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
+JOB_VARIABLE = "TRIDENT_DDP_JOB"
+# What Lightning's launcher writes into the launching process's environment. Left in place, the
+# next job of a sweep in the same process would take it for a worker started by someone else.
+_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", JOB_VARIABLE)
+# Hydra options that choose the root config; a worker must compose the same one.
+_CONFIG_OPTIONS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+
+
+def is_global_zero() -> bool:
+    """Whether this process is global rank 0, from what its launcher put in the environment
+    (Lightning's rule: RANK, LOCAL_RANK, SLURM_PROCID), so it holds before DDP is set up;
+    ``NODE_RANK`` marks the first process of another node started by hand."""
+    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _hydra_quote(value: str) -> str:
+    """``value`` as one quoted Hydra override value (paths may hold ``,``, ``=`` or spaces)."""
+    # Hydra reads a backslash as an escape only before a quote or the closing quote.
+    escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return f"'{escaped}'"
+
+
+def _config_options(argv: Sequence[str]) -> list[str]:
+    kept: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg in _CONFIG_OPTIONS:
+            kept += argv[index : index + 2]
+        elif arg.split("=", 1)[0] in _CONFIG_OPTIONS:
+            kept.append(arg)
+    return kept
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """The command line a DDP worker runs: ``argv`` itself, except in a worker that Lightning
+    started for a job published by :func:`workers_follow`; there, that job's own overrides in
+    its run directory (no sweep, no second run directory, no second copy of Hydra's files)."""
+    job = os.environ.get(JOB_VARIABLE)
+    if job is None or os.environ.get("LOCAL_RANK", "0") == "0":
+        return list(argv)
+    spec = json.loads(job)
+    run_dir = _hydra_quote(spec["run_dir"])
+    return [argv[0], *_config_options(argv[1:]), *spec["overrides"], f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+
+
+@contextmanager
+def workers_follow(overrides: Sequence[str], run_dir: Path) -> Iterator[None]:
+    """Run a job whose DDP workers (started inside this block) join this job in ``run_dir``.
+
+    On exit the launcher's environment variables and the process group go, so that the next
+    job of a sweep in this process starts workers of its own.
+    """
+    saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
+    os.environ[JOB_VARIABLE] = json.dumps({"overrides": list(overrides), "run_dir": str(run_dir.resolve())})
+    try:
+        yield
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class OtherRanksFilter(logging.Filter):
+    """Passes every record of global rank 0; of other ranks, only records at ``min_level`` or
+    above (none when ``min_level`` is None). Used in conf/hydra/default.yaml so that the ranks of
+    one job do not all write the same ``train.log`` and console lines."""
+
+    def __init__(self, min_level: str | None = None) -> None:
+        super().__init__()
+        self.min_level = logging.getLevelName(min_level) if min_level else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_global_zero():
+            return True
+        return self.min_level is not None and record.levelno >= self.min_level
