@@ -18,7 +18,8 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(cfg.paths.output_dir)
     # DDP workers that Lightning starts during this job run this job, in this run directory.
-    with workers_follow(HydraConfig.get().overrides.task, run_dir):
+    overrides = HydraConfig.get().overrides
+    with workers_follow(overrides.hydra, overrides.task, run_dir):
         # The run directory is rank 0's to clean up after a failure.
         metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir if is_global_zero() else None)
     # Returned for Hydra sweepers (e.g. Optuna): the monitored validation metric.

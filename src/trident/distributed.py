@@ -29,6 +29,10 @@ JOB_VARIABLE = "TRIDENT_DDP_JOB"
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", JOB_VARIABLE)
 # Hydra options that choose the root config; a worker must compose the same one.
 _CONFIG_OPTIONS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+# Hydra settings of the launching job that a worker must not repeat: it runs one job (no sweep,
+# no launcher) in the job's run directory. The others (e.g. hydra.searchpath) it keeps.
+_LAUNCH_ONLY_KEYS = ("hydra.mode", "hydra.run.", "hydra.sweep.", "hydra.launcher", "hydra.sweeper",
+                     "hydra/launcher", "hydra/sweeper", "hydra.output_subdir", "hydra.job.num", "hydra.job.id")
 
 
 def is_global_zero() -> bool:
@@ -67,15 +71,23 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
     return [argv[0], *_config_options(argv[1:]), *spec["overrides"], f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
 
 
+def _worker_overrides(hydra_overrides: Sequence[str], task_overrides: Sequence[str]) -> list[str]:
+    kept = [o for o in hydra_overrides if not o.lstrip("+~").startswith(_LAUNCH_ONLY_KEYS)]
+    return [*kept, *task_overrides]
+
+
 @contextmanager
-def workers_follow(overrides: Sequence[str], run_dir: Path) -> Iterator[None]:
-    """Run a job whose DDP workers (started inside this block) join this job in ``run_dir``.
+def workers_follow(hydra_overrides: Sequence[str], task_overrides: Sequence[str], run_dir: Path) -> Iterator[None]:
+    """Run a job whose DDP workers (started inside this block) join this job in ``run_dir``:
+    they get its overrides (``hydra.overrides.task``, and of ``hydra.overrides.hydra`` those
+    that shape the config, such as ``hydra.searchpath``).
 
     On exit the launcher's environment variables and the process group go, so that the next
     job of a sweep in this process starts workers of its own.
     """
     saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
-    os.environ[JOB_VARIABLE] = json.dumps({"overrides": list(overrides), "run_dir": str(run_dir.resolve())})
+    overrides = _worker_overrides(hydra_overrides, task_overrides)
+    os.environ[JOB_VARIABLE] = json.dumps({"overrides": overrides, "run_dir": str(run_dir.resolve())})
     try:
         yield
     finally:
