@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+
 from trident.errors import TridentError
 
 T = TypeVar("T")
@@ -38,11 +41,21 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
         group = conf_dir / key.lstrip("+")
         if not sep or "." in key or not group.is_dir() or value in ("null", ""):
             continue
-        choices = sorted(p.stem for p in group.glob("*.yaml"))
+        choices = group_options(key.lstrip("+"), group)
         for option in value.split(","):
             if option not in choices:
                 print(f"error: {key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}", file=sys.stderr)
                 sys.exit(2)
+
+
+def group_options(name: str, group_dir: Path) -> list[str]:
+    """The options of config group ``name``: its files, and for Hydra's own groups also the
+    options that installed plugins provide (e.g. ``hydra/launcher=submitit_slurm``)."""
+    options = {p.stem for p in group_dir.glob("*.yaml")}
+    if name.startswith("hydra/"):
+        Plugins.instance()  # discovering the plugins registers their configs
+        options |= {o.removesuffix(".yaml") for o in ConfigStore.instance().list(name)}
+    return sorted(options)
 
 
 def discard_failed_run_dir(run_dir: Path) -> None:

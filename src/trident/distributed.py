@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+
+from trident.errors import ConfigError
 
 #: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
 JOB_VARIABLE = "TRIDENT_DDP_JOB"
@@ -40,6 +43,22 @@ def is_global_zero() -> bool:
     (Lightning's rule: RANK, LOCAL_RANK, SLURM_PROCID), so it holds before DDP is set up;
     ``NODE_RANK`` marks the first process of another node started by hand."""
     return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def check_workers_can_start(trainer: DictConfig) -> None:
+    """Fail early where Lightning could not start DDP workers: it re-runs the launching command,
+    and inside a ``hydra/launcher=submitit_local`` job that command is submitit's, not train.py.
+    (Under SLURM, the job's tasks are the ranks and nothing is re-run.)"""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
+        return
+    devices = trainer.get("devices", 1)
+    one_device = devices in (1, "1") or (not isinstance(devices, (int, str)) and len(devices) == 1)
+    if one_device and trainer.get("num_nodes", 1) == 1:
+        return
+    raise ConfigError(
+        f"trainer.devices={devices} needs DDP worker processes, which a hydra/launcher=submitit_local job cannot "
+        "start: run it without submitit_local (python train.py trainer=ddp ...), or on SLURM with hydra/launcher=slurm"
+    )
 
 
 def _hydra_quote(value: str) -> str:

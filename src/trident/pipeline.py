@@ -20,7 +20,7 @@ from rich.tree import Tree
 from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
-from trident.distributed import is_global_zero
+from trident.distributed import check_workers_can_start, is_global_zero
 from trident.errors import ConfigError
 from trident.training.loggers import build_loggers
 
@@ -135,6 +135,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
     backbone = check_config(cfg)
+    check_workers_can_start(cfg.trainer)
     # Every DDP rank runs this function; only rank 0 writes the run's files.
     writes_outputs = is_global_zero()
     if writes_outputs and cfg.get("print_config", True):
