@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,12 +21,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from trident.data.lm import PackedBlocks
+from trident.data.translation import TranslationDataModule
 from trident.distributed import worker_argv, workers_follow
 from trident.pipeline import constructor_args, instantiate
 from trident.sample import load_lm_checkpoint
 from trident.tracking import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL
+from .test_translation_data import many_pairs, write_tsv
 
 STEPS = 6
 VAL_BATCHES = 2  # per rank and validation
@@ -134,3 +137,22 @@ def test_worker_runs_its_jobs_overrides_in_its_run_directory(monkeypatch: pytest
         assert worker_argv(argv) == argv, "rank 0 runs the command as given"
         monkeypatch.setenv("MASTER_PORT", "29500")  # as Lightning's launcher sets it
     assert "MASTER_PORT" not in os.environ and "TRIDENT_DDP_JOB" not in os.environ, "the next job starts afresh"
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(split: str, tmp_path: Path) -> None:
+    """Translation turns Lightning's sampler off (use_distributed_sampler: false) and deals its
+    token-budget batches out by the trainer's rank itself."""
+    files = str(write_tsv(tmp_path / "pairs.tsv", many_pairs(400)))
+    module = TranslationDataModule(source="files", files=files, vocab_size=300, max_len=32, max_tokens=200,
+                                   split=[0.6, 0.3, 0.1], cache_dir=str(tmp_path / "cache"))
+    module.prepare_data()
+    module.setup()
+    shares = []
+    for rank in range(2):
+        module.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what the module reads of the trainer
+        loader = module.split_loader(split, train=split == "train")
+        shares.append([sorted(batch) for batch in loader.batch_sampler])
+    assert len(shares[0]) == len(shares[1]) > 1, "both ranks run the same number of steps"
+    seen = [index for share in shares for batch in share for index in batch]
+    assert sorted(seen) == list(range(module.pair_counts()[split])), "every pair once, on one rank"
