@@ -88,9 +88,9 @@ def test_only_rank_zero_writes_one_run_directory_per_job(sweep: Path) -> None:
         assert (job_dir / "config_resolved.yaml").is_file() and (job_dir / ".hydra" / "config.yaml").is_file()
         assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [f"best-step{STEPS}.ckpt", "last.ckpt"]
         _wandb_run(job_dir)
-        log_lines = (job_dir / "train.log").read_text().splitlines()
-        validations = [line for line in log_lines if " val/loss=" in line]
-        assert len(validations) == 2, f"each validation logged once, by rank 0: {validations}"
+        # Every rank runs the pipeline, which logs the run directory at its end: rank 0 only in train.log.
+        log = (job_dir / "train.log").read_text()
+        assert log.count(f"Run directory: {job_dir}") == 1, log
 
 
 def test_two_processes_train_like_one_on_the_same_global_batch(sweep: Path) -> None:
