@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from trident.data.lm import PackedBlocks
 from trident.data.translation import TranslationDataModule
@@ -63,7 +63,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) ->
         "+ddp_case=" + ",".join(CASES), f"paths.output_root={root / 'outputs'}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "outputs"
 
@@ -107,7 +107,9 @@ def test_two_processes_train_like_one_on_the_same_global_batch(sweep: Path) -> N
 def test_logged_val_loss_is_the_mean_over_both_ranks_shares(sweep: Path) -> None:
     job_dir = _job_dirs(sweep)["two_processes"]
     task = load_lm_checkpoint(job_dir / "checkpoints" / "last.ckpt").eval()
-    data = instantiate(constructor_args(OmegaConf.load(job_dir / "config_resolved.yaml"), "data"))
+    run_config = OmegaConf.load(job_dir / "config_resolved.yaml")
+    assert isinstance(run_config, DictConfig)
+    data = instantiate(constructor_args(run_config, "data"))
     data.setup()
     # The DistributedSampler deals validation blocks out in turn: with 2 ranks x VAL_BATCHES
     # batches of 4, the ranks together see the first 16 blocks, rank 0 the even ones.
@@ -145,14 +147,16 @@ def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(
     token-budget batches out by the trainer's rank itself."""
     files = str(write_tsv(tmp_path / "pairs.tsv", many_pairs(400)))
     module = TranslationDataModule(source="files", files=files, vocab_size=300, max_len=32, max_tokens=200,
-                                   split=[0.6, 0.3, 0.1], cache_dir=str(tmp_path / "cache"))
+                                   split=(0.6, 0.3, 0.1), cache_dir=str(tmp_path / "cache"))
     module.prepare_data()
     module.setup()
     shares = []
     for rank in range(2):
-        module.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what the module reads of the trainer
-        loader = module.split_loader(split, train=split == "train")
-        shares.append([sorted(batch) for batch in loader.batch_sampler])
+        # All that the data module reads of its trainer.
+        module.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # type: ignore[assignment]
+        batches = module.split_loader(split, train=split == "train").batch_sampler
+        assert batches is not None
+        shares.append([sorted(batch) for batch in batches])
     assert len(shares[0]) == len(shares[1]) > 1, "both ranks run the same number of steps"
     seen = [index for share in shares for batch in share for index in batch]
     assert sorted(seen) == list(range(module.pair_counts()[split])), "every pair once, on one rank"

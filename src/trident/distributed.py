@@ -42,7 +42,8 @@ def is_global_zero() -> bool:
     """Whether this process is global rank 0, from what its launcher put in the environment
     (Lightning's rule: RANK, LOCAL_RANK, SLURM_PROCID), so it holds before DDP is set up;
     ``NODE_RANK`` marks the first process of another node started by hand."""
-    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+    rank: int = rank_zero_only.rank  # type: ignore[attr-defined]  # set by Lightning on import and at DDP set-up
+    return rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def check_workers_can_start(trainer: DictConfig) -> None:
