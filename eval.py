@@ -84,7 +84,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     # Testing needs no logger, checkpoints or training limits; one process suffices.
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent))
     trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, _convert_="all")
-    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=False)
+    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     out = find_run_config(checkpoint).parent / "eval" / f"{checkpoint.stem}.json"
     if trainer.is_global_zero:

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from trident.cli import check_group_choices, run_with_clear_errors
 from trident.pipeline import train
+from trident.resume import resume_arguments
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -22,4 +23,6 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     check_group_choices(sys.argv[1:], CONF_DIR)
+    # resume=<run dir> / resume=auto: Hydra must reuse the run's directory and overrides.
+    sys.argv[1:] = run_with_clear_errors(lambda: resume_arguments(sys.argv[1:], CONF_DIR))
     main()
