@@ -53,6 +53,8 @@ class TridentDataModule(L.LightningDataModule, ABC):
         # `processed` counts the batches whose training step ran, also when the checkpoint is
         # written from on_train_batch_end (before Lightning marks the batch completed).
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if done >= trainer.num_training_batches:  # saved after the epoch's last step: next comes a new epoch
+            return {"epoch": trainer.current_epoch + 1, "batches_done": 0}
         return {"epoch": trainer.current_epoch, "batches_done": done}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
