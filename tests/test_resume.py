@@ -18,6 +18,8 @@ from omegaconf import DictConfig
 
 from trident.checkpoints import AtomicCheckpointIO
 from trident.cli import run_with_clear_errors
+from trident.data.batching import TokenBudgetBatchSampler
+from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged
 from trident.pipeline import train
 from trident.resume import resume_arguments
@@ -212,3 +214,28 @@ def test_nonfinite_loss_skip_drops_only_that_step(tmp_path: Path, caplog: pytest
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert checkpoint_step(last) == 5 and finite_weights(last)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch_and_skips_once() -> None:
+    sampler = EpochShuffleSampler(size=20, batch_size=4, seed=3)
+    sampler.set_epoch(1)
+    epoch_one = list(sampler)
+    assert sorted(epoch_one) == list(range(20)) and list(sampler) == epoch_one
+    sampler.set_epoch(2)
+    assert list(sampler) != epoch_one
+    torch.manual_seed(0)  # the global RNG plays no part
+    other = EpochShuffleSampler(size=20, batch_size=4, seed=3)
+    other.set_epoch(1)
+    other.skip_next(2)
+    assert list(other) == epoch_one[8:] and list(other) == epoch_one, "the skip applies to the next pass only"
+
+
+def test_token_budget_batches_skip_ahead_within_an_epoch() -> None:
+    lengths = list(range(1, 60))
+    sampler = TokenBudgetBatchSampler(lengths, lengths, max_tokens=120, seed=1)
+    sampler.set_epoch(4)
+    full = list(sampler)
+    sampler.set_epoch(4)
+    sampler.skip_next(3)
+    assert list(sampler) == full[3:]
+    assert list(sampler) != full, "the next pass is the next epoch, from its start"
