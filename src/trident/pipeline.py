@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # Library notices that say nothing about the user's run.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+# trident's data modules resume mid-epoch themselves (their state_dict; trident.data.order).
+warnings.filterwarnings("ignore", message=r".*checkpoint that ended before the epoch ended and your dataloader is not resumable.*")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from trident.errors import ConfigError
@@ -39,9 +40,11 @@ def slurm_job() -> str | None:
 
 def run_identity(run_dir: Path) -> dict[str, Any]:
     """``run.json`` of a run directory: the W&B run id (kept across resumes) and the SLURM job
-    that last ran it. Created on the first start."""
+    that last ran it. Created on the first start, by the rank-zero process only (it alone logs)."""
     path = run_dir / RUN_INFO
     info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"run_id": secrets.token_hex(6)}
+    if rank_zero_only.rank != 0:
+        return info
     info["slurm_job"] = slurm_job()
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=1))
