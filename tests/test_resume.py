@@ -60,8 +60,8 @@ def run_train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("HYDRA_FULL_ERROR", None)
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], check=False, capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
 
 
 def signal_at(step: int, name: str) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError
 
@@ -43,7 +43,7 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
     that last ran it. Created on the first start, by the rank-zero process only (it alone logs)."""
     path = run_dir / RUN_INFO
     info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"run_id": secrets.token_hex(6)}
-    if rank_zero_only.rank != 0:
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning from the launch environment
         return info
     info["slurm_job"] = slurm_job()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,8 @@ def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
     runs = []
     for config in output_root.glob("runs/*/*/config_resolved.yaml"):
         run_dir = config.parent
-        if OmegaConf.load(config).get("run_name") == run_name and latest_checkpoint(run_dir) is not None:
+        saved = OmegaConf.load(config)
+        if isinstance(saved, DictConfig) and saved.get("run_name") == run_name and latest_checkpoint(run_dir) is not None:
             runs.append(run_dir)
     if not runs:
         return None

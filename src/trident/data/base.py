@@ -52,7 +52,7 @@ class TridentDataModule(L.LightningDataModule, ABC):
             return {}
         # `processed` counts the batches whose training step ran, also when the checkpoint is
         # written from on_train_batch_end (before Lightning marks the batch completed).
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # type: ignore[attr-defined]
         if done >= trainer.num_training_batches:  # saved after the epoch's last step: next comes a new epoch
             return {"epoch": trainer.current_epoch + 1, "batches_done": 0}
         return {"epoch": trainer.current_epoch, "batches_done": done}

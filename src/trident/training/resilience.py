@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import numpy as np
@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def collect_rng_states() -> dict[str, Any]:
     """The global random states, as plain tensors and lists (loadable with ``weights_only=True``)."""
-    _, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    legacy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    _, keys, position, has_gauss, cached_gauss = legacy_state
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": [keys.tolist(), int(position), int(has_gauss), float(cached_gauss)],
@@ -143,7 +144,7 @@ class NonFiniteLossGuard(L.Callback):
         if loss_finite and grads_finite:
             return
         step = trainer.global_step + 1
-        what = f"loss {float(self._loss):g}" if not loss_finite and self._loss is not None else "gradient"
+        what = "gradient" if loss_finite else f"loss {float(self._loss):g}"  # type: ignore[arg-type]
         if self.mode == "skip":
             for group in optimizer.param_groups:
                 for param in group["params"]:
