@@ -86,7 +86,7 @@ def test_sigkilled_run_resumes_step_for_step_in_the_same_wandb_run(tmp_path: Pat
     assert checkpoint_step(last) == 6, "killed during step 7: the newest checkpoint is the mid-epoch one of step 6"
 
     train(compose_config([*overrides, f"resume={killed}"], output_dir=killed))
-    assert checkpoint_step(last) == 9
+    assert checkpoint_step(last) == 10
     resumed = {step: loss for step, loss in train_losses(killed).items() if step >= 6}
     assert sorted(resumed) == list(range(6, 10))
     torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
@@ -125,7 +125,7 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resume=auto: continuing {run_dir}" in result.stdout
     assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
-    assert checkpoint_step(last) == 9
+    assert checkpoint_step(last) == 10
 
 
 def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:
