@@ -21,6 +21,7 @@ import hydra.utils
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from trident.checkpoints import AtomicCheckpointIO
 from trident.cli import run_with_clear_errors
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, DataError
@@ -83,8 +84,9 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     # Testing needs no logger, checkpoints or training limits; one process suffices.
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent))
-    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, _convert_="all")
-    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=False)
+    # AtomicCheckpointIO reads with weights_only=True and names a corrupt file in one line.
+    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, plugins=[AtomicCheckpointIO()], _convert_="all")
+    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     out = find_run_config(checkpoint).parent / "eval" / f"{checkpoint.stem}.json"
     if trainer.is_global_zero:

@@ -146,7 +146,8 @@ def test_average_checkpoints_is_the_mean_of_the_state_dicts(short_run: Path, tmp
         expected = torch.stack([s[key].double() for s in states]).mean(0).to(value.dtype)
         assert torch.allclose(value, expected, atol=1e-7), key
     # The last N of a run directory: the highest steps, each step once (last.ckpt = step 4 too).
-    assert average_checkpoints.last_checkpoints(short_run, 2) == periodic[2:4]
+    last_two = average_checkpoints.last_checkpoints(short_run, 2)
+    assert [torch.load(p, weights_only=True)["global_step"] for p in last_two] == [3, 4]
     average_checkpoints.main([str(short_run), "--last", "2", "-o", str(tmp_path / "last2.ckpt")])
     task = translate.load_translation_checkpoint(tmp_path / "last2.ckpt")
     assert len(task.translate(["In the beginning"], beam_size=1)) == 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trident.checkpoints import READ_ERRORS, unreadable_checkpoint
 from trident.cli import run_with_clear_errors
 from trident.errors import ConfigError, DataError
 
@@ -28,9 +29,9 @@ def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"checkpoint {str(path)!r} not found: pass .ckpt files or a run directory with --last N")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise DataError(f"cannot read checkpoint {str(path)!r} ({type(err).__name__}): it is corrupt or truncated") from err
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except READ_ERRORS as err:
+        raise unreadable_checkpoint(path, err, "average checkpoints written by train.py") from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise DataError(f"{str(path)!r} is not a Lightning checkpoint (no state_dict): pass checkpoints written by train.py")
     return checkpoint

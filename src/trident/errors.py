@@ -14,3 +14,7 @@ class ConfigError(TridentError, ValueError):
 
 class DataError(TridentError):
     """A missing, empty or unreadable dataset or corpus."""
+
+
+class TrainingDiverged(TridentError):
+    """Training produced a non-finite loss (the run stops before the bad step)."""

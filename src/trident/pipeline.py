@@ -12,22 +12,29 @@ import lightning as L
 import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.checkpoints import AtomicCheckpointIO
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero
 from trident.errors import ConfigError
+from trident.resume import checkpoint_to_resume, run_identity
 from trident.training.loggers import build_loggers
+from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
 
 log = logging.getLogger(__name__)
 
 # Library notices that say nothing about the user's run.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+# trident's data modules resume mid-epoch themselves (their state_dict; trident.data.order).
+warnings.filterwarnings("ignore", message=r".*checkpoint that ended before the epoch ended and your dataloader is not resumable.*")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -131,17 +138,30 @@ def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
 
 
+def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger], run_dir: Path) -> L.Trainer:
+    # Checkpoints are written atomically and read with weights_only=True (trident.checkpoints).
+    plugins = [*(instantiate(p) for p in cfg.trainer.get("plugins") or []), AtomicCheckpointIO()]
+    return instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), plugins=plugins,
+        _convert_="all",
+    )
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
     backbone = check_config(cfg)
     check_workers_can_start(cfg.trainer)
+    resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
+    last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
     # Every DDP rank runs this function; only rank 0 writes the run's files.
     writes_outputs = is_global_zero()
     if writes_outputs and cfg.get("print_config", True):
         print_config_tree(cfg)
     if writes_outputs:
         save_resolved_config(cfg, run_dir)
+    run_id = run_identity(run_dir)["run_id"]
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -160,17 +180,23 @@ def train(cfg: DictConfig) -> dict[str, float]:
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
     )
-    loggers = build_loggers(cfg, run_dir)
-    callbacks = build_callbacks(cfg, has_logger=bool(loggers))
-    trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), _convert_="all"
-    )
+    loggers = build_loggers(cfg, run_dir, run_id)
+    preemption = PreemptionCheckpoint(last_checkpoint)
+    callbacks = [*build_callbacks(cfg, has_logger=bool(loggers)), RandomStates(), preemption, guard]
+    trainer = build_trainer(cfg, callbacks, loggers, run_dir)
     try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        try:
+            with preemption.listening():
+                trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+        except SIGTERMException:
+            log.warning("Stopped by %s; continue with: python train.py resume=%s", preemption.received, run_dir)
+            if wandb.run is not None:
+                wandb.mark_preempting()
+            return {k: float(v) for k, v in trainer.callback_metrics.items()}
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("test", True):
             best = _best_checkpoint(trainer)
-            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=False)
+            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
             metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     finally:
         if wandb.run is not None:

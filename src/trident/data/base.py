@@ -7,11 +7,23 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
+
+from trident.data.order import ResumableOrder
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
-    """A LightningDataModule that also tells the task what it needs to build its network."""
+    """A LightningDataModule that also tells the task what it needs to build its network.
+
+    Its ``state_dict`` (saved in every checkpoint) is the training position: epoch and batches
+    already trained in it. On resume, the training loader's sampler (a :class:`ResumableOrder`)
+    skips those batches, so the run continues with the batch the interrupted run would have drawn.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._resume_position: tuple[int, int] | None = None
 
     @abstractmethod
     def task_inputs(self) -> dict[str, Any]:
@@ -24,10 +36,42 @@ class TridentDataModule(L.LightningDataModule, ABC):
 
     @abstractmethod
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        """The DataLoader of ``split`` (train / validation / test); ``train`` shuffles."""
+        """The DataLoader of ``split`` (train / validation / test); ``train`` shuffles with a
+        :class:`ResumableOrder` sampler or batch sampler. Pass ``generator=private_generator()``:
+        a loader otherwise draws its workers' base seed from the global RNG on every pass."""
+
+    @staticmethod
+    def private_generator() -> torch.Generator:
+        """For a DataLoader: keeps validation passes from moving the global RNG (dropout) between a
+        checkpoint and the next training step, which would make a resumed run diverge."""
+        return torch.Generator().manual_seed(0)
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        # `processed` counts the batches whose training step ran, also when the checkpoint is
+        # written from on_train_batch_end (before Lightning marks the batch completed).
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # type: ignore[attr-defined]
+        if done >= trainer.num_training_batches:  # saved after the epoch's last step: next comes a new epoch
+            return {"epoch": trainer.current_epoch + 1, "batches_done": 0}
+        return {"epoch": trainer.current_epoch, "batches_done": done}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self._resume_position = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
 
     def train_dataloader(self) -> DataLoader:
-        return self.split_loader("train", train=True)
+        loader = self.split_loader("train", train=True)
+        if self._resume_position is not None:
+            epoch, done = self._resume_position
+            self._resume_position = None
+            order = loader.batch_sampler if isinstance(loader.batch_sampler, ResumableOrder) else loader.sampler
+            if not isinstance(order, ResumableOrder):
+                raise TypeError(f"{type(self).__name__}.split_loader('train') must shuffle with a ResumableOrder sampler")
+            order.set_epoch(epoch)
+            order.skip_next(done)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self.split_loader("validation", train=False)

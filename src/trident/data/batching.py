@@ -70,12 +70,17 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
+        self._skip_batches = 0
         # The batch boundaries depend only on the sorted sequence of lengths, not on how ties
         # are broken, so the number of batches is the same every epoch: compute it once.
         self._num_batches = len(self.global_batches(0))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def skip_next(self, batches: int) -> None:
+        """Start the next pass ``batches`` of this rank's batches into the epoch (resuming mid-epoch)."""
+        self._skip_batches = batches
 
     def global_batches(self, epoch: int) -> list[list[int]]:
         """All batches of one epoch, for every rank (the rank's share is every num_replicas-th)."""
@@ -108,9 +113,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.epoch
-        self.epoch += 1  # runs on the first next(), so building an unused iterator does not count
-        yield from self.global_batches(epoch)[self.rank :: self.num_replicas]
+        epoch, skip = self.epoch, self._skip_batches
+        self.epoch, self._skip_batches = epoch + 1, 0  # runs on the first next(), so an unused iterator does not count
+        yield from self.global_batches(epoch)[self.rank :: self.num_replicas][skip:]
 
     def __len__(self) -> int:
         return self._num_batches // self.num_replicas + int(self.rank < self._num_batches % self.num_replicas)

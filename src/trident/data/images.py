@@ -19,6 +19,7 @@ from torchvision import transforms
 
 from trident.data.base import TridentDataModule
 from trident.data.image_sources import ImageSplits, load_image_source
+from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError
 
 Transform = Any  # a torchvision/timm callable: PIL image -> (C, H, W) tensor
@@ -116,8 +117,10 @@ class ImageDataModule(TridentDataModule):
         batch_size: int = 128,
         num_workers: int = 0,
         augment: dict[str, Any] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
+        self.seed = seed  # the training order of epoch e is a function of (seed, e)
         mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
         if len(mean) != in_channels or len(std) != in_channels:
             raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}")
@@ -174,11 +177,13 @@ class ImageDataModule(TridentDataModule):
         (run_dir / "classes.json").write_text(json.dumps(self.task_inputs()["class_names"]))
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
+        dataset = self.datasets[split]
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=EpochShuffleSampler(len(dataset), self.batch_size, self.seed) if train else None,
             drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            generator=self.private_generator(),
         )

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
 from trident.data.corpora import SPLITS, load_corpus
+from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
 
@@ -60,6 +61,7 @@ class LMDataModule(TridentDataModule):
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
         sample_prompts: list[str] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if block_size <= 0 or batch_size <= 0:
@@ -79,6 +81,7 @@ class LMDataModule(TridentDataModule):
         self.split = list(split)
         self.num_workers = num_workers
         self.sample_prompts = list(sample_prompts or [])
+        self.seed = seed  # the training order of epoch e is a function of (seed, e)
         key = json.dumps(
             [CACHE_VERSION, source, self.source_options, tokenizer, vocab_size if tokenizer != "char" else 0, self.split],
             sort_keys=True,
@@ -142,13 +145,15 @@ class LMDataModule(TridentDataModule):
                 )
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
+        blocks = PackedBlocks(self.splits[split], self.block_size)
         return DataLoader(
-            PackedBlocks(self.splits[split], self.block_size),
+            blocks,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=EpochShuffleSampler(len(blocks), self.batch_size, self.seed) if train else None,
             drop_last=train,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            generator=self.private_generator(),
         )
 
     def task_inputs(self) -> dict[str, Any]:

@@ -356,7 +356,8 @@ class TranslationDataModule(TridentDataModule):
             rank=trainer.global_rank if trainer is not None else 0,
         )
         return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=collate_pairs,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          generator=self.private_generator())
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:

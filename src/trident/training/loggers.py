@@ -33,22 +33,23 @@ def resolve_wandb_mode(requested: str) -> str:
     return mode
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
-    """Instantiate every entry of ``cfg.logger`` (a mapping name -> logger config)."""
+def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str) -> list[Logger]:
+    """Instantiate every entry of ``cfg.logger`` (a mapping name -> logger config). ``run_id``
+    (kept in the run directory) makes a resumed run continue the same W&B run."""
     loggers: list[Logger] = []
     for name, logger_cfg in (cfg.get("logger") or {}).items():
         if name == "wandb":
-            loggers.append(_wandb_logger(cfg, logger_cfg, run_dir))
+            loggers.append(_wandb_logger(cfg, logger_cfg, run_dir, run_id))
         else:
             loggers.append(hydra.utils.instantiate(logger_cfg, save_dir=str(run_dir)))
     return loggers
 
 
-def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path) -> WandbLogger:
+def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id: str) -> WandbLogger:
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
     mode = resolve_wandb_mode(options.pop("mode", "auto"))
-    logger = WandbLogger(save_dir=str(run_dir), mode=mode, **options)
+    logger = WandbLogger(save_dir=str(run_dir), mode=mode, id=run_id, resume="allow", **options)
     # The resolved Hydra config, not only the module's hyperparameters, so runs can be compared by any key.
     logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return logger

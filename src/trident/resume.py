@@ -1,0 +1,142 @@
+"""``resume=<run dir>`` and ``resume=auto``: continue a run in its own directory, same config,
+same W&B run, from its newest checkpoint.
+
+``train.py`` rewrites its command line before Hydra starts: the run's saved overrides
+(``.hydra/overrides.yaml``) come first, the new command line's overrides after them (so
+``trainer.max_steps=...`` can extend a run), and ``hydra.run.dir`` points at the old directory.
+``resume=auto`` picks, under ``paths.output_root``/runs, the newest run directory with the same
+``run_name`` that has a checkpoint, preferring one started by the same SLURM job (a requeued
+job); with none, it starts a new run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from trident.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RUN_INFO = "run.json"
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def slurm_job() -> str | None:
+    """This process's SLURM job (``<array job>_<task>`` for array jobs); None outside SLURM."""
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def run_identity(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` of a run directory: the W&B run id (kept across resumes) and the SLURM job
+    that last ran it. Created on the first start, by the rank-zero process only (it alone logs)."""
+    path = run_dir / RUN_INFO
+    info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"run_id": secrets.token_hex(6)}
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning from the launch environment
+        return info
+    info["slurm_job"] = slurm_job()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=1))
+    return info
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run: ``checkpoints/**/*.ckpt`` or Lightning's SLURM
+    ``hpc_ckpt_<n>.ckpt`` (hidden ``.*.tmp`` files are writes in progress, never picked)."""
+    candidates = [*run_dir.glob("checkpoints/**/*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
+    candidates = [p for p in candidates if p.is_file() and not p.name.startswith(".")]
+    # On equal times (same save), last.ckpt: it is the name users expect.
+    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
+
+
+def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
+    """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None."""
+    runs = []
+    for config in output_root.glob("runs/*/*/config_resolved.yaml"):
+        run_dir = config.parent
+        saved = OmegaConf.load(config)
+        if isinstance(saved, DictConfig) and saved.get("run_name") == run_name and latest_checkpoint(run_dir) is not None:
+            runs.append(run_dir)
+    if not runs:
+        return None
+    job = slurm_job()
+
+    def same_job(run_dir: Path) -> bool:
+        info = run_dir / RUN_INFO
+        return job is not None and info.is_file() and json.loads(info.read_text()).get("slurm_job") == job
+
+    # Directory names are <date>/<time>_<run_name>: the path order is the start order.
+    return max(runs, key=lambda d: (same_job(d), str(d.relative_to(output_root))))
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def resume_arguments(argv: Sequence[str], conf_dir: Path) -> list[str]:
+    """``train.py``'s command line with ``resume=...`` turned into the resumed run's overrides."""
+    resume_args = [a for a in argv if _key(a) == "resume"]
+    value = resume_args[-1].partition("=")[2] if resume_args else "null"
+    if value in ("null", ""):
+        return list(argv)
+    if any(a in MULTIRUN_FLAGS for a in argv):
+        raise ConfigError("resume continues one run: drop -m/--multirun (resume each run of a sweep by its directory)")
+    overrides = [a for a in argv if _key(a) != "resume"]
+    if value == "auto":
+        run_dir = _auto_run_dir(overrides, conf_dir)
+        if run_dir is None:
+            return overrides
+    else:
+        run_dir = Path(value)
+    saved_overrides = run_dir / ".hydra" / "overrides.yaml"
+    if not saved_overrides.is_file():
+        raise ConfigError(
+            f"resume={value} is not a run directory of train.py (no .hydra/overrides.yaml): pass "
+            f"outputs/runs/<date>/<time>_<run_name> or resume=auto"
+        )
+    merged: dict[str, str] = {}
+    for override in [*OmegaConf.load(saved_overrides), *overrides]:
+        if _key(override) not in ("resume", "hydra.run.dir"):
+            merged[_key(override)] = override  # a later value for the same key wins
+    run_dir = run_dir.resolve()
+    return [*merged.values(), f"hydra.run.dir={run_dir}", f"resume={run_dir}"]
+
+
+def _auto_run_dir(overrides: list[str], conf_dir: Path) -> Path | None:
+    """Compose the config (as Hydra will) to learn ``run_name`` and ``paths.output_root``."""
+    config_overrides = [a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))]
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+        cfg = compose("train", overrides=config_overrides)
+    output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
+    run_dir = find_run_to_resume(output_root, run_name)
+    if run_dir is None:
+        print(f"resume=auto: no run of {run_name} with a checkpoint under {output_root}/runs: starting a new run")
+    else:
+        print(f"resume=auto: continuing {run_dir}")
+    return run_dir
+
+
+def checkpoint_to_resume(resume: str | None, ckpt_path: str | None, run_dir: Path) -> str | None:
+    """What ``trainer.fit`` resumes from: an explicit ``ckpt_path``, else with ``resume`` (set by
+    :func:`resume_arguments` to this run's own directory) its newest checkpoint."""
+    if ckpt_path:
+        return ckpt_path
+    if not resume:
+        return None
+    if resume == "auto" or Path(resume).resolve() != run_dir.resolve():
+        raise ConfigError(f"resume={resume} continues a run in its own directory: run it as `python train.py resume={resume}`")
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ConfigError(f"resume={resume}: the run has no checkpoint under {run_dir}/checkpoints: start a new run instead")
+    return str(checkpoint)

@@ -1,0 +1,39 @@
+"""Test-only pieces that train.py loads by ``_target_``: a real signal at a chosen step, and a
+language model whose loss turns NaN at a chosen step."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from trident.tasks.lm import LanguageModelTask
+
+
+class SignalAtStep(L.Callback):
+    """Sends ``signal_name`` (e.g. SIGKILL, SIGTERM) to this very process when training is about
+    to run optimizer step ``step`` (0-based ``global_step``)."""
+
+    def __init__(self, step: int, signal_name: str) -> None:
+        self.step = step
+        self.signum = signal.Signals[signal_name]
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class NaNLossLanguageModel(LanguageModelTask):
+    """The LM task, but the loss of the training step with ``global_step == nan_at_step`` is NaN."""
+
+    def __init__(self, *args: Any, nan_at_step: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_at_step = nan_at_step
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * torch.nan if self.global_step == self.nan_at_step else loss

@@ -1,0 +1,241 @@
+"""Resume and preemption: a SIGKILLed run resumes step for step, signals save and exit cleanly,
+checkpoints are atomic and read safely, non-finite losses stop or skip."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from trident.checkpoints import AtomicCheckpointIO
+from trident.cli import run_with_clear_errors
+from trident.data.batching import TokenBudgetBatchSampler
+from trident.data.order import EpochShuffleSampler
+from trident.errors import ConfigError, DataError, TrainingDiverged
+from trident.pipeline import train
+from trident.resume import resume_arguments
+from trident.tracking import find_offline_runs
+
+from .conftest import CONF_DIR, ROOT, SMALL, compose_config
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# Dropout on, so that the RNG state matters; epochs of 4 batches, so that the run crosses epoch
+# boundaries; `last.ckpt` every 3 steps, so that the checkpoint the kill leaves is mid-epoch.
+RESUMABLE = [
+    *SMALL,
+    "model.dropout=0.1",
+    "trainer.max_steps=10",
+    "trainer.limit_train_batches=4",
+    "trainer.val_check_interval=5",
+    "trainer.check_val_every_n_epoch=null",
+    "callbacks.last_checkpoint.every_n_train_steps=3",
+    "callbacks.throughput=null",
+    "callbacks.lr_monitor=null",
+    "test=false",
+]
+WITH_CSV = ["+logger.csv._target_=lightning.pytorch.loggers.CSVLogger", "+logger.csv.name=csv"]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """Per-step training losses from every CSV log of a run (a resumed run adds a version)."""
+    losses = {}
+    for metrics in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        for row in csv.DictReader(metrics.open()):
+            if row.get("train/loss"):
+                losses[int(row["step"])] = float(row["train/loss"])
+    return losses
+
+
+def run_train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], check=False, capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+def signal_at(step: int, name: str) -> list[str]:
+    return ["+callbacks.signal._target_=tests.resume_helpers.SignalAtStep", f"+callbacks.signal.step={step}",
+            f"+callbacks.signal.signal_name={name}"]
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def test_sigkilled_run_resumes_step_for_step_in_the_same_wandb_run(tmp_path: Path) -> None:
+    overrides = [*RESUMABLE, *WITH_CSV, "logger=wandb"]
+    train(compose_config(overrides, output_dir=tmp_path / "uninterrupted"))
+    expected = train_losses(tmp_path / "uninterrupted")
+    assert sorted(expected) == list(range(10))
+
+    killed = tmp_path / "killed"
+    result = run_train(*overrides, *signal_at(7, "SIGKILL"), f"hydra.run.dir={killed}", cwd=tmp_path)
+    assert result.returncode == -9, result.stderr[-2000:]
+    last = killed / "checkpoints" / "last.ckpt"
+    assert checkpoint_step(last) == 6, "killed during step 7: the newest checkpoint is the mid-epoch one of step 6"
+
+    train(compose_config([*overrides, f"resume={killed}"], output_dir=killed))
+    assert checkpoint_step(last) == 10
+    resumed = {step: loss for step, loss in train_losses(killed).items() if step >= 6}
+    assert sorted(resumed) == list(range(6, 10))
+    torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
+
+    run_id = json.loads((killed / "run.json").read_text())["run_id"]
+    run_dirs = sorted(killed.glob("wandb/offline-run-*"))
+    assert len(run_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in run_dirs), "one W&B run, continued"
+    assert run_id in {run.run_id for run in find_offline_runs(killed)}  # the SIGKILLed run's record may be cut short
+
+
+def test_translation_token_budget_batches_resume_exactly(tmp_path: Path) -> None:
+    from .test_translation_train import SMALL_MT
+
+    overrides = [*SMALL_MT, *WITH_CSV, "logger=none", "model.dropout=0.1", "trainer.max_steps=6",
+                 "trainer.limit_train_batches=4", "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
+                 "test=false", "callbacks.periodic_checkpoint.every_n_train_steps=3",
+                 "callbacks.periodic_checkpoint.save_top_k=-1", "callbacks.throughput=null", "callbacks.lr_monitor=null"]
+    train(compose_config(overrides, output_dir=tmp_path / "a"))
+    mid_epoch = tmp_path / "a" / "checkpoints" / "periodic" / "step3.ckpt"
+    train(compose_config([*overrides, f"ckpt_path={mid_epoch}"], output_dir=tmp_path / "b"))
+    expected, resumed = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
+    assert sorted(resumed) == [3, 4, 5]
+    torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
+
+
+def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: Path) -> None:
+    args = [*RESUMABLE, "logger=none", f"paths.output_root={tmp_path}"]
+    result = run_train(*args, *signal_at(4, "SIGTERM"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run_dir,) = list(tmp_path.glob("runs/*/*"))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert checkpoint_step(last) == 5, "the step running when SIGTERM came is finished and saved"
+    assert "Stopped by SIGTERM" in (run_dir / "train.log").read_text()
+
+    result = run_train(*args, "resume=auto", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resume=auto: continuing {run_dir}" in result.stdout
+    assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
+    assert checkpoint_step(last) == 10
+
+
+def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:
+    handler = signal.getsignal(signal.SIGUSR1)
+    overrides = [*RESUMABLE, "logger=none", *signal_at(2, "SIGUSR1")]
+    train(compose_config(overrides, output_dir=tmp_path / "run"))
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 3
+    assert signal.getsignal(signal.SIGUSR1) == handler, "the process's own handler is back after fit"
+
+
+def test_resume_arguments_reuse_the_run_overrides(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- model=nano\n- trainer.max_steps=10\n- resume=null\n")
+    args = resume_arguments([f"resume={run_dir}", "trainer.max_steps=20"], CONF_DIR)
+    assert args == ["model=nano", "trainer.max_steps=20", f"hydra.run.dir={run_dir}", f"resume={run_dir}"]
+    assert resume_arguments(["model=nano"], CONF_DIR) == ["model=nano"]
+    with pytest.raises(ConfigError, match="not a run directory of train.py"):
+        resume_arguments([f"resume={tmp_path / 'nowhere'}"], CONF_DIR)
+    with pytest.raises(ConfigError, match="drop -m"):
+        resume_arguments(["-m", f"resume={run_dir}"], CONF_DIR)
+    assert resume_arguments(["resume=auto", "model=nano", f"paths.output_root={tmp_path}"], CONF_DIR) == [
+        "model=nano", f"paths.output_root={tmp_path}"], "nothing to resume: a new run"
+
+
+def test_atomic_save_never_replaces_a_good_checkpoint_with_a_partial_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "weight": torch.ones(3)}, path)
+
+    def crash_mid_write(obj: object, file: object) -> None:
+        file.write(b"PK\x03\x04 half a checkpoint")  # type: ignore[attr-defined]
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"global_step": 2, "weight": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert io.load_checkpoint(path)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "no temporary file left behind"
+
+
+class NotPlainData:
+    """Anything torch.load(weights_only=True) must refuse to unpickle."""
+
+
+def test_truncated_or_foreign_checkpoint_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "run" / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "weight": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:500])
+    cfg = compose_config([*SMALL, "logger=none", f"resume={tmp_path / 'run'}"], output_dir=tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        run_with_clear_errors(lambda: train(cfg), run_dir=tmp_path / "run")
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"error: cannot read checkpoint '{path}'") and "corrupt or truncated" in message
+
+    torch.save({"state_dict": {}, "payload": NotPlainData()}, path)
+    with pytest.raises(DataError, match="pickled Python objects.*weights_only=True"):
+        io.load_checkpoint(path)
+
+
+def nan_config(tmp_path: Path, mode: str) -> DictConfig:
+    return compose_config([*RESUMABLE, "logger=none", "trainer.max_steps=5", "callbacks.last_checkpoint.every_n_train_steps=1",
+                           "task._target_=tests.resume_helpers.NaNLossLanguageModel", "+task.nan_at_step=2",
+                           f"nonfinite_loss={mode}"], output_dir=tmp_path / "run")
+
+
+def finite_weights(path: Path) -> bool:
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    return all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point())
+
+
+def test_nonfinite_loss_stops_before_the_bad_step_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(TrainingDiverged, match=r"non-finite training loss nan at step 3: lower optimizer.lr") as err:
+        train(nan_config(tmp_path, "stop"))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert str(last) in str(err.value)
+    assert checkpoint_step(last) == 2 and finite_weights(last)
+
+
+def test_nonfinite_loss_skip_drops_only_that_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="trident.training.resilience"):
+        metrics = train(nan_config(tmp_path, "skip"))
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped == ["non-finite training loss nan at step 3: step skipped (nonfinite_loss=skip)"]
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert checkpoint_step(last) == 5 and finite_weights(last)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch_and_skips_once() -> None:
+    sampler = EpochShuffleSampler(size=20, batch_size=4, seed=3)
+    sampler.set_epoch(1)
+    epoch_one = list(sampler)
+    assert sorted(epoch_one) == list(range(20)) and list(sampler) == epoch_one
+    sampler.set_epoch(2)
+    assert list(sampler) != epoch_one
+    torch.manual_seed(0)  # the global RNG plays no part
+    other = EpochShuffleSampler(size=20, batch_size=4, seed=3)
+    other.set_epoch(1)
+    other.skip_next(2)
+    assert list(other) == epoch_one[8:] and list(other) == epoch_one, "the skip applies to the next pass only"
+
+
+def test_token_budget_batches_skip_ahead_within_an_epoch() -> None:
+    lengths = list(range(1, 60))
+    sampler = TokenBudgetBatchSampler(lengths, lengths, max_tokens=120, seed=1)
+    sampler.set_epoch(4)
+    full = list(sampler)
+    sampler.set_epoch(4)
+    sampler.skip_next(3)
+    assert list(sampler) == full[3:]
+    assert list(sampler) != full, "the next pass is the next epoch, from its start"
