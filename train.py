@@ -6,7 +6,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from trident.cli import check_group_choices, run_with_clear_errors
+from trident.cli import check_group_choices, check_overrides, run_with_clear_errors
 from trident.pipeline import train
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -22,4 +22,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     check_group_choices(sys.argv[1:], CONF_DIR)
+    check_overrides(sys.argv[1:], CONF_DIR)
     main()

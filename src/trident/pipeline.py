@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -12,16 +13,19 @@ import lightning as L
 import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.checkpoints import check_checkpoint_fits, read_checkpoint
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
-from trident.errors import ConfigError
+from trident.errors import ConfigError, did_you_mean
 from trident.training.loggers import build_loggers
+from trident.training.optim import check_optimizer_config, check_scheduler_config
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,10 @@ def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
     options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
+    settings = [f.name for f in dataclasses.fields(TransformerConfig)]
+    for key in options:
+        if key not in settings:
+            raise ConfigError(f"model.{key} is not a model setting{did_you_mean(key, settings, 'model.')}: remove it or use one of {', '.join(settings)}")
     options["pos_encoding"] = cfg.pos_encoding.name
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
     # The sequence geometry comes with the data, not the size: a task class may derive it
@@ -76,6 +84,8 @@ def check_task_data(cfg: DictConfig) -> None:
 def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_task_data(cfg)
+    check_optimizer_config(_plain(cfg.optimizer))
+    check_scheduler_config(_plain(cfg.scheduler))
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
     block_size = cfg.data.get("block_size")
@@ -101,6 +111,9 @@ def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
     (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
 
+# ckpt_path values that Lightning resolves itself (no file of that name).
+LIGHTNING_CHECKPOINT_NAMES = ("last", "hpc", "best")
+
 # Keys of the `data` and `task` groups that the pipeline reads; the rest are constructor arguments.
 PIPELINE_KEYS = {"data": ("name", "max_seq_len"), "task": ("name", "monitor", "monitor_mode")}
 
@@ -124,6 +137,28 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
         raise user_error from err
 
 
+def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
+    """``lightning.Trainer`` from the ``trainer`` config; a value Lightning refuses (precision,
+    step counts, devices...) becomes one clear line instead of Hydra's wrapped traceback."""
+    try:
+        return instantiate(trainer_cfg, **kwargs, _convert_="all")
+    except InstantiationException as err:
+        cause = err.__cause__
+        if not isinstance(cause, (MisconfigurationException, ValueError, TypeError)):
+            raise
+        reason = str(cause).strip().splitlines()[0]
+        raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
+
+
+def resume_checkpoint(cfg: DictConfig) -> tuple[Path, dict[str, Any]] | None:
+    """The file named by ``ckpt_path``, read (and so checked) before any work; None when starting
+    fresh or when it names one of Lightning's own choices (``last``, ``hpc``, ...)."""
+    ckpt_path = cfg.get("ckpt_path")
+    if not ckpt_path or ckpt_path in LIGHTNING_CHECKPOINT_NAMES or str(ckpt_path).startswith("registry"):
+        return None
+    return Path(ckpt_path), read_checkpoint(Path(ckpt_path), "ckpt_path")
+
+
 def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     # LearningRateMonitor refuses to run without a logger (logger=none): leave it out then.
@@ -134,6 +169,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
     backbone = check_config(cfg)
+    resume_from = resume_checkpoint(cfg)
     if cfg.get("print_config", True):
         print_config_tree(cfg)
     save_resolved_config(cfg, run_dir)
@@ -144,7 +180,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup("fit")
-    datamodule.save_to(run_dir)
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
@@ -154,11 +189,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
     )
-    loggers = build_loggers(cfg, run_dir)
-    callbacks = build_callbacks(cfg, has_logger=bool(loggers))
-    trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), _convert_="all"
-    )
+    if resume_from is not None:
+        check_checkpoint_fits(resume_from[1], task, resume_from[0])
+    callbacks = build_callbacks(cfg, has_logger=bool(cfg.get("logger")))
+    trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
+    # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
+    datamodule.save_to(run_dir)
+    trainer.loggers = build_loggers(cfg, run_dir)
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 # Figures are built without pyplot: no global backend to switch (training runs headless, and a
 # notebook importing trident keeps its inline backend) and nothing to close after saving.
+from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -71,7 +72,9 @@ def attention_grid_figure(maps: Tensor, tick_labels: Sequence[str] | None = None
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
     values = maps.detach().float().cpu().numpy()
     for (layer, head), ax in np.ndenumerate(axes):
-        ax.imshow(values[layer, head], cmap="viridis", vmin=0.0)
+        # Each map on its own scale, square-root compressed: a few large weights (a query's first
+        # keys) would otherwise leave the rest of the map a single colour.
+        ax.imshow(values[layer, head], cmap="viridis", norm=PowerNorm(gamma=0.5))
         ax.set_xticks([])
         ax.set_yticks([])
         if tick_labels is not None and len(tick_labels) == values.shape[2] == values.shape[3]:
