@@ -12,7 +12,7 @@ from typing import NoReturn, TypeVar
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import ConfigCompositionException, OverrideParseException
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -77,8 +77,8 @@ def _one_value(text: str, override: Override) -> str | None:
     if not override.is_sweep_override():
         return text
     try:
-        first = next(iter(override.sweep_string_iterator()))
-    except Exception:  # noqa: BLE001 - sweep kinds without a list of values
+        first = next(override.sweep_string_iterator())
+    except HydraException:  # interval(), glob(), tag(): no list of values to take the first of
         return None
     return f"{text.partition('=')[0]}={first}"
 
@@ -86,14 +86,14 @@ def _one_value(text: str, override: Override) -> str | None:
 def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> str:
     key = re.search(r"Could not override '([^']+)'", str(err))
     if key is None:
-        return f"the command line does not fit the config ({_first_line(err)}): fix that argument (python train.py --help lists the options)"
+        return f"the command line does not fit the config ({_first_line(err)}): fix that argument (see python train.py --help)"
     parent, _, leaf = key.group(1).rpartition(".")
     others = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key.group(1)]
     try:
         node = OmegaConf.select(compose_train_config(others, conf_dir=conf_dir), parent) if parent else None
     except (ConfigCompositionException, OmegaConfBaseException):
         node = None
-    hint = did_you_mean(leaf, [str(k) for k in node.keys()], f"{parent}.") if isinstance(node, DictConfig) else ""
+    hint = did_you_mean(leaf, [str(k) for k in node], f"{parent}.") if isinstance(node, DictConfig) else ""
     return f"{key.group(1)} is not a config key{hint}: fix its spelling, or add a new key with +{key.group(1)}=<value>"
 
 

@@ -42,16 +42,23 @@ class _DropLibraryNotices(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLibraryNotices())
 
 
+# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
+DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
+
+
 def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     """The ``model`` group (sizes, architecture) and the ``pos_encoding`` group as one plain dict,
     validated by :class:`TransformerConfig`."""
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
     options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
-    settings = [f.name for f in dataclasses.fields(TransformerConfig)]
+    settings = [f.name for f in dataclasses.fields(TransformerConfig) if f.name not in DERIVED_SETTINGS]
     for key in options:
         if key not in settings:
-            raise ConfigError(f"model.{key} is not a model setting{did_you_mean(key, settings, 'model.')}: remove it or use one of {', '.join(settings)}")
+            raise ConfigError(
+                f"model.{key} is not a model setting{did_you_mean(key, settings, 'model.')}: "
+                f"remove it; the model group takes {', '.join(settings)}"
+            )
     options["pos_encoding"] = cfg.pos_encoding.name
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
     # The sequence geometry comes with the data, not the size: a task class may derive it
