@@ -21,11 +21,11 @@ import hydra.utils
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from trident.checkpoints import AtomicCheckpointIO
+from trident.checkpoints import check_checkpoint_fits, read_checkpoint
 from trident.cli import run_with_clear_errors
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, DataError
-from trident.pipeline import check_config, constructor_args
+from trident.pipeline import build_trainer, check_config, constructor_args
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
 warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
@@ -50,7 +50,7 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     overrides = OmegaConf.from_dotlist(arguments)
     ckpt = overrides.pop("ckpt_path", None)
     if not ckpt:
-        raise ConfigError("eval.py needs ckpt_path=<path of a .ckpt file>, e.g. outputs/runs/<date>/<run>/checkpoints/last.ckpt")
+        raise ConfigError("eval.py needs ckpt_path=<path of a .ckpt file>: e.g. ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt")
     checkpoint = Path(str(ckpt))
     if not checkpoint.is_file():
         raise DataError(f"checkpoint {str(checkpoint)!r} not found: fix ckpt_path (paths are relative to the directory you run from)")
@@ -66,6 +66,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
     cfg, checkpoint = load_config(arguments)
     backbone = check_config(cfg)
+    saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared
     L.seed_everything(cfg.get("seed", 0), workers=True)
     datamodule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
     if not isinstance(datamodule, TridentDataModule):
@@ -81,11 +82,11 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
         _convert_="all",
         _recursive_=False,
     )
+    check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     # Testing needs no logger, checkpoints or training limits; one process suffices.
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent))
-    # AtomicCheckpointIO reads with weights_only=True and names a corrupt file in one line.
-    trainer: L.Trainer = hydra.utils.instantiate(trainer_cfg, plugins=[AtomicCheckpointIO()], _convert_="all")
+    trainer = build_trainer(trainer_cfg)
     trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     out = find_run_config(checkpoint).parent / "eval" / f"{checkpoint.stem}.json"

@@ -7,7 +7,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from trident.cli import check_group_choices, run_with_clear_errors
+from trident.cli import check_group_choices, check_overrides, run_with_clear_errors
 from trident.distributed import is_global_zero, worker_argv, workers_follow
 from trident.pipeline import train
 from trident.resume import resume_arguments
@@ -31,6 +31,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     sys.argv = worker_argv(sys.argv)
     check_group_choices(sys.argv[1:], CONF_DIR)
+    check_overrides(sys.argv[1:], CONF_DIR)
     # resume=<run dir> / resume=auto: Hydra must reuse the run's directory and overrides.
     sys.argv[1:] = run_with_clear_errors(lambda: resume_arguments(sys.argv[1:], CONF_DIR))
     main()

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
+
+from trident.config import compose_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -47,15 +46,7 @@ def _shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
     """Compose ``conf/train.yaml`` with ``overrides``, as ``python train.py <overrides>`` would."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        if output_dir is not None:
-            cfg.paths.output_dir = str(output_dir)
-        del cfg.hydra
-    return cfg
+    return compose_train_config(overrides, output_dir, CONF_DIR)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Checkpoint files: written atomically, read with ``weights_only=True`` and clear errors.
+"""Checkpoint files: written atomically, read with ``weights_only=True`` and clear errors, and
+checked against the model the config builds before resuming or testing.
 
 Every checkpoint trident writes holds only tensors and plain values (numbers, strings, lists,
 dicts; the RNG states too), so every read, of our own files or anyone else's, uses
@@ -20,8 +21,9 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
+from torch import nn
 
-from trident.errors import DataError
+from trident.errors import ConfigError, DataError
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -105,3 +107,44 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) ->
     if getattr(task, "tokenizer", None) is None:
         raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's {task_name} task")
     return task.eval()
+
+
+def read_checkpoint(path: Path, setting: str) -> dict[str, Any]:
+    """The checkpoint file at ``path`` (named by the config key ``setting``), memory-mapped and read
+    with ``weights_only=True`` (tensors and plain values: safe for a file from elsewhere)."""
+    if not path.is_file():
+        raise DataError(f"checkpoint {str(path)!r} not found: fix {setting} (paths are relative to the directory you run from)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except READ_ERRORS as err:
+        raise unreadable_checkpoint(path, err, f"point {setting} at another one (last.ckpt or best-*.ckpt of the run)") from err
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise DataError(f"{str(path)!r} holds no model weights (state_dict): point {setting} at a checkpoint written by train.py")
+    return checkpoint
+
+
+def check_checkpoint_fits(checkpoint: dict[str, Any], module: nn.Module, path: Path) -> None:
+    """Fail in one line when the saved weights are not those of ``module``: another model size,
+    vocabulary or architecture (Lightning would stop with a long size-mismatch traceback)."""
+    saved: dict[str, torch.Tensor] = checkpoint["state_dict"]
+    expected = module.state_dict()
+    fix = "use the model and data settings of the run that wrote it (its config_resolved.yaml)"
+    for name, tensor in expected.items():
+        if name in saved and saved[name].shape != tensor.shape:
+            kind = "vocabulary" if _is_vocabulary(name, saved[name], tensor) else "model size"
+            raise ConfigError(
+                f"checkpoint {str(path)!r} does not fit this model (another {kind}): {name} is "
+                f"{tuple(saved[name].shape)} there, {tuple(tensor.shape)} here; {fix}"
+            )
+    missing, unexpected = sorted(expected.keys() - saved.keys()), sorted(saved.keys() - expected.keys())
+    if missing or unexpected:
+        detail = f"it lacks {missing[0]}" if missing else f"it has {unexpected[0]}, unknown here"
+        raise ConfigError(f"checkpoint {str(path)!r} does not fit this model (another architecture): {detail}; {fix}")
+
+
+def _is_vocabulary(name: str, saved: torch.Tensor, expected: torch.Tensor) -> bool:
+    """A token table or output projection that differs in its number of rows (tokens) only."""
+    return (
+        name.rsplit(".", 1)[-1] == "weight" and saved.ndim == 2 and saved.shape[1] == expected.shape[1]
+        and any(part in name for part in ("embed", "head"))
+    )

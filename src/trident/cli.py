@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from trident.errors import TridentError
+from trident.config import compose_train_config
+from trident.errors import TridentError, did_you_mean
 
 T = TypeVar("T")
 
@@ -44,8 +51,61 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
         choices = group_options(key.lstrip("+"), group)
         for option in value.split(","):
             if option not in choices:
-                print(f"error: {key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}", file=sys.stderr)
-                sys.exit(2)
+                _fail(f"{key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}")
+
+
+def check_overrides(argv: Sequence[str], conf_dir: Path) -> None:
+    """Compose the config once with the command line's ``key=value`` arguments (a sweep with its
+    first value), so that a misspelt key or a malformed value fails in one line and exit status 2
+    instead of Hydra's multi-line report. Other Hydra flags (``--cfg``, ``--help``, ``-cn``...)
+    change what the command line means: Hydra checks those command lines itself."""
+    if any(arg.startswith("-") and arg not in ("-m", "--multirun") for arg in argv):
+        return
+    overrides = [arg for arg in argv if not arg.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        _fail(f"cannot read the command line ({_first_line(err)}): write key=value, quoting values that hold spaces or brackets")
+    single = [one for text, override in zip(overrides, parsed) if (one := _one_value(text, override)) is not None]
+    try:
+        compose_train_config(single, conf_dir=conf_dir)
+    except (ConfigCompositionException, OmegaConfBaseException) as err:
+        _fail(_composition_error(err, single, conf_dir))
+
+
+def _one_value(text: str, override: Override) -> str | None:
+    """``text`` itself, or for a sweep (``a,b``, ``range(...)``) the override with its first value;
+    None for sweeps a sweeper expands itself (e.g. Optuna's ``interval(...)``)."""
+    if not override.is_sweep_override():
+        return text
+    try:
+        first = next(override.sweep_string_iterator())
+    except HydraException:  # interval(), glob(), tag(): no list of values to take the first of
+        return None
+    return f"{text.partition('=')[0]}={first}"
+
+
+def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> str:
+    key = re.search(r"Could not override '([^']+)'", str(err))
+    if key is None:
+        return f"the command line does not fit the config ({_first_line(err)}): fix that argument (see python train.py --help)"
+    parent, _, leaf = key.group(1).rpartition(".")
+    others = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key.group(1)]
+    try:
+        node = OmegaConf.select(compose_train_config(others, conf_dir=conf_dir), parent) if parent else None
+    except (ConfigCompositionException, OmegaConfBaseException):
+        node = None
+    hint = did_you_mean(leaf, [str(k) for k in node], f"{parent}.") if isinstance(node, DictConfig) else ""
+    return f"{key.group(1)} is not a config key{hint}: fix its spelling, or add a new key with +{key.group(1)}=<value>"
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0].rstrip(".")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def group_options(name: str, group_dir: Path) -> list[str]:

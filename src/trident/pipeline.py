@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -12,21 +13,21 @@ import lightning as L
 import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.checkpoints import AtomicCheckpointIO
+from trident.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero
-from trident.errors import ConfigError
+from trident.errors import ConfigError, did_you_mean
 from trident.resume import checkpoint_to_resume, run_identity
 from trident.training.loggers import build_loggers
+from trident.training.optim import check_optimizer_config, check_scheduler_config
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,23 @@ class _DropLibraryNotices(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLibraryNotices())
 
 
+# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
+DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
+
+
 def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     """The ``model`` group (sizes, architecture) and the ``pos_encoding`` group as one plain dict,
     validated by :class:`TransformerConfig`."""
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
     options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
+    settings = [f.name for f in dataclasses.fields(TransformerConfig) if f.name not in DERIVED_SETTINGS]
+    for key in options:
+        if key not in settings:
+            raise ConfigError(
+                f"model.{key} is not a model setting{did_you_mean(key, settings, 'model.')}: "
+                f"remove it; the model group takes {', '.join(settings)}"
+            )
     options["pos_encoding"] = cfg.pos_encoding.name
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
     # The sequence geometry comes with the data, not the size: a task class may derive it
@@ -84,6 +96,8 @@ def check_task_data(cfg: DictConfig) -> None:
 def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_task_data(cfg)
+    check_optimizer_config(_plain(cfg.optimizer))
+    check_scheduler_config(_plain(cfg.scheduler))
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
     block_size = cfg.data.get("block_size")
@@ -109,6 +123,9 @@ def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
     (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
 
+# ckpt_path values that Lightning resolves itself (no file of that name).
+LIGHTNING_CHECKPOINT_NAMES = ("last", "hpc", "best")
+
 # Keys of the `data` and `task` groups that the pipeline reads; the rest are constructor arguments.
 PIPELINE_KEYS = {"data": ("name", "max_seq_len"), "task": ("name", "monitor", "monitor_mode")}
 
@@ -132,19 +149,33 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
         raise user_error from err
 
 
+def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
+    """``lightning.Trainer`` from the ``trainer`` config, writing checkpoints atomically and reading
+    them with ``weights_only=True`` (:class:`AtomicCheckpointIO`); a value Lightning refuses
+    (precision, step counts, devices...) becomes one clear line instead of Hydra's wrapped traceback."""
+    plugins = [*(instantiate(p) for p in trainer_cfg.get("plugins") or []), AtomicCheckpointIO()]
+    try:
+        return instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
+    except InstantiationException as err:
+        cause = err.__cause__
+        if not isinstance(cause, (MisconfigurationException, ValueError, TypeError)):
+            raise
+        reason = str(cause).strip().splitlines()[0]
+        raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
+
+
+def read_resume_checkpoint(ckpt_path: str | None) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume from, read (and so checked) before any work; None when starting
+    fresh or when it names one of Lightning's own choices (``last``, ``hpc``, ...)."""
+    if not ckpt_path or ckpt_path in LIGHTNING_CHECKPOINT_NAMES or str(ckpt_path).startswith("registry"):
+        return None
+    return Path(ckpt_path), read_checkpoint(Path(ckpt_path), "ckpt_path")
+
+
 def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     # LearningRateMonitor refuses to run without a logger (logger=none): leave it out then.
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
-
-
-def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger], run_dir: Path) -> L.Trainer:
-    # Checkpoints are written atomically and read with weights_only=True (trident.checkpoints).
-    plugins = [*(instantiate(p) for p in cfg.trainer.get("plugins") or []), AtomicCheckpointIO()]
-    return instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), plugins=plugins,
-        _convert_="all",
-    )
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -153,15 +184,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     backbone = check_config(cfg)
     check_workers_can_start(cfg.trainer)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
-    last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
+    saved = read_resume_checkpoint(resume_from)
     # Every DDP rank runs this function; only rank 0 writes the run's files.
     writes_outputs = is_global_zero()
     if writes_outputs and cfg.get("print_config", True):
         print_config_tree(cfg)
     if writes_outputs:
         save_resolved_config(cfg, run_dir)
-    run_id = run_identity(run_dir)["run_id"]
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -169,8 +198,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup("fit")
-    if writes_outputs:
-        datamodule.save_to(run_dir)
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
@@ -180,10 +207,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
     )
-    loggers = build_loggers(cfg, run_dir, run_id)
+    if saved is not None:
+        check_checkpoint_fits(saved[1], task, saved[0])
+    last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
     preemption = PreemptionCheckpoint(last_checkpoint)
-    callbacks = [*build_callbacks(cfg, has_logger=bool(loggers)), RandomStates(), preemption, guard]
-    trainer = build_trainer(cfg, callbacks, loggers, run_dir)
+    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
+    callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard]
+    trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
+    # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
+    if writes_outputs:
+        datamodule.save_to(run_dir)
+    trainer.loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"])
     try:
         try:
             with preemption.listening():

@@ -46,7 +46,8 @@ class TransformerConfig:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+                example = TransformerConfig.__dataclass_fields__[name].default
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}: set e.g. model.{name}={example}")
         if self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
@@ -55,11 +56,13 @@ class TransformerConfig:
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}: use a probability such as 0.1 (0 = off)")
         if not isinstance(self.drop_path, (int, float)) or not 0.0 <= self.drop_path < 1.0:
-            raise ConfigError(f"model.drop_path must be in [0, 1), got {self.drop_path!r}")
+            raise ConfigError(f"model.drop_path must be in [0, 1), got {self.drop_path!r}: use a rate such as 0.1 (0 = off)")
         if self.layer_scale_init is not None and self.layer_scale_init <= 0:
-            raise ConfigError(f"model.layer_scale_init must be positive or null, got {self.layer_scale_init!r}")
+            raise ConfigError(
+                f"model.layer_scale_init must be positive or null, got {self.layer_scale_init!r}: use e.g. 1e-5, or null for off"
+            )
         _check_choice("model.activation", self.activation, ACTIVATIONS)
         _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)

@@ -65,7 +65,10 @@ class LMDataModule(TridentDataModule):
     ) -> None:
         super().__init__()
         if block_size <= 0 or batch_size <= 0:
-            raise ConfigError(f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}")
+            raise ConfigError(
+                f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}: "
+                "set both to positive integers (e.g. data.block_size=256 data.batch_size=32)"
+            )
         self.source = source
         # Only the options of the chosen source matter (and enter the cache key).
         all_options: dict[str, dict[str, Any]] = {

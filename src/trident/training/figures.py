@@ -1,22 +1,23 @@
-"""Figures for image classification: confusion matrix, misclassified images, attention rollout.
+"""Figures: confusion matrix, misclassified images, attention rollout, attention maps per layer and head.
 
 Saved as PNG under ``<run dir>/figures/`` and logged to W&B when it is attached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
-import matplotlib
+import numpy as np
+import torch
+from lightning.pytorch.loggers import WandbLogger
 
-matplotlib.use("Agg")  # no display: render to files
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch.loggers import WandbLogger  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch import Tensor  # noqa: E402
+# Figures are built without pyplot: no global backend to switch (training runs headless, and a
+# notebook importing trident keeps its inline backend) and nothing to close after saving.
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from torch import Tensor
 
 
 def unnormalize(images: Tensor, mean: list[float], std: list[float]) -> np.ndarray:
@@ -28,7 +29,8 @@ def unnormalize(images: Tensor, mean: list[float], std: list[float]) -> np.ndarr
 
 def confusion_matrix_figure(matrix: Tensor, class_names: list[str]) -> Figure:
     size = max(4.0, 0.45 * len(class_names))
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig = Figure(figsize=(size, size))
+    ax = fig.subplots()
     counts = matrix.cpu().numpy()
     ax.imshow(counts, cmap="Blues")
     ax.set(xlabel="predicted", ylabel="true", xticks=range(len(class_names)), yticks=range(len(class_names)))
@@ -46,7 +48,8 @@ def image_grid_figure(images: np.ndarray, titles: list[str], overlays: np.ndarra
     n = len(images)
     cols = min(8, max(1, n))
     rows = max(1, (n + cols - 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.8 * rows), squeeze=False)
+    fig = Figure(figsize=(1.6 * cols, 1.8 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
         if k >= n:
@@ -60,13 +63,38 @@ def image_grid_figure(images: np.ndarray, titles: list[str], overlays: np.ndarra
     return fig
 
 
+def attention_grid_figure(maps: Tensor, tick_labels: Sequence[str] | None = None, cell_size: float = 1.8) -> Figure:
+    """Attention maps as a layers x heads grid: ``maps`` is (layers, heads, rows, cols), e.g. one
+    sequence's weights (queries x keys) or the class token's weights over an image's patch grid.
+    ``tick_labels`` name the rows and columns (the tokens) when both are that long."""
+    n_layers, n_heads = maps.shape[:2]
+    fig = Figure(figsize=(cell_size * n_heads, cell_size * n_layers))
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    values = maps.detach().float().cpu().numpy()
+    for (layer, head), ax in np.ndenumerate(axes):
+        # Each map on its own scale, square-root compressed: a few large weights (a query's first
+        # keys) would otherwise leave the rest of the map a single colour.
+        ax.imshow(values[layer, head], cmap="viridis", norm=PowerNorm(gamma=0.5))
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if tick_labels is not None and len(tick_labels) == values.shape[2] == values.shape[3]:
+            ticks = range(len(tick_labels))
+            ax.set_xticks(ticks, [repr(t)[1:-1] for t in tick_labels], fontsize=5, rotation=90)
+            ax.set_yticks(ticks, [repr(t)[1:-1] for t in tick_labels], fontsize=5)
+        if layer == 0:
+            ax.set_title(f"head {head}", fontsize=8)
+        if head == 0:
+            ax.set_ylabel(f"layer {layer}", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def publish_figure(module: L.LightningModule, key: str, fig: Figure) -> Path:
     """Save ``fig`` as ``<run dir>/figures/<key>.png`` and log it to W&B if attached."""
     folder = Path(module.trainer.default_root_dir) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key.replace('/', '_')}.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     for logger in module.loggers:
         if isinstance(logger, WandbLogger):
             logger.log_image(key=key, images=[str(path)], step=module.global_step)

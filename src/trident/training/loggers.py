@@ -1,36 +1,75 @@
-"""Experiment loggers from the ``logger`` config group; W&B goes offline when there is no login."""
+"""Experiment loggers from the ``logger`` config group. W&B never stops a run: without a login,
+or when its server cannot be reached, the run logs offline (``wandb sync`` uploads it later)."""
 
 from __future__ import annotations
 
 import logging
+import netrc
 import os
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import hydra.utils
+import wandb
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
+
+SYNC_HINT = "upload later with `wandb sync <run dir>/wandb/offline-run-*`"
+# Seconds to wait for the W&B server to answer a connection before logging offline.
+PROBE_TIMEOUT_S = 5.0
+
+
+def wandb_base_url() -> str:
+    """The W&B server: ``WANDB_BASE_URL``, else the library's default."""
+    return os.environ.get("WANDB_BASE_URL") or str(wandb.Settings().base_url)
 
 
 def wandb_logged_in() -> bool:
     """True when an API key is configured (env var or ~/.netrc), without touching the network."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if not path.is_file():
+        return False
+    try:
+        hosts = netrc.netrc(path).hosts
+    except (netrc.NetrcParseError, OSError):
+        return False
+    return urlsplit(wandb_base_url()).hostname in hosts or "api.wandb.ai" in hosts
+
+
+def wandb_server_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """True when a TCP connection to the server of ``url`` opens within ``timeout`` seconds."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def resolve_wandb_mode(requested: str) -> str:
-    """``auto`` -> ``online`` with a login, else ``offline`` (sync later with ``wandb sync``).
-    ``WANDB_MODE`` in the environment wins, as W&B users expect."""
+    """``auto`` -> ``online`` with a login, else ``offline``; ``WANDB_MODE`` in the environment wins,
+    as W&B users expect. ``online`` without a login or a reachable server also becomes ``offline``,
+    with a warning: a dashboard problem must not cost a training run."""
     mode = os.environ.get("WANDB_MODE") or requested
-    if mode == "auto":
-        mode = "online" if wandb_logged_in() else "offline"
-        if mode == "offline":
-            log.warning("No W&B login found: logging offline; upload later with `wandb sync <run dir>/wandb/offline-run-*`")
-    return mode
+    if mode not in ("auto", "online"):
+        return mode
+    if not wandb_logged_in():
+        if mode == "online":
+            log.warning("W&B online logging needs a login (WANDB_API_KEY or `wandb login`): logging offline; %s", SYNC_HINT)
+        else:
+            log.warning("No W&B login found: logging offline; %s", SYNC_HINT)
+        return "offline"
+    if not wandb_server_reachable(wandb_base_url()):
+        log.warning("W&B server %s cannot be reached: logging offline; %s", wandb_base_url(), SYNC_HINT)
+        return "offline"
+    return "online"
 
 
 def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str) -> list[Logger]:
@@ -49,7 +88,17 @@ def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
     mode = resolve_wandb_mode(options.pop("mode", "auto"))
-    logger = WandbLogger(save_dir=str(run_dir), mode=mode, id=run_id, resume="allow", **options)
+    # wandb.init retries for 90 s by default when the server answers badly; bound it.
+    settings = wandb.Settings(init_timeout=float(options.pop("init_timeout", 30)))
     # The resolved Hydra config, not only the module's hyperparameters, so runs can be compared by any key.
-    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    config = OmegaConf.to_container(cfg, resolve=True)
+    logger = WandbLogger(save_dir=str(run_dir), mode=mode, id=run_id, resume="allow", settings=settings, **options)
+    try:
+        logger.log_hyperparams(config)  # starts the W&B run
+    except (wandb.Error, OSError) as err:
+        if mode != "online":
+            raise
+        log.warning("W&B could not start an online run (%s): logging offline; %s", str(err).splitlines()[0], SYNC_HINT)
+        logger = WandbLogger(save_dir=str(run_dir), mode="offline", id=run_id, resume="allow", settings=settings, **options)
+        logger.log_hyperparams(config)
     return logger

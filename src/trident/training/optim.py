@@ -29,14 +29,40 @@ def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[
     ]
 
 
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+
+
+def _number(cfg: dict[str, Any], group: str, key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{group}.{key} must be a number, got {value!r}: set e.g. {group}.{key}={default}")
+    return float(value)
+
+
+def check_optimizer_config(cfg: dict[str, Any]) -> None:
+    """Fail in one line on values no optimizer accepts (checked before any work, and when building)."""
+    lr = _number(cfg, "optimizer", "lr", 1e-3)
+    if lr <= 0:
+        raise ConfigError(f"optimizer.lr must be positive, got {cfg.get('lr')!r}: set e.g. optimizer.lr=1e-3")
+    weight_decay = _number(cfg, "optimizer", "weight_decay", 0.0)
+    if weight_decay < 0:
+        raise ConfigError(f"optimizer.weight_decay must be >= 0, got {weight_decay}: set e.g. optimizer.weight_decay=0.1 (0 = off)")
+
+
+def check_scheduler_config(cfg: dict[str, Any]) -> None:
+    name = cfg.get("name", "constant")
+    if name not in SCHEDULES:
+        raise ConfigError(f"unknown scheduler.name {name!r}: choose one of {', '.join(SCHEDULES)}")
+    warmup = cfg.get("warmup_steps", 0)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
+
+
 def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
     """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay`` and other kwargs."""
+    check_optimizer_config(cfg)
     cfg = dict(cfg)
-    if float(cfg.get("lr", 0)) <= 0:
-        raise ConfigError(f"optimizer.lr must be positive, got {cfg.get('lr')!r}")
     weight_decay = float(cfg.pop("weight_decay", 0.0))
-    if weight_decay < 0:
-        raise ConfigError(f"optimizer.weight_decay must be >= 0, got {weight_decay}")
     groups = parameter_groups(model, weight_decay, set(no_decay_names))
     return hydra.utils.instantiate(cfg, params=groups, _convert_="all")
 
@@ -73,18 +99,15 @@ def constant() -> Callable[[int], float]:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any], total_steps: int) -> LambdaLR:
     """``cfg.name``: cosine | inverse_sqrt | constant; stepped every optimizer step."""
+    check_scheduler_config(cfg)
     name = cfg.get("name", "constant")
     warmup = int(cfg.get("warmup_steps", 0))
-    if warmup < 0:
-        raise ConfigError(f"scheduler.warmup_steps must be >= 0, got {warmup}")
     if name == "cosine":
         schedule = warmup_cosine(max(1, warmup), total_steps, float(cfg.get("min_lr_ratio", 0.1)))
     elif name == "inverse_sqrt":
         schedule = inverse_sqrt(max(1, warmup))
-    elif name == "constant":
-        schedule = constant()
     else:
-        raise ConfigError(f"unknown scheduler.name {name!r}: choose one of cosine, inverse_sqrt, constant")
+        schedule = constant()
     return LambdaLR(optimizer, schedule)
 
 

@@ -1,0 +1,29 @@
+"""Compose the training config from Python (tests, notebooks) exactly as ``train.py`` composes it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+# The config groups live beside train.py, at the repository root (editable install).
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_train_config(overrides: Sequence[str], output_dir: Path | None = None, conf_dir: Path = CONF_DIR) -> DictConfig:
+    """``conf/train.yaml`` with ``overrides``, as ``python train.py <overrides>`` would compose it;
+    ``output_dir`` replaces the run directory Hydra would choose."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    # ${hydra:...} interpolations (the run directory) resolve against this config.
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        if output_dir is not None:
+            cfg.paths.output_dir = str(output_dir)
+        del cfg.hydra
+    return cfg

@@ -1,0 +1,205 @@
+"""Bad input, table-driven: each case exits non-zero with ONE clear line naming the problem and
+the fix, prints no traceback, and leaves earlier outputs untouched.
+
+Most cases run ``train.py`` / ``eval.py`` / ``python -m trident.sample`` in this process through
+their ``__main__`` (runpy: the same argument checks, Hydra entry and error handling as the
+command line, without paying ~5 s of imports per case); ``test_in_process_matches_the_command_line``
+checks that a real subprocess gives the same result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from trident.config import compose_train_config
+from trident.pipeline import train
+
+from .conftest import ROOT, SMALL
+
+# A small corpus for the earlier run and the vocabulary cases (fast to prepare).
+CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
+OTHER_CORPUS = "".join(f"{i} ZYXW VUTS RQPO NMLK {i * 7}\n" for i in range(400))
+PREVIOUS_RUN = "runs/2000-01-01/00-00-00_previous"
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def last_line(self) -> str:
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+def command(entry: str) -> list[str]:
+    return [sys.executable, "-m", entry] if entry == "trident.sample" else [sys.executable, str(ROOT / entry)]
+
+
+def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``python <entry> <args>`` run in this process (``entry``: a script or ``trident.sample``)."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / entry), *args])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    GlobalHydra.instance().clear()  # a fresh process would start without it
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            if entry == "trident.sample":
+                runpy.run_module(entry, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(ROOT / entry), run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        except Exception:  # noqa: BLE001 - what the interpreter would print, for the assertions
+            code = 1
+            traceback.print_exc()
+    return Result(code, stdout.getvalue(), stderr.getvalue())
+
+
+def run_subprocess(entry: str, args: list[str], cwd: Path, **env: str) -> Result:
+    environment = {**os.environ, "WANDB_MODE": "disabled", **env}
+    if "HYDRA_FULL_ERROR" not in env:
+        environment.pop("HYDRA_FULL_ERROR", None)
+    done = subprocess.run(
+        [*command(entry), *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=300, check=False
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def snapshot(outputs: Path) -> dict[str, str]:
+    """Every file under ``outputs`` with its hash, and every run directory (``runs/<date>/<run>``)."""
+    files = {str(p.relative_to(outputs)): hashlib.sha256(p.read_bytes()).hexdigest() for p in outputs.rglob("*") if p.is_file()}
+    runs = {str(p.relative_to(outputs)): "run dir" for p in outputs.glob("runs/*/*")}
+    return files | runs
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding corpora, a corrupt checkpoint, and ``outputs/`` with an earlier run
+    (trained on the small corpus: resolved config, tokenizer, checkpoints)."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    (root / "corpus.txt").write_text(CORPUS)
+    (root / "other.txt").write_text(OTHER_CORPUS)
+    (root / "empty.txt").write_text("")
+    (root / "corrupt.ckpt").write_bytes(b"not a checkpoint" * 64)
+    previous = root / "outputs" / PREVIOUS_RUN
+    train(compose_train_config(
+        [*SMALL, "data=text_files", f"data.files=[{root / 'corpus.txt'}]", "data.tokenizer=char",
+         "logger=none", "test=false", "trainer.max_steps=2"],
+        output_dir=previous,
+    ))
+    # An earlier run directory whose checkpoint was damaged (e.g. a copy cut short).
+    damaged = root / "outputs" / "runs/2000-01-01/00-00-01_damaged"
+    (damaged / "checkpoints").mkdir(parents=True)
+    shutil.copy(previous / "config_resolved.yaml", damaged)
+    last = (previous / "checkpoints" / "last.ckpt").read_bytes()
+    (damaged / "checkpoints" / "last.ckpt").write_bytes(last[: len(last) // 2])
+    return root
+
+
+LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
+DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
+TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+
+# (case id, entry point, arguments, words the error line must contain)
+CASES: list[tuple[str, str, list[str], list[str]]] = [
+    # Wrong types and impossible sizes
+    ("layers-not-a-number", "train.py", ["model.n_layers=abc"], ["model.n_layers", "positive integer", "'abc'"]),
+    ("layers-fraction", "train.py", ["model.n_layers=2.5"], ["model.n_layers", "positive integer"]),
+    ("width-zero", "train.py", ["model.d_model=0"], ["model.d_model", "positive integer"]),
+    ("heads-negative", "train.py", ["model.n_heads=-4"], ["model.n_heads", "positive integer"]),
+    ("context-zero", "train.py", ["data.max_seq_len=0"], ["max_seq_len", "positive integer"]),
+    ("heads-not-dividing-width", "train.py", ["model=nano", "model.n_heads=5"], ["d_model=64 is not divisible by model.n_heads=5", "divisors"]),
+    ("dropout-above-one", "train.py", ["model.dropout=1.5"], ["model.dropout", "[0, 1)"]),
+    ("unknown-activation", "train.py", ["model.activation=swish"], ["model.activation='swish'", "gelu"]),
+    ("unknown-norm", "train.py", ["model.norm=batchnorm"], ["model.norm='batchnorm'", "rmsnorm"]),
+    ("block-longer-than-table", "train.py", ["pos_encoding=learned", "data.block_size=64", "data.max_seq_len=32"], ["block_size=64 is longer than data.max_seq_len=32", "raise data.max_seq_len"]),
+    ("batch-size-zero", "train.py", ["data.batch_size=0"], ["data.batch_size", "positive"]),
+    # Typos and unknown options
+    ("typo-in-key", "train.py", ["model.d_modle=64"], ["model.d_modle", "model.d_model"]),
+    ("unknown-model-setting", "train.py", ["+model.d_modle=64"], ["d_modle", "model.d_model"]),
+    ("unknown-group-option", "train.py", ["pos_encoding=rotary"], ["pos_encoding=rotary does not exist", "rope"]),
+    ("unknown-option-in-sweep", "train.py", ["-m", "pos_encoding=rope,rotary"], ["pos_encoding=rotary does not exist"]),
+    ("unknown-dataset", "train.py", ["data=imagenet21k"], ["data=imagenet21k does not exist", "shakespeare"]),
+    ("bad-precision", "train.py", ["precision=fp64"], ["precision=fp64 does not exist", "bf16"]),
+    # Lightning checks the trainer settings when the trainer is built, after the data is prepared.
+    ("bad-trainer-precision", "train.py", [*TEXT, "trainer.precision=64-banana"], ["trainer settings are invalid", "64-banana"]),
+    ("trainer-negative-steps", "train.py", [*TEXT, "trainer.max_steps=-5"], ["trainer settings are invalid", "max_steps", "-5"]),
+    ("unknown-scheduler", "train.py", ["scheduler.name=linear"], ["scheduler.name", "cosine"]),
+    # Optimisation
+    ("negative-learning-rate", "train.py", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),
+    ("negative-weight-decay", "train.py", ["optimizer.weight_decay=-0.1"], ["optimizer.weight_decay", ">= 0"]),
+    ("negative-warmup", "train.py", ["scheduler.warmup_steps=-10"], ["scheduler.warmup_steps", ">= 0"]),
+    # Data that does not fit the task, or is not there
+    ("image-data-for-lm", "train.py", ["task=lm", "data=mnist"], ["data=mnist", "task=lm"]),
+    ("patch-not-dividing-image", "train.py", ["task=vit", "data.patch_size=5"], ["patch size 5 does not divide image size 28", "data.patch_size"]),
+    ("alibi-on-images", "train.py", ["task=vit", "pos_encoding=alibi"], ["pos_encoding=alibi", "learned"]),
+    ("unknown-pooling", "train.py", ["task=vit", "task.pool=max"], ["task.pool='max'", "cls"]),
+    ("missing-corpus-file", "train.py", ["data=text_files", "data.files=[missing.txt]"], ["missing.txt", "not found", "data.files"]),
+    ("empty-corpus", "train.py", ["data=text_files", "data.files=[empty.txt]"], ["the corpus is empty", "data.files"]),
+    ("unknown-tokenizer", "train.py", [*TEXT, "data.tokenizer=word"], ["data.tokenizer", "bpe"]),
+    # Checkpoints
+    ("resume-missing-checkpoint", "train.py", [*TEXT, "ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found", "ckpt_path"]),
+    ("resume-corrupt-checkpoint", "train.py", [*TEXT, "ckpt_path=corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
+    ("resume-other-model-size", "train.py", [*TEXT, "model=nano", "model.d_model=128", f"ckpt_path={LAST}"], ["does not fit", "128"]),
+    ("resume-other-vocabulary", "train.py", [*TEXT, "model=nano", "data.files=[other.txt]", f"ckpt_path={LAST}"], ["does not fit", "vocabulary"]),
+    ("eval-other-model-size", "eval.py", [f"ckpt_path={LAST}", "model.d_model=128"], ["does not fit", "128"]),
+    ("eval-truncated-checkpoint", "eval.py", [f"ckpt_path={DAMAGED}"], ["corrupt", "last.ckpt"]),
+    ("eval-missing-checkpoint", "eval.py", ["ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
+    ("eval-without-checkpoint", "eval.py", ["task.beam_size=1"], ["ckpt_path="]),
+    ("sample-corrupt-checkpoint", "trident.sample", ["corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
+]
+
+
+@pytest.mark.parametrize(("entry", "args", "keywords"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_clear_line(
+    entry: str, args: list[str], keywords: list[str], workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = workspace / "outputs"
+    before = snapshot(outputs)
+    result = run_in_process(entry, [*args, "paths.output_root=outputs"] if entry == "train.py" else args, workspace, monkeypatch)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.last_line.startswith("error: "), result.stderr
+    assert ": " in result.last_line[len("error: "):], "the line names the problem, then the fix"
+    for keyword in keywords:
+        assert keyword in result.last_line
+    assert snapshot(outputs) == before, "earlier outputs changed, or the failure left a run directory behind"
+
+
+def test_the_table_is_large_and_unique() -> None:
+    assert len(CASES) >= 25
+    assert len({c[0] for c in CASES}) == len(CASES) and len({(c[1], *c[2]) for c in CASES}) == len(CASES)
+
+
+def test_in_process_matches_the_command_line(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One case through Hydra's run directory, data preparation and the model (a real subprocess costs ~5 s of imports)."""
+    entry, args = next((c[1], [*c[2], "paths.output_root=outputs"]) for c in CASES if c[0] == "resume-other-model-size")
+    expected = run_in_process(entry, args, workspace, monkeypatch)
+    result = run_subprocess(entry, args, workspace)
+    assert (result.returncode, result.last_line) == (expected.returncode, expected.last_line)
+    assert "Traceback" not in result.stderr
+
+
+def test_full_error_shows_the_traceback(workspace: Path) -> None:
+    result = run_subprocess("train.py", ["model.d_model=0", "paths.output_root=outputs"], workspace, HYDRA_FULL_ERROR="1")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ConfigError: model.d_model must be a positive integer" in result.stderr
