@@ -99,6 +99,8 @@ def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id
         if mode != "online":
             raise
         log.warning("W&B could not start an online run (%s): logging offline; %s", str(err).splitlines()[0], SYNC_HINT)
+        # The failed online attempt still holds the run id in W&B's service: start a fresh service.
+        wandb.teardown()
         logger = WandbLogger(save_dir=str(run_dir), mode="offline", id=run_id, resume="allow", settings=settings, **options)
         logger.log_hyperparams(config)
     return logger
