@@ -101,7 +101,7 @@ def test_translation_token_budget_batches_resume_exactly(tmp_path: Path) -> None
     from .test_translation_train import SMALL_MT
 
     overrides = [*SMALL_MT, *WITH_CSV, "logger=none", "model.dropout=0.1", "trainer.max_steps=6",
-                 "trainer.limit_train_batches=4", "trainer.val_check_interval=3", "trainer.check_val_every_n_epoch=null",
+                 "trainer.limit_train_batches=4", "trainer.val_check_interval=6", "trainer.check_val_every_n_epoch=null",
                  "test=false", "callbacks.periodic_checkpoint.every_n_train_steps=3",
                  "callbacks.periodic_checkpoint.save_top_k=-1", "callbacks.throughput=null", "callbacks.lr_monitor=null"]
     train(compose_config(overrides, output_dir=tmp_path / "a"))
