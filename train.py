@@ -6,18 +6,16 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from trident.cli import check_group_choices, run_with_clear_errors
-from trident.pipeline import train
+from trident.cli import check_group_choices
+from trident.sweeps import run_job
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = run_with_clear_errors(lambda: train(cfg), run_dir=Path(cfg.paths.output_dir))
-    # Returned for Hydra sweepers (e.g. Optuna): the monitored validation metric.
-    value = metrics.get(cfg.task.monitor)
-    return None if value is None else float(value)
+    # Returned for Hydra sweepers (e.g. Optuna): the best value of the monitored validation metric.
+    return run_job(cfg)
 
 
 if __name__ == "__main__":

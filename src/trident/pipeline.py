@@ -21,7 +21,8 @@ from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
-from trident.training.loggers import build_loggers
+from trident.training.callbacks import MetricHistory
+from trident.training.loggers import build_loggers, record_summary
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,11 @@ def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
 
 
+def metric_history(cfg: DictConfig, run_dir: Path) -> MetricHistory:
+    """Every run keeps ``metrics.jsonl``, whatever the ``callbacks`` and ``logger`` choices."""
+    return MetricHistory(run_dir / "metrics.jsonl", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
@@ -155,20 +161,28 @@ def train(cfg: DictConfig) -> dict[str, float]:
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
     )
     loggers = build_loggers(cfg, run_dir)
-    callbacks = build_callbacks(cfg, has_logger=bool(loggers))
+    history = metric_history(cfg, run_dir)
+    callbacks = [*build_callbacks(cfg, has_logger=bool(loggers)), history]
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=str(run_dir), _convert_="all"
     )
+    succeeded = False
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if history.best is not None:
+            metrics[f"best/{history.monitor}"] = history.best
         if cfg.get("test", True):
             best = _best_checkpoint(trainer)
             trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=False)
             metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        # Dashboards compare runs by their summary: the best validation value next to the test metrics.
+        record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
+        succeeded = True
     finally:
         if wandb.run is not None:
-            wandb.finish()  # exactly one W&B run per job, also when a multirun reuses the process
+            # Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as failed.
+            wandb.finish(exit_code=0 if succeeded else 1)
     log.info("Run directory: %s", run_dir)
     return metrics
 
