@@ -12,6 +12,8 @@ from typing import Any
 
 import lightning as L
 
+from trident.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -79,7 +81,7 @@ class MetricHistory(L.Callback):
 
     def __init__(self, path: Path, monitor: str, mode: str) -> None:
         if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+            raise ConfigError(f"task.monitor_mode={mode} is not a direction: set it to min or max")
         self.path, self.monitor, self.mode = Path(path), monitor, mode
         self.best: float | None = None
 
