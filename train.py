@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from trident.cli import check_group_choices
-from trident.sweeps import run_job
+from trident.jobs import run_job
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 

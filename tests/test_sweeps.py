@@ -7,15 +7,18 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from trident.report import load_sweep, main as report_main, summarize
+from trident.jobs import run_job
+from trident.report import load_sweep, summarize
+from trident.report import main as report_main
 from trident.sweeps import setting_of, swept_keys
 from trident.tracking import find_offline_runs
 
@@ -36,7 +39,7 @@ def multirun(*overrides: str, sweep_dir: Path) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "-m", *TINY, *overrides,
          f"paths.output_root={sweep_dir.parent}", f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True, text=True, cwd=sweep_dir.parent, env=env, timeout=600,
+        capture_output=True, text=True, cwd=sweep_dir.parent, env=env, timeout=600, check=False,
     )
 
 
@@ -60,6 +63,15 @@ def test_setting_is_the_swept_overrides_without_the_seed() -> None:
     job = ["model.n_heads=2", "model=nano", "seed=2", "pos_encoding=alibi"]
     assert setting_of(job, swept) == "model.n_heads=2,pos_encoding=alibi"
     assert setting_of(job, None) == "model.n_heads=2,model=nano,pos_encoding=alibi"
+
+
+def test_single_run_returns_best_value_and_writes_status(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    value = run_job(make_config("logger=none", "data.sample_prompts=[]"))
+    status = load_json(tmp_path / "run")
+    assert status["status"] == "completed" and status["monitor"] == "val/loss"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val_losses = [r["val/loss"] for r in rows if r["stage"] == "validate"]
+    assert len(val_losses) == 2 and value == min(val_losses) == status["metrics"]["best/val/loss"]
 
 
 def test_two_by_two_sweep_gives_two_wandb_groups_of_two_runs(lm_sweep: Path) -> None:

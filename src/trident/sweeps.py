@@ -1,10 +1,11 @@
-"""Multirun jobs: each records its outcome, a failure does not stop the sweep, W&B runs are grouped.
+"""Sweeps (Hydra multiruns): what each job swept, its W&B identity, and the failed jobs at the end.
 
-Files a sweep leaves behind (read back by :mod:`trident.report`):
+Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, no torch):
 
 - ``<sweep dir>/sweep.json``: when the sweep started and which keys it sweeps, written by
   :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
-- ``<job dir>/status.json``: ``completed`` with the final metrics, or ``failed`` with the error line.
+- ``<job dir>/status.json``: ``completed`` with the final metrics, or ``failed`` with the error line
+  (written by :func:`trident.jobs.run_job`, so a failed job does not stop the sweep).
 
 In a sweep the W&B group is ``<group>-<start time>/<setting>``, where the setting is the job's swept
 overrides without ``seed``: the seeds of one setting share a group, and the sweep id
@@ -14,7 +15,6 @@ overrides without ``seed``: the seeds of one setting share a group, and the swee
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,13 +26,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
-from trident.cli import find_user_error, run_with_clear_errors
 from trident.errors import ConfigError
-from trident.pipeline import train
-
-log = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = "status.json"
@@ -151,42 +147,3 @@ def apply_sweep_identity(cfg: DictConfig) -> tuple[str, str]:
         if cfg.get("logger") and cfg.logger.get("wandb"):
             cfg.logger.wandb.job_type = sweep_id
     return sweep_id, setting
-
-
-def objective(cfg: DictConfig, metrics: Mapping[str, float]) -> float | None:
-    """What a sweeper optimises: the best value of the monitored metric, else its last value."""
-    value = metrics.get(f"best/{cfg.task.monitor}", metrics.get(cfg.task.monitor))
-    return None if value is None else float(value)
-
-
-def write_status(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> None:
-    record = {"status": status, "monitor": cfg.task.monitor, "monitor_mode": cfg.task.monitor_mode, **fields}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / STATUS_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def run_job(cfg: DictConfig) -> float | None:
-    """``train.py``'s job: a single run fails as one ``error:`` line and exit status 2; a sweep job
-    records its failure in ``status.json`` and returns None, so the sweep goes on."""
-    run_dir = Path(cfg.paths.output_dir)
-    if not in_multirun():
-        metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir)
-        write_status(run_dir, cfg, "completed", metrics=metrics)
-        return objective(cfg, metrics)
-    identity: dict[str, str] = {}
-    try:
-        sweep_id, setting = apply_sweep_identity(cfg)
-        identity = {"sweep": sweep_id, "setting": setting}
-        metrics = train(cfg)
-    except Exception as err:  # noqa: BLE001 - any failure of one job is recorded, the sweep goes on
-        user_error = find_user_error(err)
-        if user_error is None:
-            log.exception("The job failed")  # the traceback goes to train.log and the console
-            message = f"{type(err).__name__}: {err}".splitlines()[0]
-        else:
-            message = str(user_error)
-        print(f"error: {message}", file=sys.stderr)
-        write_status(run_dir, cfg, "failed", error=message, **identity)
-        return None
-    write_status(run_dir, cfg, "completed", metrics=metrics, **identity)
-    return objective(cfg, metrics)

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 
@@ -77,7 +77,7 @@ class MetricHistory(L.Callback):
     """
 
     # Metrics written at each stage: training values as of the validation step, then the stage's own.
-    STAGE_PREFIXES = {"validate": ("train/", "val/"), "test": ("test/",)}
+    STAGE_PREFIXES: ClassVar[dict[str, tuple[str, ...]]] = {"validate": ("train/", "val/"), "test": ("test/",)}
 
     def __init__(self, path: Path, monitor: str, mode: str) -> None:
         if mode not in ("min", "max"):
