@@ -183,6 +183,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if wandb.run is not None:
             # Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as failed.
             wandb.finish(exit_code=0 if succeeded else 1)
+            # finish() returns before W&B's service has written the run's files; teardown waits for
+            # it, so the offline run on disk is complete when train() returns (a reader may follow).
+            wandb.teardown()
     log.info("Run directory: %s", run_dir)
     return metrics
 
