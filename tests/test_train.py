@@ -76,18 +76,3 @@ def test_checkpoint_samples_from_command_line(make_config: Callable[..., DictCon
     )
     assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")
 
-
-def test_multirun_gives_one_wandb_run_per_job(tmp_path: Path) -> None:
-    from .conftest import ROOT, SMALL
-
-    overrides = [o for o in SMALL if not o.startswith("callbacks.")] + ["callbacks=none"]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", *overrides, "seed=1,2", f"paths.output_root={tmp_path}",
-         "hydra.sweep.dir=" + str(tmp_path / "sweep")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    runs = find_offline_runs(tmp_path / "sweep")
-    assert sorted(r.name for r in runs) == ["lm-shakespeare-nano-rope-seed1", "lm-shakespeare-nano-rope-seed2"]
-    assert len({r.run_id for r in runs}) == 2
-    assert all(r.metric("train/loss") for r in runs)

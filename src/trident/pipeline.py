@@ -26,7 +26,8 @@ from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero
 from trident.errors import ConfigError, did_you_mean
 from trident.resume import checkpoint_to_resume, run_identity
-from trident.training.loggers import build_loggers
+from trident.training.callbacks import MetricHistory
+from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
 
@@ -178,6 +179,11 @@ def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
 
 
+def metric_history(cfg: DictConfig, run_dir: Path) -> MetricHistory:
+    """Every run keeps ``metrics.jsonl``, whatever the ``callbacks`` and ``logger`` choices."""
+    return MetricHistory(run_dir / "metrics.jsonl", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
@@ -212,12 +218,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
     preemption = PreemptionCheckpoint(last_checkpoint)
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
-    callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard]
+    history = metric_history(cfg, run_dir)
+    callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
     if writes_outputs:
         datamodule.save_to(run_dir)
-    trainer.loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"])
+    loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"])
+    trainer.loggers = loggers
+    succeeded = False
     try:
         try:
             with preemption.listening():
@@ -228,13 +237,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 wandb.mark_preempting()
             return {k: float(v) for k, v in trainer.callback_metrics.items()}
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if history.best is not None:
+            metrics[f"best/{history.monitor}"] = history.best
         if cfg.get("test", True):
             best = _best_checkpoint(trainer)
             trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
             metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        # Dashboards compare runs by their summary: the best validation value next to the test metrics.
+        record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
+        succeeded = True
     finally:
         if wandb.run is not None:
-            wandb.finish()  # exactly one W&B run per job, also when a multirun reuses the process
+            # Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as failed.
+            wandb.finish(exit_code=0 if succeeded else 1)
+            # finish() returns before W&B's service has written the run's files; teardown waits for
+            # it, so the offline run on disk is complete when train() returns (a reader may follow).
+            wandb.teardown()
     log.info("Run directory: %s", run_dir)
     return metrics
 

@@ -33,6 +33,7 @@ class OfflineRun:
     run_id: str = ""
     name: str = ""
     group: str = ""
+    job_type: str = ""
     tags: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -79,7 +80,7 @@ def read_offline_run(run_file: Path) -> OfflineRun:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.run_id, run.name = record.run.run_id, record.run.display_name
-            run.group, run.tags = record.run.run_group, list(record.run.tags)
+            run.group, run.job_type, run.tags = record.run.run_group, record.run.job_type, list(record.run.tags)
         elif kind == "config":
             run.config.update({_key(u): json.loads(u.value_json) for u in record.config.update})
         elif kind == "history":

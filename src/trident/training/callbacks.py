@@ -1,12 +1,18 @@
-"""Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images)."""
+"""Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images),
+metrics in train.log, and a metric history file that does not depend on the logger."""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import lightning as L
+
+from trident.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +66,51 @@ class MetricsToLog(L.Callback):
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "test/")
+
+
+class MetricHistory(L.Callback):
+    """Appends the metrics of every validation and of the test to a JSON-lines file (one row:
+    ``step``, ``stage`` and the values), and keeps the best validation value of ``monitor``.
+
+    The pipeline adds it to every run (``<run dir>/metrics.jsonl``), so sweeps can be compared
+    from their run directories whatever the logger (``python -m trident.report``).
+    """
+
+    # Metrics written at each stage: training values as of the validation step, then the stage's own.
+    STAGE_PREFIXES: ClassVar[dict[str, tuple[str, ...]]] = {"validate": ("train/", "val/"), "test": ("test/",)}
+
+    def __init__(self, path: Path, monitor: str, mode: str) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigError(f"task.monitor_mode={mode} is not a direction: set it to min or max")
+        self.path, self.monitor, self.mode = Path(path), monitor, mode
+        self.best: float | None = None
+
+    def _append(self, trainer: L.Trainer, stage: str) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        prefixes = self.STAGE_PREFIXES[stage]
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefixes) and v.numel() == 1}
+        if not values:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as history:
+            history.write(json.dumps({"step": trainer.global_step, "stage": stage, **values}) + "\n")
+        value = values.get(self.monitor)
+        if stage == "validate" and value is not None and not math.isnan(value) and self._improves(value):
+            self.best = value
+
+    def _improves(self, value: float) -> bool:
+        return self.best is None or (value < self.best if self.mode == "min" else value > self.best)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._append(trainer, "validate")
+
+    # The best value travels in checkpoints, so a resumed run reports the best of the whole run.
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._append(trainer, "test")

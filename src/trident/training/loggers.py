@@ -84,6 +84,13 @@ def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str) -> list[Logger]:
     return loggers
 
 
+def record_summary(loggers: list[Logger], values: dict[str, float]) -> None:
+    """Write ``values`` into the W&B run summary (the numbers a dashboard's runs table compares)."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.summary.update(values)
+
+
 def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id: str) -> WandbLogger:
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)

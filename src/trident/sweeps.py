@@ -1,0 +1,149 @@
+"""Sweeps (Hydra multiruns): what each job swept, its W&B identity, and the failed jobs at the end.
+
+Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, no torch):
+
+- ``<sweep dir>/sweep.json``: when the sweep started and which keys it sweeps, written by
+  :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
+- ``<job dir>/status.json``: ``completed`` with the final metrics, or ``failed`` with the error line
+  (written by :func:`trident.jobs.run_job`, so a failed job does not stop the sweep).
+
+In a sweep the W&B group is ``<group>-<start time>/<setting>``, where the setting is the job's swept
+overrides without ``seed``: the seeds of one setting share a group, and the sweep id
+``<group>-<start time>`` is the run's ``job_type`` and one of its tags, so a whole sweep filters together.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, open_dict
+
+from trident.errors import ConfigError
+
+SWEEP_FILE = "sweep.json"
+STATUS_FILE = "status.json"
+# Jobs of one setting differ only by these keys, so they aggregate into one W&B group and report row.
+REPEAT_KEYS = ("seed",)
+
+
+def swept_keys(command_line: Iterable[str], sweeper_params: Mapping[str, Any] | None) -> list[str]:
+    """Keys that take several values in a sweep: the sweeper's ``hydra.sweeper.params`` (which
+    experiments and Optuna searches set), then ``key=a,b`` style command-line arguments."""
+    parsed = OverridesParser.create().parse_overrides(list(command_line))
+    keys = [str(k) for k in (sweeper_params or {})]
+    return keys + [o.key_or_group for o in parsed if o.is_sweep_override() and o.key_or_group not in keys]
+
+
+def setting_of(job_overrides: Iterable[str], swept: Iterable[str] | None) -> str:
+    """The job's swept overrides, as written, without the repeat keys: e.g. ``model.n_heads=8``.
+    With ``swept`` None (not known), every override but the repeat keys."""
+    chosen = set(swept) if swept is not None else None
+    parsed = OverridesParser.create().parse_overrides(list(job_overrides))
+    return ",".join(
+        o.input_line
+        for o in parsed
+        if (chosen is None or o.key_or_group in chosen) and o.key_or_group not in REPEAT_KEYS
+    )
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+class SweepCallback(Callback):
+    """Writes ``sweep.json`` when a multirun starts; when it ends, prints the failed jobs and exits
+    with status 1 if there are any (after every job has run)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        params = config.hydra.sweeper.get("params")
+        record = {
+            "started": datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
+            "swept": swept_keys(list(config.hydra.overrides.task), dict(params) if params else None),
+        }
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = job_statuses(sweep_dir)
+        failed = [job for job in jobs if job.status != "completed"]
+        if not failed:
+            print(f"All {len(jobs)} jobs of the sweep completed: {sweep_dir}", file=sys.stderr)
+            return
+        print(f"error: {len(failed)} of {len(jobs)} jobs failed in {sweep_dir}:", file=sys.stderr)
+        for job in failed:
+            print(f"  {job.dir.name}: {job.error}", file=sys.stderr)
+        sys.exit(1)
+
+
+@dataclass
+class JobStatus:
+    """One job directory of a sweep and how the job ended (``completed``, ``failed``, ``unfinished``)."""
+
+    dir: Path
+    status: str
+    error: str | None
+    record: dict[str, Any]
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job directories (those Hydra wrote a ``.hydra/`` into), in job order."""
+    dirs = [d for d in Path(sweep_dir).iterdir() if (d / ".hydra").is_dir()]
+    return sorted(dirs, key=_job_number)
+
+
+def _job_number(job_dir: Path) -> tuple[int, str]:
+    """Sort key: ``hydra.sweep.subdir`` starts with the job number (``<num>_<run name>``)."""
+    number = job_dir.name.split("_", 1)[0]
+    return (int(number) if number.isdigit() else -1, job_dir.name)
+
+
+def job_statuses(sweep_dir: Path) -> list[JobStatus]:
+    statuses = []
+    for job_dir in job_dirs(sweep_dir):
+        record = read_json(job_dir / STATUS_FILE)
+        if record is None:  # killed, or still running: no status was written
+            statuses.append(JobStatus(job_dir, "unfinished", "no status.json: the job did not finish", {}))
+        else:
+            statuses.append(JobStatus(job_dir, record["status"], record.get("error"), record))
+    return statuses
+
+
+def in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_identity() -> tuple[str, str]:
+    """(start time of the sweep, this job's setting), from ``sweep.json`` and the job's overrides."""
+    hydra_cfg = HydraConfig.get()
+    sweep_file = Path(hydra_cfg.sweep.dir) / SWEEP_FILE
+    record = read_json(sweep_file)
+    if record is None:
+        raise ConfigError(
+            f"{sweep_file} is missing: keep hydra.callbacks.sweep (conf/hydra/default.yaml), which writes it"
+        )
+    return record["started"], setting_of(list(hydra_cfg.overrides.task), record["swept"])
+
+
+def apply_sweep_identity(cfg: DictConfig) -> tuple[str, str]:
+    """Name the job's W&B run after its sweep: group ``<group>-<time>/<setting>``, the sweep id as
+    job type and tag. Returns (sweep id, setting)."""
+    started, setting = sweep_identity()
+    sweep_id = f"{cfg.group}-{started}"
+    with open_dict(cfg):
+        cfg.group = f"{sweep_id}/{setting}" if setting else sweep_id
+        cfg.tags = [*cfg.tags, sweep_id]
+        if cfg.get("logger") and cfg.logger.get("wandb"):
+            cfg.logger.wandb.job_type = sweep_id
+    return sweep_id, setting

@@ -1,0 +1,162 @@
+"""Sweeps end to end: `train.py -m` on nano grouped in W&B, failed jobs recorded, Optuna, the report, the notebook."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from omegaconf import DictConfig, OmegaConf
+
+from trident.jobs import run_job
+from trident.report import load_sweep, summarize
+from trident.report import main as report_main
+from trident.sweeps import setting_of, swept_keys
+from trident.tracking import find_offline_runs
+
+from .conftest import ROOT, SMALL
+
+# Two steps with a validation after each (two points per curve); no samples, no progress bars.
+TINY = [o for o in SMALL if not o.startswith(("callbacks.", "trainer.max_steps", "trainer.val_check_interval"))] + [
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=1",
+    "data.sample_prompts=[]",
+    "callbacks=none",
+]
+
+
+def multirun(*overrides: str, sweep_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", *TINY, *overrides,
+         f"paths.output_root={sweep_dir.parent}", f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True, text=True, cwd=sweep_dir.parent, env=env, timeout=600, check=False,
+    )
+
+
+def load_json(job_dir: Path) -> dict[str, Any]:
+    return json.loads((job_dir / "status.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def lm_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2 x 2 sweep: two positional encodings x two seeds, logged to W&B offline."""
+    sweep_dir = tmp_path_factory.mktemp("multirun") / "sweep"
+    result = multirun("pos_encoding=rope,alibi", "seed=1,2", sweep_dir=sweep_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "All 4 jobs of the sweep completed" in result.stderr
+    return sweep_dir
+
+
+def test_setting_is_the_swept_overrides_without_the_seed() -> None:
+    swept = swept_keys(["model=nano", "seed=1,2", "pos_encoding=rope,alibi"], {"model.n_heads": "1,2,4"})
+    assert swept == ["model.n_heads", "seed", "pos_encoding"]
+    job = ["model.n_heads=2", "model=nano", "seed=2", "pos_encoding=alibi"]
+    assert setting_of(job, swept) == "model.n_heads=2,pos_encoding=alibi"
+    assert setting_of(job, None) == "model.n_heads=2,model=nano,pos_encoding=alibi"
+
+
+def test_single_run_returns_best_value_and_writes_status(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    value = run_job(make_config("logger=none", "data.sample_prompts=[]"))
+    status = load_json(tmp_path / "run")
+    assert status["status"] == "completed" and status["monitor"] == "val/loss"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val_losses = [r["val/loss"] for r in rows if r["stage"] == "validate"]
+    assert len(val_losses) == 2 and value == min(val_losses) == status["metrics"]["best/val/loss"]
+
+
+def test_two_by_two_sweep_gives_two_wandb_groups_of_two_runs(lm_sweep: Path) -> None:
+    sweep_id = "lm-shakespeare-" + json.loads((lm_sweep / "sweep.json").read_text())["started"]
+    runs = find_offline_runs(lm_sweep)
+    assert len(runs) == 4 and len({r.run_id for r in runs}) == 4, "exactly one W&B run per job"
+    groups: dict[str, list[str]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run.name)
+    assert groups == {
+        f"{sweep_id}/pos_encoding=rope": ["lm-shakespeare-nano-rope-seed1", "lm-shakespeare-nano-rope-seed2"],
+        f"{sweep_id}/pos_encoding=alibi": ["lm-shakespeare-nano-alibi-seed1", "lm-shakespeare-nano-alibi-seed2"],
+    }
+    for run in runs:
+        assert run.job_type == sweep_id and sweep_id in run.tags and "nano" in run.tags
+        assert run.summary["best/val/loss"] == pytest.approx(min(run.metric("val/loss")))
+        assert "test/loss" in run.summary and "test/ppl" in run.summary
+        assert len(run.metric("train/loss")) == 2
+
+
+def test_each_job_keeps_status_and_metric_history(lm_sweep: Path) -> None:
+    job_dir = next(lm_sweep.glob("0_*"))
+    status = json.loads((job_dir / "status.json").read_text())
+    assert status["status"] == "completed" and status["setting"] == "pos_encoding=rope"
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["stage"]) for r in rows] == [(1, "validate"), (2, "validate"), (2, "test")]
+    assert status["metrics"]["best/val/loss"] == min(r["val/loss"] for r in rows[:2])
+    assert status["metrics"]["test/loss"] == rows[2]["test/loss"]
+
+
+def test_report_command_writes_table_and_plots(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report_main([str(lm_sweep), "--out", str(tmp_path)])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "report.md")
+    report = (tmp_path / "report.md").read_text()
+    best = {
+        setting: [load_json(d)["metrics"]["best/val/loss"] for d in sorted(lm_sweep.glob(f"*_lm-shakespeare-nano-{pe}-*"))]
+        for setting, pe in [("pos_encoding=rope", "rope"), ("pos_encoding=alibi", "alibi")]
+    }
+    for setting, values in best.items():
+        mean, std = statistics.mean(values), statistics.stdev(values)
+        assert f"| `{setting}` | 2 | {mean:.4g} ± {std:.2g} |" in report
+    assert "4 jobs, 4 completed, 0 failed" in report and report.rstrip().endswith("None.")
+    for png in ("curves_val_loss.png", "final_best_val_loss.png"):
+        assert f"]({png})" in report
+        assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
+    summary = summarize(load_sweep(lm_sweep))
+    assert list(summary.index) == ["pos_encoding=rope", "pos_encoding=alibi"]
+    assert summary.loc["pos_encoding=rope", ("best/val/loss", "mean")] == pytest.approx(statistics.mean(best["pos_encoding=rope"]))
+
+
+def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = multirun("model.n_heads=5,4", "logger=none", sweep_dir=sweep_dir)
+    assert result.returncode == 1
+    problem = "model.d_model=64 is not divisible by model.n_heads=5"
+    assert "Traceback" not in result.stderr
+    assert f"error: 1 of 2 jobs failed in {sweep_dir}:" in result.stderr
+    assert f"  0_lm-shakespeare-nano-rope-seed1337: {problem}" in result.stderr
+    failed, completed = (load_json(d) for d in sorted(sweep_dir.glob("[01]_*")))
+    assert failed["status"] == "failed" and failed["error"].startswith(problem)
+    assert completed["status"] == "completed" and completed["metrics"]["test/loss"] > 0
+    sweep = load_sweep(sweep_dir)
+    assert [job.setting for job in sweep.failed] == ["model.n_heads=5"]
+    report_main([str(sweep_dir)])
+    report = (sweep_dir / "report.md").read_text()
+    assert "| `model.n_heads=4` | 1 |" in report
+    assert f"- `{sweep.failed[0].dir.name}` (failed): {problem}" in report
+
+
+def test_optuna_search_on_nano(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = multirun("hparams_search=lm_optuna", "hydra.sweeper.n_trials=2", "logger=none", sweep_dir=sweep_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = [load_json(d) for d in sorted(sweep_dir.glob("[01]_*"))]
+    assert len(jobs) == 2 and all(job["setting"].startswith("optimizer.lr=") for job in jobs)
+    assert jobs[0]["setting"] != jobs[1]["setting"], "each trial samples its own learning rate and warmup"
+    results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
+    assert set(results.best_params) == {"optimizer.lr", "scheduler.warmup_steps"}
+    assert results.best_value == pytest.approx(min(job["metrics"]["best/val/loss"] for job in jobs))
+
+
+def test_sweep_analysis_notebook_runs(lm_sweep: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIDENT_SWEEP_DIR", str(lm_sweep))
+    notebook = nbformat.read(ROOT / "notebooks" / "sweep_analysis.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert any("4 jobs, 4 completed, 0 failed" in o.get("text", "") for o in outputs)
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
