@@ -136,6 +136,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     # Typos and unknown options
     ("typo-in-key", "train.py", ["model.d_modle=64"], ["model.d_modle", "model.d_model"]),
     ("unknown-model-setting", "train.py", ["+model.d_modle=64"], ["d_modle", "model.d_model"]),
+    ("unknown-data-setting", "train.py", ["+data.batchsize=8"], ["data.batchsize", "data.batch_size"]),
+    ("unknown-task-setting", "train.py", ["+task.tie_embedding=false"], ["task.tie_embedding", "task.tie_embeddings"]),
     ("unknown-group-option", "train.py", ["pos_encoding=rotary"], ["pos_encoding=rotary does not exist", "rope"]),
     ("unknown-option-in-sweep", "train.py", ["-m", "pos_encoding=rope,rotary"], ["pos_encoding=rotary does not exist"]),
     ("unknown-dataset", "train.py", ["data=imagenet21k"], ["data=imagenet21k does not exist", "shakespeare"]),

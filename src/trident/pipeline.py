@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import warnings
 from pathlib import Path
@@ -94,9 +95,26 @@ def check_task_data(cfg: DictConfig) -> None:
         )
 
 
+def check_constructor_keys(cfg: DictConfig, group: str) -> None:
+    """Every key of the ``data`` or ``task`` group must be an argument of its class's constructor
+    (a key added with ``+data.batchsize=8`` would otherwise fail deep inside Hydra's instantiate)."""
+    parameters = inspect.signature(hydra.utils.get_class(cfg[group]._target_)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    names = [name for name in parameters if name != "self"]
+    for key in constructor_args(cfg, group):
+        if key != "_target_" and key not in parameters:
+            raise ConfigError(
+                f"{group}.{key} is not a setting of {group}={cfg[group].name}{did_you_mean(key, names, f'{group}.')}: "
+                f"remove it; {group}={cfg[group].name} takes {', '.join(names)}"
+            )
+
+
 def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_task_data(cfg)
+    check_constructor_keys(cfg, "data")
+    check_constructor_keys(cfg, "task")
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
     backbone = TransformerConfig(**backbone_options(cfg))
