@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from trident.pipeline import train
 from trident.sample import load_lm_checkpoint
-from trident.tracking import find_offline_runs
+from trident.tracking import wait_for_offline_runs
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -33,7 +33,7 @@ def test_lm_trains_with_each_pos_encoding(encoding: str, make_config: Callable[.
 def test_wandb_offline_run_holds_config_metrics_and_samples(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
     cfg = make_config("pos_encoding=alibi", "seed=7")
     metrics = train(cfg)
-    runs = find_offline_runs(tmp_path / "run")
+    runs = wait_for_offline_runs(tmp_path / "run")
     assert len(runs) == 1, "exactly one W&B run per job"
     run = runs[0]
     assert run.name == "lm-shakespeare-nano-alibi-seed7" and run.group == "lm-shakespeare"
@@ -75,4 +75,3 @@ def test_checkpoint_samples_from_command_line(make_config: Callable[..., DictCon
         check=True,
     )
     assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")
-

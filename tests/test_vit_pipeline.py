@@ -12,7 +12,7 @@ from PIL import Image
 from trident.data.image_sources import load_image_source, read_idx
 from trident.errors import ConfigError, DataError
 from trident.pipeline import check_config, train
-from trident.tracking import find_offline_runs
+from trident.tracking import wait_for_offline_runs
 
 from .conftest import compose_config
 
@@ -62,7 +62,7 @@ def test_run_logs_accuracy_and_figures_to_wandb(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for name in ("confusion_matrix", "misclassified", "attention_rollout"):
         assert (run_dir / "figures" / f"test_{name}.png").stat().st_size > 1000
-    (run,) = find_offline_runs(run_dir)
+    (run,) = wait_for_offline_runs(run_dir)
     assert run.summary["test/acc"] == pytest.approx(metrics["test/acc"])
     logged = {k.split("/")[0] + "/" + k.split("/")[1] for row in run.history for k in row if k.startswith("test/")}
     assert {"test/confusion_matrix", "test/attention_rollout", "test/acc_top5"} <= logged

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import DictConfig
 
 from trident.pipeline import train
-from trident.tracking import OfflineRun, find_offline_runs
+from trident.tracking import wait_for_offline_runs
 
 SECRET = "trident-test-secret-0123456789abcdef0123456789abcdef"
 
@@ -47,17 +47,6 @@ def silent_server() -> Iterator[str]:
         connection.close()
 
 
-def finished_offline_runs(run_dir: Path, timeout_s: float = 60.0) -> list[OfflineRun]:
-    """The run's offline W&B runs once their files are complete: wandb.finish() can return before
-    W&B's service process has written the last records (seen on a busy machine)."""
-    deadline = time.monotonic() + timeout_s
-    runs = find_offline_runs(run_dir)
-    while not (runs and all(run.summary for run in runs)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        runs = find_offline_runs(run_dir)
-    return runs
-
-
 def run_completes_offline(cfg: DictConfig, run_dir: Path, caplog: pytest.LogCaptureFixture, warning: str) -> float:
     """Train ``cfg``; check it finished, logged one offline W&B run and warned; returns the seconds taken."""
     start = time.perf_counter()
@@ -65,7 +54,7 @@ def run_completes_offline(cfg: DictConfig, run_dir: Path, caplog: pytest.LogCapt
         metrics = train(cfg)
     seconds = time.perf_counter() - start
     assert "test/loss" in metrics
-    runs = finished_offline_runs(run_dir)
+    runs = wait_for_offline_runs(run_dir)
     assert len(runs) == 1 and runs[0].metric("train/loss"), "the run logged offline"
     assert any(warning in record.getMessage() and "logging offline" in record.getMessage() for record in caplog.records)
     return seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: True once the file holds the run's exit record (everything it logged was written).
+    finished: bool = False
 
     def metric(self, key: str) -> list[Any]:
         """Every logged value of ``key``, in order."""
@@ -87,9 +90,22 @@ def read_offline_run(run_file: Path) -> OfflineRun:
             run.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
         elif kind == "summary":
             run.summary.update({_key(u): json.loads(u.value_json) for u in record.summary.update})
+        elif kind == "exit":
+            run.finished = True
     return run
 
 
 def find_offline_runs(directory: Path) -> list[OfflineRun]:
     """Every offline W&B run below ``directory`` (a run directory or a whole sweep)."""
     return [read_offline_run(p) for p in sorted(Path(directory).rglob("offline-run-*/run-*.wandb"))]
+
+
+def wait_for_offline_runs(directory: Path, timeout_s: float = 60.0) -> list[OfflineRun]:
+    """:func:`find_offline_runs` once every run's file is complete (or ``timeout_s`` has passed):
+    ``wandb.finish()`` can return before W&B's service process has written the last records."""
+    deadline = time.monotonic() + timeout_s
+    runs = find_offline_runs(directory)
+    while not (runs and all(run.finished for run in runs)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        runs = find_offline_runs(directory)
+    return runs
