@@ -130,6 +130,15 @@ def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
     return [c for c in callbacks if has_logger or not isinstance(c, LearningRateMonitor)]
 
 
+def compile_network(task: L.LightningModule, enabled: Any) -> None:
+    """``compile=true``: torch.compile the task's network in place (``nn.Module.compile``), so
+    parameter names, checkpoints and the LightningModule hooks stay as they are."""
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"compile must be true or false, got {enabled!r}")
+    if enabled:
+        task.net.compile()
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
@@ -154,6 +163,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
     )
+    compile_network(task, cfg.get("compile", False))
     loggers = build_loggers(cfg, run_dir)
     callbacks = build_callbacks(cfg, has_logger=bool(loggers))
     trainer: L.Trainer = instantiate(

@@ -115,9 +115,11 @@ class ImageDataModule(TridentDataModule):
         split_seed: int = 0,
         batch_size: int = 128,
         num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
         augment: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
         if len(mean) != in_channels or len(std) != in_channels:
             raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}")
@@ -128,7 +130,7 @@ class ImageDataModule(TridentDataModule):
         }
         self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
         self.mean, self.std = mean, std
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size = batch_size
         self.augment = dict(augment or {})
         self.data: ImageSplits | None = None
         self.datasets: dict[str, ImageDataset] = {}
@@ -179,6 +181,5 @@ class ImageDataModule(TridentDataModule):
             batch_size=self.batch_size,
             shuffle=train,
             drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            **self.loader_options(),
         )

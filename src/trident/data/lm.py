@@ -59,9 +59,11 @@ class LMDataModule(TridentDataModule):
         split: tuple[float, float, float] = (0.9, 0.05, 0.05),
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
         sample_prompts: list[str] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         if block_size <= 0 or batch_size <= 0:
             raise ConfigError(f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}")
         self.source = source
@@ -77,7 +79,6 @@ class LMDataModule(TridentDataModule):
         self.block_size = block_size
         self.batch_size = batch_size
         self.split = list(split)
-        self.num_workers = num_workers
         self.sample_prompts = list(sample_prompts or [])
         key = json.dumps(
             [CACHE_VERSION, source, self.source_options, tokenizer, vocab_size if tokenizer != "char" else 0, self.split],
@@ -147,8 +148,7 @@ class LMDataModule(TridentDataModule):
             batch_size=self.batch_size,
             shuffle=train,
             drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            **self.loader_options(),
         )
 
     def task_inputs(self) -> dict[str, Any]:

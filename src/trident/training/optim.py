@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -29,9 +30,24 @@ def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[
     ]
 
 
+def kernel_options(optimizer_class: type, fused: bool) -> dict[str, bool]:
+    """One fused kernel for all parameters when asked and the optimizer has one, else the
+    multi-tensor (foreach) kernels; both beat PyTorch's per-parameter loop on a CPU, where it is
+    the default (docs/benchmarks.md). A device without fused kernels fails at construction."""
+    accepted = inspect.signature(optimizer_class).parameters
+    if fused and "fused" in accepted:
+        return {"fused": True}
+    return {"foreach": True} if "foreach" in accepted else {}
+
+
 def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
-    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay`` and other kwargs."""
+    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay``, ``fused``
+    (see :func:`kernel_options`) and other kwargs."""
     cfg = dict(cfg)
+    fused = cfg.pop("fused", False)
+    if not isinstance(fused, bool):
+        raise ConfigError(f"optimizer.fused must be true or false, got {fused!r}")
+    cfg.update(kernel_options(hydra.utils.get_class(cfg["_target_"]), fused))
     if float(cfg.get("lr", 0)) <= 0:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.get('lr')!r}")
     weight_decay = float(cfg.pop("weight_decay", 0.0))
