@@ -21,14 +21,16 @@ class Budget:
 
 
 def interleaved(variants: dict[str, Callable[[], object]], budget: Budget) -> dict[str, float]:
-    """Median seconds per call of each variant, timed in turns (A B A B ...) so that a noisy
-    neighbour or a frequency change hits every variant alike, after ``budget.warmup`` untimed rounds."""
+    """Median seconds per call of each variant, timed in turns (A B, B A, A B ...) so that a noisy
+    neighbour or a frequency change hits every variant alike and none always runs first (right
+    after another model evicted its weights from the caches), after ``budget.warmup`` untimed rounds."""
     for _ in range(budget.warmup):
         for run in variants.values():
             run()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(budget.repeats):
-        for name, run in variants.items():
+    for round_index in range(budget.repeats):
+        order = list(variants.items())
+        for name, run in order if round_index % 2 == 0 else reversed(order):
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
