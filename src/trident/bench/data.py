@@ -84,9 +84,11 @@ def pipeline_rows(settings: Settings) -> list[Row]:
     task = LanguageModelTask(backbone=vars(cfg), vocab_size=inputs["vocab_size"], optimizer=OPTIMIZER,
                              scheduler=SCHEDULER)
     skip = 2
-    lightning_times, bare_times = [], []
+    lightning_times: list[float] = []
+    bare_times: list[float] = []
     with tempfile.TemporaryDirectory() as log_dir:
-        for _ in range(max(1, settings.repeats // 2)):  # rounds in turns: Lightning, then the bare loop
+
+        def run_lightning() -> None:
             clock = StepClock()
             trainer = L.Trainer(
                 accelerator=settings.device.type, devices=1, max_steps=steps, precision="32-true",
@@ -95,8 +97,14 @@ def pipeline_rows(settings: Settings) -> list[Row]:
                 enable_progress_bar=False, enable_model_summary=False,
             )
             trainer.fit(task, datamodule=datamodule)
-            lightning_times += _intervals(clock.ends, skip)
-            bare_times += _intervals(_bare_loop(task, datamodule.train_dataloader(), steps, steps), skip)
+            lightning_times.extend(_intervals(clock.ends, skip))
+
+        def run_bare() -> None:
+            bare_times.extend(_intervals(_bare_loop(task, datamodule.train_dataloader(), steps, steps), skip))
+
+        for round_index in range(max(2, settings.repeats // 2)):  # rounds in turns, the first alternating
+            for run in (run_lightning, run_bare) if round_index % 2 == 0 else (run_bare, run_lightning):
+                run()
     lightning, bare = statistics.median(lightning_times), statistics.median(bare_times)
     overhead = lightning / bare - 1
     return [Row(
