@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from trident.backbone import TransformerConfig
 from trident.bench.report import Row, Settings, milliseconds, verdict
+from trident.bench.timing import synchronize
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.images import ImageDataModule
 from trident.data.lm import LMDataModule
@@ -43,6 +44,7 @@ class StepClock(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        synchronize(pl_module.device)
         self.ends.append(time.perf_counter())
 
 
@@ -51,21 +53,23 @@ def _intervals(ends: list[float], skip: int) -> list[float]:
     return [b - a for a, b in zip(ends[skip:], ends[skip + 1 :])]
 
 
-def _bare_loop(task: LanguageModelTask, loader: Any, steps: int, total_steps: int) -> list[float]:
+def _bare_loop(task: LanguageModelTask, loader: Any, steps: int, device: torch.device) -> list[float]:
     """What a user would write by hand: the same model, batches, loss, optimizer, schedule and clipping."""
-    configured = optimizers_for(task.net, OPTIMIZER, SCHEDULER, total_steps)
+    task.to(device)  # Lightning's teardown moved it back to the CPU
+    configured = optimizers_for(task.net, OPTIMIZER, SCHEDULER, steps)
     optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
     task.train()
     ends = []
     batches: Iterator[Any] = iter(loader)
     for _ in range(steps):
-        inputs, targets = next(batches)
+        inputs, targets = (t.to(device, non_blocking=True) for t in next(batches))
         loss = F.cross_entropy(task.net(inputs).flatten(0, 1).float(), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(task.net.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
+        synchronize(device)
         ends.append(time.perf_counter())
     return ends
 
@@ -100,7 +104,7 @@ def pipeline_rows(settings: Settings) -> list[Row]:
             lightning_times.extend(_intervals(clock.ends, skip))
 
         def run_bare() -> None:
-            bare_times.extend(_intervals(_bare_loop(task, datamodule.train_dataloader(), steps, steps), skip))
+            bare_times.extend(_intervals(_bare_loop(task, datamodule.train_dataloader(), steps, settings.device), skip))
 
         for round_index in range(max(2, settings.repeats // 2)):  # rounds in turns, the first alternating
             for run in (run_lightning, run_bare) if round_index % 2 == 0 else (run_bare, run_lightning):
