@@ -131,7 +131,8 @@ def test_lm_run_logs_mfu_against_the_configured_peak(make_config: Callable[..., 
     run_dir = tmp_path / "run"
     (run,) = find_offline_runs(run_dir)
     mfu, flops, tokens = (run.metric(f"throughput/{k}") for k in ("mfu", "flops_per_sec", "tokens_per_sec"))
-    assert mfu and len(mfu) == len(flops) == len(tokens)
+    logged = sorted({key for row in run.history for key in row})
+    assert mfu and len(mfu) == len(flops) == len(tokens), f"logged: {logged}"
     # model=nano on data.block_size=32 (tests/conftest.py SMALL), the run's own character vocabulary.
     cfg = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=256, max_seq_len=32)
     vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()
