@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from trident.bench.__main__ import NOT_QUICK, ROWS, main
 from trident.bench.report import COLUMNS
-
-from .conftest import ROOT
 
 
 def table_rows(page: str) -> list[list[str]]:
@@ -52,9 +48,3 @@ def test_only_runs_the_named_rows_and_rejects_unknown_ones(tmp_path: Path, singl
     assert [row[0] for row in table_rows(out.read_text())] == ["fused", "checkpointing"]
     with pytest.raises(SystemExit):
         main(["--only", "nonsense", "--out", str(out)])
-
-
-def test_module_help_runs_from_the_command_line() -> None:
-    result = subprocess.run([sys.executable, "-m", "trident.bench", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, check=True)
-    assert "--quick" in result.stdout and "vit_b16" in result.stdout
