@@ -37,7 +37,7 @@ def test_quick_run_writes_every_row(tmp_path: Path, single_thread: None) -> None
     assert [row[1].split(":")[0] for row in vit] == ["ViT train step fp32", "ViT train step bf16"]
     generation = [row for row in rows if row[0] == "generation"]
     assert len(generation) == 2 and all("identical greedy tokens" in row[7] for row in generation)
-    padding = [row for row in rows if row[0] == "batching"][0]
+    padding = next(row for row in rows if row[0] == "batching")
     bucketed, random = (float(re.search(r"([\d.]+)% padding", cell).group(1)) for cell in padding[2:4])
     assert bucketed < random  # token-budget batching wastes less on padding
 

@@ -22,7 +22,9 @@ from .backbone_helpers import make_cfg, perturb_
 from .conftest import compose_config
 
 
-def training_loss_and_grads(model: nn.Module, run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def training_loss_and_grads(
+    model: nn.Module, run: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     torch.manual_seed(7)  # the same dropout masks for both models
     loss = run().square().mean()
     loss.backward()

@@ -72,7 +72,9 @@ class TransformerConfig:
         _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)
         _check_choice("model.sdpa_backend", self.sdpa_backend, SDPA_BACKENDS)
         if not isinstance(self.activation_checkpointing, bool):
-            raise ConfigError(f"model.activation_checkpointing must be true or false, got {self.activation_checkpointing!r}")
+            raise ConfigError(
+                f"model.activation_checkpointing must be true or false, got {self.activation_checkpointing!r}"
+            )
         # Imported here: the positional registry imports this module for type hints.
         from trident.backbone.positional import pos_encoding_class
 

@@ -178,7 +178,8 @@ def workers_rows(settings: Settings) -> list[Row]:
                 break
         results[workers] = statistics.median(_intervals(ends, 1))
     return [Row(
-        "workers", f"Augmented MNIST batches of {batch} (RandAugment, crops, erasing) per step: 2 workers vs in-process",
+        "workers",
+        f"Augmented MNIST batches of {batch} (RandAugment, crops, erasing) per step: 2 workers vs in-process",
         f"num_workers=2 {milliseconds(results[2])}", f"num_workers=0 {milliseconds(results[0])}",
         f"{results[0] / results[2]:.2f}x faster with workers", "-", "-",
         "a linear model, so the step is data-bound: the most workers can give; with 2 cores they compete "

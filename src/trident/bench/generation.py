@@ -37,7 +37,7 @@ def generation_rows(settings: Settings) -> list[Row]:
     for new_tokens, target in zip(lengths, TARGETS.values()):
         outputs: dict[str, torch.Tensor] = {}
 
-        def run(use_cache: bool, n: int = new_tokens) -> None:
+        def run(use_cache: bool, n: int = new_tokens, outputs: dict[str, torch.Tensor] = outputs) -> None:
             outputs[str(use_cache)] = generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
             synchronize(settings.device)
 

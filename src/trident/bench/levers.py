@@ -70,7 +70,8 @@ def fused_rows(settings: Settings) -> list[Row]:
     def step(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         return lambda: (optimizer.step(), synchronize(settings.device))
 
-    times = interleaved({name: step(opt) for name, opt in optimizers.items()}, Budget(settings.warmup, settings.repeats))
+    budget = Budget(settings.warmup, settings.repeats)
+    times = interleaved({name: step(opt) for name, opt in optimizers.items()}, budget)
     params = sum(p.numel() for p in model.parameters())
     return [Row(
         "fused", f"optimizer.fused, AdamW step on {params / 1e6:.1f} M parameters",

@@ -30,7 +30,8 @@ class TorchEncoderLM(nn.Module):
         )
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(cfg.max_seq_len), persistent=False)
+        causal = nn.Transformer.generate_square_subsequent_mask(cfg.max_seq_len)
+        self.register_buffer("causal", causal, persistent=False)
 
     def forward(self, ids: Tensor) -> Tensor:
         length = ids.size(1)
@@ -56,7 +57,8 @@ class TorchTranslation(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight
         self.register_buffer("table", sinusoids(cfg.max_seq_len, cfg.d_model), persistent=False)
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(cfg.max_seq_len), persistent=False)
+        causal = nn.Transformer.generate_square_subsequent_mask(cfg.max_seq_len)
+        self.register_buffer("causal", causal, persistent=False)
 
     def _embed(self, ids: Tensor) -> Tensor:
         return self.dropout(self.embed(ids) * self.scale + self.table[: ids.size(1)])

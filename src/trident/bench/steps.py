@@ -78,7 +78,8 @@ def vit_rows(name: str) -> Callable[[Settings], list[Row]]:
 def _lm_cfg(settings: Settings) -> tuple[TransformerConfig, int, int]:
     """(config, batch, length): learned positions on both sides (nn.TransformerEncoder has none)."""
     if settings.quick:
-        return TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq_len=16, pos_encoding="learned"), 2, 16
+        cfg = TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq_len=16, pos_encoding="learned")
+        return cfg, 2, 16
     cfg = TransformerConfig(d_model=256, n_heads=4, n_layers=4, d_ff=1024, max_seq_len=256, pos_encoding="learned")
     return cfg, 8, 256
 

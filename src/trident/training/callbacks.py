@@ -27,7 +27,9 @@ class Throughput(L.Callback):
 
     def __init__(self, window: int = 20, peak_flops: float | None = None) -> None:
         if peak_flops is not None and not (isinstance(peak_flops, (int, float)) and peak_flops > 0):
-            raise ConfigError(f"callbacks.throughput.peak_flops must be a positive FLOP/s value or null, got {peak_flops!r}")
+            raise ConfigError(
+                f"callbacks.throughput.peak_flops must be a positive FLOP/s value or null, got {peak_flops!r}"
+            )
         self.window = window
         self.peak_flops = peak_flops
         self._device_peak: float | None = None
@@ -36,7 +38,8 @@ class Throughput(L.Callback):
         self._steps = 0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._device_peak = self.peak_flops or device_peak_flops(pl_module.device, compute_dtype(str(trainer.precision)))
+        dtype = compute_dtype(str(trainer.precision))
+        self._device_peak = self.peak_flops or device_peak_flops(pl_module.device, dtype)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start, self._counts, self._steps = None, {}, 0

@@ -121,7 +121,7 @@ _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
                  "fp64": torch.float64}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured_peak_flops(device_type: str, dtype: str, size: int = 1024, repeats: int = 5) -> float:
     """Best FLOP/s of a square matmul: an achievable peak for devices without a data-sheet value
     (CPUs), measured once per process and device type. Uses the threads torch is set to use."""
@@ -141,7 +141,8 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
         name = torch.cuda.get_device_name(device)
         peak = gpu_peak_flops(name, dtype)
         if peak is None:
-            log.warning("no peak FLOP/s known for %r in %s: set callbacks.throughput.peak_flops to log MFU", name, dtype)
+            log.warning("no peak FLOP/s known for %r in %s: set callbacks.throughput.peak_flops to log MFU",
+                        name, dtype)
         return peak
     peak = measured_peak_flops(device.type, dtype)
     log.info("measured %s peak: %.3g FLOP/s in %s (matmul benchmark)", device.type, peak, dtype)
