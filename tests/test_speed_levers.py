@@ -16,7 +16,7 @@ from trident.bench.memory import saved_activation_bytes
 from trident.errors import ConfigError
 from trident.models.seq2seq import EncoderDecoder
 from trident.pipeline import compile_network, constructor_args, instantiate
-from trident.training.optim import build_optimizer
+from trident.training.optim import build_optimizer, fused_allowed
 
 from .backbone_helpers import make_cfg, perturb_
 from .conftest import compose_config
@@ -126,6 +126,19 @@ def test_optimizer_uses_fused_kernels_where_it_has_them(target: str, fused: bool
 def test_optimizer_fused_must_be_a_boolean() -> None:
     with pytest.raises(ConfigError, match="optimizer.fused must be true or false"):
         build_optimizer(nn.Linear(2, 2), {"_target_": "torch.optim.AdamW", "lr": 1e-3, "fused": "auto"})
+
+
+@pytest.mark.parametrize(
+    ("precision", "clip", "fused"),
+    [("32-true", 1.0, True), ("bf16-mixed", None, True), ("bf16-mixed", 0.0, True), ("bf16-mixed", 1.0, False),
+     ("16-mixed", 1.0, False), ("bf16-true", 1.0, True)],
+)
+def test_fused_optimizer_gives_way_to_lightning_mixed_precision_clipping(
+    precision: str, clip: float | None, fused: bool
+) -> None:
+    cfg = {"_target_": "torch.optim.AdamW", "lr": 1e-3, "fused": True}
+    assert fused_allowed(cfg, precision, clip) == {**cfg, "fused": fused}
+    assert cfg["fused"] is True  # the caller's config is left alone
 
 
 class _Task(L.LightningModule):

@@ -22,6 +22,7 @@ from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.training.loggers import build_loggers
+from trident.training.optim import fused_allowed
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
-        optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
+        optimizer=fused_allowed(
+            _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
+        ),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
         **datamodule.task_inputs(),
         _convert_="all",

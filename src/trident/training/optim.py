@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from trident.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[str] = frozenset()) -> list[dict[str, Any]]:
@@ -38,6 +41,18 @@ def kernel_options(optimizer_class: type, fused: bool) -> dict[str, bool]:
     if fused and "fused" in accepted:
         return {"fused": True}
     return {"foreach": True} if "foreach" in accepted else {}
+
+
+def fused_allowed(optimizer_cfg: dict[str, Any], precision: str, gradient_clip_val: float | None) -> dict[str, Any]:
+    """``optimizer_cfg`` with ``fused`` turned off (foreach instead) where Lightning cannot run it:
+    its mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them
+    itself, as fused ones do."""
+    mixed = "mixed" in precision
+    if optimizer_cfg.get("fused") and mixed and gradient_clip_val:
+        log.info("optimizer.fused: using foreach kernels, as Lightning cannot clip the gradients of a fused "
+                 "optimizer under precision=%s", precision)
+        return {**optimizer_cfg, "fused": False}
+    return optimizer_cfg
 
 
 def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
