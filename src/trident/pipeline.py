@@ -29,7 +29,7 @@ from trident.errors import ConfigError, did_you_mean
 from trident.resume import checkpoint_to_resume, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
-from trident.training.optim import check_optimizer_config, check_scheduler_config
+from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,15 @@ def metric_history(cfg: DictConfig, run_dir: Path) -> MetricHistory:
     return MetricHistory(run_dir / "metrics.jsonl", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode)
 
 
+def compile_network(task: L.LightningModule, enabled: Any) -> None:
+    """``compile=true``: torch.compile the task's network in place (``nn.Module.compile``), so
+    parameter names, checkpoints and the LightningModule hooks stay as they are."""
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"compile must be true or false, got {enabled!r}")
+    if enabled:
+        task.net.compile()
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests)."""
     run_dir = Path(cfg.paths.output_dir)
@@ -225,7 +234,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
-        optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
+        optimizer=fused_allowed(
+            _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
+        ),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
         **datamodule.task_inputs(),
         _convert_="all",
@@ -233,6 +244,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
     if saved is not None:
         check_checkpoint_fits(saved[1], task, saved[0])
+    compile_network(task, cfg.get("compile", False))
     last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
     preemption = PreemptionCheckpoint(last_checkpoint)
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)

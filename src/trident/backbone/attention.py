@@ -7,10 +7,19 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trident.backbone.cache import LayerKVCache
 from trident.backbone.masks import causal_mask
 from trident.backbone.positional import apply_rotary
+from trident.errors import ConfigError
+
+SDPA_KERNELS = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 
 class MultiHeadAttention(nn.Module):
@@ -19,6 +28,8 @@ class MultiHeadAttention(nn.Module):
     ``impl="sdpa"`` calls :func:`torch.nn.functional.scaled_dot_product_attention`, which picks
     flash / memory-efficient kernels where available; ``impl="explicit"`` writes out
     softmax(QK^T / sqrt(d_k) + mask) V and can return the attention weights. Both agree.
+    ``sdpa_backend`` forces one SDPA kernel (``math``, ``flash``, ``efficient``, ``cudnn``);
+    ``auto`` lets PyTorch choose per call.
     """
 
     def __init__(
@@ -30,12 +41,14 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         attn_dropout: float = 0.0,
         impl: str = "sdpa",
+        sdpa_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.cross = cross
         self.impl = impl
+        self.sdpa_backend = sdpa_backend
         self.attn_dropout = attn_dropout
         if cross:
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -88,11 +101,29 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.attn_dropout if self.training else 0.0
         weights: Tensor | None = None
         if self.impl == "sdpa" and not need_weights:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+            y = self._sdpa(q, k, v, attn_mask, is_causal, dropout_p)
         else:
             y, weights = self._explicit(q, k, v, attn_mask, is_causal, dropout_p)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, T, nh*hs)
         return self.out_proj(y), weights
+
+    def _sdpa(
+        self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float
+    ) -> Tensor:
+        if self.sdpa_backend == "auto":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+        try:
+            with sdpa_kernel(SDPA_KERNELS[self.sdpa_backend]):
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+                )
+        except RuntimeError as err:
+            if "No viable backend" not in str(err):
+                raise
+            raise ConfigError(
+                f"model.sdpa_backend={self.sdpa_backend} has no kernel for these inputs (device {q.device.type}, "
+                f"{q.dtype}, head size {q.size(-1)}): use model.sdpa_backend=auto, or math/flash on a CPU"
+            ) from None
 
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float

@@ -30,6 +30,7 @@ class TransformerBlock(nn.Module):
                 bias=cfg.bias,
                 attn_dropout=cfg.attn_dropout,
                 impl=cfg.attn_impl,
+                sdpa_backend=cfg.sdpa_backend,
             )
 
         def norm() -> nn.Module:

@@ -10,6 +10,9 @@ from trident.errors import ConfigError
 ACTIVATIONS = ("relu", "gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION_IMPLS = ("sdpa", "explicit")
+# Kernels torch.nn.attention.sdpa_kernel can force; "auto" lets SDPA choose. On CPU only math and
+# flash (a CPU flash kernel) exist; efficient and cudnn are CUDA kernels.
+SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 
 
 @dataclass
@@ -33,6 +36,10 @@ class TransformerConfig:
     bias: bool = True  # biases in linear layers
     max_seq_len: int = 1024  # longest sequence the positional encoding must serve
     attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
+    sdpa_backend: str = "auto"  # auto | math | flash | efficient | cudnn (attn_impl=sdpa only)
+    # Recompute each block's activations in the backward pass instead of storing them: less
+    # memory (one block's activations instead of all) for about one more forward pass of compute.
+    activation_checkpointing: bool = False
     pos_encoding: str = "sinusoidal"  # a name from trident.backbone.available_pos_encodings()
     pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # e.g. rope base
     norm_eps: float = 1e-5  # LayerNorm/RMSNorm epsilon (timm's ViT uses 1e-6)
@@ -66,6 +73,11 @@ class TransformerConfig:
         _check_choice("model.activation", self.activation, ACTIVATIONS)
         _check_choice("model.norm", self.norm, NORMS)
         _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)
+        _check_choice("model.sdpa_backend", self.sdpa_backend, SDPA_BACKENDS)
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ConfigError(
+                f"model.activation_checkpointing must be true or false, got {self.activation_checkpointing!r}"
+            )
         # Imported here: the positional registry imports this module for type hints.
         from trident.backbone.positional import pos_encoding_class
 

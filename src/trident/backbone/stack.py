@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from trident.backbone.block import TransformerBlock
 from trident.backbone.cache import KVCache
@@ -108,8 +111,13 @@ class TransformerStack(nn.Module):
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
         h = self.dropout(self.pos_encoding.add_to_embeddings(x, q_positions))
         all_weights: list[Tensor | None] = []
+        # Checkpointing only pays off when a backward pass follows (and a KV cache is never trained).
+        recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i, block in enumerate(self.blocks):
-            h, weights = block(
+            # Non-reentrant checkpointing keeps keyword arguments and restores the RNG state, so the
+            # recomputed forward draws the same dropout masks as the first one.
+            run_block = partial(checkpoint, block, use_reentrant=False) if recompute else block
+            h, weights = run_block(
                 h,
                 attn_mask=attn_mask,
                 is_causal=is_causal,

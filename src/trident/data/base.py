@@ -16,14 +16,32 @@ from trident.data.order import ResumableOrder
 class TridentDataModule(L.LightningDataModule, ABC):
     """A LightningDataModule that also tells the task what it needs to build its network.
 
+    Loader options shared by every data module: ``num_workers`` background processes prepare
+    batches while the model trains; ``persistent_workers`` keeps them alive between epochs and
+    validations (no restart cost); ``pin_memory`` puts batches in page-locked memory, which makes
+    copies to a GPU faster and does nothing for a CPU run.
+
     Its ``state_dict`` (saved in every checkpoint) is the training position: epoch and batches
     already trained in it. On resume, the training loader's sampler (a :class:`ResumableOrder`)
     skips those batches, so the run continues with the batch the interrupted run would have drawn.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = True) -> None:
         super().__init__()
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
         self._resume_position: tuple[int, int] | None = None
+
+    def loader_options(self) -> dict[str, Any]:
+        """DataLoader keyword arguments: the worker options (persistent workers need workers) and
+        a private generator (validation passes do not move the global random state)."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers and self.num_workers > 0,
+            "generator": self.private_generator(),
+        }
 
     @abstractmethod
     def task_inputs(self) -> dict[str, Any]:
@@ -37,8 +55,9 @@ class TridentDataModule(L.LightningDataModule, ABC):
     @abstractmethod
     def split_loader(self, split: str, train: bool) -> DataLoader:
         """The DataLoader of ``split`` (train / validation / test); ``train`` shuffles with a
-        :class:`ResumableOrder` sampler or batch sampler. Pass ``generator=private_generator()``:
-        a loader otherwise draws its workers' base seed from the global RNG on every pass."""
+        :class:`ResumableOrder` sampler or batch sampler. Pass ``**self.loader_options()``: it holds
+        the worker options and a private generator (a loader otherwise draws its workers' base
+        seed from the global RNG on every pass)."""
 
     @staticmethod
     def private_generator() -> torch.Generator:

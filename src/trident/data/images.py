@@ -116,10 +116,12 @@ class ImageDataModule(TridentDataModule):
         split_seed: int = 0,
         batch_size: int = 128,
         num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
         augment: dict[str, Any] | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         self.seed = seed  # the training order of epoch e is a function of (seed, e)
         mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
         if len(mean) != in_channels or len(std) != in_channels:
@@ -131,7 +133,7 @@ class ImageDataModule(TridentDataModule):
         }
         self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
         self.mean, self.std = mean, std
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size = batch_size
         self.augment = dict(augment or {})
         self.data: ImageSplits | None = None
         self.datasets: dict[str, ImageDataset] = {}
@@ -183,7 +185,5 @@ class ImageDataModule(TridentDataModule):
             batch_size=self.batch_size,
             sampler=EpochShuffleSampler(len(dataset), self.batch_size, self.seed) if train else None,
             drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            generator=self.private_generator(),
+            **self.loader_options(),
         )

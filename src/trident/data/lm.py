@@ -60,10 +60,12 @@ class LMDataModule(TridentDataModule):
         split: tuple[float, float, float] = (0.9, 0.05, 0.05),
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
         sample_prompts: list[str] | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         if block_size <= 0 or batch_size <= 0:
             raise ConfigError(
                 f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}: "
@@ -82,7 +84,6 @@ class LMDataModule(TridentDataModule):
         self.block_size = block_size
         self.batch_size = batch_size
         self.split = list(split)
-        self.num_workers = num_workers
         self.sample_prompts = list(sample_prompts or [])
         self.seed = seed  # the training order of epoch e is a function of (seed, e)
         key = json.dumps(
@@ -154,9 +155,7 @@ class LMDataModule(TridentDataModule):
             batch_size=self.batch_size,
             sampler=EpochShuffleSampler(len(blocks), self.batch_size, self.seed) if train else None,
             drop_last=train,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            generator=self.private_generator(),
+            **self.loader_options(),
         )
 
     def task_inputs(self) -> dict[str, Any]:

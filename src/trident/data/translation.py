@@ -257,9 +257,11 @@ class TranslationDataModule(TridentDataModule):
         split: tuple[float, float, float] = (0.96, 0.02, 0.02),
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         if max_len < 3:
             raise ConfigError(f"data.max_len must be at least 3 (BOS, a token, EOS), got {max_len}")
         eval_max_tokens = eval_max_tokens or max_tokens
@@ -280,7 +282,6 @@ class TranslationDataModule(TridentDataModule):
         self.max_len = max_len
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens
         self.split = list(split)
-        self.num_workers = num_workers
         self.seed = seed
         key = json.dumps([CACHE_VERSION, source, self.source_options, self.src_lang, self.tgt_lang,
                           vocab_size, max_len, self.split], sort_keys=True, default=str)
@@ -356,8 +357,7 @@ class TranslationDataModule(TridentDataModule):
             rank=trainer.global_rank if trainer is not None else 0,
         )
         return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=collate_pairs,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          generator=self.private_generator())
+                          **self.loader_options())
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:

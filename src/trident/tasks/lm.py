@@ -17,6 +17,7 @@ from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
+from trident.training.flops import causal_lm_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
 
@@ -56,6 +57,10 @@ class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
 
     def throughput_units(self, batch: tuple[Tensor, Tensor]) -> dict[str, int]:
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}
+
+    def flops_per_batch(self, batch: tuple[Tensor, Tensor]) -> int:
+        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
+        return causal_lm_flops(self.net.cfg, self.net.vocab_size, *batch[0].shape)
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         inputs, targets = batch  # (B, T), (B, T)

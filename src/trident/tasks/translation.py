@@ -22,6 +22,7 @@ from trident.data.batching import TranslationBatch
 from trident.data.translation import TranslationDataModule, detokenize
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
+from trident.training.flops import encoder_decoder_flops
 from trident.training.losses import label_smoothed_cross_entropy
 from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
@@ -88,6 +89,11 @@ class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
         src_tokens = int(batch["src"].ne(self.pad_id).sum())
         tgt_tokens = int(batch["tgt_out"].ne(self.pad_id).sum())
         return {"tokens": src_tokens + tgt_tokens, "target_tokens": tgt_tokens, "samples": batch["src"].size(0)}
+
+    def flops_per_batch(self, batch: TranslationBatch) -> int:
+        """Model FLOPs of one training step on ``batch``, padding included (forward and backward, for MFU)."""
+        (size, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+        return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len)
 
     def _loss(self, batch: TranslationBatch) -> tuple[Tensor, Tensor, Tensor]:
         logits = self.net(batch["src"], batch["tgt_in"])  # (B, T, V)

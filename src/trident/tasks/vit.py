@@ -19,6 +19,7 @@ from trident.errors import ConfigError
 from trident.models.timm_compat import load_timm_weights
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
+from trident.training.flops import vit_flops
 from trident.training.optim import optimizers_for
 
 Batch = tuple[Tensor, Tensor]
@@ -81,6 +82,12 @@ class ImageClassificationTask(L.LightningModule):
 
     def throughput_units(self, batch: Batch) -> dict[str, int]:
         return {"images": batch[0].size(0)}
+
+    def flops_per_batch(self, batch: Batch) -> int:
+        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
+        hp = self.hparams
+        return vit_flops(self.net.encoder.cfg, batch=batch[0].size(0), patch_size=hp.patch_size,
+                         in_channels=hp.in_channels, num_classes=hp.num_classes)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         images, labels = batch

@@ -1,5 +1,5 @@
-"""Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images),
-metrics in train.log, and a metric history file that does not depend on the logger."""
+"""Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images) and
+MFU, metrics in train.log, and a metric history file that does not depend on the logger."""
 
 from __future__ import annotations
 
@@ -13,22 +13,37 @@ from typing import Any, ClassVar
 import lightning as L
 
 from trident.errors import ConfigError
+from trident.training.flops import compute_dtype, device_peak_flops
 
 log = logging.getLogger(__name__)
 
 
 class Throughput(L.Callback):
-    """Logs ``throughput/<unit>_per_sec`` over a window of training steps, data loading included.
+    """Logs ``throughput/<unit>_per_sec`` over a window of training steps, data loading included,
+    and model FLOPs utilisation: ``throughput/flops_per_sec`` and ``throughput/mfu``.
 
-    The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}``; the
-    wall-clock window runs from one batch end to the next, so it measures what a user waits for.
+    The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}`` and its
+    model FLOPs through ``flops_per_batch(batch)`` (trident.training.flops); the wall-clock window
+    runs from one batch end to the next, so it measures what a user waits for. ``peak_flops`` is
+    the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures it once
+    (trident.training.flops.device_peak_flops). MFU is achieved FLOP/s over the peak of all devices.
     """
 
-    def __init__(self, window: int = 20) -> None:
+    def __init__(self, window: int = 20, peak_flops: float | None = None) -> None:
+        if peak_flops is not None and not (isinstance(peak_flops, (int, float)) and peak_flops > 0):
+            raise ConfigError(
+                f"callbacks.throughput.peak_flops must be a positive FLOP/s value or null, got {peak_flops!r}"
+            )
         self.window = window
-        self._counts: dict[str, int] = {}
+        self.peak_flops = peak_flops
+        self._device_peak: float | None = None
+        self._counts: dict[str, float] = {}
         self._start: float | None = None
         self._steps = 0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dtype = compute_dtype(str(trainer.precision))
+        self._device_peak = self.peak_flops or device_peak_flops(pl_module.device, dtype)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start, self._counts, self._steps = None, {}, 0
@@ -40,12 +55,16 @@ class Throughput(L.Callback):
         if self._start is None:  # the first step includes warm-up work: start timing after it
             self._start = now
             return
-        for unit, count in pl_module.throughput_units(batch).items():
+        counts = dict(pl_module.throughput_units(batch), flops=pl_module.flops_per_batch(batch))
+        for unit, count in counts.items():
             self._counts[unit] = self._counts.get(unit, 0) + count * trainer.world_size
         self._steps += 1
         if self._steps >= self.window:
             elapsed = now - self._start
-            pl_module.log_dict({f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()})
+            rates = {f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()}
+            if self._device_peak:
+                rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / (self._device_peak * trainer.world_size)
+            pl_module.log_dict(rates)
             self._start, self._counts, self._steps = now, {}, 0
 
 

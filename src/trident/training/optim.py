@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +15,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from trident.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[str] = frozenset()) -> list[dict[str, Any]]:
@@ -58,10 +62,37 @@ def check_scheduler_config(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
 
 
+def kernel_options(optimizer_class: type, fused: bool) -> dict[str, bool]:
+    """One fused kernel for all parameters when asked and the optimizer has one, else the
+    multi-tensor (foreach) kernels; both beat PyTorch's per-parameter loop on a CPU, where it is
+    the default (docs/benchmarks.md). A device without fused kernels fails at construction."""
+    accepted = inspect.signature(optimizer_class).parameters
+    if fused and "fused" in accepted:
+        return {"fused": True}
+    return {"foreach": True} if "foreach" in accepted else {}
+
+
+def fused_allowed(optimizer_cfg: dict[str, Any], precision: str, gradient_clip_val: float | None) -> dict[str, Any]:
+    """``optimizer_cfg`` with ``fused`` turned off (foreach instead) where Lightning cannot run it:
+    its mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them
+    itself, as fused ones do."""
+    mixed = "mixed" in precision
+    if optimizer_cfg.get("fused") and mixed and gradient_clip_val:
+        log.info("optimizer.fused: using foreach kernels, as Lightning cannot clip the gradients of a fused "
+                 "optimizer under precision=%s", precision)
+        return {**optimizer_cfg, "fused": False}
+    return optimizer_cfg
+
+
 def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
-    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay`` and other kwargs."""
+    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay``, ``fused``
+    (see :func:`kernel_options`) and other kwargs."""
     check_optimizer_config(cfg)
     cfg = dict(cfg)
+    fused = cfg.pop("fused", False)
+    if not isinstance(fused, bool):
+        raise ConfigError(f"optimizer.fused must be true or false, got {fused!r}: set optimizer.fused=true or false")
+    cfg.update(kernel_options(hydra.utils.get_class(cfg["_target_"]), fused))
     weight_decay = float(cfg.pop("weight_decay", 0.0))
     groups = parameter_groups(model, weight_decay, set(no_decay_names))
     return hydra.utils.instantiate(cfg, params=groups, _convert_="all")

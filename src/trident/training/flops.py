@@ -1,0 +1,149 @@
+"""Model FLOPs per training step, and the peak FLOP/s of the device, for model FLOPs utilisation.
+
+MFU = (model FLOPs per step x steps per second) / peak FLOP/s (PaLM, Chowdhery et al. 2022,
+appendix B; nanoGPT's ``estimate_mfu``). Model FLOPs count the matrix multiplications of one
+forward and backward pass; the backward pass costs twice the forward (gradients with respect to
+inputs and to weights), so a weight matrix with ``n`` entries costs ``6 n`` FLOPs per token it is
+applied to. Attention adds its two score matmuls, QK^T and AV: ``4 d T_k`` forward FLOPs per
+query token and layer, ``12 d T_k`` with backward, where ``T_k`` is the number of keys. Causal
+attention is counted in full, as in PaLM; recomputation (activation checkpointing), biases,
+norms, softmax and embedding lookups are not counted: MFU measures useful work. Counts use the
+padded tensor shapes, since padded positions are computed too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+
+import torch
+
+from trident.backbone import TransformerConfig
+
+log = logging.getLogger(__name__)
+
+FORWARD_AND_BACKWARD = 3  # the backward pass costs two forward passes
+
+
+def block_matmul_params(cfg: TransformerConfig) -> int:
+    """Weights applied to every token of a self-attention block: Q, K, V, output, feed-forward."""
+    ffn_in = 2 * cfg.d_ff if cfg.activation == "swiglu" else cfg.d_ff  # swiglu: gate and value
+    return 4 * cfg.d_model**2 + (ffn_in + cfg.d_ff) * cfg.d_model
+
+
+def attention_flops(cfg: TransformerConfig, queries: int, keys: int) -> int:
+    """Forward + backward FLOPs of the score matmuls of one layer: QK^T and AV, 2 d FLOPs each per pair."""
+    return FORWARD_AND_BACKWARD * 2 * 2 * cfg.d_model * queries * keys
+
+
+def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int) -> int:
+    """One training step of a decoder-only LM on (batch, length) tokens, the output head included."""
+    tokens = batch * length
+    matmuls = FORWARD_AND_BACKWARD * 2 * (cfg.n_layers * block_matmul_params(cfg) + cfg.d_model * vocab_size) * tokens
+    return matmuls + cfg.n_layers * batch * attention_flops(cfg, length, length)
+
+
+def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, src_len: int, tgt_len: int) -> int:
+    """One training step of the translation model: encoder on the source, decoder with
+    cross-attention on the target (its keys/values projected from the source), output head."""
+    d, layers = cfg.d_model, cfg.n_layers
+    per_token = FORWARD_AND_BACKWARD * 2
+    encoder = per_token * layers * block_matmul_params(cfg) * batch * src_len
+    encoder += layers * batch * attention_flops(cfg, src_len, src_len)
+    # Decoder: self-attention and feed-forward, plus the cross-attention query and output
+    # projections on target tokens; the cross-attention key/value projection on source tokens.
+    decoder = per_token * layers * (block_matmul_params(cfg) + 2 * d * d) * batch * tgt_len
+    decoder += per_token * layers * 2 * d * d * batch * src_len
+    decoder += layers * batch * (attention_flops(cfg, tgt_len, tgt_len) + attention_flops(cfg, tgt_len, src_len))
+    head = per_token * d * vocab_size * batch * tgt_len
+    return encoder + decoder + head
+
+
+def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channels: int, num_classes: int) -> int:
+    """One training step of a ViT: patch projection, encoder over prefix + patch tokens, class head."""
+    if cfg.grid is None:
+        raise ValueError("vit_flops needs a TransformerConfig with a patch grid")
+    patches = cfg.grid[0] * cfg.grid[1]
+    tokens = cfg.num_prefix_tokens + patches
+    per_token = FORWARD_AND_BACKWARD * 2
+    # The pixels need no gradient: the patch projection costs its forward and weight gradient only.
+    patch_embed = 2 * 2 * in_channels * patch_size**2 * cfg.d_model * patches
+    encoder = per_token * cfg.n_layers * block_matmul_params(cfg) * tokens
+    encoder += cfg.n_layers * attention_flops(cfg, tokens, tokens)
+    head = per_token * cfg.d_model * num_classes  # one pooled vector per image
+    return batch * (patch_embed + encoder + head)
+
+
+# Dense (no structured sparsity) peak FLOP/s from NVIDIA's data sheets, per compute dtype;
+# "tf32" is float32 matmuls on tensor cores (torch.set_float32_matmul_precision("high")).
+# Keys are matched as whole words of the lower-cased torch.cuda.get_device_name(), in order
+# (so "l4" does not match an L40S).
+# (Lightning's table lists sparse peaks for the H200 and does not match the name "NVIDIA H200".)
+GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "h200 nvl": {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+    "h200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+    "h100 pcie": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51.2e12},
+    "h100": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},  # SXM (HBM3)
+    "a100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "l4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+    "a10g": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},  # A10 data sheet
+    "v100-pcie": {"fp16": 112e12, "fp32": 14e12},
+    "v100": {"fp16": 125e12, "fp32": 15.7e12},  # SXM2
+    "t4": {"fp16": 65e12, "fp32": 8.1e12},
+}
+
+
+def compute_dtype(precision: str) -> str:
+    """Lightning's precision setting ("bf16-mixed", "16-mixed", "32-true", ...) -> the dtype matmuls run in."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    if precision.startswith("64"):
+        return "fp64"
+    return "tf32" if torch.get_float32_matmul_precision() != "highest" else "fp32"
+
+
+def gpu_peak_flops(device_name: str, dtype: str) -> float | None:
+    """Table peak of a known GPU in ``dtype``, or None when the GPU or dtype is not listed."""
+    name = device_name.lower()
+    for key, peaks in GPU_PEAK_FLOPS.items():
+        if re.search(rf"\b{re.escape(key)}\b", name):
+            if dtype == "tf32" and "tf32" not in peaks:
+                dtype = "fp32"  # pre-Ampere GPUs run float32 matmuls without tensor cores
+            return peaks.get(dtype)
+    return None
+
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32,
+                 "fp64": torch.float64}
+
+
+@functools.cache
+def measured_peak_flops(device_type: str, dtype: str, size: int = 1024, repeats: int = 5) -> float:
+    """Best FLOP/s of a square matmul: an achievable peak for devices without a data-sheet value
+    (CPUs), measured once per process and device type. Uses the threads torch is set to use."""
+    a = torch.randn(size, size, device=device_type, dtype=_TORCH_DTYPES[dtype])
+    b = torch.randn(size, size, device=device_type, dtype=_TORCH_DTYPES[dtype])
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up the kernels
+        start = time.perf_counter()
+        (a @ b).sum().item()  # .item() waits for asynchronous devices
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def device_peak_flops(device: torch.device, dtype: str) -> float | None:
+    """Peak FLOP/s of one device in ``dtype``: the data-sheet table for GPUs, a measurement otherwise."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = gpu_peak_flops(name, dtype)
+        if peak is None:
+            log.warning("no peak FLOP/s known for %r in %s: set callbacks.throughput.peak_flops to log MFU",
+                        name, dtype)
+        return peak
+    peak = measured_peak_flops(device.type, dtype)
+    log.info("measured %s peak: %.3g FLOP/s in %s (matmul benchmark)", device.type, peak, dtype)
+    return peak

@@ -1,0 +1,142 @@
+"""Model FLOPs per step (against PyTorch's FLOP counter), device peaks, and MFU in a real run."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from trident.backbone import TransformerConfig
+from trident.errors import ConfigError
+from trident.models import CausalLM
+from trident.models.seq2seq import EncoderDecoder
+from trident.models.vit import VisionTransformer, vit_geometry
+from trident.pipeline import train
+from trident.training.callbacks import Throughput
+from trident.training.flops import (
+    causal_lm_flops,
+    compute_dtype,
+    device_peak_flops,
+    encoder_decoder_flops,
+    gpu_peak_flops,
+    measured_peak_flops,
+    vit_flops,
+)
+
+
+def counted_training_flops(forward: Callable[[], Tensor]) -> int:
+    """Matmul FLOPs of one forward and backward pass, as torch.utils.flop_counter counts them."""
+    with FlopCounterMode(display=False) as counter:
+        forward().float().sum().backward()
+    return counter.get_total_flops()
+
+
+def tiny_cfg(activation: str, **extra: object) -> TransformerConfig:
+    # The explicit attention path: the FLOP counter has no formula for the CPU flash kernel.
+    options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 48, "max_seq_len": 64, "attn_impl": "explicit",
+               "activation": activation, "dropout": 0.0, **extra}
+    return TransformerConfig(**options)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_causal_lm_flops_equal_the_flop_counter(activation: str) -> None:
+    cfg = tiny_cfg(activation)
+    model, ids = CausalLM(cfg, 50), torch.randint(0, 50, (3, 16))
+    assert causal_lm_flops(cfg, 50, 3, 16) == counted_training_flops(lambda: model(ids))
+
+
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+def test_encoder_decoder_flops_equal_the_flop_counter(activation: str) -> None:
+    cfg = tiny_cfg(activation)
+    model = EncoderDecoder(cfg, 50, tie_embeddings="none")
+    src, tgt = torch.randint(1, 50, (3, 12)), torch.randint(1, 50, (3, 9))  # source and target lengths differ
+    assert encoder_decoder_flops(cfg, 50, 3, 12, 9) == counted_training_flops(lambda: model(src, tgt))
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_vit_flops_equal_the_flop_counter(pool: str) -> None:
+    cfg = tiny_cfg("gelu", pos_encoding="learned", **vit_geometry(16, 4, pool))
+    model = VisionTransformer(cfg, patch_size=4, in_channels=3, num_classes=10, pool=pool)
+    images = torch.randn(3, 3, 16, 16)
+    expected = vit_flops(cfg, batch=3, patch_size=4, in_channels=3, num_classes=10)
+    assert expected == counted_training_flops(lambda: model(images))
+
+
+def test_attention_term_grows_with_the_square_of_the_length() -> None:
+    cfg = tiny_cfg("gelu")
+    # Doubling the length doubles the per-token terms and quadruples the attention term.
+    per_token = causal_lm_flops(cfg, 50, 1, 1) - 12 * cfg.n_layers * cfg.d_model
+    attention = 12 * cfg.n_layers * cfg.d_model
+    assert causal_lm_flops(cfg, 50, 1, 32) == per_token * 32 + attention * 32 * 32
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
+        ("NVIDIA H100 PCIe", "bf16", 756e12),
+        ("NVIDIA H200", "bf16", 989.4e12),
+        ("NVIDIA H200 NVL", "fp16", 835e12),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156e12),
+        ("NVIDIA L4", "fp32", 30.3e12),
+        ("NVIDIA A10G", "bf16", 125e12),
+        ("Tesla V100-SXM2-16GB", "tf32", 15.7e12),  # no tensor-core float32 before Ampere
+        ("Tesla V100-PCIE-32GB", "fp16", 112e12),
+        ("Tesla T4", "fp16", 65e12),
+        ("Tesla T4", "bf16", None),  # Turing has no bf16
+        ("NVIDIA L40S", "bf16", None),  # not an L4
+        ("Some Future GPU", "bf16", None),
+    ],
+)
+def test_gpu_peak_flops_come_from_the_table_by_device_name(name: str, dtype: str, peak: float | None) -> None:
+    assert gpu_peak_flops(name, dtype) == peak
+
+
+def test_compute_dtype_follows_the_precision_setting() -> None:
+    assert compute_dtype("bf16-mixed") == "bf16"
+    assert compute_dtype("16-mixed") == "fp16"
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert compute_dtype("32-true") == "fp32"
+        torch.set_float32_matmul_precision("high")
+        assert compute_dtype("32-true") == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_cpu_peak_is_measured_once_per_process() -> None:
+    peak = device_peak_flops(torch.device("cpu"), "fp32")
+    assert peak is not None and 1e8 < peak < 1e14  # any CPU: between 0.1 GFLOP/s and 100 TFLOP/s
+    hits = measured_peak_flops.cache_info().hits
+    assert device_peak_flops(torch.device("cpu"), "fp32") == peak
+    assert measured_peak_flops.cache_info().hits == hits + 1  # cached, not measured again
+
+
+def test_throughput_rejects_a_bad_peak() -> None:
+    with pytest.raises(ConfigError, match="peak_flops"):
+        Throughput(peak_flops=-1.0)
+
+
+def test_lm_run_logs_mfu_against_the_configured_peak(make_config: Callable[..., object], tmp_path: Path,
+                                                      single_thread: None) -> None:
+    peak = 2.0e9
+    train(make_config("logger=csv", "callbacks.throughput.window=1", f"callbacks.throughput.peak_flops={peak}",
+                      "test=false"))
+    run_dir = tmp_path / "run"
+    with next(run_dir.rglob("metrics.csv")).open() as f:
+        rows = [row for row in csv.DictReader(f) if row.get("throughput/mfu")]
+    assert len(rows) >= 2, "one window per step after the first (window=1)"
+    # model=nano on data.block_size=32 (tests/conftest.py SMALL), the run's own character vocabulary.
+    cfg = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=256, max_seq_len=32)
+    vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()
+    for row in rows:
+        mfu, flops, tokens = (float(row[f"throughput/{k}"]) for k in ("mfu", "flops_per_sec", "tokens_per_sec"))
+        assert mfu == pytest.approx(flops / peak, rel=1e-5)
+        assert flops / tokens == pytest.approx(causal_lm_flops(cfg, vocab, 1, 32) / 32, rel=1e-5)
