@@ -163,11 +163,16 @@ def test_compile_option_compiles_the_network_in_place() -> None:
 def test_data_loader_options_reach_the_data_module(task: str, tmp_path: Path) -> None:
     cfg = compose_config([f"task={task}", "data.num_workers=2", "data.pin_memory=true"], output_dir=tmp_path)
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
-    assert datamodule.loader_options() == {"num_workers": 2, "pin_memory": True, "persistent_workers": True}
+    options = datamodule.loader_options()
+    # A private generator keeps loaders from moving the global RNG (exact resume).
+    assert isinstance(options.pop("generator"), torch.Generator)
+    assert options == {"num_workers": 2, "pin_memory": True, "persistent_workers": True}
     cfg = compose_config([f"task={task}"], output_dir=tmp_path)
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
+    options = datamodule.loader_options()
+    options.pop("generator")
     # No workers: nothing to keep alive (DataLoader refuses persistent_workers without workers).
-    assert datamodule.loader_options() == {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
+    assert options == {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
 
 
 def test_model_configs_expose_the_levers() -> None:
