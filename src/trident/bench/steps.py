@@ -84,6 +84,17 @@ def _lm_cfg(settings: Settings) -> tuple[TransformerConfig, int, int]:
     return cfg, 8, 256
 
 
+def _race_with_torch(
+    ours: nn.Module, theirs: nn.Module, loss: Callable[[nn.Module], Callable[[], Tensor]], settings: Settings
+) -> tuple[dict[str, float], float]:
+    """Training-step times of trident's model and the PyTorch reference, in turns; and the speed-up."""
+    times = interleaved({
+        "trident": training_step(ours, loss(ours), settings.device),
+        "torch": training_step(theirs, loss(theirs), settings.device),
+    }, _budget(settings))
+    return times, speedup(times["trident"], times["torch"])
+
+
 def lm_rows(settings: Settings) -> list[Row]:
     cfg, batch, length = _lm_cfg(settings)
     device = settings.device
@@ -94,11 +105,7 @@ def lm_rows(settings: Settings) -> list[Row]:
     def loss(model: nn.Module) -> Callable[[], Tensor]:
         return lambda: F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
 
-    times = interleaved({
-        "trident": training_step(ours, loss(ours), device),
-        "torch": training_step(theirs, loss(theirs), device),
-    }, _budget(settings))
-    gain = speedup(times["trident"], times["torch"])
+    times, gain = _race_with_torch(ours, theirs, loss, settings)
     return [Row(
         "lm", f"LM train step: d={cfg.d_model}, {cfg.n_layers} layers, batch {batch} x {length} tokens, vocab {VOCAB}",
         milliseconds(times["trident"]), f"nn.TransformerEncoder {milliseconds(times['torch'])}", f"{gain:.2f}x faster",
@@ -137,11 +144,7 @@ def translation_rows(settings: Settings) -> list[Row]:
             model(src, tgt_in).flatten(0, 1).float(), tgt_out.flatten(), ignore_index=0, label_smoothing=0.1
         )
 
-    times = interleaved({
-        "trident": training_step(ours, loss(ours), device),
-        "torch": training_step(theirs, loss(theirs), device),
-    }, _budget(settings))
-    gain = speedup(times["trident"], times["torch"])
+    times, gain = _race_with_torch(ours, theirs, loss, settings)
     return [Row(
         "translation",
         f"Translation train step: d={cfg.d_model}, {cfg.n_layers}+{cfg.n_layers} layers, batch {batch}, "
