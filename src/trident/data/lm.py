@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
+from trident.data.cache import fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_corpus
 from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import train_tokenizer
@@ -114,8 +114,7 @@ class LMDataModule(TridentDataModule):
             if not any(t.strip() for t in corpus[name]["text"]):
                 raise DataError(f"the {name} split of data.source={self.source} is empty: use a larger corpus or change data.split")
         tokenizer = train_tokenizer(self.tokenizer_kind, corpus["train"]["text"], vocab_size=self.vocab_size_target)
-        staging = self.cache_path.with_name(self.cache_path.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
@@ -131,10 +130,7 @@ class LMDataModule(TridentDataModule):
             ids = np.fromiter((i for row in tokenized["ids"] for i in row), dtype=dtype)
             np.save(staging / f"{name}.npy", ids)
             counts[name] = int(ids.size)
-        tokenizer.save(str(staging / "tokenizer.json"))
-        (staging / "meta.json").write_text(json.dumps({"tokens": counts, "vocab_size": tokenizer.get_vocab_size()}))
-        shutil.rmtree(self.cache_path, ignore_errors=True)
-        staging.rename(self.cache_path)  # atomic: a half-built cache is never picked up
+        publish_cache(staging, self.cache_path, tokenizer, {"tokens": counts, "vocab_size": tokenizer.get_vocab_size()})
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:

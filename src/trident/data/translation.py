@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
+from trident.data.cache import fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
 
@@ -319,8 +320,7 @@ class TranslationDataModule(TridentDataModule):
             return {"src_ids": [s[:keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
                     "fits": [len(s) <= keep and len(t) <= keep for s, t in zip(src, tgt)]}
 
-        staging = self.cache_path.with_name(self.cache_path.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = fresh_staging(self.cache_path)
         counts: dict[str, dict[str, int]] = {}
         encoded = {}
         for name in SPLITS:
@@ -331,12 +331,9 @@ class TranslationDataModule(TridentDataModule):
             counts[name] = {"pairs": len(kept), "dropped": len(table) - len(kept)}
             encoded[name] = kept.remove_columns("fits")
         datasets.DatasetDict(encoded).save_to_disk(str(staging))
-        tokenizer.save(str(staging / "tokenizer.json"))
         counts["train"]["held_out_overlap"] = overlap
         meta = {"pairs": counts, "vocab_size": tokenizer.get_vocab_size(), "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(self.cache_path, ignore_errors=True)
-        staging.rename(self.cache_path)  # atomic: a half-built cache is never picked up
+        publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
