@@ -18,6 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+import wandb
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.data.lm import PackedBlocks
@@ -26,6 +29,7 @@ from trident.distributed import worker_argv, workers_follow
 from trident.pipeline import constructor_args, instantiate
 from trident.sample import load_lm_checkpoint
 from trident.tracking import OfflineRun, find_offline_runs
+from trident.training.loggers import record_summary, summarize_monitor
 
 from .conftest import ROOT, SMALL
 from .test_translation_data import many_pairs, write_tsv
@@ -160,3 +164,13 @@ def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(
     assert len(shares[0]) == len(shares[1]) > 1, "both ranks run the same number of steps"
     seen = [index for share in shares for batch in share for index in batch]
     assert sorted(seen) == list(range(module.pair_counts()[split])), "every pair once, on one rank"
+
+
+def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On other ranks ``WandbLogger.experiment`` is Lightning's no-op stand-in: writing the summary
+    or defining metrics there must do nothing (it used to raise on ``summary.update``)."""
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    logger = WandbLogger(save_dir=str(tmp_path), mode="offline")
+    record_summary([logger], {"test/loss": 1.0})
+    summarize_monitor(logger, "val/loss", "min")
+    assert wandb.run is None and not (tmp_path / "wandb").exists(), "no W&B run on rank 1"
