@@ -15,7 +15,7 @@ import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
@@ -30,6 +30,7 @@ from trident.resume import checkpoint_to_resume, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
+from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 # trident's data modules resume mid-epoch themselves (their state_dict; trident.data.order).
 warnings.filterwarnings("ignore", message=r".*checkpoint that ended before the epoch ended and your dataloader is not resumable.*")
+# fp16 on a CPU: trident.training.precision says so in one line. The model summary's size estimate is not the point.
+warnings.filterwarnings("ignore", message=r".*AMP with fp16 is not supported on CPU.*")
+warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -222,8 +226,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     writes_outputs = is_global_zero()
     if writes_outputs and cfg.get("print_config", True):
         print_config_tree(cfg)
-    if writes_outputs:
-        save_resolved_config(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -251,8 +253,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     history = metric_history(cfg, run_dir)
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
+    with open_dict(cfg):
+        # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.
+        cfg.precision_used = check_precision(trainer, str(cfg.trainer.precision)) if writes_outputs else str(trainer.precision)
     # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
     if writes_outputs:
+        save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
     loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"])
     trainer.loggers = loggers
