@@ -84,8 +84,10 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     )
     check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
-    # Testing needs no logger, checkpoints or training limits; one process suffices.
-    trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent))
+    # Testing needs no logger, checkpoints or training limits; one process tests the whole split
+    # exactly (a DDP run's distributed sampler would pad it), whatever the run was trained on.
+    trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent),
+                       devices=1, num_nodes=1, strategy="auto")
     trainer = build_trainer(trainer_cfg)
     trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -16,14 +16,16 @@ from trident.tasks.lm import LanguageModelTask
 
 class SignalAtStep(L.Callback):
     """Sends ``signal_name`` (e.g. SIGKILL, SIGTERM) to this very process when training is about
-    to run optimizer step ``step`` (0-based ``global_step``)."""
+    to run optimizer step ``step`` (0-based ``global_step``); under DDP on every rank, or only on
+    global rank ``rank``."""
 
-    def __init__(self, step: int, signal_name: str) -> None:
+    def __init__(self, step: int, signal_name: str, rank: int | None = None) -> None:
         self.step = step
         self.signum = signal.Signals[signal_name]
+        self.rank = rank
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

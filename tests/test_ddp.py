@@ -23,8 +23,10 @@ import wandb
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DistributedSampler
 
 from trident.data.lm import PackedBlocks
+from trident.data.order import EpochShuffleSampler
 from trident.data.translation import TranslationDataModule
 from trident.distributed import RankFailed, ranks_fail_together, worker_argv, workers_follow
 from trident.errors import DataError
@@ -213,3 +215,21 @@ def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
         with ranks_fail_together(trainer):  # type: ignore[arg-type]
             raise DataError("own failure")
     assert waiting.poll() == -signal.SIGKILL
+
+
+def test_epoch_order_is_dealt_out_by_rank_and_resumes_per_rank() -> None:
+    """LM and image data shuffle with EpochShuffleSampler: under DDP each rank takes every other
+    index of the epoch's permutation (Lightning keeps it unwrapped), and a resumed rank skips its
+    own batches. Rank r's batch k of 4 and the other rank's are one process's batch k of 8."""
+    ranks = [EpochShuffleSampler(size=21, batch_size=4, seed=3, num_replicas=2, rank=r) for r in range(2)]
+    one = EpochShuffleSampler(size=21, batch_size=8, seed=3)
+    for sampler in (*ranks, one):
+        sampler.set_epoch(2)
+    shares = [list(sampler) for sampler in ranks]
+    whole = list(one)
+    assert len(shares[0]) == len(shares[1]) == len(ranks[0]) == 10, "the uneven tail is dropped"
+    for k in range(2):
+        assert sorted(shares[0][4 * k : 4 * k + 4] + shares[1][4 * k : 4 * k + 4]) == sorted(whole[8 * k : 8 * k + 8])
+    assert isinstance(ranks[0], DistributedSampler), "so Lightning does not wrap it in a second, reshuffling sharding"
+    ranks[1].skip_next(2)
+    assert list(ranks[1]) == shares[1][8:]

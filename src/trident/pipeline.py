@@ -270,7 +270,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 with preemption.listening():
                     trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
-                log.warning("Stopped by %s; continue with: python train.py resume=%s", preemption.received, run_dir)
+                if writes_outputs:  # once per job; under DDP the signal may have gone to another rank
+                    log.warning("Stopped by %s; continue with: python train.py resume=%s",
+                                preemption.received or "a signal to another DDP rank", run_dir)
                 if wandb.run is not None:
                     wandb.mark_preempting()
                 return {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -59,6 +59,13 @@ class TridentDataModule(L.LightningDataModule, ABC):
         the worker options and a private generator (a loader otherwise draws its workers' base
         seed from the global RNG on every pass)."""
 
+    def shard(self) -> dict[str, int]:
+        """``num_replicas`` and ``rank`` of the trainer this module feeds (one process outside
+        DDP), for a sampler that deals the training data out by rank itself."""
+        if self.trainer is None:
+            return {"num_replicas": 1, "rank": 0}
+        return {"num_replicas": self.trainer.world_size, "rank": self.trainer.global_rank}
+
     @staticmethod
     def private_generator() -> torch.Generator:
         """For a DataLoader: keeps validation passes from moving the global RNG (dropout) between a

@@ -180,10 +180,11 @@ class ImageDataModule(TridentDataModule):
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
         dataset = self.datasets[split]
+        order = EpochShuffleSampler(len(dataset), self.batch_size, self.seed, **self.shard()) if train else None
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.batch_size, self.seed) if train else None,
+            sampler=order,
             drop_last=train,
             **self.loader_options(),
         )

@@ -146,10 +146,11 @@ class LMDataModule(TridentDataModule):
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
         blocks = PackedBlocks(self.splits[split], self.block_size)
+        order = EpochShuffleSampler(len(blocks), self.batch_size, self.seed, **self.shard()) if train else None
         return DataLoader(
             blocks,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(blocks), self.batch_size, self.seed) if train else None,
+            sampler=order,
             drop_last=train,
             **self.loader_options(),
         )

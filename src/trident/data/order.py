@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 
 @runtime_checkable
@@ -25,21 +25,22 @@ class ResumableOrder(Protocol):
         """Start the next pass ``batches`` batches into the epoch (once; later passes start at 0)."""
 
 
-class EpochShuffleSampler(Sampler[int]):
+class EpochShuffleSampler(DistributedSampler):
     """A new random permutation of ``range(size)`` every epoch, drawn from ``(seed, epoch)`` alone.
 
-    Lightning calls ``set_epoch`` at the start of every epoch (as for ``DistributedSampler``).
+    Under DDP, rank ``r`` of ``num_replicas`` takes positions ``r, r + num_replicas, ...`` of it,
+    after dropping the tail that does not divide evenly: every rank runs the same number of steps,
+    and batch ``k`` of all ranks together is batch ``k`` of one process with their summed batch
+    size. Being a ``DistributedSampler`` already, Lightning uses it as it is; it would otherwise
+    wrap it in a second sharding with its own shuffle, which also ignores :meth:`skip_next`.
+    Lightning calls ``set_epoch`` at the start of every epoch.
     """
 
-    def __init__(self, size: int, batch_size: int, seed: int) -> None:
+    def __init__(self, size: int, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.size = size
         self.batch_size = batch_size
-        self.seed = seed
-        self.epoch = 0
         self._skip_batches = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def skip_next(self, batches: int) -> None:
         self._skip_batches = batches
@@ -51,7 +52,5 @@ class EpochShuffleSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         # Runs on the first next(): a DataLoader builds its iterator before the pass begins.
         start, self._skip_batches = self._skip_batches * self.batch_size, 0
-        yield from self.permutation(self.epoch)[start:].tolist()
-
-    def __len__(self) -> int:
-        return self.size
+        share = self.permutation(self.epoch)[: self.total_size][self.rank :: self.num_replicas]
+        yield from share[start:].tolist()

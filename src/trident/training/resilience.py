@@ -90,24 +90,39 @@ class PreemptionCheckpoint(L.Callback):
 
     @contextmanager
     def listening(self) -> Iterator[None]:
-        """Install the handlers around ``trainer.fit`` (Lightning chains its own SIGTERM handler to
-        ours and puts ours back at teardown; the originals come back here)."""
+        """Install the handlers around ``trainer.fit`` (Lightning puts its own in when fit starts,
+        and ours back at teardown; the originals come back here)."""
         previous = {signum: signal.getsignal(signum) for signum in self.signals}
-        for signum in self.signals:
-            signal.signal(signum, self._record)
+        self._take_signals()
         try:
             yield
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    # Lightning installs its own SIGTERM handler once fit has started (after ``on_fit_start``);
+    # under DDP it broadcasts from inside the handler, a collective the other ranks are not in at
+    # that moment, and the run hangs. Ours takes the signals back: it only sets a flag, which
+    # every rank reads in the same all-reduce below.
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_signals()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_signals()
+
+    def _take_signals(self) -> None:
+        for signum in self.signals:
+            signal.signal(signum, self._record)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Every rank takes the same decision, even if only one of them got the signal.
         if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
-            trainer.save_checkpoint(self.path)
-            log.warning("%s received: saved %s at step %d and stopping", self.received or "signal", self.path, trainer.global_step)
+            trainer.save_checkpoint(self.path)  # written by rank 0 only
+            if trainer.is_global_zero:
+                log.warning("%s received: saved %s at step %d and stopping", self.received or "signal", self.path,
+                            trainer.global_step)
             raise SIGTERMException
 
 
