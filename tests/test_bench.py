@@ -26,7 +26,7 @@ def test_quick_run_writes_every_row(tmp_path: Path, single_thread: None) -> None
     assert main(["--quick", "--out", str(out)]) == 0
     page = out.read_text()
     assert f"- Command: `python -m trident.bench --quick --out {out}`" in page
-    assert re.search(r"- Machine: .+, \d+ cores, \d+ torch threads; torch \d", page)
+    assert re.search(r"- Machine: .+ \(bf16 matmul units: [^)]+\), \d+ cores, \d+ torch threads; torch \d", page)
     assert re.search(r"- Date: \d{4}-\d\d-\d\d \d\d:\d\d UTC", page)
     rows = table_rows(page)
     assert {row[0] for row in rows} == set(ROWS) - set(NOT_QUICK)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.tracking import OfflineRun, wait_for_offline_runs
+from trident.tracking import OfflineRun, read_offline_run, wait_for_offline_runs
 
 from .conftest import ROOT, SMALL
 from .test_translation_train import SMALL_MT
@@ -140,7 +140,8 @@ def test_sigkilled_ddp_run_resumes_mid_epoch_step_for_step(lm_run: Path, tmp_pat
     run_id = json.loads((killed / "run.json").read_text())["run_id"]
     segments = sorted(killed.glob("wandb/offline-run-*"))
     assert len(segments) == 2 and all(d.name.endswith(f"-{run_id}") for d in segments), "one W&B run, continued"
-    resumed_run = wait_for_offline_runs(segments[-1])[0]  # the SIGKILLed segment's record may be cut short
+    (resumed_file,) = segments[-1].glob("run-*.wandb")  # the SIGKILLed segment's record may be cut short
+    resumed_run = read_offline_run(resumed_file)
     assert resumed_run.run_id == run_id and {"test/loss", "test/ppl"} <= set(resumed_run.summary)
 
 

@@ -54,7 +54,7 @@ def milliseconds(seconds: float) -> str:
 def machine_description(device: torch.device) -> str:
     """CPU model and cores, GPU name, torch version."""
     cpu = _cpu_model()
-    text = f"{cpu}, {_cores()} cores, {torch.get_num_threads()} torch threads"
+    text = f"{cpu} (bf16 matmul units: {_bf16_units()}), {_cores()} cores, {torch.get_num_threads()} torch threads"
     if device.type == "cuda":
         text += f"; GPU {torch.cuda.get_device_name(device)}"
     return f"{text}; torch {torch.__version__}, Python {platform.python_version()}"
@@ -67,6 +67,20 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+# CPU flags of native bf16 matrix products; without them PyTorch emulates bf16 (much slower than fp32).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def _bf16_units() -> str:
+    """The CPU's native bf16 flags (Linux), "none", or "unknown" where /proc/cpuinfo is missing:
+    bf16 rows are only comparable between machines that agree on this."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return "unknown"
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), [])
+    return ", ".join(flag for flag in BF16_FLAGS if flag in flags) or "none"
 
 
 def _cores() -> int:
