@@ -10,6 +10,7 @@ the command for rank 1, and that command is a whole multirun.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -34,9 +35,9 @@ from trident.errors import DataError
 from trident.pipeline import constructor_args, instantiate
 from trident.sample import load_lm_checkpoint
 from trident.tracking import OfflineRun, find_offline_runs
-from trident.training.loggers import record_summary, summarize_monitor
+from trident.training.loggers import build_loggers, record_summary, summarize_monitor
 
-from .conftest import ROOT, SMALL
+from .conftest import ROOT, SMALL, compose_config
 from .test_translation_data import many_pairs, write_tsv
 
 STEPS = 6
@@ -175,14 +176,22 @@ def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(
     assert sorted(seen) == list(range(module.pair_counts()[split])), "every pair once, on one rank"
 
 
-def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     """On other ranks ``WandbLogger.experiment`` is Lightning's no-op stand-in: writing the summary
-    or defining metrics there must do nothing (it used to raise on ``summary.update``)."""
+    or defining metrics there must do nothing (it used to raise on ``summary.update``), and no
+    login check warns there (rank 0's warning would be repeated)."""
     monkeypatch.setattr(rank_zero_only, "rank", 1)
-    logger = WandbLogger(save_dir=str(tmp_path), mode="offline")
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with caplog.at_level(logging.WARNING, logger="trident.training.loggers"):
+        (logger,) = build_loggers(compose_config(["logger=wandb"], tmp_path / "run"), tmp_path / "run", "abc123")
+    assert caplog.records == [], "rank 0 alone says that W&B logs offline"
+    assert isinstance(logger, WandbLogger)
     record_summary([logger], {"test/loss": 1.0})
     summarize_monitor(logger, "val/loss", "min")
-    assert wandb.run is None and not (tmp_path / "wandb").exists(), "no W&B run on rank 1"
+    assert wandb.run is None and not (tmp_path / "run" / "wandb").exists(), "no W&B run on rank 1"
 
 
 def _launched(*exit_statuses: int) -> SimpleNamespace:

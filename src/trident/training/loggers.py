@@ -98,7 +98,9 @@ def record_summary(loggers: list[Logger], values: dict[str, float]) -> None:
 def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id: str) -> WandbLogger:
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
-    mode = resolve_wandb_mode(options.pop("mode", "auto"))
+    requested = options.pop("mode", "auto")
+    # Other DDP ranks get no W&B run (Lightning's stand-in): no login check, server probe or warning there.
+    mode = resolve_wandb_mode(requested) if rank_zero_only.rank == 0 else requested  # type: ignore[attr-defined]
     # wandb.init retries for 90 s by default when the server answers badly; bound it.
     settings = wandb.Settings(init_timeout=float(options.pop("init_timeout", 30)))
     # The resolved Hydra config, not only the module's hyperparameters, so runs can be compared by any key.
