@@ -197,7 +197,7 @@ def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch,
 def _launched(*exit_statuses: int) -> SimpleNamespace:
     """What ranks_fail_together reads of a trainer whose launcher started workers ending with these statuses."""
     workers = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({s})"]) for s in exit_statuses]
-    return SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=workers)))
+    return SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=workers)))
 
 
 def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
@@ -224,7 +224,7 @@ def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_trac
 
 def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[waiting])))
+    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[waiting])))
     with pytest.raises(DataError, match="own failure"):
         with ranks_fail_together(trainer):  # type: ignore[arg-type]
             raise DataError("own failure")

@@ -180,11 +180,12 @@ def _take_workers(trainer: L.Trainer) -> list[subprocess.Popen]:
     return workers
 
 
-def _failed_worker(workers: list[subprocess.Popen], timeout_s: float) -> tuple[int, int] | None:
-    """(local rank, exit status) of the first worker that failed, waiting up to ``timeout_s`` in all
-    for the workers to end; a worker still running then counts as failed (exit status None -> -1)."""
+def _failed_worker(trainer: L.Trainer, workers: list[subprocess.Popen], timeout_s: float) -> tuple[int, int] | None:
+    """(global rank, exit status) of the first worker that failed, waiting up to ``timeout_s`` in
+    all for the workers to end; a worker still running then counts as failed (exit status -1)."""
     deadline = time.monotonic() + timeout_s
-    for rank, worker in enumerate(workers, start=1):
+    # The launching process is its node's local rank 0; its workers follow it in global rank.
+    for rank, worker in enumerate(workers, start=trainer.global_rank + 1):
         try:
             status = worker.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -220,10 +221,10 @@ def ranks_fail_together(trainer: L.Trainer) -> Iterator[None]:
                 worker.kill()
                 worker.wait()
             raise
-        failed = _failed_worker(workers, PEER_EXIT_WAIT_S)
+        failed = _failed_worker(trainer, workers, PEER_EXIT_WAIT_S)
         if failed is not None:
             raise _rank_failed(*failed) from err
         raise RankFailed("another DDP rank failed, which stopped this one: that rank's error says why") from err
-    failed = _failed_worker(_take_workers(trainer), WORKER_EXIT_WAIT_S)
+    failed = _failed_worker(trainer, _take_workers(trainer), WORKER_EXIT_WAIT_S)
     if failed is not None:
         raise _rank_failed(*failed)
