@@ -20,6 +20,9 @@ SDPA_KERNELS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
+# How PyTorch says that the forced kernel refuses these inputs: the CPU dispatcher's and the CUDA
+# dispatcher's wording (the latter after warnings that name the kernel's reasons, e.g. a mask).
+NO_KERNEL_MESSAGES = ("No viable backend", "No available kernel")
 
 
 class MultiHeadAttention(nn.Module):
@@ -118,11 +121,12 @@ class MultiHeadAttention(nn.Module):
                     q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
                 )
         except RuntimeError as err:
-            if "No viable backend" not in str(err):
+            if not any(message in str(err) for message in NO_KERNEL_MESSAGES):
                 raise
             raise ConfigError(
                 f"model.sdpa_backend={self.sdpa_backend} has no kernel for these inputs (device {q.device.type}, "
-                f"{q.dtype}, head size {q.size(-1)}): use model.sdpa_backend=auto, or math/flash on a CPU"
+                f"{q.dtype}, head size {q.size(-1)}, {_mask_kind(attn_mask, is_causal)}): use model.sdpa_backend=auto, "
+                "or a kernel that takes them (math takes all; flash on CUDA takes no mask and only fp16/bf16)"
             ) from None
 
     def _explicit(
@@ -142,3 +146,10 @@ class MultiHeadAttention(nn.Module):
         weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
         y = F.dropout(weights, p=dropout_p) @ v  # (B, nh, Tq, hs)
         return y, weights
+
+
+def _mask_kind(attn_mask: Tensor | None, is_causal: bool) -> str:
+    """How the inputs are masked, in the words of the refusal message."""
+    if attn_mask is None:
+        return "causal, no mask tensor" if is_causal else "no mask"
+    return f"{'boolean' if attn_mask.dtype == torch.bool else 'float bias'} mask"
