@@ -93,11 +93,17 @@ def read_metrics(run_root: Path) -> tuple[dict[str, float], float | None, dict[s
 
 
 def run_trainings(out: Path, steps: int, deadline: float, dry_run: bool) -> list[Training]:
-    logs = out / "logs"
+    """Runs each training not finished yet: a later call on the same (warm) machine goes on where
+    an earlier one stopped at its deadline, reading ``out/trainings.json``."""
+    logs, record = out / "logs", out / "trainings.json"
     runs = trainings(steps, Path(os.environ.get("GPU_CHECK_RUNS", "/tmp/gpu_check_runs")))
+    done = {r["name"]: Training(**r) for r in json.loads(record.read_text())} if record.exists() else {}
+    runs = [done[r.name] if r.name in done and done[r.name].status not in ("not run", "timed out") else r for r in runs]
     for run in runs:
         if dry_run:
             print(shlex.join(run.command))
+            continue
+        if run.status != "not run":
             continue
         logs.mkdir(parents=True, exist_ok=True)
         remaining = deadline - time.time()
@@ -118,7 +124,7 @@ def run_trainings(out: Path, steps: int, deadline: float, dry_run: bool) -> list
         run_root = Path(run.command[-1].split("=", 1)[1])
         run.rates, run.peak_memory_gib, run.final = read_metrics(run_root)
         # Written after every run, so a stopped check keeps what it measured.
-        (out / "trainings.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
+        record.write_text(json.dumps([asdict(r) for r in runs], indent=1))
         print(f"{run.name}: {run.status} in {run.seconds} s", flush=True)
     return runs
 
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     extract.add_argument("directory", type=Path)
     train = commands.add_parser("trainings", help="short real trainings per task and precision")
     train.add_argument("out", type=Path)
-    train.add_argument("--steps", type=int, default=200)
+    train.add_argument("--steps", type=int, default=100)
     train.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start no run after it")
     train.add_argument("--dry-run", action="store_true", help="print the commands only")
     summary = commands.add_parser("summary", help="write OUT/summary.md")

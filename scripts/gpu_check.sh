@@ -11,7 +11,10 @@
 #   scripts/gpu_check.sh [--dry-run] [--budget SECONDS] [STAGE ...]    STAGE: tests bench train (default: all three)
 #
 # A device command may run 10 minutes: the stages share --budget seconds (default 560) and each
-# one stops at the deadline, keeping what it finished; the summary is written in any case.
+# one stops at the deadline, keeping what it finished; the summary is written in any case. The
+# trainings go on where they stopped when called again on the same machine while it is warm
+# (their record lives in /tmp/gpu_check_logs). GPU_CHECK_STEPS (default 100) sets their length,
+# GPU_CHECK_BENCH_ROWS the benchmark rows (GPU rows first, so a deadline cuts the CPU-minded ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +37,8 @@ BUNDLE=${GPU_BUNDLE:-.gpu_bundle}
 SITE=/tmp/gpu_check_site
 LOGS=/tmp/gpu_check_logs
 DEADLINE=$(( $(date +%s) + BUDGET ))
-STEPS=${GPU_CHECK_STEPS:-200}
+STEPS=${GPU_CHECK_STEPS:-100}
+BENCH_ROWS=${GPU_CHECK_BENCH_ROWS:-mfu compile sdpa bf16 lm vit_b16 translation generation fused checkpointing pipeline}
 
 run() {  # print the command; run it unless --dry-run
     echo "+ $*"
@@ -68,12 +72,13 @@ for stage in "${STAGES[@]}"; do
             run timeout --signal=INT --kill-after=15 "$(left)" python3 -m pytest -m gpu -p no:cacheprovider -rA \
                 --junitxml="$OUT/junit.xml" tests/gpu 2>&1 | tee "$LOGS/pytest.log" | tail -40 ;;
         bench)  # writes bench.md after every row
+            # shellcheck disable=SC2086  # the rows are words
             run timeout --signal=INT --kill-after=15 "$(left)" python3 -m trident.bench --device cuda \
-                --out "$OUT/bench.md" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
+                --only $BENCH_ROWS --out "$OUT/bench.md" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
         train)
             dry=(); (( DRY_RUN )) && dry=(--dry-run)
             python3 scripts/gpu_check.py trainings "$LOGS" --steps "$STEPS" --deadline $(( DEADLINE - 20 )) "${dry[@]}"
-            [[ -f "$LOGS/trainings.json" ]] && mv "$LOGS/trainings.json" "$OUT/" ;;
+            [[ -f "$LOGS/trainings.json" ]] && cp "$LOGS/trainings.json" "$OUT/" ;;
     esac
 done
 

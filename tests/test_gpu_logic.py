@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from trident.backbone import Decoder
+from trident.bench.levers import sdpa_rows
+from trident.bench.report import Settings
 from trident.errors import ConfigError
 from trident.training.callbacks import Throughput
 from trident.training.flops import device_peak_flops
@@ -85,3 +87,20 @@ def test_an_unknown_gpu_gives_no_peak_and_says_how_to_set_one(
     with caplog.at_level(logging.WARNING, logger="trident.training.flops"):
         assert device_peak_flops(torch.device("cuda", 0), "bf16") is None
     assert "set callbacks.throughput.peak_flops" in caplog.text
+
+
+def test_sdpa_bench_row_reports_a_refusing_kernel_instead_of_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the row forces every kernel; one that refuses (cuDNN on some versions) is named in
+    the row, and the other kernels are still timed. Here the flash kernel refuses, as CUDA's would."""
+    real_sdpa = F.scaled_dot_product_attention
+
+    def flash_refuses(*args: object, **kwargs: object) -> torch.Tensor:
+        if torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled():
+            raise RuntimeError(REFUSALS[0])
+        return real_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", flash_refuses)
+    settings = Settings(device=torch.device("cpu"), quick=True, warmup=0, repeats=1)
+    (row,) = sdpa_rows(settings)
+    assert row.notes.endswith("refused these inputs: flash")
+    assert row.trident.startswith("auto ") and "flash" not in row.trident and row.reference.startswith("math ")
