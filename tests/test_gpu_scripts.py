@@ -111,3 +111,12 @@ def test_translation_extract_reads_back_as_the_same_pairs(tmp_path: Path, monkey
     read = load_pairs("files", {"files": files}, "en", "de", [0.96, 0.02, 0.02])
     assert read["train"]["src"] == ["He said, \"Go.\"", "NA"] and read["train"]["tgt"] == ["Er sprach: »Geh.«", "nicht verfügbar"]
     assert read["validation"][0] == {"src": "a b c", "tgt": "d"}  # whitespace runs become one space
+
+
+def test_a_spent_budget_runs_no_stage(tmp_path: Path) -> None:
+    """Under 30 s left a stage does not start (``timeout 0`` would run it without any limit)."""
+    result = run_check("--dry-run", "--budget", "40", "tests", "bench", out=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "== tests: not run, the budget is spent" in result.stdout
+    assert "== bench: not run, the budget is spent" in result.stdout
+    assert "pytest" not in result.stdout and "trident.bench" not in result.stdout
