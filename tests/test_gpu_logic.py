@@ -45,7 +45,8 @@ def test_a_refused_forced_kernel_is_one_clear_config_error(message: str, monkeyp
     monkeypatch.setattr(F, "scaled_dot_product_attention", refusing_kernel(message))
     with pytest.raises(ConfigError, match=r"model.sdpa_backend=flash has no kernel for these inputs "
                                           r"\(device cpu, torch.float32, head size 8, boolean mask\): "
-                                          r"use model.sdpa_backend=auto") as caught:
+                                          r"use model.sdpa_backend=auto, or a kernel that takes them "
+                                          r"\(on a CPU only math and flash exist\)") as caught:
         stack(torch.randn(2, 6, 32), key_padding_mask=padding)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__  # one line, no PyTorch chain
 

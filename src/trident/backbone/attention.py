@@ -123,10 +123,12 @@ class MultiHeadAttention(nn.Module):
         except RuntimeError as err:
             if not any(message in str(err) for message in NO_KERNEL_MESSAGES):
                 raise
+            kernels = ("on a CPU only math and flash exist" if q.device.type == "cpu"
+                       else "math takes every input; flash takes no mask tensor and only fp16/bf16")
             raise ConfigError(
                 f"model.sdpa_backend={self.sdpa_backend} has no kernel for these inputs (device {q.device.type}, "
                 f"{q.dtype}, head size {q.size(-1)}, {_mask_kind(attn_mask, is_causal)}): use model.sdpa_backend=auto, "
-                "or a kernel that takes them (math takes all; flash on CUDA takes no mask and only fp16/bf16)"
+                f"or a kernel that takes them ({kernels})"
             ) from None
 
     def _explicit(
