@@ -42,7 +42,8 @@ class TrainingProbe(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.weights_finite = all(bool(torch.isfinite(p).all()) for p in pl_module.parameters())
 
-    def mean_loss(self, first: int | None = None, last: int | None = None) -> float:
-        values = self.losses[:first] if first else self.losses[-last:]  # type: ignore[operator]
+    def mean_loss(self, steps: slice) -> float:
+        """Mean training loss over ``steps`` (e.g. ``slice(-5, None)``: the last five), all finite."""
+        values = self.losses[steps]
         assert values and all(math.isfinite(v) for v in values), self.losses
         return sum(values) / len(values)

@@ -99,8 +99,8 @@ def _free_memory(device: torch.device) -> None:
 def fitting_step(
     workload: Workload, settings: Settings, dtype: torch.dtype, compiled: bool, start_batch: int
 ) -> tuple[int, Callable[[], None]]:
-    """The largest power-of-two batch from ``start_batch`` down whose training step runs out of
-    memory nowhere, with that step (its first call already made: it allocates, or compiles)."""
+    """The largest batch among ``start_batch``, its half, its quarter... whose training step fits in
+    the device's memory, with that step (its first call already made: it allocates, or compiles)."""
     batch = start_batch
     while True:
         _free_memory(settings.device)
