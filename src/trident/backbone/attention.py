@@ -142,10 +142,13 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             else:
                 scores = scores + attn_mask
+        # A query that may see no key at all (left padding) has an all -inf row, whose softmax is
+        # NaN in the forward and the backward. Such rows get finite scores before the softmax and
+        # zero weight after it, as SDPA does: zero output, and zero gradient to q, k and the bias.
+        blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (B, nh, Tq, 1)
+        scores = scores.masked_fill(blind, 0.0)
         # Softmax in fp32 even under autocast: exp(-inf) is exactly 0, so masked keys get zero weight.
-        # A query that may see no key at all (left padding) gets an all -inf row whose softmax is
-        # NaN; zero it, as SDPA does, so the NaN cannot leak into other positions in later layers.
-        weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+        weights = torch.softmax(scores.float(), dim=-1).masked_fill(blind, 0.0).to(q.dtype)
         y = F.dropout(weights, p=dropout_p) @ v  # (B, nh, Tq, hs)
         return y, weights
 
