@@ -161,6 +161,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("log-every-zero", "train.py", ["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps", ">= 1"]),
     ("clip-negative", "train.py", ["trainer.gradient_clip_val=-1"], ["trainer.gradient_clip_val", ">= 0"]),
     ("sanity-steps-below-minus-one", "train.py", ["trainer.num_sanity_val_steps=-2"], ["trainer.num_sanity_val_steps", ">= -1"]),
+    ("sampling-top-k-negative", "train.py", ["task.sampling.top_k=-5"], ["top_k", ">= 0"]),
     ("sample-top-p-above-one", "trident.sample", [LAST, "--top-p", "1.5"], ["top_p", "[0, 1]"]),
     ("unknown-scheduler", "train.py", ["scheduler.name=linear"], ["scheduler.name", "cosine"]),
     # Optimisation

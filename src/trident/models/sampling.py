@@ -22,6 +22,14 @@ class Generative(Protocol):
     def new_cache(self, max_len: int) -> KVCache: ...
 
 
+def check_filters(top_k: int | None, top_p: float | None) -> None:
+    """Refuse filter settings that mean nothing (before any work when a task is built with them)."""
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 or None: no top-k filter), got {top_k}")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ConfigError(f"top_p must be in [0, 1] (0: greedy, 1 or None: no nucleus filter), got {top_p}")
+
+
 def sample_next_token(
     logits: Tensor,
     *,
@@ -37,10 +45,7 @@ def sample_next_token(
     most likely tokens whose probability reaches ``top_p``; the most likely token always stays,
     so ``top_p=0`` is greedy too. ``None`` (or ``top_k=0``, ``top_p=1``) turns a filter off.
     """
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"top_k must be >= 0 (0 or None: no top-k filter), got {top_k}")
-    if top_p is not None and not 0 <= top_p <= 1:
-        raise ConfigError(f"top_p must be in [0, 1] (0: greedy, 1 or None: no nucleus filter), got {top_p}")
+    check_filters(top_k, top_p)
     if temperature <= 0 or top_p == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
