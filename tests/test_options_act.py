@@ -214,7 +214,7 @@ def perturbed_lm_checkpoint(tmp_path_factory: pytest.TempPathFactory, single_thr
     train(compose_config([*SMALL, *ONE_STEP], output_dir=run))
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     generator = torch.Generator().manual_seed(0)
-    for key, value in checkpoint["state_dict"].items():
+    for value in checkpoint["state_dict"].values():
         if value.is_floating_point():
             value.add_(torch.randn(value.shape, generator=generator) * 0.3)
     path = run / "perturbed.ckpt"
