@@ -61,7 +61,6 @@ def test_translation_weight_tying_is_parameter_identity(mode: str, trained_task,
     src, tgt, head = net.src_embed.weight, net.tgt_embed.weight, net.head.weight
     assert (src is tgt) == (mode == "all")
     assert (tgt is head) == (mode in ("all", "decoder"))
-    assert src is not head or mode == "all"
     distinct = {id(p) for p in net.parameters()}
     assert len({id(src), id(tgt), id(head)} & distinct) == {"all": 1, "decoder": 2, "none": 3}[mode]
 
@@ -187,11 +186,11 @@ def test_overfit_drives_the_loss_of_one_batch_toward_zero(trained_task, tmp_path
 
         task.training_step = step  # type: ignore[method-assign]
 
-    trained_task([*SMALL, "debug=overfit", "logger=none", "test=false", "trainer.max_steps=150", "model.dropout=0.0",
-                  "trainer.val_check_interval=150", "callbacks.throughput=null", "optimizer.lr=3e-3",
+    trained_task([*SMALL, "debug=overfit", "logger=none", "test=false", "trainer.max_steps=100", "model.dropout=0.0",
+                  "trainer.val_check_interval=100", "callbacks.throughput=null", "optimizer.lr=3e-3",
                   "scheduler=constant", "scheduler.warmup_steps=0"], tmp_path, record_losses)
-    assert len(records) == 150
-    assert records[-1] < 0.15 * records[0], f"loss {records[0]:.3f} -> {records[-1]:.3f}"
+    assert len(records) == 100
+    assert records[-1] < 0.1 * records[0], f"loss {records[0]:.3f} -> {records[-1]:.3f}"
 
 
 def test_tensorboard_logger_writes_event_files(tmp_path: Path) -> None:
