@@ -22,6 +22,7 @@ from trident.fill_mask import fill_in, load_mlm_checkpoint
 from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
 from trident.pipeline import check_config, constructor_args, instantiate, train
+from trident.tracking import wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
 
 from .conftest import compose_config
@@ -209,7 +210,7 @@ def test_pos_encoding_none_warns_that_masks_are_indistinguishable(tmp_path: Path
 def short_run(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> Path:
     """Six steps of the BPE model, so that fill_mask meets subword tokens and the lstrip [MASK]."""
     run_dir = tmp_path_factory.mktemp("mlm") / "run"
-    train(compose_config([*SMALL_MLM, "data.tokenizer=bpe", "data.vocab_size=400", "logger=csv",
+    train(compose_config([*SMALL_MLM, "data.tokenizer=bpe", "data.vocab_size=400", "logger=wandb", *WITH_CSV,
                           "trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.throughput.window=2"],
                          output_dir=run_dir))
     return run_dir
@@ -221,6 +222,10 @@ def test_short_run_logs_masked_metrics_and_examples(short_run: Path) -> None:
     task = load_mlm_checkpoint(short_run / "checkpoints" / "last.ckpt")
     assert task.tokenizer is not None and task.tokenizer.token_to_id("[MASK]") == task.mask_id == task.num_regular_tokens
     assert "[MASK]" in (short_run / "tokenizer.json").read_text()
+    (run,) = wait_for_offline_runs(short_run)
+    assert run.metric("val/acc") and run.summary["test/acc"] == pytest.approx(float(run.metric("test/acc")[-1]))
+    tables = list(short_run.rglob("media/table/masked_examples_*.table.json"))
+    assert tables and "[MASK]" in tables[0].read_text(), "a W&B table of masked blocks with the predictions"
 
 
 def test_fill_mask_command_fills_each_mask(short_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
