@@ -4,6 +4,9 @@ FLOPs, exact resume, the fill_mask command and eval.py, and learning beyond the 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -22,10 +25,10 @@ from trident.fill_mask import fill_in, load_mlm_checkpoint
 from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
 from trident.pipeline import check_config, constructor_args, instantiate, train
-from trident.tracking import wait_for_offline_runs
+from trident.tracking import find_offline_runs, wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
 
-from .conftest import compose_config
+from .conftest import ROOT, compose_config
 from .test_flops_mfu import counted_training_flops, tiny_cfg
 from .test_resume import WITH_CSV, train_losses
 from .test_translation_train import load_eval_script
@@ -289,3 +292,21 @@ def test_masked_accuracy_rises_well_above_the_unigram_baseline(tmp_path: Path) -
     counts = np.bincount(np.asarray(data.splits["validation"]))
     unigram = counts.max() / counts.sum()  # always guessing the most frequent character (the space)
     assert metrics["val/acc"] > 2 * unigram, (metrics["val/acc"], unigram)
+
+
+@pytest.mark.slow
+def test_ddp_job_of_a_sweep_with_wandb(tmp_path: Path) -> None:
+    """`train.py -m trainer=ddp_cpu task=mlm pos_encoding=relative`: 2 gloo processes, the default
+    (offline) W&B logger, no traceback on any rank, one W&B run for the job."""
+    overrides = [o for o in SMALL_MLM if not o.startswith(("trainer.limit_val_batches", "data.batch_size"))]
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "trainer=ddp_cpu", "pos_encoding=relative", *overrides,
+               "data.batch_size=4", "trainer.limit_val_batches=2", f"paths.output_root={tmp_path}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    jobs = sorted(p for p in tmp_path.glob("multirun/*/*/*") if p.is_dir())
+    assert [p.name for p in jobs] == ["0_mlm-shakespeare-nano-relative-seed1337"]
+    (run,) = find_offline_runs(jobs[0])
+    assert run.config["trainer"]["devices"] == 2 and run.metric("val/acc") and "test/acc" in run.summary
