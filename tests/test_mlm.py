@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch import Tensor
 
 from trident.backbone import PositionalEncoding, TransformerConfig
 from trident.backbone.positional import base as positional_registry
@@ -61,7 +62,8 @@ def mlm_config(tmp_path: Path, *overrides: str) -> DictConfig:
 # Masking
 
 
-def corrupt(masking: Masking, shape: tuple[int, int] = (64, 500), vocab: int = 1000, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def corrupt(masking: Masking, shape: tuple[int, int] = (64, 500), vocab: int = 1000,
+            seed: int = 0) -> tuple[Tensor, ...]:
     ids = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1234))
     inputs, targets = mask_tokens(ids, masking, mask_id=vocab, num_regular_tokens=vocab,
                                   generator=masking_generator(torch.device("cpu"), seed))
@@ -69,7 +71,8 @@ def corrupt(masking: Masking, shape: tuple[int, int] = (64, 500), vocab: int = 1
 
 
 @pytest.mark.parametrize(("rate", "mask_fraction", "random_fraction"), [(0.15, 0.8, 0.1), (0.3, 0.5, 0.25)])
-def test_masking_selects_the_rate_and_splits_it_as_configured(rate: float, mask_fraction: float, random_fraction: float) -> None:
+def test_masking_selects_the_rate_and_splits_it_as_configured(rate: float, mask_fraction: float,
+                                                               random_fraction: float) -> None:
     ids, inputs, targets = corrupt(Masking(rate, mask_fraction, random_fraction))
     selected = targets != IGNORE_INDEX
     assert (selected.sum(dim=1) == round(rate * 500)).all(), "exactly round(rate x length) per sequence"
@@ -132,7 +135,8 @@ def test_unmasked_positions_carry_no_loss(tmp_path: Path) -> None:
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_encoder_sees_both_sides_and_ignores_padding(encoding: str) -> None:
     torch.manual_seed(0)
-    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_seq_len=32, pos_encoding=encoding)
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_seq_len=32,
+                            pos_encoding=encoding)
     model = MaskedLM(cfg, 20).eval()
     ids = torch.randint(0, 18, (1, 12))
     later = ids.clone()
@@ -200,7 +204,8 @@ def test_an_encoding_without_a_bidirectional_form_is_refused(past_only_encoding:
         MaskedLM(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, pos_encoding="past_only"), 20)
 
 
-def test_pos_encoding_none_warns_that_masks_are_indistinguishable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_pos_encoding_none_warns_that_masks_are_indistinguishable(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     check_config(mlm_config(tmp_path, "pos_encoding=none"))
     assert "every [MASK] of a block gets the same prediction" in caplog.text
 
@@ -223,7 +228,8 @@ def test_short_run_logs_masked_metrics_and_examples(short_run: Path) -> None:
     header = (next(short_run.glob("csv/version_*/metrics.csv"))).read_text().splitlines()[0].split(",")
     assert {"train/loss", "val/loss", "val/ppl", "val/acc", "test/acc", "throughput/mfu"} <= set(header)
     task = load_mlm_checkpoint(short_run / "checkpoints" / "last.ckpt")
-    assert task.tokenizer is not None and task.tokenizer.token_to_id("[MASK]") == task.mask_id == task.num_regular_tokens
+    assert task.tokenizer is not None
+    assert task.tokenizer.token_to_id("[MASK]") == task.mask_id == task.num_regular_tokens, "specials after the corpus"
     assert "[MASK]" in (short_run / "tokenizer.json").read_text()
     (run,) = wait_for_offline_runs(short_run)
     assert run.metric("val/acc") and run.summary["test/acc"] == pytest.approx(float(run.metric("test/acc")[-1]))
@@ -255,12 +261,15 @@ def test_fill_mask_without_a_mask_is_one_line(short_run: Path, capsys: pytest.Ca
     with pytest.raises(SystemExit) as exit_info:
         fill_mask_main([str(short_run / "checkpoints" / "last.ckpt"), "no mask here"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "error: no [MASK] in 'no mask here': write [MASK] where a token is to be predicted"
+    expected = "error: no [MASK] in 'no mask here': write [MASK] where a token is to be predicted"
+    assert capsys.readouterr().err.strip() == expected
 
 
 def test_eval_script_scores_an_mlm_checkpoint(short_run: Path) -> None:
-    metrics = load_eval_script().evaluate([f"ckpt_path={short_run / 'checkpoints' / 'last.ckpt'}", "trainer.limit_test_batches=2"])
-    assert 0 <= metrics["test/acc"] <= 1 and metrics["test/ppl"] == pytest.approx(np.exp(metrics["test/loss"]), rel=1e-4)
+    checkpoint = short_run / "checkpoints" / "last.ckpt"
+    metrics = load_eval_script().evaluate([f"ckpt_path={checkpoint}", "trainer.limit_test_batches=2"])
+    assert 0 <= metrics["test/acc"] <= 1
+    assert metrics["test/ppl"] == pytest.approx(np.exp(metrics["test/loss"]), rel=1e-4)
     assert (short_run / "eval" / "last.json").is_file()
 
 
@@ -269,7 +278,8 @@ def test_mlm_resumes_mid_epoch_step_for_step(tmp_path: Path) -> None:
                  "trainer.limit_train_batches=4", "trainer.val_check_interval=6", "test=false",
                  "+callbacks.periodic._target_=lightning.pytorch.callbacks.ModelCheckpoint",
                  f"+callbacks.periodic.dirpath={tmp_path / 'periodic'}", "+callbacks.periodic.every_n_train_steps=3",
-                 "+callbacks.periodic.save_top_k=-1", "+callbacks.periodic.monitor=step", "+callbacks.periodic.mode=max",
+                 "+callbacks.periodic.save_top_k=-1", "+callbacks.periodic.monitor=step",
+                 "+callbacks.periodic.mode=max",
                  "+callbacks.periodic.filename='step{step}'", "+callbacks.periodic.auto_insert_metric_name=false",
                  "callbacks.throughput=null", "callbacks.lr_monitor=null"]
     train(compose_config(overrides, output_dir=tmp_path / "a"))

@@ -37,15 +37,17 @@ class Masking:
     random_fraction: float = 0.1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rate, (int, float)) or isinstance(self.rate, bool) or not 0.0 < self.rate < 1.0:
-            raise ConfigError(f"task.mask_rate must be in (0, 1), got {self.rate!r}: use e.g. task.mask_rate=0.15 (BERT)")
-        for name, value in (("mask_token_fraction", self.mask_fraction), ("random_token_fraction", self.random_fraction)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        if not _is_number(self.rate) or not 0.0 < self.rate < 1.0:
+            raise ConfigError(f"task.mask_rate must be in (0, 1), got {self.rate!r}: use e.g. task.mask_rate=0.15")
+        fractions = {"mask_token_fraction": self.mask_fraction, "random_token_fraction": self.random_fraction}
+        for name, value in fractions.items():
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"task.{name} must be in [0, 1], got {value!r}: BERT uses 0.8 [MASK] and 0.1 random")
-        if self.mask_fraction + self.random_fraction > 1.0 + 1e-9:
+        total = self.mask_fraction + self.random_fraction
+        if total > 1.0 + 1e-9:
             raise ConfigError(
-                f"task.mask_token_fraction + task.random_token_fraction = {self.mask_fraction + self.random_fraction:g} "
-                "exceeds 1: they share the selected tokens with the unchanged ones (BERT: 0.8 + 0.1, 0.1 unchanged)"
+                f"task.mask_token_fraction + task.random_token_fraction = {total:g} exceeds 1: they share the "
+                "selected tokens with the unchanged ones (BERT: 0.8 + 0.1, 0.1 unchanged)"
             )
 
     def count(self, length: int) -> int:
@@ -59,6 +61,10 @@ class Masking:
                 f"task.mask_rate={self.rate:g} selects {self.count(block_size)} of the {block_size} tokens of a block "
                 f"(data.block_size): no context is left to predict from; raise data.block_size or lower task.mask_rate"
             )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def masking_generator(device: torch.device, *key: int) -> torch.Generator:

@@ -160,7 +160,8 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or not self._examples:
             return
-        log_text_table(self, "masked_examples", ["step", "masked input", "prediction", "original", "accuracy"], self._examples)
+        columns = ["step", "masked input", "prediction", "original", "accuracy"]
+        log_text_table(self, "masked_examples", columns, self._examples)
         self._examples = []
 
     @torch.inference_mode()
@@ -188,4 +189,5 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         steps = int(self.trainer.estimated_stepping_batches)
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, positional_parameter_names(self.net))
+        no_decay = positional_parameter_names(self.net)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)
