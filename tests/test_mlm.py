@@ -29,28 +29,15 @@ from trident.pipeline import check_config, constructor_args, instantiate, train
 from trident.tracking import find_offline_runs, wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
 
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, SMALL, compose_config
 from .test_flops_mfu import counted_training_flops, tiny_cfg
 from .test_resume import WITH_CSV, train_losses
 from .test_translation_train import load_eval_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SMALL_MLM = [
-    "task=mlm",
-    "model=nano",
-    "data.block_size=32",
-    "data.batch_size=8",
-    "trainer.max_steps=4",
-    "trainer.val_check_interval=2",
-    "trainer.limit_val_batches=1",
-    "trainer.limit_test_batches=1",
-    "trainer.log_every_n_steps=1",
-    "trainer.num_sanity_val_steps=0",
-    "print_config=false",
-    "callbacks.progress_bar=null",
-    "callbacks.model_summary=null",
-]
+# The LM's small settings (nano model, blocks of 32, a few batches), without its sampling options.
+SMALL_MLM = ["task=mlm", *(o for o in SMALL if not o.startswith("task.sampling"))]
 ENCODINGS = ["none", "sinusoidal", "learned", "rope", "alibi", "relative"]
 
 
@@ -308,9 +295,9 @@ def test_masked_accuracy_rises_well_above_the_unigram_baseline(tmp_path: Path) -
 def test_ddp_job_of_a_sweep_with_wandb(tmp_path: Path) -> None:
     """`train.py -m trainer=ddp_cpu task=mlm pos_encoding=relative`: 2 gloo processes, the default
     (offline) W&B logger, no traceback on any rank, one W&B run for the job."""
-    overrides = [o for o in SMALL_MLM if not o.startswith(("trainer.limit_val_batches", "data.batch_size"))]
+    overrides = [o for o in SMALL_MLM if not o.startswith("trainer.limit_val_batches")]
     command = [sys.executable, str(ROOT / "train.py"), "-m", "trainer=ddp_cpu", "pos_encoding=relative", *overrides,
-               "data.batch_size=4", "trainer.limit_val_batches=2", f"paths.output_root={tmp_path}"]
+               "trainer.limit_val_batches=2", f"paths.output_root={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     result = subprocess.run(command, check=False, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)

@@ -59,11 +59,11 @@ class MLMDataModule(LMDataModule):
         return TokenBlocks(self.splits[split], self.block_size)
 
     def task_inputs(self) -> dict[str, Any]:
-        if self.tokenizer is None:
-            raise RuntimeError("call prepare_data() and setup() before task_inputs()")
+        inputs = super().task_inputs()
+        inputs.pop("sample_prompts")  # prompts to continue: a causal LM's, not a masked LM's
+        assert self.tokenizer is not None
         return {
-            "vocab_size": self.vocab_size,
-            "tokenizer_json": self.tokenizer.to_str(),
+            **inputs,
             "mask_id": self.tokenizer.token_to_id(MASK_TOKEN),
             "pad_id": self.tokenizer.token_to_id(PAD_TOKEN),
             "num_regular_tokens": self.num_regular_tokens,

@@ -133,7 +133,7 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
         self.log(f"{stage}/ppl", ppl)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
-        if batch_idx == 0 and stage == "val":
+        if batch_idx == 0 and stage == "val" and self.trainer.is_global_zero:
             self._examples = self.filled_in(batch, inputs, targets, logits.argmax(dim=-1))
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
