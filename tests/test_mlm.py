@@ -4,6 +4,7 @@ FLOPs, exact resume, the fill_mask command and eval.py, and learning beyond the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -134,6 +135,21 @@ def test_encoder_sees_both_sides_and_ignores_padding(encoding: str) -> None:
         padded = torch.cat([ids, torch.full((1, 5), 19)], dim=1)
         padding = torch.arange(17)[None, :] >= 12
         torch.testing.assert_close(model(padded, key_padding_mask=padding)[:, :12], out, rtol=1e-5, atol=1e-5)
+
+
+def test_without_positions_every_mask_of_a_block_gets_the_same_prediction() -> None:
+    """What the pos_encoding=none warning says: a bidirectional encoder without positions is
+    permutation-equivariant, so identical inputs get identical outputs wherever they stand."""
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, pos_encoding="none")
+    model = MaskedLM(cfg, 20).eval()
+    ids = torch.tensor([[3, 19, 5, 7, 19, 2, 19, 11]])  # 19 plays [MASK]
+    with torch.no_grad():
+        out = model(ids, select=ids == 19)  # (3, V)
+    torch.testing.assert_close(out[0], out[1])
+    torch.testing.assert_close(out[0], out[2])
+    with torch.no_grad():
+        out = MaskedLM(dataclasses.replace(cfg, pos_encoding="rope"), 20).eval()(ids, select=ids == 19)
+    assert not torch.allclose(out[0], out[1]), "with positions, masks at different places differ"
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
