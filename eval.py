@@ -1,7 +1,7 @@
 """Score a checkpoint on the test split: `python eval.py ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt`.
 
 The model and data are rebuilt from the run's `config_resolved.yaml` (found in the checkpoint's
-run directory), then `trainer.test` runs, for any task (lm, translation). Further `key=value`
+run directory), then `trainer.test` runs, for any task (lm, translation, vit, mlm). Further `key=value`
 arguments override keys of that config (not config groups), e.g. `task.beam_size=1`,
 `trainer.limit_test_batches=10`, `trainer.precision=bf16-mixed`. Metrics are printed and written to
 `<run dir>/eval/<checkpoint name>.json`. `TRIDENT_CACHE_DIR`, when set, replaces the run's

@@ -48,11 +48,11 @@ class Result:
 
 
 def command(entry: str) -> list[str]:
-    return [sys.executable, "-m", entry] if entry == "trident.sample" else [sys.executable, str(ROOT / entry)]
+    return [sys.executable, "-m", entry] if entry.startswith("trident.") else [sys.executable, str(ROOT / entry)]
 
 
 def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
-    """``python <entry> <args>`` run in this process (``entry``: a script or ``trident.sample``)."""
+    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.sample``)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [str(ROOT / entry), *args])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
@@ -62,7 +62,7 @@ def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.M
     code = 0
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            if entry == "trident.sample":
+            if entry.startswith("trident."):
                 runpy.run_module(entry, run_name="__main__", alter_sys=True)
             else:
                 runpy.run_path(str(ROOT / entry), run_name="__main__")
@@ -186,6 +186,15 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("eval-missing-checkpoint", "eval.py", ["ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
     ("eval-without-checkpoint", "eval.py", ["task.beam_size=1"], ["ckpt_path="]),
     ("sample-corrupt-checkpoint", "trident.sample", ["corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
+    # Masked language modelling
+    ("mlm-mask-rate-zero", "train.py", ["task=mlm", "task.mask_rate=0"], ["task.mask_rate", "(0, 1)", "0.15"]),
+    ("mlm-mask-rate-above-one", "train.py", ["task=mlm", "task.mask_rate=1.2"], ["task.mask_rate", "(0, 1)"]),
+    ("mlm-no-room-for-context", "train.py", ["task=mlm", "task.mask_rate=0.8", "data.block_size=2"], ["selects 2 of the 2 tokens", "data.block_size"]),
+    ("mlm-fractions-above-one", "train.py", ["task=mlm", "task.random_token_fraction=0.5"], ["exceeds 1", "task.mask_token_fraction"]),
+    ("mlm-image-data", "train.py", ["task=mlm", "data=mnist"], ["data=mnist is not text data for task=mlm", "shakespeare"]),
+    ("mlm-corpus-smaller-than-a-block", "train.py", ["task=mlm", *TEXT, "data.block_size=4000"], ["fewer than one block", "data.block_size"]),
+    ("fill-mask-corrupt-checkpoint", "trident.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
+    ("fill-mask-lm-checkpoint", "trident.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),
 ]
 
 

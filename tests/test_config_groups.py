@@ -37,6 +37,8 @@ def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
     if group == "data":
         task = TASK_OF_DATA[cfg.data._target_.rsplit(".", 1)[-1]]
         cfg = compose_config([f"task={task}", *overrides], output_dir=tmp_path)
+        if task == "lm":  # the masked LM reads the same data options
+            check_config(compose_config(["task=mlm", *overrides], output_dir=tmp_path))
     if group == "augment":  # image augmentation: settings of the ViT task and its data
         cfg = compose_config(["task=vit", *overrides], output_dir=tmp_path)
     resolved = OmegaConf.to_container(cfg, resolve=True)

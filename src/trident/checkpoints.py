@@ -8,6 +8,7 @@ dicts; the RNG states too), so every read, of our own files or anyone else's, us
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import tempfile
@@ -97,6 +98,14 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) ->
     """Rebuild ``task_class`` from ``path`` on the CPU, in eval mode, with its tokenizer."""
     if not path.is_file():
         raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
+    # Another task's checkpoint has settings this task's constructor does not take.
+    settings = read_checkpoint(path, "the checkpoint argument").get("hyper_parameters") or {}
+    foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters))
+    if foreign:
+        raise DataError(
+            f"checkpoint {str(path)!r} is not a trident {task_name} checkpoint (it has the setting {foreign[0]!r}): "
+            f"use a checkpoint of a task={task_name} run (last.ckpt or best-*.ckpt)"
+        )
     try:
         task = task_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:

@@ -120,6 +120,10 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
     check_task_data(cfg)
+    # A task class may check its own settings against the data and positions (e.g. task=mlm).
+    validate = getattr(hydra.utils.get_class(cfg.task._target_), "validate_config", None)
+    if validate is not None:
+        validate(cfg)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     check_optimizer_config(_plain(cfg.optimizer))

@@ -14,6 +14,7 @@ from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.positional import (
     PositionalEncoding,
     available_pos_encodings,
+    bidirectional_pos_encodings,
     pos_encoding_class,
     register_pos_encoding,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerStack",
     "available_pos_encodings",
+    "bidirectional_pos_encodings",
     "build_attention_mask",
     "causal_mask",
     "make_norm",

@@ -149,8 +149,12 @@ class LMDataModule(TridentDataModule):
                     f"data.block_size={self.block_size}+1: lower data.block_size or use a larger corpus"
                 )
 
+    def blocks(self, split: str) -> Dataset:
+        """The examples of ``split``: packed input/target windows (a subclass may cut them otherwise)."""
+        return PackedBlocks(self.splits[split], self.block_size)
+
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        blocks = PackedBlocks(self.splits[split], self.block_size)
+        blocks = self.blocks(split)
         order = EpochShuffleSampler(len(blocks), self.batch_size, self.seed, **self.shard()) if train else None
         return DataLoader(
             blocks,

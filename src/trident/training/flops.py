@@ -38,11 +38,23 @@ def attention_flops(cfg: TransformerConfig, queries: int, keys: int) -> int:
     return FORWARD_AND_BACKWARD * 2 * 2 * cfg.d_model * queries * keys
 
 
+def stack_flops(cfg: TransformerConfig, batch: int, length: int) -> int:
+    """One training step of a self-attention stack (encoder or decoder) on (batch, length) tokens."""
+    matmuls = FORWARD_AND_BACKWARD * 2 * cfg.n_layers * block_matmul_params(cfg) * batch * length
+    return matmuls + cfg.n_layers * batch * attention_flops(cfg, length, length)
+
+
 def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int) -> int:
     """One training step of a decoder-only LM on (batch, length) tokens, the output head included."""
-    tokens = batch * length
-    matmuls = FORWARD_AND_BACKWARD * 2 * (cfg.n_layers * block_matmul_params(cfg) + cfg.d_model * vocab_size) * tokens
-    return matmuls + cfg.n_layers * batch * attention_flops(cfg, length, length)
+    return stack_flops(cfg, batch, length) + FORWARD_AND_BACKWARD * 2 * cfg.d_model * vocab_size * batch * length
+
+
+def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, predicted: int) -> int:
+    """One training step of an encoder-only masked LM: the bidirectional stack on every token (its
+    attention is full, not causal), the head (transform and vocabulary projection) on the
+    ``predicted`` selected positions only, as the model computes it."""
+    head = FORWARD_AND_BACKWARD * 2 * (cfg.d_model + vocab_size) * cfg.d_model * predicted
+    return stack_flops(cfg, batch, length) + head
 
 
 def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, src_len: int, tgt_len: int) -> int:

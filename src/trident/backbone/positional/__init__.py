@@ -5,6 +5,7 @@ from trident.backbone.positional.absolute import sinusoidal_table
 from trident.backbone.positional.base import (
     PositionalEncoding,
     available_pos_encodings,
+    bidirectional_pos_encodings,
     build_pos_encoding,
     pos_encoding_class,
     positions_from,
@@ -18,6 +19,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rotary",
     "available_pos_encodings",
+    "bidirectional_pos_encodings",
     "build_pos_encoding",
     "pos_encoding_class",
     "positions_from",

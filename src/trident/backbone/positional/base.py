@@ -37,6 +37,8 @@ class PositionalEncoding(nn.Module):
     uses_rotary: ClassVar[bool] = False
     #: True when the encoding can place image patches on a 2-D grid (``TransformerConfig.grid``).
     supports_grid: ClassVar[bool] = True
+    #: True when the encoding is defined for keys on both sides of a query (bidirectional encoders).
+    supports_bidirectional: ClassVar[bool] = True
 
     def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
         super().__init__()
@@ -100,7 +102,18 @@ def pos_encoding_class(name: str) -> type[PositionalEncoding]:
 
 
 def build_pos_encoding(cfg: TransformerConfig, *, causal: bool) -> PositionalEncoding:
-    return pos_encoding_class(cfg.pos_encoding)(cfg, causal=causal)
+    spec = pos_encoding_class(cfg.pos_encoding)
+    if not causal and not spec.supports_bidirectional:
+        raise ConfigError(
+            f"pos_encoding={cfg.pos_encoding} only describes keys before the query and cannot serve a "
+            f"bidirectional encoder: choose one of {', '.join(bidirectional_pos_encodings())}"
+        )
+    return spec(cfg, causal=causal)
+
+
+def bidirectional_pos_encodings() -> list[str]:
+    """Names of the encodings an encoder (attention to both sides) can use."""
+    return [name for name in available_pos_encodings() if _REGISTRY[name].supports_bidirectional]
 
 
 def grid_coordinates(positions: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> tuple[Tensor, Tensor, Tensor]:

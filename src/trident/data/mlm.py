@@ -1,0 +1,70 @@
+"""Masked-LM data: the language-modelling corpora, tokenizers and cache, cut into packed blocks
+without next-token targets, and a vocabulary extended by ``[MASK]`` and ``[PAD]``.
+
+The special tokens are appended to the cached tokenizer after loading, so their ids come after
+the corpus vocabulary, the cached token arrays are shared with ``task=lm`` runs on the same data,
+and no corpus token is ever one of them. Masking itself happens per batch in the task
+(:mod:`trident.data.masking`), from a seeded generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import AddedToken
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from trident.data.lm import LMDataModule
+from trident.data.masking import MASK_TOKEN, PAD_TOKEN
+
+
+class TokenBlocks(Dataset[Tensor]):
+    """Non-overlapping windows of ``block_size`` tokens (RoBERTa's full-sentence packing: text
+    runs on across sentence and document boundaries, so no position is padding)."""
+
+    def __init__(self, ids: np.ndarray, block_size: int) -> None:
+        self.ids = ids
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return len(self.ids) // self.block_size
+
+    def __getitem__(self, index: int) -> Tensor:
+        start = index * self.block_size
+        return torch.from_numpy(self.ids[start : start + self.block_size].astype(np.int64))  # (T,)
+
+
+class MLMDataModule(LMDataModule):
+    """:class:`LMDataModule` for ``task=mlm``: the same data options (``data=shakespeare``,
+    ``bible_kjv``, ``text_files``, hub corpora; ``data.tokenizer=char`` or ``bpe``)."""
+
+    num_regular_tokens: int = 0  # the corpus vocabulary, before the special tokens
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        super().setup(stage)
+        assert self.tokenizer is not None
+        self.num_regular_tokens = self.tokenizer.get_vocab_size()
+        # Byte-level BPE carries a word's leading space inside its token ("Ġbe"): "[MASK]" absorbs the
+        # space before it (lstrip, as RoBERTa's), so "to [MASK]" stands for "to" + "Ġbe", not "Ġ" + "be".
+        # A character tokenizer keeps the space as a token of its own.
+        mask = AddedToken(MASK_TOKEN, lstrip=self.tokenizer_kind == "bpe", special=True)
+        self.tokenizer.add_special_tokens([mask, AddedToken(PAD_TOKEN, special=True)])
+
+    def blocks(self, split: str) -> Dataset:
+        return TokenBlocks(self.splits[split], self.block_size)
+
+    def task_inputs(self) -> dict[str, Any]:
+        inputs = super().task_inputs()
+        inputs.pop("sample_prompts")  # prompts to continue: a causal LM's, not a masked LM's
+        assert self.tokenizer is not None
+        return {
+            **inputs,
+            "mask_id": self.tokenizer.token_to_id(MASK_TOKEN),
+            "pad_id": self.tokenizer.token_to_id(PAD_TOKEN),
+            "num_regular_tokens": self.num_regular_tokens,
+        }

@@ -1,0 +1,193 @@
+"""Masked language modelling (BERT) as a LightningModule: per-batch seeded masking, loss on the
+selected positions only, masked-token loss / perplexity / accuracy, a table of filled-in blocks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import Perplexity
+
+from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
+from trident.checkpoints import TokenizerInCheckpoint
+from trident.data.base import TridentDataModule
+from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
+from trident.data.mlm import MLMDataModule
+from trident.errors import ConfigError
+from trident.models import MaskedLM
+from trident.training.flops import masked_lm_flops
+from trident.training.optim import optimizers_for, positional_parameter_names
+from trident.training.text_logging import log_text_table
+
+log = logging.getLogger(__name__)
+
+# Streams of masks: one per stage, so validation masks never depend on how long training ran.
+STAGES = {"train": 0, "val": 1, "test": 2}
+
+
+class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
+
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        vocab_size: int,
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        mask_id: int,
+        pad_id: int,
+        num_regular_tokens: int,
+        mask_rate: float = 0.15,
+        mask_token_fraction: float = 0.8,
+        random_token_fraction: float = 0.1,
+        scale_embeddings: bool = False,
+        seed: int = 0,
+        num_examples: int = 4,
+        tokenizer_json: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain values only; the tokenizer travels in the checkpoint (see TokenizerInCheckpoint).
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        self.net = MaskedLM(TransformerConfig(**backbone), vocab_size, scale_embeddings=scale_embeddings)
+        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
+        self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
+        self.seed, self.num_examples = seed, num_examples
+        self.val_ppl, self.test_ppl = Perplexity(), Perplexity()
+        # micro: the fraction of masked tokens predicted exactly (macro would average token classes).
+        self.val_acc = MulticlassAccuracy(vocab_size, average="micro")
+        self.test_acc = MulticlassAccuracy(vocab_size, average="micro")
+        self._examples: list[list[Any]] = []
+
+    @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        """Checked before any work: text data, masking rates, room for a mask, a bidirectional encoding."""
+        if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
+            raise ConfigError(
+                f"data={cfg.data.name} is not text data for task=mlm: choose a language-modelling data option "
+                "(shakespeare, bible_kjv, text_files, wikitext103, tinystories)"
+            )
+        masking = Masking(cfg.task.mask_rate, cfg.task.mask_token_fraction, cfg.task.random_token_fraction)
+        masking.check_room(int(cfg.data.block_size))
+        name = cfg.pos_encoding.name
+        if not pos_encoding_class(name).supports_bidirectional:
+            raise ConfigError(
+                f"pos_encoding={name} cannot serve the bidirectional encoder of task=mlm: "
+                f"choose one of {', '.join(bidirectional_pos_encodings())}"
+            )
+        if name == "none":
+            log.warning(
+                "pos_encoding=none with task=mlm: without a causal mask the encoder sees an unordered bag of "
+                "tokens, so every [MASK] of a block gets the same prediction (a baseline for position ablations)"
+            )
+
+    def forward(self, ids: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.net(ids, key_padding_mask=key_padding_mask)
+
+    def throughput_units(self, batch: Tensor) -> dict[str, int]:
+        return {"tokens": batch.numel(), "samples": batch.size(0)}
+
+    def flops_per_batch(self, batch: Tensor) -> int:
+        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
+        size, length = batch.shape
+        return masked_lm_flops(self.net.cfg, self.net.vocab_size, size, length, size * self.masking.count(length))
+
+    def mask(self, ids: Tensor, stage: str, index: int) -> tuple[Tensor, Tensor]:
+        """Masks for batch ``index`` of ``stage`` (training: the batch counter across epochs, which a
+        resumed run restores), different on every DDP rank; returns (inputs, targets)."""
+        generator = masking_generator(ids.device, self.seed, STAGES[stage], index, self.global_rank)
+        return mask_tokens(
+            ids, self.masking, mask_id=self.mask_id, num_regular_tokens=self.num_regular_tokens, generator=generator
+        )
+
+    def _loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross entropy over the selected positions only; returns (loss, logits (N, V), targets (N,))."""
+        select = targets != IGNORE_INDEX  # (B, T)
+        logits = self.net(inputs, select=select).float()  # (N, V)
+        selected_targets = targets[select]  # (N,)
+        return F.cross_entropy(logits, selected_targets), logits, selected_targets
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        # Micro-batches across epochs (Lightning restores the count on resume), unlike batch_idx.
+        inputs, targets = self.mask(batch, "train", self.trainer.fit_loop.epoch_loop.total_batch_idx)
+        loss, _, _ = self._loss(inputs, targets)
+        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+        return loss
+
+    def _evaluate(self, batch: Tensor, batch_idx: int, stage: str, ppl: Perplexity, acc: MulticlassAccuracy) -> None:
+        inputs, targets = self.mask(batch, stage, batch_idx)
+        loss, logits, selected_targets = self._loss(inputs, targets)
+        ppl(logits[None], selected_targets[None])
+        acc(logits, selected_targets)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/ppl", ppl)
+        self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
+        if batch_idx == 0 and stage == "val" and self.trainer.is_global_zero:
+            self._examples = self.filled_in(batch, inputs, targets, logits.argmax(dim=-1))
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val", self.val_ppl, self.val_acc)
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test", self.test_ppl, self.test_acc)
+
+    def filled_in(self, ids: Tensor, inputs: Tensor, targets: Tensor, predictions: Tensor) -> list[list[Any]]:
+        """Rows (masked input, prediction, original, accuracy) for the first ``num_examples`` blocks:
+        the prediction is the original with every selected position replaced by the model's guess."""
+        if self.tokenizer is None:
+            return []
+        select = targets != IGNORE_INDEX
+        predicted = ids.clone()
+        predicted[select] = predictions
+        rows = []
+        for k in range(min(self.num_examples, ids.size(0))):
+            correct = (predicted[k][select[k]] == ids[k][select[k]]).float().mean().item()
+            texts = [self.tokenizer.decode(t[k].tolist(), skip_special_tokens=False) for t in (inputs, predicted, ids)]
+            rows.append([self.global_step, *texts, round(correct, 3)])
+        return rows
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero or not self._examples:
+            return
+        columns = ["step", "masked input", "prediction", "original", "accuracy"]
+        log_text_table(self, "masked_examples", columns, self._examples)
+        self._examples = []
+
+    @torch.inference_mode()
+    def fill_mask(self, texts: list[str], top_k: int = 5) -> list[list[list[tuple[str, float]]]]:
+        """For each text, for each ``[MASK]`` in it, the ``top_k`` (token, probability) predictions.
+        Texts of different lengths are padded with ``[PAD]`` and hidden from attention."""
+        if self.tokenizer is None:
+            raise ConfigError("this checkpoint holds no tokenizer: use a checkpoint written by a task=mlm run")
+        encoded = [self.tokenizer.encode(text).ids for text in texts]
+        for text, ids in zip(texts, encoded):
+            if self.mask_id not in ids:
+                raise ConfigError(f"no [MASK] in {text!r}: write [MASK] where a token is to be predicted")
+        longest = max(len(ids) for ids in encoded)
+        ids = torch.full((len(texts), longest), self.pad_id, dtype=torch.long, device=self.device)
+        for row, tokens in enumerate(encoded):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+        padding = ids == self.pad_id  # (B, T)
+        select = ids == self.mask_id
+        probs = self.net(ids, key_padding_mask=padding if padding.any() else None, select=select).float().softmax(-1)
+        top = probs.topk(min(top_k, probs.size(-1)), dim=-1)  # (N, k): masks in row-major order
+        answers = [[(self.tokenizer.decode([i], skip_special_tokens=False), p) for i, p in zip(ids_, ps)]
+                   for ids_, ps in zip(top.indices.tolist(), top.values.tolist())]
+        counts = select.sum(dim=1).tolist()
+        return [answers[sum(counts[:row]) : sum(counts[: row + 1])] for row in range(len(texts))]
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        steps = int(self.trainer.estimated_stepping_batches)
+        no_decay = positional_parameter_names(self.net)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)
