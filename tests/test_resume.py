@@ -22,6 +22,7 @@ from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged
 from trident.pipeline import train
+from trident.requeue import JobStopped
 from trident.resume import resume_arguments
 from trident.tracking import find_offline_runs
 
@@ -119,7 +120,9 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
     (run_dir,) = list(tmp_path.glob("runs/*/*"))
     last = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint_step(last) == 5, "the step running when SIGTERM came is finished and saved"
-    assert "Stopped by SIGTERM" in (run_dir / "train.log").read_text()
+    assert "Stopped by SIGTERM (cancelled)" in (run_dir / "train.log").read_text()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["signal"], status["step"]) == ("cancelled", "SIGTERM", 5)
 
     result = run_train(*args, "resume=auto", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -131,7 +134,9 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
 def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:
     handler = signal.getsignal(signal.SIGUSR1)
     overrides = [*RESUMABLE, "logger=none", *signal_at(2, "SIGUSR1")]
-    train(compose_config(overrides, output_dir=tmp_path / "run"))
+    with pytest.raises(JobStopped) as stopped:
+        train(compose_config(overrides, output_dir=tmp_path / "run"))
+    assert (stopped.value.signal, stopped.value.step, stopped.value.outcome) == ("SIGUSR1", 3, "cancelled")
     assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 3
     assert signal.getsignal(signal.SIGUSR1) == handler, "the process's own handler is back after fit"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -14,6 +15,7 @@ import lightning as L
 import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.console import Console
@@ -26,7 +28,7 @@ from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero
 from trident.errors import ConfigError, did_you_mean
-from trident.resume import checkpoint_to_resume, run_identity
+from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 # trident's data modules resume mid-epoch themselves (their state_dict; trident.data.order).
 warnings.filterwarnings("ignore", message=r".*checkpoint that ended before the epoch ended and your dataloader is not resumable.*")
+# On a SLURM login node (or this project's one-machine test cluster) a local run is intended.
+warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -173,6 +177,9 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
     them with ``weights_only=True`` (:class:`AtomicCheckpointIO`); a value Lightning refuses
     (precision, step counts, devices...) becomes one clear line instead of Hydra's wrapped traceback."""
     plugins = [*(instantiate(p) for p in trainer_cfg.get("plugins") or []), AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        # Stop signals are trident's (PreemptionCheckpoint), not Lightning's SLURM auto-requeue.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     try:
         return instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
     except InstantiationException as err:
@@ -262,10 +269,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
             with preemption.listening():
                 trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         except SIGTERMException:
-            log.warning("Stopped by %s; continue with: python train.py resume=%s", preemption.received, run_dir)
-            if wandb.run is not None:
-                wandb.mark_preempting()
-            return {k: float(v) for k, v in trainer.callback_metrics.items()}
+            # Lightning stops by itself on a signal that came before trident's handler was in place.
+            stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
+            log.warning("Stopped by %s (%s); continue with: python train.py resume=%s", stop.signal, stop.outcome, run_dir)
+            raise stop from None
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if history.best is not None:
             metrics[f"best/{history.monitor}"] = history.best
@@ -277,14 +284,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
         record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
         succeeded = True
     finally:
-        if wandb.run is not None:
-            # Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as failed.
-            wandb.finish(exit_code=0 if succeeded else 1)
-            # finish() returns before W&B's service has written the run's files; teardown waits for
-            # it, so the offline run on disk is complete when train() returns (a reader may follow).
-            wandb.teardown()
+        finish_wandb(succeeded, stopped=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
+
+
+def finish_wandb(succeeded: bool, stopped: bool) -> None:
+    """Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as
+    failed, a stopped one as preempted (a requeued or resumed job continues the same run)."""
+    if wandb.run is None:
+        return
+    try:
+        if stopped:
+            wandb.mark_preempting()
+        wandb.finish(exit_code=0 if succeeded else 1)
+        # finish() returns before W&B's service has written the run's files; teardown waits for
+        # it, so the offline run on disk is complete when train() returns (a reader may follow).
+        wandb.teardown()
+    except (ConnectionError, OSError):
+        if not stopped:
+            raise
+        # SLURM's SIGTERM ended W&B's service with the job: the run keeps what it wrote until then.
+        log.warning("W&B's service process ended with the signal: the W&B run holds the steps logged before it")
+        with contextlib.suppress(ConnectionError, OSError):
+            wandb.teardown()
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
