@@ -10,6 +10,7 @@ the command for rank 1, and that command is a whole multirun.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+import wandb
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.data.lm import PackedBlocks
 from trident.data.translation import TranslationDataModule
-from trident.distributed import worker_argv, workers_follow
+from trident.distributed import RankFailed, ranks_fail_together, worker_argv, workers_follow
+from trident.errors import DataError
 from trident.pipeline import constructor_args, instantiate
 from trident.sample import load_lm_checkpoint
 from trident.tracking import OfflineRun, find_offline_runs
+from trident.training.loggers import record_summary, summarize_monitor
 
 from .conftest import ROOT, SMALL
 from .test_translation_data import many_pairs, write_tsv
@@ -160,3 +166,50 @@ def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(
     assert len(shares[0]) == len(shares[1]) > 1, "both ranks run the same number of steps"
     seen = [index for share in shares for batch in share for index in batch]
     assert sorted(seen) == list(range(module.pair_counts()[split])), "every pair once, on one rank"
+
+
+def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On other ranks ``WandbLogger.experiment`` is Lightning's no-op stand-in: writing the summary
+    or defining metrics there must do nothing (it used to raise on ``summary.update``)."""
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    logger = WandbLogger(save_dir=str(tmp_path), mode="offline")
+    record_summary([logger], {"test/loss": 1.0})
+    summarize_monitor(logger, "val/loss", "min")
+    assert wandb.run is None and not (tmp_path / "wandb").exists(), "no W&B run on rank 1"
+
+
+def _launched(*exit_statuses: int) -> SimpleNamespace:
+    """What ranks_fail_together reads of a trainer whose launcher started workers ending with these statuses."""
+    workers = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({s})"]) for s in exit_statuses]
+    return SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=workers)))
+
+
+def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
+    trainer = _launched(0, 2)
+    with pytest.raises(RankFailed, match=r"DDP rank 2 failed \(ended with exit status 2\)") as failure:
+        with ranks_fail_together(trainer):  # type: ignore[arg-type]
+            pass
+    assert failure.value.exit_status == 2, "the failing rank's status: 2 for its user error"
+    assert trainer.strategy.launcher.procs == [], "taken from Lightning's observer, which would SIGKILL this process"
+    with ranks_fail_together(_launched(0, 0)):  # type: ignore[arg-type]
+        pass
+
+
+def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_traceback() -> None:
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:34474")
+    with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status 1\)") as failure:
+        with ranks_fail_together(_launched(1)):  # type: ignore[arg-type]
+            raise lost
+    assert failure.value.__cause__ is lost
+    with pytest.raises(RankFailed, match="another DDP rank failed, which stopped this one"):
+        with ranks_fail_together(_launched()):  # type: ignore[arg-type]  # a worker: its peer was rank 0
+            raise lost
+
+
+def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[waiting])))
+    with pytest.raises(DataError, match="own failure"):
+        with ranks_fail_together(trainer):  # type: ignore[arg-type]
+            raise DataError("own failure")
+    assert waiting.poll() == -signal.SIGKILL

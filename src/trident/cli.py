@@ -129,7 +129,7 @@ def discard_failed_run_dir(run_dir: Path) -> None:
 
 
 def run_with_clear_errors(fn: Callable[[], T], run_dir: Path | None = None) -> T:
-    """Call ``fn``; on a user error print ``error: <message>`` and exit with status 2, removing
+    """Call ``fn``; on a user error print ``error: <message>`` and exit with its status (2), removing
     ``run_dir`` if the failure left it empty. ``HYDRA_FULL_ERROR=1`` shows the traceback instead."""
     try:
         return fn()
@@ -140,4 +140,4 @@ def run_with_clear_errors(fn: Callable[[], T], run_dir: Path | None = None) -> T
         if run_dir is not None:
             discard_failed_run_dir(run_dir)
         print(f"error: {user_error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(user_error.exit_status)

@@ -15,16 +15,20 @@ import json
 import logging
 import os
 import re
+import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trident.errors import ConfigError
+from trident.requeue import JobStopped, TridentError
 
 #: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
 JOB_VARIABLE = "TRIDENT_DDP_JOB"
@@ -37,6 +41,22 @@ _CONFIG_OPTIONS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--con
 # no launcher) in the job's run directory. The others (e.g. hydra.searchpath) it keeps.
 _LAUNCH_ONLY_KEYS = ("hydra.mode", "hydra.run.", "hydra.sweep.", "hydra.launcher", "hydra.sweeper",
                      "hydra/launcher", "hydra/sweeper", "hydra.output_subdir", "hydra.job.num", "hydra.job.id")
+
+# What gloo raises in a collective whose other end has gone: that rank's process ended.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+# Seconds the launching process waits for its workers to end: after a peer's collective failed
+# (the failed worker is exiting), and after the job itself ended (the workers finish alike).
+PEER_EXIT_WAIT_S = 10.0
+WORKER_EXIT_WAIT_S = 60.0
+
+
+class RankFailed(TridentError):
+    """Another DDP rank of the job failed (its own output says why), which stops this one; the
+    exit status is that rank's (2 for its user error, 1 for a crash)."""
+
+    def __init__(self, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def is_global_zero() -> bool:
@@ -159,3 +179,81 @@ class OtherRanksFilter(logging.Filter):
         if is_global_zero():
             return True
         return self.min_level is not None and record.levelno >= self.min_level
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception behind it) is a collective that failed because another
+    rank's process ended, rather than a failure of this rank."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if any(text in str(current) for text in _PEER_GONE):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _take_workers(trainer: L.Trainer) -> list[subprocess.Popen]:
+    """The processes of local ranks 1..N-1 that Lightning's launcher started from this one (none
+    in a worker, or where the cluster starts every rank itself, e.g. SLURM), taken over from
+    Lightning's child-process observer: it polls the launcher's own list every few seconds and
+    SIGKILLs this process when a worker failed, which would cut the report of that failure short."""
+    procs = getattr(trainer.strategy.launcher, "procs", None)
+    if not procs:
+        return []
+    workers = list(procs)
+    procs.clear()
+    return workers
+
+
+def _failed_worker(workers: list[subprocess.Popen], timeout_s: float) -> tuple[int, int] | None:
+    """(local rank, exit status) of the first worker that failed, waiting up to ``timeout_s`` in all
+    for the workers to end; a worker still running then counts as failed (exit status None -> -1)."""
+    deadline = time.monotonic() + timeout_s
+    for rank, worker in enumerate(workers, start=1):
+        try:
+            status = worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return rank, -1
+        if status != 0:
+            return rank, status
+    return None
+
+
+def _rank_failed(rank: int, status: int) -> RankFailed:
+    how = "did not end" if status == -1 else f"ended with exit status {status}"
+    return RankFailed(f"DDP rank {rank} failed ({how}), which stopped the run: that rank's output above says why",
+                      exit_status=status if status > 0 else 1)
+
+
+@contextmanager
+def ranks_fail_together(trainer: L.Trainer) -> Iterator[None]:
+    """A job whose DDP ranks succeed or fail as one, with the failing rank named.
+
+    Lightning's launcher does not look at how its worker processes end: a worker failing after
+    rank 0 finished left exit status 0, and a rank failing mid-run made the others' next collective
+    fail with a traceback of their own. Here the launching process waits for its workers at the
+    end and fails with the first failed one; a rank whose collective lost its peer raises
+    :class:`RankFailed` (one line) instead of that traceback; and when the launching process
+    fails by itself, it ends its workers, which would otherwise wait in a collective.
+    """
+    try:
+        yield
+    except JobStopped:
+        _failed_worker(_take_workers(trainer), WORKER_EXIT_WAIT_S)  # the workers stop at the same step
+        raise
+    except Exception as err:
+        workers = _take_workers(trainer)
+        if not lost_peer(err):
+            for worker in workers:
+                worker.kill()
+                worker.wait()
+            raise
+        failed = _failed_worker(workers, PEER_EXIT_WAIT_S)
+        if failed is not None:
+            raise _rank_failed(*failed) from err
+        raise RankFailed("another DDP rank failed, which stopped this one: that rank's error says why") from err
+    failed = _failed_worker(_take_workers(trainer), WORKER_EXIT_WAIT_S)
+    if failed is not None:
+        raise _rank_failed(*failed)

@@ -7,8 +7,11 @@ from collections.abc import Sequence
 class TridentError(Exception):
     """A problem the user can fix (bad config value, missing file, ...).
 
-    ``train.py`` prints these as a single ``error: ...`` line instead of a traceback.
+    ``train.py`` prints these as a single ``error: ...`` line instead of a traceback, and exits
+    with ``exit_status``.
     """
+
+    exit_status = 2
 
 
 class ConfigError(TridentError, ValueError):

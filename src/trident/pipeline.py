@@ -26,7 +26,7 @@ from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
-from trident.distributed import check_workers_can_start, is_global_zero
+from trident.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.errors import ConfigError, did_you_mean
 from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
@@ -265,23 +265,25 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer.loggers = loggers
     succeeded = False
     try:
-        try:
-            with preemption.listening():
-                trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
-        except SIGTERMException:
-            # Lightning stops by itself on a signal that came before trident's handler was in place.
-            stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
-            log.warning("Stopped by %s (%s); continue with: python train.py resume=%s", stop.signal, stop.outcome, run_dir)
-            raise stop from None
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        if history.best is not None:
-            metrics[f"best/{history.monitor}"] = history.best
-        if cfg.get("test", True):
-            best = _best_checkpoint(trainer)
-            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
-            metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
-        # Dashboards compare runs by their summary: the best validation value next to the test metrics.
-        record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
+        # The launching process answers for its DDP workers: the job fails if one of them does.
+        with ranks_fail_together(trainer):
+            try:
+                with preemption.listening():
+                    trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+            except SIGTERMException:
+                # Lightning stops by itself on a signal that came before trident's handler was in place.
+                stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
+                log.warning("Stopped by %s (%s); continue with: python train.py resume=%s", stop.signal, stop.outcome, run_dir)
+                raise stop from None
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            if history.best is not None:
+                metrics[f"best/{history.monitor}"] = history.best
+            if cfg.get("test", True):
+                best = _best_checkpoint(trainer)
+                trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
+                metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+            # Dashboards compare runs by their summary: the best validation value next to the test metrics.
+            record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
         succeeded = True
     finally:
         finish_wandb(succeeded, stopped=preemption.received is not None)

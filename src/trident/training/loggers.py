@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import hydra.utils
 import wandb
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str) -> list[Logger]:
     return loggers
 
 
+# W&B's run (``WandbLogger.experiment``) exists on global rank 0 only; other DDP ranks get a
+# stand-in whose attributes are no-op functions, so e.g. ``experiment.summary.update`` fails there.
+@rank_zero_only
 def record_summary(loggers: list[Logger], values: dict[str, float]) -> None:
     """Write ``values`` into the W&B run summary (the numbers a dashboard's runs table compares)."""
     for logger in loggers:
@@ -110,4 +114,13 @@ def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id
         wandb.teardown()
         logger = WandbLogger(save_dir=str(run_dir), mode="offline", id=run_id, resume="allow", settings=settings, **options)
         logger.log_hyperparams(config)
+    summarize_monitor(logger, cfg.task.monitor, cfg.task.monitor_mode)
     return logger
+
+
+@rank_zero_only
+def summarize_monitor(logger: WandbLogger, monitor: str, mode: str) -> None:
+    """Let W&B keep the best value of the monitored metric in the run summary as it is logged
+    (``<monitor>.min`` or ``.max``, next to the last value), so a run stopped early shows it too.
+    Its x-axis stays Lightning's ``trainer/global_step``: an explicit definition replaces the glob's."""
+    logger.experiment.define_metric(monitor, step_metric="trainer/global_step", step_sync=True, summary=f"{mode},last")
