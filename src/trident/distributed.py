@@ -27,8 +27,8 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from trident.errors import ConfigError
-from trident.requeue import JobStopped, TridentError
+from trident.errors import ConfigError, TridentError
+from trident.requeue import JobStopped
 
 #: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
 JOB_VARIABLE = "TRIDENT_DDP_JOB"
