@@ -56,8 +56,9 @@ def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict
     resume = f"python train.py resume={run_dir}"
     write_status(run_dir, cfg, outcome, **stop.record(), resume=resume, **identity)
     if outcome == REQUEUED:
-        log.warning("SLURM requeues job %s: the next attempt resumes from %s", stop.slurm_job, stop.checkpoint)
+        log.warning("SLURM requeues job %s: the next attempt resumes from %s", stop.slurm_job, stop.checkpoint or "the start")
         raise SystemExit(0)
+    log.warning("The job stopped (%s); continue it with: %s", outcome, resume)
 
 
 def run_job(cfg: DictConfig) -> float | None:

@@ -219,8 +219,16 @@ def compile_network(task: L.LightningModule, enabled: Any) -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run one training job; returns the final metrics (for sweeps and tests)."""
+    """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
+    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
+    preemption = PreemptionCheckpoint(run_dir / "checkpoints" / "last.ckpt")
+    # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.
+    with preemption.listening():
+        return _train(cfg, run_dir, preemption)
+
+
+def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> dict[str, float]:
     backbone = check_config(cfg)
     check_workers_can_start(cfg.trainer)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
@@ -252,9 +260,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if saved is not None:
         check_checkpoint_fits(saved[1], task, saved[0])
     compile_network(task, cfg.get("compile", False))
-    last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    preemption = PreemptionCheckpoint(last_checkpoint)
-    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
+    if preemption.received:  # before training began: the run's checkpoints are as they were
+        raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
+    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
     history = metric_history(cfg, run_dir)
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
@@ -268,12 +276,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # The launching process answers for its DDP workers: the job fails if one of them does.
         with ranks_fail_together(trainer):
             try:
-                with preemption.listening():
-                    trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+                trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
                 stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
-                log.warning("Stopped by %s (%s); continue with: python train.py resume=%s", stop.signal, stop.outcome, run_dir)
+                log.warning("Stopped by %s (%s)", stop.signal, stop.outcome)
                 raise stop from None
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             if history.best is not None:

@@ -102,8 +102,8 @@ class PreemptionCheckpoint(L.Callback):
 
     @contextmanager
     def listening(self) -> Iterator[None]:
-        """Handle the signals during ``trainer.fit``; the process's own handlers come back after
-        (submitit's among them: :func:`trident.requeue.come_back_later` hands SIGUSR2 on to it)."""
+        """Handle the signals during a job; the process's own handlers come back after (submitit's
+        among them: :func:`trident.requeue.come_back_later` hands SIGUSR2 on to it)."""
         self._previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
         self._install()
         try:
@@ -132,7 +132,7 @@ class PreemptionCheckpoint(L.Callback):
         # Every rank takes the same decision, even if only one of them got the signal.
         if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)
         self.stop = self.stopped(trainer, str(self.path))
         log.warning("%s received: saved %s at step %d and stopping", self.stop.signal, self.path, self.stop.step)
         raise SIGTERMException
