@@ -126,7 +126,7 @@ def test_logged_val_loss_is_the_mean_over_both_ranks_shares(sweep: Path) -> None
     logged = _wandb_run(job_dir).metric("val/loss")[-1]
     assert logged == pytest.approx(losses.mean().item(), rel=1e-5)
     rank_zero_share = losses[0::2].mean().item()
-    assert abs(rank_zero_share - losses.mean().item()) > 1e-3, "rank 0's share alone would be told apart"
+    assert abs(rank_zero_share - losses.mean().item()) > 1e-4, "rank 0's share alone would be told apart (tolerance ~4e-5)"
     assert _wandb_run(job_dir).metric("val/ppl")[-1] == pytest.approx(losses.mean().exp().item(), rel=1e-4)
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from trident.checkpoints import AtomicCheckpointIO
 from trident.cli import run_with_clear_errors
 from trident.data.batching import TokenBudgetBatchSampler
-from trident.data.order import EpochShuffleSampler
+from trident.data.order import DistributedOrder, EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged
 from trident.pipeline import train
 from trident.requeue import JobStopped
@@ -124,7 +124,7 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["signal"], status["step"]) == ("cancelled", "SIGTERM", 5)
 
-    result = run_train(*args, "resume=auto", cwd=tmp_path)
+    result = run_train(*args, "resume=auto", "+callbacks.signal.step=-1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resume=auto: continuing {run_dir}" in result.stdout
     assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
@@ -244,3 +244,30 @@ def test_token_budget_batches_skip_ahead_within_an_epoch() -> None:
     sampler.skip_next(3)
     assert list(sampler) == full[3:]
     assert list(sampler) != full, "the next pass is the next epoch, from its start"
+
+
+def test_a_ddp_ranks_resumed_share_continues_where_it_stopped() -> None:
+    shares = []
+    for rank in (0, 1):
+        full = list(DistributedOrder(EpochShuffleSampler(21, batch_size=2, seed=3), num_replicas=2, rank=rank))
+        resumed = DistributedOrder(EpochShuffleSampler(21, batch_size=2, seed=3), num_replicas=2, rank=rank)
+        resumed.skip_next(3)
+        assert list(resumed) == full[6:], "three of this rank's batches of 2 skipped, not three of the shared order"
+        assert list(resumed) == full, "the skip holds for one pass only"
+        shares.append(full)
+    order = EpochShuffleSampler(21, batch_size=2, seed=3).permutation(0).tolist()
+    assert shares[0][:10] == order[0:20:2] and shares[1][:10] == order[1:20:2], "rank r takes every other index"
+
+
+@pytest.mark.slow
+def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    args = [*RESUMABLE, *WITH_CSV, "logger=none", "trainer=ddp_cpu"]
+    for name, extra in [("a", []), ("b", signal_at(4, "SIGTERM"))]:
+        result = run_train(*args, *extra, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert checkpoint_step(tmp_path / "b" / "checkpoints" / "last.ckpt") == 5
+    result = run_train(f"resume={tmp_path / 'b'}", "+callbacks.signal.step=-1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected, resumed = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
+    assert sorted(resumed) == sorted(expected) == list(range(10))
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)

@@ -279,9 +279,10 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
-                stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
-                log.warning("Stopped by %s (%s)", stop.signal, stop.outcome)
-                raise stop from None
+                preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
+            if preemption.stop is not None:  # also when the signal came with the last step: no test
+                log.warning("Stopped by %s (%s)", preemption.stop.signal, preemption.stop.outcome)
+                raise preemption.stop
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best

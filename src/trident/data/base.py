@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from trident.data.order import ResumableOrder
+from trident.data.order import DistributedOrder, EpochShuffleSampler, ResumableOrder
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
@@ -58,6 +58,17 @@ class TridentDataModule(L.LightningDataModule, ABC):
         :class:`ResumableOrder` sampler or batch sampler. Pass ``**self.loader_options()``: it holds
         the worker options and a private generator (a loader otherwise draws its workers' base
         seed from the global RNG on every pass)."""
+
+    def train_order(self, size: int, batch_size: int, seed: int) -> EpochShuffleSampler | DistributedOrder:
+        """The training sampler of ``size`` examples: a new order every epoch from ``(seed, epoch)``;
+        under a DDP strategy, this rank's share of it (Lightning leaves a distributed sampler as it
+        is, instead of wrapping the order in a sampler of its own)."""
+        order = EpochShuffleSampler(size, batch_size, seed)
+        trainer = self.trainer  # None outside a Trainer
+        sharding = getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None
+        if not sharding:
+            return order
+        return DistributedOrder(order, num_replicas=sharding["num_replicas"], rank=sharding["rank"])
 
     @staticmethod
     def private_generator() -> torch.Generator:

@@ -19,7 +19,6 @@ from torchvision import transforms
 
 from trident.data.base import TridentDataModule
 from trident.data.image_sources import ImageSplits, load_image_source
-from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError
 
 Transform = Any  # a torchvision/timm callable: PIL image -> (C, H, W) tensor
@@ -183,7 +182,7 @@ class ImageDataModule(TridentDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.batch_size, self.seed) if train else None,
+            sampler=self.train_order(len(dataset), self.batch_size, self.seed) if train else None,
             drop_last=train,
             **self.loader_options(),
         )

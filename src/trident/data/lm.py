@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset
 from trident.data.base import TridentDataModule
 from trident.data.cache import fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_corpus
-from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
 
@@ -149,7 +148,7 @@ class LMDataModule(TridentDataModule):
         return DataLoader(
             blocks,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(blocks), self.batch_size, self.seed) if train else None,
+            sampler=self.train_order(len(blocks), self.batch_size, self.seed) if train else None,
             drop_last=train,
             **self.loader_options(),
         )

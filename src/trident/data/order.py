@@ -8,10 +8,12 @@ that is all a run killed mid-epoch needs to continue with the very batch it woul
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import Sampler
 
 
@@ -55,3 +57,22 @@ class EpochShuffleSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.size
+
+
+class DistributedOrder(DistributedSamplerWrapper):
+    """One DDP rank's share of an :class:`EpochShuffleSampler`, dealt out as Lightning would deal it
+    (rank r takes every ``num_replicas``-th index of the epoch's order, no reshuffling), but
+    resumable: the skip applies to this rank's own share, which is what a DDP run's position counts
+    (skipping in the shared order would hand each rank the other ranks' batches again)."""
+
+    def __init__(self, order: EpochShuffleSampler, num_replicas: int, rank: int) -> None:
+        super().__init__(order, num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.batch_size = order.batch_size
+        self._skip_batches = 0
+
+    def skip_next(self, batches: int) -> None:
+        self._skip_batches = batches
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._skip_batches = self._skip_batches * self.batch_size, 0
+        return itertools.islice(super().__iter__(), start, None)

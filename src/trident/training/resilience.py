@@ -76,8 +76,8 @@ class RandomStates(L.Callback):
 class PreemptionCheckpoint(L.Callback):
     """SIGTERM (SLURM's scancel, requeue and preemption), SIGUSR2 (submitit's time-limit warning)
     and SIGUSR1 (an sbatch ``--signal``) all mean "stop now, come back later": finish the current
-    training step, save ``path`` and stop with Lightning's ``SIGTERMException``; :attr:`stop` then
-    says what comes next (:mod:`trident.requeue`).
+    training step, save ``path``, and stop with Lightning's ``SIGTERMException`` before the next
+    step; :attr:`stop` then says what comes next (:mod:`trident.requeue`).
 
     trident takes these signals over from Lightning, whose own SIGTERM handling stops at the next
     step without a checkpoint and whose SLURM auto-requeue saves from inside the signal handler,
@@ -129,13 +129,18 @@ class PreemptionCheckpoint(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Every rank takes the same decision, even if only one of them got the signal.
-        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
-            return
-        trainer.save_checkpoint(self.path, weights_only=False)
-        self.stop = self.stopped(trainer, str(self.path))
-        log.warning("%s received: saved %s at step %d and stopping", self.stop.signal, self.path, self.stop.step)
-        raise SIGTERMException
+        # Saved where Lightning's own step checkpoints are saved, so the run resumes exactly as
+        # from those. Every rank takes the same decision, even if only one of them got the signal.
+        if self.stop is None and trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.stop = self.stopped(trainer, str(self.path))
+            log.warning("%s received: saved %s at step %d and stopping", self.stop.signal, self.path, self.stop.step)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        # Stop before the next step, once the saved one is logged, its learning rate stepped and
+        # its validation (if due) run, as in an uninterrupted run.
+        if self.stop is not None:
+            raise SIGTERMException
 
     def stopped(self, trainer: L.Trainer, checkpoint: str) -> JobStopped:
         """How the stop ends the job, as global rank 0 reads its signal (a collective call)."""
