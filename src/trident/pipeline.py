@@ -294,25 +294,25 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
             record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
         succeeded = True
     finally:
-        finish_wandb(succeeded, stopped=preemption.received is not None)
+        finish_wandb(succeeded, signalled=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
 
 
-def finish_wandb(succeeded: bool, stopped: bool) -> None:
+def finish_wandb(succeeded: bool, signalled: bool) -> None:
     """Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as
     failed, a stopped one as preempted (a requeued or resumed job continues the same run)."""
     if wandb.run is None:
         return
     try:
-        if stopped:
+        if signalled and not succeeded:
             wandb.mark_preempting()
         wandb.finish(exit_code=0 if succeeded else 1)
         # finish() returns before W&B's service has written the run's files; teardown waits for
         # it, so the offline run on disk is complete when train() returns (a reader may follow).
         wandb.teardown()
     except (ConnectionError, OSError):
-        if not stopped:
+        if not signalled:
             raise
         # SLURM's SIGTERM ended W&B's service with the job: the run keeps what it wrote until then.
         log.warning("W&B's service process ended with the signal: the W&B run holds the steps logged before it")

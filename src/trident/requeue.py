@@ -35,7 +35,7 @@ REQUEUED, CANCELLED, TIMEOUT = "requeued", "cancelled", "timeout"
 RUN_INFO = "run.json"
 
 
-@dataclass
+@dataclass(eq=False)  # an exception keeps identity equality (and stays hashable)
 class JobStopped(Exception):  # noqa: N818 - a way a job ends, not an error
     """Training stopped on a signal after saving ``checkpoint`` at ``step``; ``outcome`` says
     whether SLURM runs the job again (``requeued``) or not (``cancelled``)."""
