@@ -176,7 +176,7 @@ def test_two_node_job_trains_like_two_processes_on_one_node(runs: Runs, task: st
     assert any(key.startswith("test/") for key in run.summary), run.summary
     assert list(job.parent.glob(".submitit/*/*_1_log.out")), "rank 1 ran as the second task"
     two_nodes, one_node = _losses(run), _losses(_wandb(runs[f"{task}-one-node"]))
-    assert len(two_nodes) >= 4 and list(two_nodes) == list(one_node)
+    assert len(two_nodes) >= 3 and list(two_nodes) == list(one_node)
     assert list(two_nodes.values()) == pytest.approx(list(one_node.values()), rel=1e-5)
 
 
