@@ -57,7 +57,7 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     cfg = OmegaConf.merge(OmegaConf.load(find_run_config(checkpoint)), overrides)
     if not isinstance(cfg, DictConfig):
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
-    if os.environ.get("TRIDENT_CACHE_DIR"):
+    if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     return cfg, checkpoint
 

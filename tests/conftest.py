@@ -39,9 +39,12 @@ os.environ.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_DATASETS
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One prepared-data cache for the whole session (the Shakespeare corpus is prepared once)."""
-    os.environ.setdefault("TRIDENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+def _shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One prepared-data cache for the whole session (the Shakespeare corpus is prepared once),
+    always a fresh one: a user's TRIDENT_CACHE_DIR must neither feed the tests nor be written by them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRIDENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:

@@ -317,3 +317,58 @@ def test_cross_attention_decoder_needs_memory() -> None:
 def test_decoder_without_cross_attention_has_none() -> None:
     decoder = Decoder(make_cfg())
     assert all(block.cross_attn is None and block.cross_attn_norm is None for block in decoder.blocks)
+
+
+# --------------------------------------------------------------------------------------------
+# Queries that may see no key: outputs AND gradients agree between the two paths
+
+
+@pytest.mark.parametrize("pos_encoding", ["none", "alibi", "relative"])
+def test_fully_masked_queries_give_the_same_gradients_on_both_paths(pos_encoding: str) -> None:
+    """Left padding makes the padded queries of a causal stack see no key at all. With a float
+    bias (ALiBi, relative) the mask is additive; the explicit path must not send NaN through the
+    backward of those rows: q, k, v and the bias table get the gradients SDPA gives them."""
+    fast, explicit = sdpa_explicit_pair(Decoder, pos_encoding)
+    torch.manual_seed(5)
+    x = torch.randn(2, 6, D_MODEL)
+    key_padding_mask = torch.zeros(2, 6, dtype=torch.bool)
+    key_padding_mask[0, :2] = True  # the first two queries of sequence 0 see only padding
+    outputs, grads = [], []
+    for stack in (fast, explicit):
+        inputs = x.clone().requires_grad_(True)
+        y = stack(inputs, key_padding_mask=key_padding_mask)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        outputs.append(y.detach())
+        grads.append({"input": inputs.grad, **{n: p.grad for n, p in stack.named_parameters() if p.grad is not None}})
+    torch.testing.assert_close(outputs[1], outputs[0], **TOL)
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[1].items():
+        assert torch.isfinite(grad).all(), f"non-finite gradient of {name} on the explicit path"
+        torch.testing.assert_close(grad, grads[0][name], **TOL, msg=f"gradient of {name}")
+    if pos_encoding == "relative":
+        assert any("pos_encoding" in name and grad.abs().sum() > 0 for name, grad in grads[1].items())
+
+
+def test_explicit_attention_with_an_all_masked_float_row_has_sdpa_gradients() -> None:
+    """The attention function alone, with leaf q, k, v and a learnable float bias."""
+    torch.manual_seed(6)
+    fast, explicit = mha_pair(cross=False)
+    q, k, v = (torch.randn(2, N_HEADS, 5, D_MODEL // N_HEADS) for _ in range(3))
+    table = torch.randn(N_HEADS, 5, 5)
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    allowed[0, :, 1] = False  # query 1 of sequence 0 may see nothing
+    allowed[1, :, :, 3] = False  # and one key is masked for every query of sequence 1
+    results = []
+    for module, attend in ((fast, fast._sdpa), (explicit, lambda *a: explicit._explicit(*a)[0])):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, table)]
+        mask = leaves[3].masked_fill(~allowed, float("-inf"))  # (B, nh, Tq, Tk) additive float mask
+        y = attend(*leaves[:3], mask, False, 0.0)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results.append((y.detach(), [t.grad for t in leaves]))
+    (y_fast, g_fast), (y_explicit, g_explicit) = results
+    torch.testing.assert_close(y_explicit, y_fast, **TOL)
+    assert torch.equal(y_explicit[0, :, 1], torch.zeros_like(y_explicit[0, :, 1]))
+    for name, a, b in zip("qkv", g_explicit, g_fast):
+        assert torch.isfinite(a).all(), f"NaN in the gradient of {name}"
+        torch.testing.assert_close(a, b, **TOL)
+    torch.testing.assert_close(g_explicit[3], g_fast[3], **TOL)

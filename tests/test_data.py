@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,43 @@ def test_local_files_go_through_datasets_and_cache(tmp_path: Path) -> None:
     assert x.shape == (2, 16) and (x[:, 1:] == y[:, :-1]).all()
 
 
+def test_the_cache_keeps_only_what_training_reads(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line number {i} of a small local corpus.\n" for i in range(400)))
+    module = LMDataModule(source="files", files=[str(corpus)], block_size=16, cache_dir=str(tmp_path / "cache"))
+    module.prepare_data()
+    assert sorted(p.name for p in module.cache_path.iterdir()) == [
+        "meta.json", "test.npy", "tokenizer.json", "train.npy", "validation.npy",
+    ]
+
+
+def prepared_text(files: list[str], cache_dir: Path) -> str:
+    """The training split as the data module serves it (decoded from the cached token ids)."""
+    module = LMDataModule(source="files", files=files, block_size=8, batch_size=2, cache_dir=str(cache_dir))
+    module.prepare_data()
+    module.setup()
+    assert module.tokenizer is not None
+    return module.tokenizer.decode(module.splits["train"].tolist())
+
+
+def test_the_cache_follows_the_file_content_not_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same relative name, edited in place or found in another directory, is new data."""
+    cache = tmp_path / "cache"
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    (first / "corpus.txt").write_text("abc abc abc abc\n" * 50)
+    (second / "corpus.txt").write_text("xyz xyz xyz xyz\n" * 50)
+    monkeypatch.chdir(first)
+    assert prepared_text(["corpus.txt"], cache).startswith("abc abc")
+    (first / "corpus.txt").write_text("abd abd abd abd\n" * 50)  # edited in place (same size)
+    assert prepared_text(["corpus.txt"], cache).startswith("abd abd")
+    monkeypatch.chdir(second)
+    assert prepared_text(["corpus.txt"], cache).startswith("xyz xyz")
+    # Unchanged content is one cache, whatever the path that names it.
+    assert prepared_text([str(second / "corpus.txt")], cache).startswith("xyz xyz")
+    assert len(list((cache / "lm").glob("*/meta.json"))) == 3
+
+
 def test_packed_blocks_are_contiguous_and_shifted() -> None:
     ids = np.arange(100, dtype=np.uint16)
     blocks = PackedBlocks(ids, 10)
@@ -166,3 +204,8 @@ def test_hub_source_runs_load_dataset_and_keeps_its_splits(tmp_path: Path) -> No
 def test_hub_dataset_unreachable_is_a_clear_error() -> None:
     with pytest.raises(DataError, match="could not load dataset 'no-such-user/no-such-dataset'"):
         load_corpus("hub", {"path": "no-such-user/no-such-dataset"}, [0.9, 0.05, 0.05])
+
+
+def test_the_tests_never_use_the_users_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """conftest sets TRIDENT_CACHE_DIR to a fresh directory even when the user has one set."""
+    assert Path(os.environ["TRIDENT_CACHE_DIR"]).is_relative_to(tmp_path_factory.getbasetemp())

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from trident.backbone import TransformerConfig
+from trident.errors import ConfigError
 from trident.models import CausalLM, generate, sample_next_token
+
+from .backbone_helpers import perturb_
 
 
 def small_lm(encoding: str, max_seq_len: int = 64) -> CausalLM:
@@ -28,10 +31,22 @@ def test_greedy_tokens_same_with_and_without_cache(encoding: str) -> None:
     assert torch.equal(cached[:, :5], prompt)
 
 
-def test_generation_past_the_context_window_keeps_going() -> None:
-    model = small_lm("learned", max_seq_len=16)
-    out = generate(model, torch.zeros(1, 3, dtype=torch.long), 50, temperature=0.0)
-    assert out.shape == (1, 53)
+@pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])
+def test_past_the_window_cached_and_uncached_agree_token_for_token(encoding: str) -> None:
+    """Perturbed weights: an untrained model repeats one token, which would hide wrong positions."""
+    model = perturb_(small_lm(encoding, max_seq_len=12), std=0.5, seed=3)
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    cached = generate(model, prompt, 30, temperature=0.0, use_cache=True)
+    recomputed = generate(model, prompt, 30, temperature=0.0, use_cache=False)
+    assert all(len(set(row[-20:].tolist())) >= 4 for row in cached), "greedy output too uniform to test positions"
+    assert torch.equal(cached, recomputed)
+    # The documented semantics: each token is the greedy choice over the last 12 tokens alone.
+    for t in range(5, cached.size(1)):
+        window = cached[:, max(0, t - 12) : t]
+        assert torch.equal(model(window)[:, -1].argmax(-1), cached[:, t]), f"token {t}"
+    # Sampling draws the same tokens too (one generator, the same logits).
+    sampled = [generate(model, prompt, 30, use_cache=c, generator=torch.Generator().manual_seed(4)) for c in (True, False)]
+    assert torch.equal(*sampled)
 
 
 def test_greedy_is_argmax() -> None:
@@ -60,3 +75,22 @@ def test_temperature_sharpens() -> None:
     cold = sample_next_token(logits, temperature=0.2, generator=gen).float().mean()
     hot = sample_next_token(logits, temperature=5.0, generator=gen).float().mean()
     assert cold > 0.95 and 0.4 < hot < 0.65
+
+
+def test_top_k_keeps_exactly_k_tokens_when_logits_tie() -> None:
+    logits = torch.tensor([[2.0, 2.0, 2.0, 2.0, 0.0]]).repeat(2000, 1)
+    samples = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert len(set(samples.flatten().tolist())) == 2
+
+
+@pytest.mark.parametrize("temperature", [0.5, 5.0])
+def test_top_p_zero_is_greedy(temperature: float) -> None:
+    logits = torch.randn(300, 20, generator=torch.Generator().manual_seed(0))
+    samples = sample_next_token(logits, temperature=temperature, top_p=0.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(samples, logits.argmax(-1, keepdim=True))
+
+
+@pytest.mark.parametrize(("option", "value"), [("top_p", 1.5), ("top_p", -0.1), ("top_k", -1)])
+def test_out_of_range_filters_are_refused(option: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=option):
+        sample_next_token(torch.zeros(1, 5), **{option: value})

@@ -156,3 +156,22 @@ def test_training_pairs_that_share_a_sentence_with_evaluation_are_dropped(tmp_pa
     assert module.pair_counts() == {"train": 60, "validation": 2, "test": 1}
     meta = json.loads((module.cache_path / "meta.json").read_text())
     assert meta["pairs"]["train"]["held_out_overlap"] == 3 and meta["pairs"]["train"]["dropped"] == 0
+
+
+def test_the_cache_follows_the_file_content(tmp_path: Path) -> None:
+    """Parallel data edited in place is prepared again, not read from the old cache."""
+    path = tmp_path / "pairs.tsv"
+    write_tsv(path, many_pairs(120))
+
+    def prepared() -> TranslationDataModule:
+        module = TranslationDataModule(source="files", files=str(path), vocab_size=300, max_len=32, max_tokens=200,
+                                       split=[0.8, 0.1, 0.1], cache_dir=str(tmp_path / "cache"))
+        module.prepare_data()
+        module.setup()
+        return module
+
+    before = prepared()
+    write_tsv(path, many_pairs(120)[:100])
+    after = prepared()
+    assert after.cache_path != before.cache_path
+    assert sum(after.pair_counts().values()) < sum(before.pair_counts().values())

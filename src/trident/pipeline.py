@@ -33,6 +33,7 @@ from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
+from trident.training.run_checks import check_seed, check_trainer_config
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ def check_constructor_keys(cfg: DictConfig, group: str) -> None:
 
 def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
+    check_seed(cfg.get("seed", 0))
+    check_trainer_config(_plain(cfg.trainer))
     check_task_data(cfg)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")

@@ -20,6 +20,9 @@ SDPA_KERNELS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
+# How PyTorch says that the forced kernel refuses these inputs: the CPU dispatcher's and the CUDA
+# dispatcher's wording (the latter after warnings that name the kernel's reasons, e.g. a mask).
+NO_KERNEL_MESSAGES = ("No viable backend", "No available kernel")
 
 
 class MultiHeadAttention(nn.Module):
@@ -118,11 +121,14 @@ class MultiHeadAttention(nn.Module):
                     q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
                 )
         except RuntimeError as err:
-            if "No viable backend" not in str(err):
+            if not any(message in str(err) for message in NO_KERNEL_MESSAGES):
                 raise
+            kernels = ("on a CPU only math and flash exist" if q.device.type == "cpu"
+                       else "math takes every input; flash takes no mask tensor and only fp16/bf16")
             raise ConfigError(
                 f"model.sdpa_backend={self.sdpa_backend} has no kernel for these inputs (device {q.device.type}, "
-                f"{q.dtype}, head size {q.size(-1)}): use model.sdpa_backend=auto, or math/flash on a CPU"
+                f"{q.dtype}, head size {q.size(-1)}, {_mask_kind(attn_mask, is_causal)}): use model.sdpa_backend=auto, "
+                f"or a kernel that takes them ({kernels})"
             ) from None
 
     def _explicit(
@@ -136,9 +142,19 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             else:
                 scores = scores + attn_mask
+        # A query that may see no key at all (left padding) has an all -inf row, whose softmax is
+        # NaN in the forward and the backward. Such rows get finite scores before the softmax and
+        # zero weight after it, as SDPA does: zero output, and zero gradient to q, k and the bias.
+        blind = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (B, nh, Tq, 1)
+        scores = scores.masked_fill(blind, 0.0)
         # Softmax in fp32 even under autocast: exp(-inf) is exactly 0, so masked keys get zero weight.
-        # A query that may see no key at all (left padding) gets an all -inf row whose softmax is
-        # NaN; zero it, as SDPA does, so the NaN cannot leak into other positions in later layers.
-        weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+        weights = torch.softmax(scores.float(), dim=-1).masked_fill(blind, 0.0).to(q.dtype)
         y = F.dropout(weights, p=dropout_p) @ v  # (B, nh, Tq, hs)
         return y, weights
+
+
+def _mask_kind(attn_mask: Tensor | None, is_causal: bool) -> str:
+    """How the inputs are masked, in the words of the refusal message."""
+    if attn_mask is None:
+        return "causal, no mask tensor" if is_causal else "no mask"
+    return f"{'boolean' if attn_mask.dtype == torch.bool else 'float bias'} mask"

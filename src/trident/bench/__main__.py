@@ -3,6 +3,7 @@
     python -m trident.bench                     # every row (about 10 minutes on an idle 2-core CPU)
     python -m trident.bench --only lm generation
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
+    python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trident.bench import data, generation, levers, steps
+from trident.bench import data, generation, levers, mfu, steps
 from trident.bench.report import Row, Settings, render, write
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -35,9 +36,12 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "sdpa": levers.sdpa_rows,
     "checkpointing": levers.checkpointing_rows,
     "workers": data.workers_rows,
+    "mfu": mfu.mfu_rows,
 }
 # Compilation alone takes minutes on a small CPU: a quick run leaves it out unless asked for.
 NOT_QUICK = ("compile",)
+# GPU-sized batches of model=base: on a CPU they run only when named (--only mfu) or tiny (--quick).
+GPU_ONLY = ("mfu",)
 
 log = logging.getLogger("trident.bench")
 
@@ -68,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         warmup=1 if args.warmup is None else args.warmup,
         repeats=args.repeats or (2 if args.quick else 5),
     )
-    names = args.only or [n for n in ROWS if not (args.quick and n in NOT_QUICK)]
+    names = args.only or [n for n in ROWS if not (args.quick and n in NOT_QUICK)
+                          and not (settings.device.type == "cpu" and not args.quick and n in GPU_ONLY)]
     rows: list[Row] = []
     for name in names:
         start = time.perf_counter()

@@ -15,6 +15,7 @@ from trident.backbone import TransformerConfig
 from trident.bench.memory import saved_activation_bytes
 from trident.bench.report import Row, Settings, milliseconds, speedup
 from trident.bench.timing import Budget, interleaved, synchronize, training_step
+from trident.errors import ConfigError
 from trident.models import CausalLM
 
 VOCAB = 8000
@@ -84,18 +85,33 @@ def fused_rows(settings: Settings) -> list[Row]:
 
 
 def sdpa_rows(settings: Settings) -> list[Row]:
-    backends = ("auto", "flash", "math")
+    # A CPU has math and its own flash kernel (fp32); CUDA's flash kernel takes fp16/bf16 only, so
+    # on a GPU every kernel is timed under bf16 autocast, as precision=bf16 runs it.
+    cuda = settings.device.type == "cuda"
+    backends = ("auto", "flash", "efficient", "cudnn", "math") if cuda else ("auto", "flash", "math")
+    dtype = torch.bfloat16 if cuda else torch.float32
     models = {name: _lm(settings, sdpa_backend=name) for name in backends}
-    times = interleaved(
-        {name: training_step(model, _loss(model, ids), settings.device) for name, (model, ids) in models.items()},
-        Budget(settings.warmup, settings.repeats),
-    )
+    steps, refused = {}, []
+    for name, (model, ids) in models.items():
+        step = training_step(model, _loss(model, ids), settings.device, dtype)
+        try:
+            step()  # a kernel that refuses these inputs says so at once (trident's ConfigError)
+        except ConfigError:
+            refused.append(name)
+            continue
+        steps[name] = step
+    times = interleaved(steps, Budget(settings.warmup, settings.repeats))
     model, ids = models["auto"]
+    fused = "; ".join(f"{name} {milliseconds(times[name])}" for name in times if name != "math")
+    forced = [name for name in times if name not in ("auto", "math")]
+    fastest = min(forced, key=times.__getitem__) if forced else None
+    notes = ("CUDA: flash, efficient (memory-efficient) and cuDNN kernels, bf16 autocast" if cuda else
+             "on a CPU only math and flash (a CPU kernel) exist; efficient and cudnn are CUDA kernels")
     return [Row(
-        "sdpa", f"model.sdpa_backend, LM train step: {_shape(model, ids)}",
-        f"auto {milliseconds(times['auto'])}; flash {milliseconds(times['flash'])}",
-        f"math {milliseconds(times['math'])}", f"flash {speedup(times['flash'], times['math']):.2f}x vs math",
-        "-", "-", "on a CPU only math and flash (a CPU kernel) exist; efficient and cudnn are CUDA kernels",
+        "sdpa", f"model.sdpa_backend, LM train step{' (bf16)' if cuda else ''}: {_shape(model, ids)}",
+        fused, f"math {milliseconds(times['math'])}",
+        f"{fastest} {speedup(times[fastest], times['math']):.2f}x vs math" if fastest else "no forced fused kernel ran",
+        "-", "-", notes + (f"; refused these inputs: {', '.join(refused)}" if refused else ""),
     )]
 
 

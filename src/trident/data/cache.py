@@ -3,6 +3,7 @@ picks up a half-built cache (the data modules hold a file lock while they build)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -25,3 +26,19 @@ def publish_cache(staging: Path, cache_path: Path, tokenizer: Tokenizer, meta: d
     (staging / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(cache_path, ignore_errors=True)
     staging.rename(cache_path)
+
+
+def content_key(files: Any) -> Any:
+    """``data.files`` (a path, a list, or {split: path(s)}) with each existing file replaced by the
+    sha256 of its bytes and its suffix (which decides how it is parsed), for the cache key: a file
+    edited in place, or another file reached by the same relative path, gets a new cache. Paths
+    that name no file stay as written; reading the data reports them."""
+    if isinstance(files, dict):
+        return {split: content_key(paths) for split, paths in files.items()}
+    if isinstance(files, (list, tuple)):
+        return [content_key(path) for path in files]
+    path = Path(str(files))
+    if files is None or not path.is_file():
+        return files
+    with path.open("rb") as handle:
+        return f"sha256:{hashlib.file_digest(handle, 'sha256').hexdigest()}{path.suffix.lower()}"

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
-from trident.data.cache import fresh_staging, publish_cache
+from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
 
@@ -284,7 +284,9 @@ class TranslationDataModule(TridentDataModule):
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens
         self.split = list(split)
         self.seed = seed
-        key = json.dumps([CACHE_VERSION, source, self.source_options, self.src_lang, self.tgt_lang,
+        # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint).
+        key_options = {"files": content_key(files)} if source == "files" else self.source_options
+        key = json.dumps([CACHE_VERSION, source, key_options, self.src_lang, self.tgt_lang,
                           vocab_size, max_len, self.split], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.tokenizer: Tokenizer | None = None

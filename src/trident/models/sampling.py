@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from trident.backbone import KVCache
+from trident.errors import ConfigError
 
 
 class Generative(Protocol):
@@ -21,6 +22,14 @@ class Generative(Protocol):
     def new_cache(self, max_len: int) -> KVCache: ...
 
 
+def check_filters(top_k: int | None, top_p: float | None) -> None:
+    """Refuse filter settings that mean nothing (before any work when a task is built with them)."""
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 or None: no top-k filter), got {top_k}")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ConfigError(f"top_p must be in [0, 1] (0: greedy, 1 or None: no nucleus filter), got {top_p}")
+
+
 def sample_next_token(
     logits: Tensor,
     *,
@@ -29,14 +38,21 @@ def sample_next_token(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Pick the next token from (B, V) logits; ``temperature=0`` is greedy. Returns (B, 1)."""
-    if temperature <= 0:
+    """Pick the next token from (B, V) logits. Returns (B, 1).
+
+    ``temperature=0`` is greedy. ``top_k`` keeps exactly the k most likely tokens (ties at the
+    k-th place are broken by ``torch.topk``, not all kept). ``top_p`` keeps the smallest set of
+    most likely tokens whose probability reaches ``top_p``; the most likely token always stays,
+    so ``top_p=0`` is greedy too. ``None`` (or ``top_k=0``, ``top_p=1``) turns a filter off.
+    """
+    check_filters(top_k, top_p)
+    if temperature <= 0 or top_p == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k is not None and top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and 0 < top_p < 1:
+        best = torch.topk(logits, min(top_k, logits.size(-1)))  # (B, k)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, best.indices, best.values)
+    if top_p is not None and top_p < 1:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop a token when the tokens ranked before it already cover top_p; the first always stays.
@@ -59,19 +75,20 @@ def generate(
 ) -> Tensor:
     """Extend ``prompt`` (B, T0) by ``max_new_tokens`` tokens; returns (B, T0 + max_new_tokens).
 
-    With the cache each step feeds only the newest token. The context never exceeds the
-    model's ``context_length``: when it is full, the cache is rebuilt from the most recent half
-    of the context (without the cache, the window simply slides).
+    Every token is predicted from at most the last ``context_length`` tokens (a sliding window,
+    for every positional encoding): exactly what a fresh forward pass over that window gives. The
+    KV cache serves while the sequence fits in the window, each step feeding only the newest
+    token; past it, each step re-encodes the window, since shifting the window changes every
+    position and so every cached key (with or without the cache, the same tokens come out).
     """
     window = model.context_length
     out = prompt
     cache: KVCache | None = None
     step_input = prompt
     for _ in range(max_new_tokens):
-        if use_cache:
-            if cache is None or cache.length + step_input.size(1) > cache.max_len:
+        if use_cache and out.size(1) <= window:
+            if cache is None:
                 cache = model.new_cache(window)
-                step_input = out[:, -max(1, window // 2) :] if out.size(1) > window else out
             logits = model(step_input, cache=cache)[:, -1]
         else:
             logits = model(out[:, -window:])[:, -1]

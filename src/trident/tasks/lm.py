@@ -17,6 +17,7 @@ from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
+from trident.models.sampling import check_filters
 from trident.training.flops import causal_lm_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
@@ -49,6 +50,7 @@ class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
+        check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
         self.val_perplexity = Perplexity()
         self.test_perplexity = Perplexity()
 

@@ -1,0 +1,74 @@
+"""Checks of the ``seed`` and the ``trainer`` group before any work.
+
+Lightning checks some trainer values only when the trainer is built (after the data is prepared)
+and others not at all: ``accumulate_grad_batches=0`` or ``val_check_interval=0`` end in a
+ZeroDivisionError deep inside the loop, a seed that is not an integer in a ValueError from NumPy.
+Each becomes one line naming the key and a valid value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trident.errors import ConfigError
+
+SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_seed(seed: Any) -> None:
+    if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"seed must be an integer in [0, 2**32), got {seed!r}: set e.g. seed=1337")
+
+
+def _check(ok: bool, key: str, value: Any, rule: str, example: str) -> None:
+    if not ok:
+        raise ConfigError(f"trainer.{key} must be {rule}, got {value!r}: set e.g. trainer.{key}={example}")
+
+
+def check_trainer_config(trainer: dict[str, Any]) -> None:
+    """The step, epoch, validation, logging and device counts of ``trainer`` (null where Lightning allows it)."""
+    for key, minimum, rule, example in (
+        ("max_steps", -1, "an integer >= -1 (-1: no step limit)", "500"),
+        ("max_epochs", -1, "null or an integer >= -1 (-1: no epoch limit)", "10"),
+        ("accumulate_grad_batches", 1, "an integer >= 1 (1: no accumulation)", "1"),
+        ("check_val_every_n_epoch", 1, "null or an integer >= 1", "1"),
+        ("log_every_n_steps", 1, "an integer >= 1", "10"),
+        ("num_sanity_val_steps", -1, "an integer >= -1 (-1: the whole validation split, 0: none)", "2"),
+        ("num_nodes", 1, "an integer >= 1", "1"),
+    ):
+        if key in trainer and not (trainer[key] is None and "null" in rule):
+            value = trainer[key]
+            _check(_is_int(value) and value >= minimum, key, value, rule, example)
+    interval = trainer.get("val_check_interval")
+    if interval is not None:
+        _check(
+            (_is_int(interval) and interval >= 1) or (isinstance(interval, float) and 0 < interval <= 1),
+            "val_check_interval", interval, "an integer >= 1 (steps) or a fraction in (0, 1] of an epoch", "100",
+        )
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        value = trainer.get(key)
+        if value is not None:
+            _check(
+                (_is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1),
+                key, value, "an integer >= 0 (batches) or a fraction in [0, 1]", "1.0",
+            )
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None:
+        _check(_is_number(clip) and clip >= 0, "gradient_clip_val", clip, "null or a number >= 0 (0 or null: no clipping)", "1.0")
+    devices = trainer.get("devices")
+    valid_devices = (
+        devices in ("auto", -1)
+        or (_is_int(devices) and devices >= 1)
+        or (isinstance(devices, str) and bool(devices.strip()) and devices.strip() != "0")
+        or (isinstance(devices, list) and bool(devices) and all(_is_int(d) and d >= 0 for d in devices))
+    )
+    _check(devices is None or valid_devices, "devices", devices,
+           "a count >= 1, -1 or auto (all), or a list of device indices", "1")

@@ -1,0 +1,57 @@
+"""The ablation presets' sweeps (``hydra.sweeper.params``): the job counts the README states, and
+every swept setting composes into a valid config."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from trident.pipeline import check_config
+
+from .conftest import CONF_DIR, ROOT, compose_config
+
+PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("ablation_*.yaml"))
+README_ROW = re.compile(r"^\| `python train\.py -m experiment=(ablation_\w+)` \| (.+?) \| (\d+) \|$", re.MULTILINE)
+
+
+def sweeper_params(preset: str) -> dict[str, list[str]]:
+    """``hydra.sweeper.params`` of ``experiment=<preset>`` as Hydra composes it, each key with its values."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    params = dict(cfg.hydra.sweeper.params or {})
+    parsed = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()])
+    return {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed}
+
+
+def readme_rows() -> dict[str, tuple[str, int]]:
+    return {name: (axis, int(jobs)) for name, axis, jobs in README_ROW.findall((ROOT / "README.md").read_text())}
+
+
+def test_every_preset_is_in_the_readme_table() -> None:
+    assert PRESETS and sorted(readme_rows()) == PRESETS
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_sweep_has_the_jobs_the_readme_states(preset: str) -> None:
+    params = sweeper_params(preset)
+    axis, jobs = readme_rows()[preset]
+    assert params.get("seed") == ["1", "2", "3"], "every ablation runs seeds 1, 2, 3"
+    assert math.prod(len(values) for values in params.values()) == jobs
+    swept = [key for key in params if key != "seed"]
+    assert all(f"`{key}`" in axis for key in swept), f"the README names the swept key(s) {swept}"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_swept_setting_is_a_valid_config(preset: str) -> None:
+    params = {key: values for key, values in sweeper_params(preset).items() if key != "seed"}  # seeds change no shape
+    for values in itertools.product(*params.values()):
+        overrides = [f"{key}={value}" for key, value in zip(params, values)]
+        check_config(compose_config([f"experiment={preset}", *overrides]))

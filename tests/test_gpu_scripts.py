@@ -1,0 +1,122 @@
+"""The GPU check's scripts, as far as a CPU can run them: both shell scripts parse, the dry run
+lists every stage, the training matrix composes into valid configs, the metrics and the summary
+are read back from a real (CPU) run, and the translation extract reads back as the same pairs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import datasets
+import pytest
+
+from trident.data.translation import load_pairs
+from trident.pipeline import check_config, train
+
+from .conftest import ROOT, SMALL, compose_config
+
+SCRIPTS = ROOT / "scripts"
+
+
+def load_gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = load_gpu_check()
+
+
+@pytest.mark.parametrize("script", ["gpu_bundle.sh", "gpu_check.sh"])
+def test_shell_scripts_parse(script: str) -> None:
+    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def run_check(*args: str, out: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OUT": str(out), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), *args], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+
+
+def test_dry_run_lists_every_stage_without_running_it(tmp_path: Path) -> None:
+    result = run_check("--dry-run", out=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("+ python3 -m pip install -q --no-index --no-deps") for line in lines)
+    assert any("python3 -m pytest -m gpu" in line and f"--junitxml={tmp_path}/junit.xml" in line for line in lines)
+    assert any("python3 -m trident.bench --device cuda" in line for line in lines)
+    trainings = [line for line in lines if "train.py" in line]
+    assert len(trainings) == len(gpu_check.trainings(200, tmp_path)) == 11
+    assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+def test_unknown_argument_is_one_error_line(tmp_path: Path) -> None:
+    result = run_check("benchmark", out=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: unknown argument 'benchmark'")
+
+
+@pytest.mark.parametrize("task", ["lm", "translation", "vit"])
+def test_training_overrides_compose_into_valid_configs(task: str, tmp_path: Path) -> None:
+    cfg = compose_config([*gpu_check.task_overrides(task, 200), *gpu_check.COMMON], output_dir=tmp_path)
+    check_config(cfg)  # fails like train.py would on a bad key or value
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.max_steps == 200 and cfg.logger is not None
+
+
+def test_metrics_and_summary_are_read_back_from_a_real_run(tmp_path: Path, single_thread: None) -> None:
+    overrides = [*SMALL, "logger=csv", "test=false", "callbacks.throughput.window=1", "trainer.max_steps=4",
+                 *[o for o in gpu_check.COMMON if o.startswith("+callbacks.device_stats")]]
+    train(compose_config(overrides, output_dir=tmp_path / "run"))
+    rates, peak_memory, final = gpu_check.read_metrics(tmp_path)
+    assert rates["throughput/tokens_per_sec"] > 0 and "throughput/mfu" in rates
+    assert peak_memory is None  # CUDA memory statistics only
+    assert set(final) >= {"val/loss"}
+    out = tmp_path / "out"
+    out.mkdir()
+    run = gpu_check.Training("lm-bf16", ["train.py"], "ok", 12.5, rates, 3.25, final)
+    (out / "trainings.json").write_text(json.dumps([gpu_check.asdict(run)]))
+    (out / "junit.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
+        '<testcase classname="tests.gpu.test_gpu_sdpa" name="test_a" time="1.5">'
+        '<properties><property name="cudnn" value="ran"/></properties></testcase>'
+        '<testcase classname="tests.gpu.test_gpu_sdpa" name="test_b" time="0.5"><failure message="x"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    summary = gpu_check.write_summary(out).read_text()
+    assert "2 tests, 1 failures, 0 errors, 0 skipped" in summary
+    assert "- passed: tests.gpu.test_gpu_sdpa::test_a (1.5 s) (cudnn: ran)" in summary
+    assert "- failure: tests.gpu.test_gpu_sdpa::test_b (0.5 s)" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| lm-bf16 |"))
+    assert "| ok | 12.5 |" in row and "tokens/s" in row and "| 3.2 |" in row
+    assert "not run (no bench.md)" in summary and "not recorded" in summary
+
+
+def test_translation_extract_reads_back_as_the_same_pairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pairs = {"train": [("He said, \"Go.\"", "Er sprach: »Geh.«"), ("NA", "nicht\tverfügbar")],
+             "validation": [("a  b\nc", "d")], "test": [("x", "y")]}
+    fake = datasets.DatasetDict({split: datasets.Dataset.from_dict({"src": [s for s, _ in rows], "tgt": [t for _, t in rows]})
+                                 for split, rows in pairs.items()})
+    monkeypatch.setattr("trident.data.translation.bible_pairs", lambda *args: fake)
+    gpu_check.extract_translation(tmp_path)
+    files = {split: str(tmp_path / f"{split}.tsv") for split in gpu_check.SPLITS}
+    read = load_pairs("files", {"files": files}, "en", "de", [0.96, 0.02, 0.02])
+    assert read["train"]["src"] == ["He said, \"Go.\"", "NA"] and read["train"]["tgt"] == ["Er sprach: »Geh.«", "nicht verfügbar"]
+    assert read["validation"][0] == {"src": "a b c", "tgt": "d"}  # whitespace runs become one space
+
+
+def test_a_spent_budget_runs_no_stage(tmp_path: Path) -> None:
+    """Under 30 s left a stage does not start (``timeout 0`` would run it without any limit)."""
+    result = run_check("--dry-run", "--budget", "40", "tests", "bench", out=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "== tests: not run, the budget is spent" in result.stdout
+    assert "== bench: not run, the budget is spent" in result.stdout
+    assert "pytest" not in result.stdout and "trident.bench" not in result.stdout
