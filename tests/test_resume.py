@@ -22,7 +22,8 @@ from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import DistributedOrder, EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged
 from trident.pipeline import train
-from trident.requeue import JobStopped
+from trident.jobs import write_status
+from trident.requeue import JobStopped, stop_outcome
 from trident.resume import resume_arguments
 from trident.tracking import find_offline_runs
 
@@ -271,3 +272,27 @@ def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
     expected, resumed = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert sorted(resumed) == sorted(expected) == list(range(10))
     torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("restarts", "outcome"), [(1, "requeued"), (0, "cancelled")])
+def test_sigterm_under_slurm_is_a_requeue_when_slurm_counted_a_restart(
+    restarts: int, outcome: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    scontrol = tmp_path / "scontrol"  # what `scontrol show job -o <id>` prints, in part
+    scontrol.write_text(f"#!/bin/sh\necho 'JobId=12 JobState=COMPLETING Requeue=1 Restarts={restarts} BatchFlag=1'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert stop_outcome("SIGTERM") == outcome
+    assert stop_outcome("SIGUSR1") == "requeued", "SIGUSR1/SIGUSR2 ask for a requeue"
+
+
+def test_status_of_a_requeued_job_keeps_its_stops(tmp_path: Path) -> None:
+    cfg = compose_config(SMALL)
+    write_status(tmp_path, cfg, "requeued", **JobStopped("SIGTERM", 7, "last.ckpt", "requeued", "12").record())
+    write_status(tmp_path, cfg, "completed", metrics={"val/loss": 1.0})
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "completed"
+    assert status["requeues"] == [{"signal": "SIGTERM", "step": 7, "slurm_job": "12"}]
