@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import lightning as L
@@ -39,3 +40,13 @@ class NaNLossLanguageModel(LanguageModelTask):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = super().training_step(batch, batch_idx)
         return loss * torch.nan if self.global_step == self.nan_at_step else loss
+
+
+class SlowSteps(L.Callback):
+    """Sleeps ``seconds`` after every training step, so that a test can signal a job mid-run."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        time.sleep(self.seconds)

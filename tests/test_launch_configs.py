@@ -70,6 +70,30 @@ def test_slurm_preset_runs_one_task_per_gpu_on_the_trainers_nodes() -> None:
     assert cfg.trainer.strategy == "ddp" and cfg.trainer.devices == -1, "ddp takes the GPUs SLURM gives each node"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "gpus", "tasks"),
+    [
+        (["trainer=ddp_cpu"], None, 2),  # a CPU cluster: no GPUs asked for, one task per process
+        (["trainer=ddp_cpu", "trainer.devices=1"], None, 1),
+        (["trainer=ddp", "trainer.devices=4"], 4, 4),  # a number of GPUs: as many tasks
+        (["trainer=ddp"], 1, 1),  # devices=-1 (all GPUs): set gpus_per_node, the tasks follow
+        (["trainer=ddp", "hydra.launcher.gpus_per_node=8"], 8, 8),
+    ],
+)
+def test_slurm_preset_asks_for_one_task_per_device(overrides: list[str], gpus: int | None, tasks: int) -> None:
+    Plugins.instance()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.num_nodes=2", *overrides], return_hydra_config=True)
+    launcher: dict[str, Any] = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)  # type: ignore[assignment]
+    assert (launcher["gpus_per_node"], launcher["tasks_per_node"], launcher["nodes"]) == (gpus, tasks, 2)
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "default"])
+def test_every_trainer_preset_has_num_nodes(preset: str) -> None:
+    assert compose_config([f"trainer={preset}"]).trainer.num_nodes == 1
+
+
 def test_fsdp_config_shards_per_transformer_block() -> None:
     cfg = compose_config(["trainer=fsdp", "precision=bf16", "model=nano"])
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"

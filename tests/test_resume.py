@@ -22,6 +22,8 @@ from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged
 from trident.pipeline import train
+from trident.jobs import write_status
+from trident.requeue import JobStopped, stop_outcome
 from trident.resume import resume_arguments
 from trident.tracking import find_offline_runs
 
@@ -119,9 +121,11 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
     (run_dir,) = list(tmp_path.glob("runs/*/*"))
     last = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint_step(last) == 5, "the step running when SIGTERM came is finished and saved"
-    assert "Stopped by SIGTERM" in (run_dir / "train.log").read_text()
+    assert "Stopped by SIGTERM (cancelled)" in (run_dir / "train.log").read_text()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["status"], status["signal"], status["step"]) == ("cancelled", "SIGTERM", 5)
 
-    result = run_train(*args, "resume=auto", cwd=tmp_path)
+    result = run_train(*args, "resume=auto", "+callbacks.signal.step=-1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resume=auto: continuing {run_dir}" in result.stdout
     assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
@@ -131,7 +135,9 @@ def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: 
 def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:
     handler = signal.getsignal(signal.SIGUSR1)
     overrides = [*RESUMABLE, "logger=none", *signal_at(2, "SIGUSR1")]
-    train(compose_config(overrides, output_dir=tmp_path / "run"))
+    with pytest.raises(JobStopped) as stopped:
+        train(compose_config(overrides, output_dir=tmp_path / "run"))
+    assert (stopped.value.signal, stopped.value.step, stopped.value.outcome) == ("SIGUSR1", 3, "cancelled")
     assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 3
     assert signal.getsignal(signal.SIGUSR1) == handler, "the process's own handler is back after fit"
 
@@ -239,3 +245,54 @@ def test_token_budget_batches_skip_ahead_within_an_epoch() -> None:
     sampler.skip_next(3)
     assert list(sampler) == full[3:]
     assert list(sampler) != full, "the next pass is the next epoch, from its start"
+
+
+def test_a_ddp_ranks_resumed_share_continues_where_it_stopped() -> None:
+    shares = []
+    for rank in (0, 1):
+        full = list(EpochShuffleSampler(21, batch_size=2, seed=3, num_replicas=2, rank=rank))
+        resumed = EpochShuffleSampler(21, batch_size=2, seed=3, num_replicas=2, rank=rank)
+        resumed.skip_next(3)
+        assert list(resumed) == full[6:], "three of this rank's batches of 2 skipped, not three of the shared order"
+        assert list(resumed) == full, "the skip holds for one pass only"
+        shares.append(full)
+    order = EpochShuffleSampler(21, batch_size=2, seed=3).permutation(0).tolist()
+    assert shares[0][:10] == order[0:20:2] and shares[1][:10] == order[1:20:2], "rank r takes every other index"
+
+
+@pytest.mark.slow
+def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    args = [*RESUMABLE, *WITH_CSV, "logger=none", "trainer=ddp_cpu"]
+    for name, extra in [("a", []), ("b", signal_at(4, "SIGTERM"))]:
+        result = run_train(*args, *extra, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert checkpoint_step(tmp_path / "b" / "checkpoints" / "last.ckpt") == 5
+    result = run_train(f"resume={tmp_path / 'b'}", "+callbacks.signal.step=-1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected, resumed = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
+    assert sorted(resumed) == sorted(expected) == list(range(10))
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("restarts", "outcome"), [(1, "requeued"), (0, "cancelled")])
+def test_sigterm_under_slurm_is_a_requeue_when_slurm_counted_a_restart(
+    restarts: int, outcome: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    scontrol = tmp_path / "scontrol"  # what `scontrol show job -o <id>` prints, in part
+    scontrol.write_text(f"#!/bin/sh\necho 'JobId=12 JobState=COMPLETING Requeue=1 Restarts={restarts} BatchFlag=1'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert stop_outcome("SIGTERM") == outcome
+    assert stop_outcome("SIGUSR1") == "requeued", "SIGUSR1/SIGUSR2 ask for a requeue"
+
+
+def test_status_of_a_requeued_job_keeps_its_stops(tmp_path: Path) -> None:
+    cfg = compose_config(SMALL)
+    write_status(tmp_path, cfg, "requeued", **JobStopped("SIGTERM", 7, "last.ckpt", "requeued", "12").record())
+    write_status(tmp_path, cfg, "completed", metrics={"val/loss": 1.0})
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "completed"
+    assert status["requeues"] == [{"signal": "SIGTERM", "step": 7, "slurm_job": "12"}]

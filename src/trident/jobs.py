@@ -1,7 +1,9 @@
 """One ``train.py`` job: a single run stops on a user error; a sweep job records how it ended.
 
-Each job writes ``<run dir>/status.json``: ``completed`` with its final metrics, or ``failed`` with
-the error line (sweep jobs only; a single run keeps failing as one ``error:`` line and exit status 2).
+Each job writes ``<run dir>/status.json``: ``completed`` with its final metrics, ``failed`` with the
+error line (sweep jobs only; a single run keeps failing as one ``error:`` line and exit status 2),
+or, when a signal stopped it, ``requeued`` (until the next attempt rewrites it), ``cancelled`` or
+``timeout``; a job that was requeued lists its earlier stops under ``requeues``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig
 from trident.cli import find_user_error, run_with_clear_errors
 from trident.distributed import is_global_zero
 from trident.pipeline import train
+from trident.requeue import REQUEUED, JobStopped, come_back_later
 from trident.sweeps import STATUS_FILE, apply_sweep_identity, in_multirun
 
 log = logging.getLogger(__name__)
@@ -30,28 +33,54 @@ def objective(cfg: DictConfig, metrics: Mapping[str, float]) -> float | None:
 
 
 def write_status(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> None:
+    """Write ``status.json``; the requeues of earlier attempts of the job are kept in ``requeues``."""
     if not is_global_zero():  # DDP ranks share the run directory: rank 0 writes it
         return
+    path = run_dir / STATUS_FILE
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    requeues = previous.get("requeues", [])
+    if previous.get("status") == REQUEUED:
+        requeues = [*requeues, {k: previous[k] for k in ("signal", "step", "slurm_job") if k in previous}]
     record = {"status": status, "monitor": cfg.task.monitor, "monitor_mode": cfg.task.monitor_mode, **fields}
+    if requeues:
+        record["requeues"] = requeues
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / STATUS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict[str, str]) -> None:
+    """A job stopped by a signal: ``requeued`` (SLURM runs it again: this process ends without a
+    result, so the launcher waits for the next attempt), else ``cancelled`` or ``timeout``, which
+    ``python train.py resume=<run dir>`` continues."""
+    outcome = come_back_later(stop, is_global_zero())
+    resume = f"python train.py resume={run_dir}"
+    write_status(run_dir, cfg, outcome, **stop.record(), resume=resume, **identity)
+    if outcome == REQUEUED:
+        log.warning("SLURM requeues job %s: the next attempt resumes from %s", stop.slurm_job, stop.checkpoint or "the start")
+        raise SystemExit(0)
+    log.warning("The job stopped (%s); continue it with: %s", outcome, resume)
 
 
 def run_job(cfg: DictConfig) -> float | None:
     """``train.py``'s job: a single run fails as one ``error:`` line and exit status 2; a sweep job
-    records its failure in ``status.json`` and returns None, so the sweep goes on."""
+    records its failure in ``status.json`` and returns None, so the sweep goes on. A job stopped by a
+    signal records how (:func:`record_stop`)."""
     run_dir = Path(cfg.paths.output_dir)
-    if not in_multirun():
-        # The run directory is rank 0's to clean up after a failure.
-        metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir if is_global_zero() else None)
-        write_status(run_dir, cfg, "completed", metrics=metrics)
-        return objective(cfg, metrics)
     identity: dict[str, str] = {}
     try:
-        sweep_id, setting = apply_sweep_identity(cfg)
-        identity = {"sweep": sweep_id, "setting": setting}
-        metrics = train(cfg)
-    except Exception as err:  # any failure of one job is recorded, and the sweep goes on
+        if not in_multirun():
+            # The run directory is rank 0's to clean up after a failure.
+            metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir if is_global_zero() else None)
+        else:
+            sweep_id, setting = apply_sweep_identity(cfg)
+            identity = {"sweep": sweep_id, "setting": setting}
+            metrics = train(cfg)
+    except JobStopped as stop:
+        record_stop(run_dir, cfg, stop, identity)
+        return None
+    except Exception as err:  # any failure of one sweep job is recorded, and the sweep goes on
+        if not in_multirun():
+            raise
         user_error = find_user_error(err)
         if user_error is None:
             log.exception("The job failed")  # the traceback goes to train.log and the console

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -14,6 +15,7 @@ import lightning as L
 import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from rich.console import Console
@@ -26,7 +28,7 @@ from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.errors import ConfigError, did_you_mean
-from trident.resume import checkpoint_to_resume, run_identity
+from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -43,6 +45,8 @@ warnings.filterwarnings("ignore", message=r".*checkpoint that ended before the e
 # fp16 on a CPU: trident.training.precision says so in one line. The model summary's size estimate is not the point.
 warnings.filterwarnings("ignore", message=r".*AMP with fp16 is not supported on CPU.*")
 warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
+# On a SLURM login node (or this project's one-machine test cluster) a local run is intended.
+warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -184,6 +188,9 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
     them with ``weights_only=True`` (:class:`AtomicCheckpointIO`); a value Lightning refuses
     (precision, step counts, devices...) becomes one clear line instead of Hydra's wrapped traceback."""
     plugins = [*(instantiate(p) for p in trainer_cfg.get("plugins") or []), AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        # Stop signals are trident's (PreemptionCheckpoint), not Lightning's SLURM auto-requeue.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     try:
         return instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
     except InstantiationException as err:
@@ -223,8 +230,16 @@ def compile_network(task: L.LightningModule, enabled: Any) -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Run one training job; returns the final metrics (for sweeps and tests)."""
+    """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
+    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
+    preemption = PreemptionCheckpoint(run_dir / "checkpoints" / "last.ckpt")
+    # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.
+    with preemption.listening():
+        return _train(cfg, run_dir, preemption)
+
+
+def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> dict[str, float]:
     backbone = check_config(cfg)
     check_workers_can_start(cfg.trainer)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
@@ -254,9 +269,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if saved is not None:
         check_checkpoint_fits(saved[1], task, saved[0])
     compile_network(task, cfg.get("compile", False))
-    last_checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    preemption = PreemptionCheckpoint(last_checkpoint)
-    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), last_checkpoint)
+    if preemption.received:  # before training began: the run's checkpoints are as they were
+        raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
+    guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
     history = metric_history(cfg, run_dir)
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
@@ -274,15 +289,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # The launching process answers for its DDP workers: the job fails if one of them does.
         with ranks_fail_together(trainer):
             try:
-                with preemption.listening():
-                    trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+                trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
-                if writes_outputs:  # once per job; under DDP the signal may have gone to another rank
-                    log.warning("Stopped by %s; continue with: python train.py resume=%s",
-                                preemption.received or "a signal to another DDP rank", run_dir)
-                if wandb.run is not None:
-                    wandb.mark_preempting()
-                return {k: float(v) for k, v in trainer.callback_metrics.items()}
+                # Lightning stops by itself on a signal that came before trident's handler was in place.
+                preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
+            if preemption.stop is not None:  # also when the signal came with the last step: no test
+                if writes_outputs:  # once per job, not once per DDP rank
+                    log.warning("Stopped by %s (%s)", preemption.stop.signal, preemption.stop.outcome)
+                raise preemption.stop
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
@@ -294,14 +308,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
             record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
         succeeded = True
     finally:
-        if wandb.run is not None:
-            # Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as failed.
-            wandb.finish(exit_code=0 if succeeded else 1)
-            # finish() returns before W&B's service has written the run's files; teardown waits for
-            # it, so the offline run on disk is complete when train() returns (a reader may follow).
-            wandb.teardown()
+        finish_wandb(succeeded, signalled=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
+
+
+def finish_wandb(succeeded: bool, signalled: bool) -> None:
+    """Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as
+    failed, a stopped one as preempted (a requeued or resumed job continues the same run)."""
+    if wandb.run is None:
+        return
+    try:
+        if signalled and not succeeded:
+            wandb.mark_preempting()
+        wandb.finish(exit_code=0 if succeeded else 1)
+        # finish() returns before W&B's service has written the run's files; teardown waits for
+        # it, so the offline run on disk is complete when train() returns (a reader may follow).
+        wandb.teardown()
+    except (ConnectionError, OSError):
+        if not signalled:
+            raise
+        # SLURM's SIGTERM ended W&B's service with the job: the run keeps what it wrote until then.
+        log.warning("W&B's service process ended with the signal: the W&B run holds the steps logged before it")
+        with contextlib.suppress(ConnectionError, OSError):
+            wandb.teardown()
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:

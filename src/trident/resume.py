@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,18 +23,11 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError
+from trident.requeue import RUN_INFO, requeued_attempt, slurm_job
 
 log = logging.getLogger(__name__)
 
-RUN_INFO = "run.json"
 MULTIRUN_FLAGS = ("-m", "--multirun")
-
-
-def slurm_job() -> str | None:
-    """This process's SLURM job (``<array job>_<task>`` for array jobs); None outside SLURM."""
-    if os.environ.get("SLURM_ARRAY_JOB_ID"):
-        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
-    return os.environ.get("SLURM_JOB_ID")
 
 
 def run_identity(run_dir: Path) -> dict[str, Any]:
@@ -52,10 +44,9 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run: ``checkpoints/**/*.ckpt`` or Lightning's SLURM
-    ``hpc_ckpt_<n>.ckpt`` (hidden ``.*.tmp`` files are writes in progress, never picked)."""
-    candidates = [*run_dir.glob("checkpoints/**/*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
-    candidates = [p for p in candidates if p.is_file() and not p.name.startswith(".")]
+    """The newest complete checkpoint of a run under ``checkpoints/`` (hidden ``.*.tmp`` files are
+    writes in progress, never picked)."""
+    candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if p.is_file() and not p.name.startswith(".")]
     # On equal times (same save), last.ckpt: it is the name users expect.
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
 
@@ -129,9 +120,14 @@ def _auto_run_dir(overrides: list[str], conf_dir: Path) -> Path | None:
 
 def checkpoint_to_resume(resume: str | None, ckpt_path: str | None, run_dir: Path) -> str | None:
     """What ``trainer.fit`` resumes from: an explicit ``ckpt_path``, else with ``resume`` (set by
-    :func:`resume_arguments` to this run's own directory) its newest checkpoint."""
+    :func:`resume_arguments` to this run's own directory) or in a requeued SLURM job that runs this
+    directory again, its newest checkpoint."""
     if ckpt_path:
         return ckpt_path
+    if not resume and requeued_attempt(run_dir):
+        checkpoint = latest_checkpoint(run_dir)
+        log.warning("requeued SLURM job %s: resuming %s", slurm_job(), checkpoint or "from the start (no checkpoint yet)")
+        return None if checkpoint is None else str(checkpoint)
     if not resume:
         return None
     if resume == "auto" or Path(resume).resolve() != run_dir.resolve():

@@ -4,8 +4,9 @@ Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, 
 
 - ``<sweep dir>/sweep.json``: when the sweep started and which keys it sweeps, written by
   :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
-- ``<job dir>/status.json``: ``completed`` with the final metrics, or ``failed`` with the error line
-  (written by :func:`trident.jobs.run_job`, so a failed job does not stop the sweep).
+- ``<job dir>/status.json``: ``completed`` with the final metrics, ``failed`` with the error line,
+  or ``cancelled`` / ``timeout`` for a job a signal stopped (written by :func:`trident.jobs.run_job`,
+  so a failed job does not stop the sweep).
 
 In a sweep the W&B group is ``<group>-<start time>/<setting>``, where the setting is the job's swept
 overrides without ``seed``: the seeds of one setting share a group, and the sweep id
@@ -15,6 +16,7 @@ overrides without ``seed``: the seeds of one setting share a group, and the swee
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -60,11 +62,34 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+class SacctNotice(logging.Filter):
+    """submitit follows SLURM jobs with ``sacct``, which fails on a cluster without accounting
+    (no slurmdbd) and then warns at every poll: say it once, with what it means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = (
+            "sacct does not answer (SLURM without accounting): submitit follows the jobs by the result files "
+            "they write, which works, but a job killed without writing one (SIGKILL, node failure) keeps the "
+            "sweep waiting; further sacct warnings are not shown"
+        ), ()
+        return True
+
+
 class SweepCallback(Callback):
     """Writes ``sweep.json`` when a multirun starts; when it ends, prints the failed jobs and exits
     with status 1 if there are any (after every job has run)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        logging.getLogger("submitit").addFilter(SacctNotice())
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         params = config.hydra.sweeper.get("params")
@@ -81,7 +106,8 @@ class SweepCallback(Callback):
         if not failed:
             print(f"All {len(jobs)} jobs of the sweep completed: {sweep_dir}", file=sys.stderr)
             return
-        print(f"error: {len(failed)} of {len(jobs)} jobs failed in {sweep_dir}:", file=sys.stderr)
+        ended = "failed" if all(job.status == "failed" for job in failed) else "did not complete"
+        print(f"error: {len(failed)} of {len(jobs)} jobs {ended} in {sweep_dir}:", file=sys.stderr)
         for job in failed:
             print(f"  {job.dir.name}: {job.error}", file=sys.stderr)
         sys.exit(1)
@@ -89,7 +115,8 @@ class SweepCallback(Callback):
 
 @dataclass
 class JobStatus:
-    """One job directory of a sweep and how the job ended (``completed``, ``failed``, ``unfinished``)."""
+    """One job directory of a sweep and how the job ended (``completed``, ``failed``, ``cancelled``,
+    ``timeout``, ``unfinished``)."""
 
     dir: Path
     status: str
@@ -116,7 +143,10 @@ def job_statuses(sweep_dir: Path) -> list[JobStatus]:
         if record is None:  # killed, or still running: no status was written
             statuses.append(JobStatus(job_dir, "unfinished", "no status.json: the job did not finish", {}))
         else:
-            statuses.append(JobStatus(job_dir, record["status"], record.get("error"), record))
+            error = record.get("error")
+            if "signal" in record:  # stopped by a signal (cancelled, timeout): resumable
+                error = f"{record['status']} by {record['signal']} at step {record['step']}: continue with {record['resume']}"
+            statuses.append(JobStatus(job_dir, record["status"], error, record))
     return statuses
 
 
