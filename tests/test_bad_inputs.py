@@ -162,6 +162,9 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("clip-negative", "train.py", ["trainer.gradient_clip_val=-1"], ["trainer.gradient_clip_val", ">= 0"]),
     ("sanity-steps-below-minus-one", "train.py", ["trainer.num_sanity_val_steps=-2"], ["trainer.num_sanity_val_steps", ">= -1"]),
     ("sampling-top-k-negative", "train.py", ["task.sampling.top_k=-5"], ["top_k", ">= 0"]),
+    ("sampling-top-k-fraction", "train.py", ["task.sampling.top_k=2.5"], ["top_k", "integer", "2.5"]),
+    ("sampling-top-k-not-a-number", "train.py", ["task.sampling.top_k=abc"], ["top_k", "integer", "'abc'"]),
+    ("sampling-top-p-not-a-number", "train.py", ["task.sampling.top_p=abc"], ["top_p", "number", "'abc'"]),
     ("sample-top-p-above-one", "trident.sample", [LAST, "--top-p", "1.5"], ["top_p", "[0, 1]"]),
     ("unknown-scheduler", "train.py", ["scheduler.name=linear"], ["scheduler.name", "cosine"]),
     # Optimisation

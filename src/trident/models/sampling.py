@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from trident.backbone import KVCache
+from trident.checks import is_int, is_number
 from trident.errors import ConfigError
 
 
@@ -24,10 +25,10 @@ class Generative(Protocol):
 
 def check_filters(top_k: int | None, top_p: float | None) -> None:
     """Refuse filter settings that mean nothing (before any work when a task is built with them)."""
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"top_k must be >= 0 (0 or None: no top-k filter), got {top_k}")
-    if top_p is not None and not 0 <= top_p <= 1:
-        raise ConfigError(f"top_p must be in [0, 1] (0: greedy, 1 or None: no nucleus filter), got {top_p}")
+    if top_k is not None and (not is_int(top_k) or top_k < 0):
+        raise ConfigError(f"top_k must be an integer >= 0 (0 or None: no top-k filter), got {top_k!r}")
+    if top_p is not None and (not is_number(top_p) or not 0 <= top_p <= 1):
+        raise ConfigError(f"top_p must be a number in [0, 1] (0: greedy, 1 or None: no nucleus filter), got {top_p!r}")
 
 
 def sample_next_token(
