@@ -18,6 +18,7 @@ from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
 from trident.checkpoints import TokenizerInCheckpoint
+from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
@@ -25,6 +26,7 @@ from trident.errors import ConfigError
 from trident.models import MaskedLM
 from trident.training.flops import masked_lm_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
+from trident.training.run_checks import check_seed
 from trident.training.text_logging import log_text_table
 
 log = logging.getLogger(__name__)
@@ -77,8 +79,18 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
                 f"data={cfg.data.name} is not text data for task=mlm: choose a language-modelling data option "
                 "(shakespeare, bible_kjv, text_files, wikitext103, tinystories)"
             )
+        # Checked here because this hook runs before the backbone's checks and the task's constructor.
+        block_size = cfg.data.block_size
+        if not is_int(block_size) or block_size < 1:
+            raise ConfigError(f"data.block_size must be an integer >= 1, got {block_size!r}: set e.g. data.block_size=128")
+        check_seed(cfg.task.seed, "task.seed")
+        if not is_int(cfg.task.num_examples) or cfg.task.num_examples < 0:
+            raise ConfigError(
+                f"task.num_examples must be an integer >= 0 (0: no table), got {cfg.task.num_examples!r}: "
+                "set e.g. task.num_examples=4"
+            )
         masking = Masking(cfg.task.mask_rate, cfg.task.mask_token_fraction, cfg.task.random_token_fraction)
-        masking.check_room(int(cfg.data.block_size))
+        masking.check_room(block_size)
         name = cfg.pos_encoding.name
         if not pos_encoding_class(name).supports_bidirectional:
             raise ConfigError(

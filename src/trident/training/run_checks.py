@@ -23,9 +23,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_seed(seed: Any) -> None:
+def check_seed(seed: Any, key: str = "seed") -> None:
+    """``key``: the config key that holds the seed (named in the message)."""
     if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
-        raise ConfigError(f"seed must be an integer in [0, 2**32), got {seed!r}: set e.g. seed=1337")
+        raise ConfigError(f"{key} must be an integer in [0, 2**32), got {seed!r}: set e.g. {key}=1337")
 
 
 def _check(ok: bool, key: str, value: Any, rule: str, example: str) -> None:
