@@ -231,6 +231,46 @@ def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
     assert waiting.poll() == -signal.SIGKILL
 
 
+class FakeWorker:
+    """A worker process as ranks_fail_together sees it: ended with ``status``, or running (None) until killed."""
+
+    def __init__(self, status: int | None) -> None:
+        self.returncode = status
+        self.killed = False
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if timeout is not None:
+                raise subprocess.TimeoutExpired("worker", timeout)
+            raise AssertionError("waited forever on a worker that was not killed")
+        return self.returncode
+
+    def kill(self) -> None:
+        self.killed = True
+        self.returncode = -signal.SIGKILL
+
+
+def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
+    ended, hung, also_hung = FakeWorker(0), FakeWorker(None), FakeWorker(None)
+    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[ended, hung, also_hung])))
+    with pytest.raises(RankFailed, match=r"DDP rank 2 failed \(did not end in time, killed\)") as failure:
+        with ranks_fail_together(trainer):  # type: ignore[arg-type]
+            pass
+    assert failure.value.exit_status == 1
+    assert hung.killed and also_hung.killed and not ended.killed, "no worker outlives the job"
+
+
+def test_a_worker_ended_by_sighup_is_not_taken_for_one_that_did_not_end() -> None:
+    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[FakeWorker(-signal.SIGHUP)])))
+    with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status -1\)") as failure:
+        with ranks_fail_together(trainer):  # type: ignore[arg-type]
+            pass
+    assert failure.value.exit_status == 1
+
+
 def test_epoch_order_is_dealt_out_by_rank_and_resumes_per_rank() -> None:
     """LM and image data shuffle with EpochShuffleSampler: under DDP each rank takes every other
     index of the epoch's permutation (Lightning keeps it unwrapped), and a resumed rank skips its

@@ -207,25 +207,39 @@ def _take_workers(trainer: L.Trainer) -> list[subprocess.Popen]:
     return workers
 
 
-def _failed_worker(trainer: L.Trainer, workers: list[subprocess.Popen], timeout_s: float) -> tuple[int, int] | None:
+def _failed_worker(
+    trainer: L.Trainer, workers: list[subprocess.Popen], timeout_s: float
+) -> tuple[int, int | None] | None:
     """(global rank, exit status) of the first worker that failed, waiting up to ``timeout_s`` in
-    all for the workers to end; a worker still running then counts as failed (exit status -1)."""
+    all for the workers to end. A worker still running then counts as failed with status None, and
+    every worker still running is killed: it would otherwise outlive the job (e.g. in a collective)."""
     deadline = time.monotonic() + timeout_s
     # The launching process is its node's local rank 0; its workers follow it in global rank.
     for rank, worker in enumerate(workers, start=trainer.global_rank + 1):
         try:
             status = worker.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            return rank, -1
+            _end(workers)
+            return rank, None
         if status != 0:
             return rank, status
     return None
 
 
-def _rank_failed(rank: int, status: int) -> RankFailed:
-    how = "did not end" if status == -1 else f"ended with exit status {status}"
+def _end(workers: list[subprocess.Popen]) -> None:
+    """Kill the workers still running and reap them all."""
+    for worker in workers:
+        if worker.poll() is None:
+            worker.kill()
+    for worker in workers:
+        worker.wait()
+
+
+def _rank_failed(rank: int, status: int | None) -> RankFailed:
+    how = "did not end in time, killed" if status is None else f"ended with exit status {status}"
+    # A signal's negative status, or none, is a crash (1) to the shell.
     return RankFailed(f"DDP rank {rank} failed ({how}), which stopped the run: that rank's output above says why",
-                      exit_status=status if status > 0 else 1)
+                      exit_status=status if status is not None and status > 0 else 1)
 
 
 @contextmanager
@@ -247,9 +261,7 @@ def ranks_fail_together(trainer: L.Trainer) -> Iterator[None]:
     except Exception as err:
         workers = _take_workers(trainer)
         if not lost_peer(err):
-            for worker in workers:
-                worker.kill()
-                worker.wait()
+            _end(workers)
             raise
         failed = _failed_worker(trainer, workers, PEER_EXIT_WAIT_S)
         if failed is not None:
