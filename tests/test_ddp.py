@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -194,10 +195,14 @@ def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch,
     assert wandb.run is None and not (tmp_path / "run" / "wandb").exists(), "no W&B run on rank 1"
 
 
-def _launched(*exit_statuses: int) -> SimpleNamespace:
-    """What ranks_fail_together reads of a trainer whose launcher started workers ending with these statuses."""
-    workers = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({s})"]) for s in exit_statuses]
+def _launcher_of(workers: list[Any]) -> SimpleNamespace:
+    """What ranks_fail_together reads of a rank-0 trainer whose launcher started these workers."""
     return SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=workers)))
+
+
+def _launched(*exit_statuses: int) -> SimpleNamespace:
+    """A trainer whose launcher started workers ending with these statuses."""
+    return _launcher_of([subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({s})"]) for s in exit_statuses])
 
 
 def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
@@ -224,7 +229,7 @@ def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_trac
 
 def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[waiting])))
+    trainer = _launcher_of([waiting])
     with pytest.raises(DataError, match="own failure"):
         with ranks_fail_together(trainer):  # type: ignore[arg-type]
             raise DataError("own failure")
@@ -255,7 +260,7 @@ class FakeWorker:
 
 def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
     ended, hung, also_hung = FakeWorker(0), FakeWorker(None), FakeWorker(None)
-    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[ended, hung, also_hung])))
+    trainer = _launcher_of([ended, hung, also_hung])
     with pytest.raises(RankFailed, match=r"DDP rank 2 failed \(did not end in time, killed\)") as failure:
         with ranks_fail_together(trainer):  # type: ignore[arg-type]
             pass
@@ -264,7 +269,7 @@ def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
 
 
 def test_a_worker_ended_by_sighup_is_not_taken_for_one_that_did_not_end() -> None:
-    trainer = SimpleNamespace(global_rank=0, strategy=SimpleNamespace(launcher=SimpleNamespace(procs=[FakeWorker(-signal.SIGHUP)])))
+    trainer = _launcher_of([FakeWorker(-signal.SIGHUP)])
     with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status -1\)") as failure:
         with ranks_fail_together(trainer):  # type: ignore[arg-type]
             pass
