@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ from trident.data.corpora import contiguous_split, load_corpus, play_to_text
 from trident.data.lm import LMDataModule, PackedBlocks
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
+
+from .conftest import ROOT
 
 PLAY = """# A Play
 
@@ -206,6 +210,20 @@ def test_hub_dataset_unreachable_is_a_clear_error() -> None:
         load_corpus("hub", {"path": "no-such-user/no-such-dataset"}, [0.9, 0.05, 0.05])
 
 
-def test_the_tests_never_use_the_users_data_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """conftest sets TRIDENT_CACHE_DIR to a fresh directory even when the user has one set."""
+def test_the_data_cache_is_the_sessions_own(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """conftest points TRIDENT_CACHE_DIR at a fresh directory of this pytest session."""
     assert Path(os.environ["TRIDENT_CACHE_DIR"]).is_relative_to(tmp_path_factory.getbasetemp())
+
+
+def test_the_tests_never_use_the_users_data_cache(tmp_path: Path) -> None:
+    """With a user's TRIDENT_CACHE_DIR set (CI has none), a pytest session still gets its own cache."""
+    users_cache = tmp_path / "users_cache"
+    users_cache.mkdir()
+    probe = f"{Path(__file__).relative_to(ROOT)}::test_the_data_cache_is_the_sessions_own"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}", probe],
+        cwd=ROOT, env={**os.environ, "TRIDENT_CACHE_DIR": str(users_cache)}, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert not any(users_cache.iterdir()), "nothing written into the user's cache"
