@@ -52,8 +52,10 @@ def mlm_config(tmp_path: Path, *overrides: str) -> DictConfig:
 
 def corrupt(masking: Masking, shape: tuple[int, int] = (64, 500), vocab: int = 1000,
             seed: int = 0) -> tuple[Tensor, ...]:
+    """Mask random ids of a ``vocab``-token corpus vocabulary; [MASK] is ``vocab + 1``, so that a random
+    replacement drawn one past the regular tokens (``vocab``, e.g. [PAD]) is told apart from a mask."""
     ids = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1234))
-    inputs, targets = mask_tokens(ids, masking, mask_id=vocab, num_regular_tokens=vocab,
+    inputs, targets = mask_tokens(ids, masking, mask_id=vocab + 1, num_regular_tokens=vocab,
                                   generator=masking_generator(torch.device("cpu"), seed))
     return ids, inputs, targets
 
@@ -68,14 +70,14 @@ def test_masking_selects_the_rate_and_splits_it_as_configured(rate: float, mask_
     assert torch.equal(targets[selected], ids[selected])
     assert torch.equal(inputs[~selected], ids[~selected])
     n = int(selected.sum())
-    masked = (inputs[selected] == 1000).float().mean().item()
-    replaced = ((inputs[selected] != 1000) & (inputs[selected] != ids[selected])).float().mean().item()
+    masked = (inputs[selected] == 1001).float().mean().item()
+    replaced = ((inputs[selected] != 1001) & (inputs[selected] != ids[selected])).float().mean().item()
     unchanged = (inputs[selected] == ids[selected]).float().mean().item()
     # A random token equals the original with probability 1/1000; the split is checked to 4 standard errors.
     for observed, expected in ((masked, mask_fraction), (replaced, random_fraction * 0.999),
                                (unchanged, 1 - mask_fraction - random_fraction * 0.999)):
         assert abs(observed - expected) < 4 * (expected * (1 - expected) / n) ** 0.5, (observed, expected)
-    assert (inputs < 1000).logical_or(inputs == 1000).all(), "random replacements come from the regular vocabulary"
+    assert (inputs[inputs != 1001] < 1000).all(), "random replacements come from the regular vocabulary"
 
 
 def test_selected_positions_are_uniform_and_masks_depend_on_the_key_alone() -> None:
