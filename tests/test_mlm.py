@@ -89,16 +89,6 @@ def test_selected_positions_are_uniform_and_masks_depend_on_the_key_alone() -> N
     assert torch.equal(first[1], again[1]) and not torch.equal(first[1], other[1])
 
 
-def test_padding_is_never_selected() -> None:
-    ids = torch.randint(0, 50, (4, 40))
-    padding = torch.arange(40)[None, :] >= torch.tensor([40, 30, 10, 3])[:, None]
-    _, targets = mask_tokens(ids, Masking(0.5), mask_id=50, num_regular_tokens=50,
-                             generator=masking_generator(torch.device("cpu"), 0), padding=padding)
-    selected = targets != IGNORE_INDEX
-    assert not (selected & padding).any()
-    assert selected.sum(dim=1).tolist() == [20, 15, 5, 2]
-
-
 def test_unmasked_positions_carry_no_loss(tmp_path: Path) -> None:
     cfg = mlm_config(tmp_path)
     data = instantiate(constructor_args(cfg, "data"))

@@ -81,23 +81,17 @@ def mask_tokens(
     mask_id: int,
     num_regular_tokens: int,
     generator: torch.Generator,
-    padding: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``ids``: (B, T) token ids; ``padding``: (B, T) True at padding (never selected).
+    """``ids``: (B, T) token ids, every one real (MLM data are packed blocks, without padding).
 
     Returns ``(inputs, targets)``, both (B, T): the corrupted inputs, and the original ids at the
     selected positions with ``IGNORE_INDEX`` elsewhere. Random replacements are drawn uniformly
     from the ``num_regular_tokens`` ids of the corpus vocabulary (no special tokens)."""
-    lengths = torch.full((ids.size(0),), ids.size(1), device=ids.device)
-    if padding is not None:
-        lengths = lengths - padding.sum(dim=1)
-    counts = (lengths * masking.rate).round().clamp(min=1).long()  # (B,)
+    count = masking.count(ids.size(1))
     scores = torch.rand(ids.shape, generator=generator, device=ids.device)
-    if padding is not None:
-        scores = scores.masked_fill(padding, 2.0)  # above every real score: never among the lowest
-    # The `counts` lowest scores of each row: a uniformly random subset of that size.
+    # The `count` lowest scores of each row: a uniformly random subset of that size.
     ranks = scores.argsort(dim=1).argsort(dim=1)  # (B, T): rank of each position within its row
-    selected = ranks < counts[:, None]
+    selected = ranks < count
     action = torch.rand(ids.shape, generator=generator, device=ids.device)
     to_mask = selected & (action < masking.mask_fraction)
     to_random = selected & ~to_mask & (action < masking.mask_fraction + masking.random_fraction)
