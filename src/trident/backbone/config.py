@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trident.checks import is_int, is_number
 from trident.errors import ConfigError
 
 ACTIVATIONS = ("relu", "gelu", "swiglu")
@@ -52,7 +53,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_int(value) or value <= 0:
                 example = TransformerConfig.__dataclass_fields__[name].default
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}: set e.g. model.{name}={example}")
         if self.d_model % self.n_heads != 0:
@@ -62,9 +63,9 @@ class TransformerConfig:
             )
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+            if not is_number(value) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}: use a probability such as 0.1 (0 = off)")
-        if not isinstance(self.drop_path, (int, float)) or not 0.0 <= self.drop_path < 1.0:
+        if not is_number(self.drop_path) or not 0.0 <= self.drop_path < 1.0:
             raise ConfigError(f"model.drop_path must be in [0, 1), got {self.drop_path!r}: use a rate such as 0.1 (0 = off)")
         if self.layer_scale_init is not None and self.layer_scale_init <= 0:
             raise ConfigError(

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trident.checks import is_number
 from trident.errors import ConfigError
 
 MASK_TOKEN = "[MASK]"
@@ -37,11 +38,11 @@ class Masking:
     random_fraction: float = 0.1
 
     def __post_init__(self) -> None:
-        if not _is_number(self.rate) or not 0.0 < self.rate < 1.0:
+        if not is_number(self.rate) or not 0.0 < self.rate < 1.0:
             raise ConfigError(f"task.mask_rate must be in (0, 1), got {self.rate!r}: use e.g. task.mask_rate=0.15")
         fractions = {"mask_token_fraction": self.mask_fraction, "random_token_fraction": self.random_fraction}
         for name, value in fractions.items():
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
+            if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"task.{name} must be in [0, 1], got {value!r}: BERT uses 0.8 [MASK] and 0.1 random")
         total = self.mask_fraction + self.random_fraction
         if total > 1.0 + 1e-9:
@@ -61,10 +62,6 @@ class Masking:
                 f"task.mask_rate={self.rate:g} selects {self.count(block_size)} of the {block_size} tokens of a block "
                 f"(data.block_size): no context is left to predict from; raise data.block_size or lower task.mask_rate"
             )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def masking_generator(device: torch.device, *key: int) -> torch.Generator:

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from trident.checks import is_int, is_number
 from trident.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 
 def _number(cfg: dict[str, Any], group: str, key: str, default: float) -> float:
     value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise ConfigError(f"{group}.{key} must be a number, got {value!r}: set e.g. {group}.{key}={default}")
     return float(value)
 
@@ -58,7 +59,7 @@ def check_scheduler_config(cfg: dict[str, Any]) -> None:
     if name not in SCHEDULES:
         raise ConfigError(f"unknown scheduler.name {name!r}: choose one of {', '.join(SCHEDULES)}")
     warmup = cfg.get("warmup_steps", 0)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if not is_int(warmup) or warmup < 0:
         raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
 
 

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from trident.checks import is_int, is_number
 from trident.errors import ConfigError
 
 SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def check_seed(seed: Any, key: str = "seed") -> None:
     """``key``: the config key that holds the seed (named in the message)."""
-    if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
+    if not is_int(seed) or not 0 <= seed < SEED_LIMIT:
         raise ConfigError(f"{key} must be an integer in [0, 2**32), got {seed!r}: set e.g. {key}=1337")
 
 
@@ -47,29 +40,29 @@ def check_trainer_config(trainer: dict[str, Any]) -> None:
     ):
         if key in trainer and not (trainer[key] is None and "null" in rule):
             value = trainer[key]
-            _check(_is_int(value) and value >= minimum, key, value, rule, example)
+            _check(is_int(value) and value >= minimum, key, value, rule, example)
     interval = trainer.get("val_check_interval")
     if interval is not None:
         _check(
-            (_is_int(interval) and interval >= 1) or (isinstance(interval, float) and 0 < interval <= 1),
+            (is_int(interval) and interval >= 1) or (isinstance(interval, float) and 0 < interval <= 1),
             "val_check_interval", interval, "an integer >= 1 (steps) or a fraction in (0, 1] of an epoch", "100",
         )
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         value = trainer.get(key)
         if value is not None:
             _check(
-                (_is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1),
+                (is_int(value) and value >= 0) or (isinstance(value, float) and 0 <= value <= 1),
                 key, value, "an integer >= 0 (batches) or a fraction in [0, 1]", "1.0",
             )
     clip = trainer.get("gradient_clip_val")
     if clip is not None:
-        _check(_is_number(clip) and clip >= 0, "gradient_clip_val", clip, "null or a number >= 0 (0 or null: no clipping)", "1.0")
+        _check(is_number(clip) and clip >= 0, "gradient_clip_val", clip, "null or a number >= 0 (0 or null: no clipping)", "1.0")
     devices = trainer.get("devices")
     valid_devices = (
         devices in ("auto", -1)
-        or (_is_int(devices) and devices >= 1)
+        or (is_int(devices) and devices >= 1)
         or (isinstance(devices, str) and bool(devices.strip()) and devices.strip() != "0")
-        or (isinstance(devices, list) and bool(devices) and all(_is_int(d) and d >= 0 for d in devices))
+        or (isinstance(devices, list) and bool(devices) and all(is_int(d) and d >= 0 for d in devices))
     )
     _check(devices is None or valid_devices, "devices", devices,
            "a count >= 1, -1 or auto (all), or a list of device indices", "1")
