@@ -31,8 +31,11 @@ ONE_STEP = ["logger=none", "test=false", "trainer.max_steps=1", "trainer.limit_v
             "callbacks.throughput=null", "callbacks.lr_monitor=null"]
 
 
+TrainedTask = Callable[..., L.LightningModule]
+
+
 @pytest.fixture
-def trained_task(monkeypatch: pytest.MonkeyPatch) -> Callable[..., L.LightningModule]:
+def trained_task(monkeypatch: pytest.MonkeyPatch) -> TrainedTask:
     """``trained_task(overrides, tmp_path, on_build=...)``: train with ``overrides`` and return the
     very task object the pipeline trained (``on_build`` sees it before training starts)."""
 
@@ -56,7 +59,7 @@ def trained_task(monkeypatch: pytest.MonkeyPatch) -> Callable[..., L.LightningMo
 
 
 @pytest.mark.parametrize("mode", ["all", "decoder", "none"])
-def test_translation_weight_tying_is_parameter_identity(mode: str, trained_task, tmp_path: Path) -> None:
+def test_translation_weight_tying_is_parameter_identity(mode: str, trained_task: TrainedTask, tmp_path: Path) -> None:
     net = trained_task([*SMALL_MT, *ONE_STEP, f"task.tie_embeddings={mode}"], tmp_path).net
     src, tgt, head = net.src_embed.weight, net.tgt_embed.weight, net.head.weight
     assert (src is tgt) == (mode == "all")
@@ -66,13 +69,15 @@ def test_translation_weight_tying_is_parameter_identity(mode: str, trained_task,
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_lm_weight_tying_is_parameter_identity(tie: bool, trained_task, tmp_path: Path) -> None:
+def test_lm_weight_tying_is_parameter_identity(tie: bool, trained_task: TrainedTask, tmp_path: Path) -> None:
     net = trained_task([*SMALL, *ONE_STEP, f"task.tie_embeddings={str(tie).lower()}"], tmp_path).net
     assert (net.head.weight is net.embed.weight) == tie
 
 
 @pytest.mark.parametrize(("preset", "scale"), [(SMALL, True), (SMALL, False), (SMALL_MT, True), (SMALL_MT, False)])
-def test_scale_embeddings_multiplies_by_sqrt_d_model(preset: list[str], scale: bool, trained_task, tmp_path: Path) -> None:
+def test_scale_embeddings_multiplies_by_sqrt_d_model(
+    preset: list[str], scale: bool, trained_task: TrainedTask, tmp_path: Path,
+) -> None:
     net = trained_task([*preset, *ONE_STEP, f"task.scale_embeddings={str(scale).lower()}"], tmp_path).net
     embedding = net.embed if hasattr(net, "embed") else net.tgt_embed
     ids = torch.tensor([[3, 4, 5]])
@@ -80,7 +85,7 @@ def test_scale_embeddings_multiplies_by_sqrt_d_model(preset: list[str], scale: b
     torch.testing.assert_close(embedding(ids), embedding.weight[ids] * factor)
 
 
-def test_pretrained_weights_are_those_of_the_task_that_trains(trained_task, tmp_path: Path) -> None:
+def test_pretrained_weights_are_those_of_the_task_that_trains(trained_task: TrainedTask, tmp_path: Path) -> None:
     torch.manual_seed(0)
     reference = TimmViT(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4,
                         mlp_ratio=4.0, qkv_bias=True)
@@ -106,7 +111,7 @@ def loss_calls(task: L.LightningModule, records: list[tuple[torch.Tensor, torch.
     task.train_loss.register_forward_hook(lambda module, args, out: records.append((args[0].detach(), args[1].detach(), out.detach())))
 
 
-def test_mixup_and_cutmix_give_the_loss_soft_smoothed_targets(trained_task, tmp_path: Path) -> None:
+def test_mixup_and_cutmix_give_the_loss_soft_smoothed_targets(trained_task: TrainedTask, tmp_path: Path) -> None:
     records: list = []
     trained_task([*VIT_SMALL, *ONE_STEP, "augment=mixup", "trainer.max_steps=3"], tmp_path,
                  lambda task: loss_calls(task, records))
@@ -122,7 +127,7 @@ def test_mixup_and_cutmix_give_the_loss_soft_smoothed_targets(trained_task, tmp_
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_label_smoothing_shapes_the_image_loss(smoothing: float, trained_task, tmp_path: Path) -> None:
+def test_label_smoothing_shapes_the_image_loss(smoothing: float, trained_task: TrainedTask, tmp_path: Path) -> None:
     records: list = []
     trained_task([*VIT_SMALL, *ONE_STEP, "augment=none", f"task.label_smoothing={smoothing}"], tmp_path,
                  lambda task: loss_calls(task, records))
@@ -133,7 +138,7 @@ def test_label_smoothing_shapes_the_image_loss(smoothing: float, trained_task, t
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
-def test_label_smoothing_reaches_the_translation_loss(smoothing: float, trained_task, tmp_path: Path,
+def test_label_smoothing_reaches_the_translation_loss(smoothing: float, trained_task: TrainedTask, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[float] = []
     loss_function = trident.tasks.translation.label_smoothed_cross_entropy
@@ -148,7 +153,7 @@ def test_label_smoothing_reaches_the_translation_loss(smoothing: float, trained_
 
 
 @pytest.mark.parametrize("backend", ["math", "flash"])
-def test_sdpa_backend_is_the_kernel_the_training_step_runs(backend: str, trained_task, tmp_path: Path,
+def test_sdpa_backend_is_the_kernel_the_training_step_runs(backend: str, trained_task: TrainedTask, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """SDPA may use only the chosen kernel during the task's forward passes."""
     enabled: list[tuple[bool, bool]] = []
@@ -164,7 +169,7 @@ def test_sdpa_backend_is_the_kernel_the_training_step_runs(backend: str, trained
 
 
 @pytest.mark.slow
-def test_compile_true_runs_a_compiled_training_step(trained_task, tmp_path: Path) -> None:
+def test_compile_true_runs_a_compiled_training_step(trained_task: TrainedTask, tmp_path: Path) -> None:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     task = trained_task([*SMALL, *ONE_STEP, "compile=true"], tmp_path)
@@ -173,7 +178,7 @@ def test_compile_true_runs_a_compiled_training_step(trained_task, tmp_path: Path
     torch._dynamo.reset()
 
 
-def test_overfit_drives_the_loss_of_one_batch_toward_zero(trained_task, tmp_path: Path) -> None:
+def test_overfit_drives_the_loss_of_one_batch_toward_zero(trained_task: TrainedTask, tmp_path: Path) -> None:
     records: list[float] = []
 
     def record_losses(task: L.LightningModule) -> None:
