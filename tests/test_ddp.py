@@ -261,18 +261,18 @@ class FakeWorker:
 def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
     ended, hung, also_hung = FakeWorker(0), FakeWorker(None), FakeWorker(None)
     trainer = _launcher_of([ended, hung, also_hung])
-    with pytest.raises(RankFailed, match=r"DDP rank 2 failed \(did not end in time, killed\)") as failure:
-        with ranks_fail_together(trainer):  # type: ignore[arg-type]
-            pass
+    failed = pytest.raises(RankFailed, match=r"DDP rank 2 failed \(did not end in time, killed\)")
+    with failed as failure, ranks_fail_together(trainer):  # type: ignore[arg-type]
+        pass
     assert failure.value.exit_status == 1
     assert hung.killed and also_hung.killed and not ended.killed, "no worker outlives the job"
 
 
 def test_a_worker_ended_by_sighup_is_not_taken_for_one_that_did_not_end() -> None:
     trainer = _launcher_of([FakeWorker(-signal.SIGHUP)])
-    with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status -1\)") as failure:
-        with ranks_fail_together(trainer):  # type: ignore[arg-type]
-            pass
+    failed = pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status -1\)")
+    with failed as failure, ranks_fail_together(trainer):  # type: ignore[arg-type]
+        pass
     assert failure.value.exit_status == 1
 
 
