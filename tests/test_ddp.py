@@ -187,7 +187,7 @@ def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     with caplog.at_level(logging.WARNING, logger="trident.training.loggers"):
-        (logger,) = build_loggers(compose_config(["logger=wandb"], tmp_path / "run"), tmp_path / "run", "abc123")
+        _journal, logger = build_loggers(compose_config(["logger=wandb"], tmp_path / "run"), tmp_path / "run", "abc123", None)
     assert caplog.records == [], "rank 0 alone says that W&B logs offline"
     assert isinstance(logger, WandbLogger)
     record_summary([logger], {"test/loss": 1.0})

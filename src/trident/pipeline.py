@@ -282,7 +282,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     if writes_outputs:
         save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
-    loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"])
+    resumed_step = int(saved[1]["global_step"]) if saved else None
+    loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"], resumed_step)
     trainer.loggers = loggers
     succeeded = False
     try:

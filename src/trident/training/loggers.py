@@ -17,6 +17,8 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from trident.training.wandb_journal import JOURNAL, WandbJournal
+
 log = logging.getLogger(__name__)
 
 SYNC_HINT = "upload later with `wandb sync <run dir>/wandb/offline-run-*`"
@@ -73,13 +75,17 @@ def resolve_wandb_mode(requested: str) -> str:
     return "online"
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str) -> list[Logger]:
+def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str, resumed_step: int | None) -> list[Logger]:
     """Instantiate every entry of ``cfg.logger`` (a mapping name -> logger config). ``run_id``
-    (kept in the run directory) makes a resumed run continue the same W&B run."""
+    (kept in the run directory) makes a resumed run continue the same W&B run; an attempt that
+    resumes from a checkpoint at ``resumed_step`` first sends W&B the rows logged before it
+    again (:class:`WandbJournal`: a SIGTERM can cost W&B its last rows)."""
     loggers: list[Logger] = []
     for name, logger_cfg in (cfg.get("logger") or {}).items():
         if name == "wandb":
-            loggers.append(_wandb_logger(cfg, logger_cfg, run_dir, run_id))
+            wandb_logger = _wandb_logger(cfg, logger_cfg, run_dir, run_id)
+            # The journal first: it resends the earlier rows before W&B gets this attempt's first one.
+            loggers += [WandbJournal(run_dir / "wandb" / JOURNAL, wandb_logger, resumed_step), wandb_logger]
         else:
             loggers.append(hydra.utils.instantiate(logger_cfg, save_dir=str(run_dir)))
     return loggers

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from trident.errors import ConfigError, TrainingDiverged
 from trident.requeue import JobStopped, slurm_job, stop_outcome
+from trident.training.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,12 @@ class PreemptionCheckpoint(L.Callback):
         self.received = signal.Signals(signum).name  # the work happens between steps
         if signum == signal.SIGTERM and self._trainer is not None:
             # SLURM's SIGTERM reaches every process of the job, W&B's service too, which exits at
-            # once: nothing more may be sent to it (it would raise ConnectionResetError).
+            # once: nothing more may be sent to it (it would raise ConnectionResetError). The journal
+            # keeps the rows for the next attempt.
             self._trainer.loggers = [lg for lg in self._trainer.loggers if not isinstance(lg, WandbLogger)]
+            for journal in self._trainer.loggers:
+                if isinstance(journal, WandbJournal):
+                    journal.lost_service()
 
     @contextmanager
     def listening(self) -> Iterator[None]:
