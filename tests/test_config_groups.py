@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from trident.errors import ConfigError
-from trident.pipeline import backbone_options, check_config
+from trident.runs.pipeline import backbone_options, check_config
 
 from .conftest import CONF_DIR, compose_config
 

@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.fsdp import ShardingStrategy
 
 from trident.backbone import TransformerBlock, TransformerConfig
-from trident.cli import check_group_choices
+from trident.runs.command_line import check_group_choices
 from trident.errors import ConfigError
 from trident.models import CausalLM, EncoderDecoder
-from trident.pipeline import train
+from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL, compose_config
 

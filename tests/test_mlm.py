@@ -26,8 +26,8 @@ from trident.errors import ConfigError
 from trident.fill_mask import fill_in, load_mlm_checkpoint
 from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
-from trident.pipeline import check_config, constructor_args, instantiate, train
-from trident.tracking import find_offline_runs, wait_for_offline_runs
+from trident.runs.pipeline import check_config, constructor_args, instantiate, train
+from trident.runs.wandb_files import find_offline_runs, wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
 
 from .conftest import ROOT, SMALL, compose_config

@@ -15,7 +15,7 @@ from trident.backbone import Decoder, TransformerConfig
 from trident.bench.memory import saved_activation_bytes
 from trident.errors import ConfigError
 from trident.models.seq2seq import EncoderDecoder
-from trident.pipeline import compile_network, constructor_args, instantiate
+from trident.runs.pipeline import compile_network, constructor_args, instantiate
 from trident.training.optim import build_optimizer, fused_allowed
 
 from .backbone_helpers import make_cfg, perturb_

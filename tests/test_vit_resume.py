@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.pipeline import train
+from trident.runs.pipeline import train
 
 from .conftest import compose_config
 from .test_resume import WITH_CSV, train_losses

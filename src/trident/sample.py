@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from trident.checkpoints import load_task_checkpoint
-from trident.cli import run_with_clear_errors
+from trident.runs.checkpoint_io import load_task_checkpoint
+from trident.errors import run_with_clear_errors
 from trident.models import generate
 from trident.tasks.lm import LanguageModelTask
 

@@ -7,7 +7,7 @@ Tasks import from here only::
 
 from trident.backbone.attention import MultiHeadAttention
 from trident.backbone.block import TransformerBlock
-from trident.backbone.cache import KVCache, LayerKVCache
+from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.config import TransformerConfig
 from trident.backbone.layers import FeedForward, TokenEmbedding, make_norm
 from trident.backbone.masks import build_attention_mask, causal_mask

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from trident.backbone.cache import LayerKVCache
+from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.masks import causal_mask
 from trident.backbone.positional import apply_rotary
 from trident.errors import ConfigError

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
 from trident.backbone import TransformerConfig
-from trident.bench.report import Row, Settings, milliseconds, verdict
+from trident.bench.results import Row, Settings, milliseconds, verdict
 from trident.bench.timing import synchronize
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.images import ImageDataModule

@@ -16,7 +16,7 @@ from typing import Any
 import datasets
 
 from trident.errors import ConfigError, DataError
-from trident.progress import progress_track
+from trident.data.progress import progress_track
 
 SPLITS = ("train", "validation", "test")
 

@@ -13,7 +13,7 @@ from torch import Tensor
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig
-from trident.checkpoints import TokenizerInCheckpoint
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate

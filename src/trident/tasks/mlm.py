@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
-from trident.checkpoints import TokenizerInCheckpoint
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator

@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from trident.backbone import TransformerConfig
-from trident.checkpoints import TokenizerInCheckpoint
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
 from trident.data.translation import TranslationDataModule, detokenize

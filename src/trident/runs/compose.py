@@ -10,8 +10,16 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-# The config groups live beside train.py, at the repository root (editable install).
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+def find_conf_dir() -> Path:
+    """The config groups: ``trident/conf`` inside an installed package (``pip install .`` copies the
+    repository's ``conf/`` there), else ``conf/`` at the top of the checkout this module lives in."""
+    package = Path(__file__).resolve().parents[1]  # .../trident
+    installed = package / "conf"
+    return installed if (installed / "train.yaml").is_file() else package.parents[1] / "conf"
+
+
+CONF_DIR = find_conf_dir()
 
 
 def compose_train_config(overrides: Sequence[str], output_dir: Path | None = None, conf_dir: Path = CONF_DIR) -> DictConfig:

@@ -23,17 +23,18 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
-from trident.cli import find_user_error
+from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
+from trident.errors import find_user_error
 from trident.data.base import TridentDataModule
-from trident.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
+from trident.runs.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.errors import ConfigError, did_you_mean
-from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
+from trident.runs.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
-from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
+from trident.runs.preemption import PreemptionCheckpoint
+from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_seed, check_trainer_config
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ def compile_network(task: L.LightningModule, enabled: Any) -> None:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
-    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.requeue.JobStopped`."""
+    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
     preemption = PreemptionCheckpoint(run_dir / "checkpoints" / "last.ckpt")
     # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.
