@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -38,6 +38,14 @@ def did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
     """`` (did you mean <prefix><closest>?)`` for a misspelt name, or an empty string."""
     close = difflib.get_close_matches(word, choices, n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def choose(table: Mapping[str, T], name: str, setting: str) -> T:
+    """``table[name]`` for a part chosen by name in the config (``setting``, e.g. ``model.norm``);
+    an unknown name fails loudly, naming the choices."""
+    if name not in table:
+        raise ConfigError(f"{setting}={name!r} is not supported{did_you_mean(str(name), list(table))}: choose one of {', '.join(table)}")
+    return table[name]
 
 
 def find_user_error(err: BaseException) -> TridentError | None:

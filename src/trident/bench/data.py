@@ -27,7 +27,7 @@ from trident.tasks.lm import LanguageModelTask
 from trident.training.callbacks import Throughput
 from trident.training.optim import optimizers_for
 
-OPTIMIZER = {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.1, "fused": True}
+OPTIMIZER = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "fused": True}
 SCHEDULER = {"name": "cosine", "warmup_steps": 10}
 
 
