@@ -31,12 +31,12 @@ from torch.utils.data import DistributedSampler
 from trident.data.lm import PackedBlocks
 from trident.data.order import EpochShuffleSampler
 from trident.data.translation import TranslationDataModule
+from trident.errors import DataError
 from trident.runs.command_line import prepare_command_line
 from trident.runs.distributed import RankFailed, ranks_fail_together, workers_follow
-from trident.errors import DataError
 from trident.runs.pipeline import constructor_args, instantiate
-from trident.sample import load_lm_checkpoint
 from trident.runs.wandb_files import OfflineRun, find_offline_runs
+from trident.sample import load_lm_checkpoint
 from trident.training.loggers import build_loggers, record_summary, summarize_monitor
 
 from .conftest import ROOT, SMALL, compose_config

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.fsdp import ShardingStrategy
 
 from trident.backbone import TransformerBlock, TransformerConfig
-from trident.runs.command_line import check_group_choices, prepare_command_line
 from trident.errors import ConfigError
 from trident.models import CausalLM, EncoderDecoder
+from trident.runs.command_line import check_group_choices, prepare_command_line
 from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL, compose_config

@@ -16,13 +16,12 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.runs.checkpoint_io import AtomicCheckpointIO
-from trident.errors import run_with_clear_errors
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
-from trident.errors import ConfigError, DataError, TrainingDiverged
-from trident.runs.pipeline import train
+from trident.errors import ConfigError, DataError, TrainingDiverged, run_with_clear_errors
+from trident.runs.checkpoint_io import AtomicCheckpointIO
 from trident.runs.jobs import discard_failed_run_dir, write_status
+from trident.runs.pipeline import train
 from trident.runs.requeue import JobStopped, stop_outcome
 from trident.runs.resume import resume_arguments
 from trident.runs.wandb_files import find_offline_runs

@@ -12,8 +12,8 @@ import torch
 from omegaconf import DictConfig
 
 from trident.runs.pipeline import train
-from trident.sample import load_lm_checkpoint
 from trident.runs.wandb_files import wait_for_offline_runs
+from trident.sample import load_lm_checkpoint
 
 
 @pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])

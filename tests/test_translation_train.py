@@ -15,8 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from trident import average_checkpoints, translate
-from trident.errors import find_user_error, run_with_clear_errors
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError, DataError, find_user_error, run_with_clear_errors
 from trident.runs.pipeline import train
 
 from .conftest import ROOT, compose_config

@@ -1,4 +1,5 @@
-"""Score a checkpoint on the test split: `python eval.py ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt`.
+"""Score a checkpoint on the test split: ``trident-eval ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt``
+(``python eval.py ...`` in a checkout).
 
 The model and data are rebuilt from the run's `config_resolved.yaml` (found in the checkpoint's
 run directory), then `trainer.test` runs, for any task (lm, translation, vit, mlm). Further `key=value`
@@ -17,15 +18,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra.utils
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
-from trident.errors import run_with_clear_errors
-from trident.data.base import TridentDataModule
-from trident.errors import ConfigError, DataError
-from trident.runs.pipeline import build_trainer, check_config, constructor_args
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
 warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
@@ -68,20 +66,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared
     L.seed_everything(cfg.get("seed", 0), workers=True)
-    datamodule = hydra.utils.instantiate(constructor_args(cfg, "data"), _convert_="all")
-    if not isinstance(datamodule, TridentDataModule):
-        raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
-    datamodule.prepare_data()
-    datamodule.setup("test")
-    task: L.LightningModule = hydra.utils.instantiate(
-        constructor_args(cfg, "task"),
-        backbone=vars(backbone),
-        optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
-        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        **datamodule.task_inputs(),
-        _convert_="all",
-        _recursive_=False,
-    )
+    datamodule, task = build_data_and_task(cfg, backbone, "test")
     check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     # Testing needs no logger, checkpoints or training limits; one process tests the whole split

@@ -151,9 +151,10 @@ def _fail(message: str) -> NoReturn:
 
 
 def group_options(name: str, group_dir: Path) -> list[str]:
-    """The options of config group ``name``: its files, and for Hydra's own groups also the
-    options that installed plugins provide (e.g. ``hydra/launcher=submitit_slurm``)."""
-    options = {p.stem for p in group_dir.glob("*.yaml")}
+    """The options of config group ``name``: its files (but ``_*.yaml``, parts the options share,
+    e.g. ``model/_architecture.yaml``), and for Hydra's own groups also the options that installed
+    plugins provide (e.g. ``hydra/launcher=submitit_slurm``)."""
+    options = {p.stem for p in group_dir.glob("*.yaml") if not p.name.startswith("_")}
     if name.startswith("hydra/"):
         Plugins.instance()  # discovering the plugins registers their configs
         options |= {o.removesuffix(".yaml") for o in ConfigStore.instance().list(name)}
