@@ -37,8 +37,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           capture_output=True, text=True, check=True).stdout.strip()
     (Path(site) / "test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-build-isolation",
-         str(source)],
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", str(source)],
         check=True, env=_clean_env(),
     )
     return venv / "bin"
@@ -57,8 +57,9 @@ def run(bin_dir: Path, command: str, *args: str, cwd: Path) -> subprocess.Comple
 
 @pytest.mark.slow
 def test_installed_commands_run_from_any_directory(installed: Path, tmp_path: Path) -> None:
-    where = subprocess.run([installed / "python", "-c", "import trident.runs.compose as c; print(c.__file__, c.CONF_DIR)"],
-                           cwd=tmp_path, capture_output=True, text=True, env=_clean_env(), check=True).stdout.split()
+    show = "import trident.runs.compose as c; print(c.__file__, c.CONF_DIR)"
+    where = subprocess.run([installed / "python", "-c", show], cwd=tmp_path, capture_output=True, text=True,
+                           env=_clean_env(), check=True).stdout.split()
     assert all(path.startswith(str(installed.parent)) for path in where), f"not the installed copy: {where}"
     assert (Path(where[1]) / "model" / "_architecture.yaml").is_file(), "conf/ ships inside the package"
 

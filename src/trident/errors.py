@@ -44,7 +44,8 @@ def choose(table: Mapping[str, T], name: str, setting: str) -> T:
     """``table[name]`` for a part chosen by name in the config (``setting``, e.g. ``model.norm``);
     an unknown name fails loudly, naming the choices."""
     if name not in table:
-        raise ConfigError(f"{setting}={name!r} is not supported{did_you_mean(str(name), list(table))}: choose one of {', '.join(table)}")
+        hint = did_you_mean(str(name), list(table))
+        raise ConfigError(f"{setting}={name!r} is not supported{hint}: choose one of {', '.join(table)}")
     return table[name]
 
 

@@ -116,12 +116,14 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float
     ) -> tuple[Tensor, None]:
         if self.kernel is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal), None
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+            return y, None
         try:
             with sdpa_kernel(self.kernel):
-                return F.scaled_dot_product_attention(
+                y = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-                ), None
+                )
+            return y, None
         except RuntimeError as err:
             if not any(message in str(err) for message in NO_KERNEL_MESSAGES):
                 raise

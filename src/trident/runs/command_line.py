@@ -137,7 +137,8 @@ def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> 
     except (ConfigCompositionException, OmegaConfBaseException):
         return f"{key.group(1)} is not a config key: fix its spelling, or add a new key with +{key.group(1)}=<value>"
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    hint = did_you_mean(leaf, [str(k) for k in node], f"{parent}." if parent else "") if isinstance(node, DictConfig) else ""
+    keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    hint = did_you_mean(leaf, keys, f"{parent}." if parent else "")
     return f"{key.group(1)} is not a config key{hint}: fix its spelling, or add a new key with +{key.group(1)}=<value>"
 
 

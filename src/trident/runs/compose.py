@@ -1,14 +1,16 @@
-"""Compose the training config from Python (tests, notebooks) exactly as ``train.py`` composes it."""
+"""Compose the training config from Python (tests, notebooks) exactly as ``train.py`` composes it:
+where ``conf/`` is, and the config's own resolvers."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 
 def find_conf_dir() -> Path:
@@ -35,3 +37,29 @@ def compose_train_config(overrides: Sequence[str], output_dir: Path | None = Non
             cfg.paths.output_dir = str(output_dir)
         del cfg.hydra
     return cfg
+
+
+def _device_count(devices: Any) -> int | None:
+    """``trainer.devices`` as a number of devices per node; None for ``-1``/``auto`` (all there are)."""
+    if isinstance(devices, (list, tuple, ListConfig)):
+        return len(devices)
+    text = str(devices)
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def slurm_gpus_per_node(accelerator: str, devices: Any) -> int | None:
+    """The slurm launcher's ``gpus_per_node``: none for a CPU trainer, else ``trainer.devices``
+    (1 when that is ``-1``/``auto``: then set ``hydra.launcher.gpus_per_node``)."""
+    return None if accelerator == "cpu" else _device_count(devices) or 1
+
+
+def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
+    """The slurm launcher's ``tasks_per_node``: one task (DDP rank) per device of the node, i.e.
+    ``trainer.devices`` when it is a number, else the node's GPUs."""
+    return _device_count(devices) or gpus_per_node or 1
+
+
+# conf/hydra/launcher/slurm.yaml resolves these when Hydra sets up a sweep's launcher (in train.py's
+# process, before any job imports the pipeline).
+OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
+OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)

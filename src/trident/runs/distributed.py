@@ -4,8 +4,8 @@ Lightning's ``ddp`` strategy starts its worker processes (local ranks 1..N-1) by
 launching command again. For a Hydra app that command may be a whole sweep (``-m seed=1,2``):
 every worker would then start its own sweep, in a new sweep directory. :func:`workers_follow`
 tells the workers which job they belong to (its overrides and run directory), and
-:func:`trident.runs.command_line.worker_arguments` turns a worker's command line into that one job. Only global rank 0 writes
-the run's files: :func:`is_global_zero` answers before the process group exists, and
+:func:`trident.runs.command_line.worker_arguments` turns a worker's command line into that one
+job. Only global rank 0 writes the run's files: :func:`is_global_zero` answers before the process group exists, and
 :class:`OtherRanksFilter` keeps the other ranks out of ``train.log``.
 """
 
@@ -19,12 +19,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
 from trident.errors import ConfigError, TridentError
 from trident.runs.command_line import JOB_VARIABLE
@@ -77,31 +76,6 @@ def check_workers_can_start(trainer: DictConfig) -> None:
         f"trainer.devices={devices} needs DDP worker processes, which a hydra/launcher=submitit_local job cannot "
         "start: run it without submitit_local (python train.py trainer=ddp ...), or on SLURM with hydra/launcher=slurm"
     )
-
-
-def _device_count(devices: Any) -> int | None:
-    """``trainer.devices`` as a number of devices per node; None for ``-1``/``auto`` (all there are)."""
-    if isinstance(devices, (list, tuple, ListConfig)):
-        return len(devices)
-    text = str(devices)
-    return int(text) if text.isdigit() and int(text) > 0 else None
-
-
-def slurm_gpus_per_node(accelerator: str, devices: Any) -> int | None:
-    """The slurm launcher's ``gpus_per_node``: none for a CPU trainer, else ``trainer.devices``
-    (1 when that is ``-1``/``auto``: then set ``hydra.launcher.gpus_per_node``)."""
-    return None if accelerator == "cpu" else _device_count(devices) or 1
-
-
-def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
-    """The slurm launcher's ``tasks_per_node``: one task (DDP rank) per device of the node, i.e.
-    ``trainer.devices`` when it is a number, else the node's GPUs."""
-    return _device_count(devices) or gpus_per_node or 1
-
-
-# conf/hydra/launcher/slurm.yaml resolves these when train.py composes a sweep's launcher.
-OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
-OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
 
 
 def _worker_overrides(hydra_overrides: Sequence[str], task_overrides: Sequence[str]) -> list[str]:

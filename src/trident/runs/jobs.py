@@ -33,7 +33,8 @@ def discard_failed_run_dir(run_dir: Path) -> None:
         return
     contents = {p.name for p in run_dir.iterdir()}
     log_file = run_dir / "train.log"
-    if contents <= {".hydra", "train.log", "config_resolved.yaml"} and (not log_file.exists() or log_file.stat().st_size < 4096):
+    short_log = not log_file.exists() or log_file.stat().st_size < 4096
+    if contents <= {".hydra", "train.log", "config_resolved.yaml"} and short_log:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

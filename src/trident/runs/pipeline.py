@@ -183,7 +183,9 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
         raise user_error from err
 
 
-def build_data_and_task(cfg: DictConfig, backbone: TransformerConfig, stage: str) -> tuple[TridentDataModule, L.LightningModule]:
+def build_data_and_task(
+    cfg: DictConfig, backbone: TransformerConfig, stage: str
+) -> tuple[TridentDataModule, L.LightningModule]:
     """The data module, prepared and set up for ``stage`` (``fit``, ``test``), and the task built on
     ``backbone`` with the data's inputs (vocabulary, tokenizer, classes): for train.py and eval.py alike."""
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -194,7 +196,9 @@ def build_data_and_task(cfg: DictConfig, backbone: TransformerConfig, stage: str
     task: L.LightningModule = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
-        optimizer=fused_allowed(_plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")),
+        optimizer=fused_allowed(
+            _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
+        ),
         scheduler=_plain(cfg.scheduler),
         **datamodule.task_inputs(),
         _convert_="all",

@@ -111,7 +111,8 @@ def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) 
     """The run to continue, by the ``run_name`` and ``paths.output_root`` of the composed config
     (composed here when the command line holds flags that train.py leaves to Hydra)."""
     if cfg is None:
-        cfg = compose_train_config([a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))], conf_dir=conf_dir)
+        config_overrides = [a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))]
+        cfg = compose_train_config(config_overrides, conf_dir=conf_dir)
     output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
     run_dir = find_run_to_resume(output_root, run_name)
     if run_dir is None:
