@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -26,7 +24,7 @@ from hydra.errors import ConfigCompositionException, HydraException, OverridePar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from trident.errors import ConfigError, TridentError, did_you_mean
+from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
 from trident.runs.compose import CONF_DIR, compose_train_config
 from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
 
@@ -44,12 +42,13 @@ def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list
     # Other Hydra flags (--help, --cfg, -cn...) change what the command line means: Hydra checks
     # those command lines itself after composing.
     hydra_checks = any(arg.startswith("-") and arg not in MULTIRUN_FLAGS for arg in argv)
-    try:
+
+    def checked() -> list[str]:
         check_group_choices(argv, conf_dir)
         cfg = None if hydra_checks else compose_checked(argv, conf_dir)
         return resume_arguments(argv, cfg, conf_dir)
-    except TridentError as err:
-        _fail(str(err))
+
+    return run_with_clear_errors(checked)
 
 
 def worker_arguments(argv: Sequence[str]) -> list[str]:
@@ -144,11 +143,6 @@ def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> 
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0].rstrip(".")
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def group_options(name: str, group_dir: Path) -> list[str]:
