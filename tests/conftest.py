@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.config import compose_train_config
+from trident.runs.compose import compose_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from trident.pipeline import check_config
+from trident.runs.pipeline import check_config
 
 from .conftest import CONF_DIR, ROOT, compose_config
 

@@ -359,7 +359,7 @@ def test_explicit_attention_with_an_all_masked_float_row_has_sdpa_gradients() ->
     allowed[0, :, 1] = False  # query 1 of sequence 0 may see nothing
     allowed[1, :, :, 3] = False  # and one key is masked for every query of sequence 1
     results = []
-    for module, attend in ((fast, fast._sdpa), (explicit, lambda *a: explicit._explicit(*a)[0])):
+    for module, attend in ((fast, lambda *a: fast._sdpa(*a)[0]), (explicit, lambda *a: explicit._explicit(*a)[0])):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v, table)]
         mask = leaves[3].masked_fill(~allowed, float("-inf"))  # (B, nh, Tq, Tk) additive float mask
         y = attend(*leaves[:3], mask, False, 0.0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from trident.backbone import Decoder, Encoder, FeedForward, make_norm
+from trident.backbone import ACTIVATIONS, NORMS, Decoder, Encoder, FeedForward, MultiHeadAttention, make_norm
 from trident.errors import ConfigError, TridentError
 
 from .backbone_helpers import D_FF, D_MODEL, N_HEADS, N_LAYERS, make_cfg
@@ -148,3 +148,22 @@ def test_bias_false_removes_linear_biases() -> None:
 def test_non_numeric_dropout_raises_config_error(value) -> None:
     with pytest.raises(ConfigError, match="dropout"):
         make_cfg(dropout=value)
+
+
+def test_parts_chosen_by_name_fail_loudly_on_an_unknown_name() -> None:
+    with pytest.raises(ConfigError, match=r"model.norm='batchnorm' is not supported: choose one of layernorm, rmsnorm"):
+        make_norm("batchnorm", D_MODEL)
+    with pytest.raises(ConfigError, match=r"model.activation='tanh' is not supported: choose one of relu, gelu, swiglu"):
+        FeedForward(D_MODEL, D_FF, activation="tanh")
+    with pytest.raises(ConfigError, match=r"model.attn_impl='flash' is not supported: choose one of sdpa, explicit"):
+        MultiHeadAttention(D_MODEL, 4, impl="flash")
+    with pytest.raises(ConfigError, match=r"model.norm='rmsnrom' is not supported \(did you mean rmsnorm\?\)"):
+        make_cfg(norm="rmsnrom")
+
+
+def test_the_config_checks_names_against_the_tables_that_build_the_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(NORMS, "scalenorm", lambda d_model, bias, eps: torch.nn.Identity())
+    monkeypatch.setitem(ACTIVATIONS, "tanh", torch.tanh)
+    cfg = make_cfg(norm="scalenorm", activation="tanh")
+    block = Encoder(cfg).blocks[0]
+    assert isinstance(block.ffn_norm, torch.nn.Identity) and block.ffn.act is torch.tanh

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from trident.config import compose_train_config
-from trident.pipeline import train
+from trident.runs.compose import compose_train_config
+from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trident.bench.__main__ import NOT_QUICK, ROWS, main
-from trident.bench.report import COLUMNS
+from trident.bench.results import COLUMNS
 
 
 def table_rows(page: str) -> list[list[str]]:

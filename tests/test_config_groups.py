@@ -8,7 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from trident.errors import ConfigError
-from trident.pipeline import backbone_options, check_config
+from trident.runs.command_line import group_options
+from trident.runs.pipeline import backbone_options, check_config
 
 from .conftest import CONF_DIR, compose_config
 
@@ -18,7 +19,7 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
 
 
 def all_options() -> list[tuple[str, str]]:
-    return [(group, p.stem) for group in GROUPS for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+    return [(group, option) for group in GROUPS for option in group_options(group, CONF_DIR / group)]
 
 
 def test_every_group_has_options() -> None:
@@ -50,6 +51,17 @@ def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
     if group == "precision":
         assert cfg.trainer.precision == {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[option]
     check_config(cfg)
+
+
+def test_sizes_extend_one_architecture_file() -> None:
+    shared = OmegaConf.load(CONF_DIR / "model" / "_architecture.yaml")
+    assert "_architecture" not in group_options("model", CONF_DIR / "model"), "a shared part, not a size"
+    for option in group_options("model", CONF_DIR / "model"):
+        size = OmegaConf.load(CONF_DIR / "model" / f"{option}.yaml")
+        assert list(size.defaults) == ["_architecture"], f"model/{option}.yaml extends _architecture.yaml"
+        composed = compose_config([f"model={option}"]).model
+        assert composed.keys() == shared.keys() | size.keys() - {"defaults"}
+        assert all(composed[key] == size.get(key, shared.get(key)) for key in composed)
 
 
 def test_paper_sizes_are_defined_once() -> None:

@@ -31,11 +31,12 @@ from torch.utils.data import DistributedSampler
 from trident.data.lm import PackedBlocks
 from trident.data.order import EpochShuffleSampler
 from trident.data.translation import TranslationDataModule
-from trident.distributed import RankFailed, ranks_fail_together, worker_argv, workers_follow
 from trident.errors import DataError
-from trident.pipeline import constructor_args, instantiate
+from trident.runs.command_line import prepare_command_line
+from trident.runs.distributed import RankFailed, ranks_fail_together, workers_follow
+from trident.runs.pipeline import constructor_args, instantiate
+from trident.runs.wandb_files import OfflineRun, find_offline_runs
 from trident.sample import load_lm_checkpoint
-from trident.tracking import OfflineRun, find_offline_runs
 from trident.training.loggers import build_loggers, record_summary, summarize_monitor
 
 from .conftest import ROOT, SMALL, compose_config
@@ -140,18 +141,18 @@ def test_logged_val_loss_is_the_mean_over_both_ranks_shares(sweep: Path) -> None
 
 
 def test_worker_runs_its_jobs_overrides_in_its_run_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    argv = ["train.py", "-m", "-cn", "train", "seed=1,2", "trainer=ddp_cpu"]
+    argv = ["-m", "-cn", "train", "seed=1,2", "trainer=ddp_cpu"]
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert worker_argv(argv) == argv, "a worker of a job not started by trident keeps its command"
+    assert prepare_command_line(argv) == argv, "a worker of a job not started by trident keeps its command"
     run_dir = tmp_path / "sweep, 1" / "1_it's"
     hydra_overrides = ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp_path}", "hydra.searchpath=[file:///x]"]
     with workers_follow(hydra_overrides, ["seed=2", "trainer=ddp_cpu"], run_dir):
-        assert worker_argv(argv) == [
-            "train.py", "-cn", "train", "hydra.searchpath=[file:///x]", "seed=2", "trainer=ddp_cpu",
+        assert prepare_command_line(argv) == [
+            "-cn", "train", "hydra.searchpath=[file:///x]", "seed=2", "trainer=ddp_cpu",
             f"hydra.run.dir='{run_dir}'".replace("it's", "it\\'s"), "hydra.output_subdir=null",
         ]
         monkeypatch.setenv("LOCAL_RANK", "0")
-        assert worker_argv(argv) == argv, "rank 0 runs the command as given"
+        assert prepare_command_line(argv) == argv, "rank 0 runs the command as given"
         monkeypatch.setenv("MASTER_PORT", "29500")  # as Lightning's launcher sets it
     assert "MASTER_PORT" not in os.environ and "TRIDENT_DDP_JOB" not in os.environ, "the next job starts afresh"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.tracking import OfflineRun, read_offline_run, wait_for_offline_runs
+from trident.runs.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
 
 from .conftest import ROOT, SMALL
 from .test_translation_train import SMALL_MT
@@ -146,7 +146,7 @@ def test_sigkilled_ddp_run_resumes_mid_epoch_step_for_step(lm_run: Path, tmp_pat
 
 
 def test_sigterm_to_rank_zero_saves_once_and_every_rank_exits_cleanly(tmp_path: Path) -> None:
-    # Rank 0 exits 0 only if its worker did too (trident.distributed.ranks_fail_together).
+    # Rank 0 exits 0 only if its worker did too (trident.runs.distributed.ranks_fail_together).
     result = run_script("train.py", *LM, *signal_at(4, "SIGTERM", rank=0), f"paths.output_root={tmp_path / 'outputs'}",
                         cwd=tmp_path)
     assert_clean(result)

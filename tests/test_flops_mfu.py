@@ -17,7 +17,7 @@ from trident.errors import ConfigError
 from trident.models import CausalLM
 from trident.models.seq2seq import EncoderDecoder
 from trident.models.vit import VisionTransformer, vit_geometry
-from trident.pipeline import train
+from trident.runs.pipeline import train
 from trident.training.callbacks import Throughput
 from trident.training.flops import (
     causal_lm_flops,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from trident.backbone import Decoder
 from trident.bench.levers import sdpa_rows
-from trident.bench.report import Settings
+from trident.bench.results import Settings
 from trident.errors import ConfigError
 from trident.training.callbacks import Throughput
 from trident.training.flops import device_peak_flops

@@ -16,7 +16,7 @@ import datasets
 import pytest
 
 from trident.data.translation import load_pairs
-from trident.pipeline import check_config, train
+from trident.runs.pipeline import check_config, train
 
 from .conftest import ROOT, SMALL, compose_config
 

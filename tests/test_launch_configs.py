@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.fsdp import ShardingStrategy
 
 from trident.backbone import TransformerBlock, TransformerConfig
-from trident.cli import check_group_choices
 from trident.errors import ConfigError
 from trident.models import CausalLM, EncoderDecoder
-from trident.pipeline import train
+from trident.runs.command_line import check_group_choices, prepare_command_line
+from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL, compose_config
 
@@ -114,7 +114,7 @@ def test_launcher_choices_include_the_plugins_options(capsys: pytest.CaptureFixt
     check_group_choices(["-m", "hydra/launcher=submitit_local"], ROOT / "conf")
     check_group_choices(["hydra/launcher=slurm"], ROOT / "conf")
     with pytest.raises(SystemExit) as exit_info:
-        check_group_choices(["hydra/launcher=slrum"], ROOT / "conf")
+        prepare_command_line(["hydra/launcher=slrum"], ROOT / "conf")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "error: hydra/launcher=slrum does not exist: choose one of basic, slurm, submitit_local, submitit_slurm"

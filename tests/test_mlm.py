@@ -23,17 +23,17 @@ from trident.backbone import PositionalEncoding, TransformerConfig
 from trident.backbone.positional import base as positional_registry
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.errors import ConfigError
+from trident.evaluate import evaluate
 from trident.fill_mask import fill_in, load_mlm_checkpoint
 from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
-from trident.pipeline import check_config, constructor_args, instantiate, train
-from trident.tracking import find_offline_runs, wait_for_offline_runs
+from trident.runs.pipeline import check_config, constructor_args, instantiate, train
+from trident.runs.wandb_files import find_offline_runs, wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
 
 from .conftest import ROOT, SMALL, compose_config
 from .test_flops_mfu import counted_training_flops, tiny_cfg
 from .test_resume import WITH_CSV, train_losses
-from .test_translation_train import load_eval_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -262,7 +262,7 @@ def test_fill_mask_without_a_mask_is_one_line(short_run: Path, capsys: pytest.Ca
 
 def test_eval_script_scores_an_mlm_checkpoint(short_run: Path) -> None:
     checkpoint = short_run / "checkpoints" / "last.ckpt"
-    metrics = load_eval_script().evaluate([f"ckpt_path={checkpoint}", "trainer.limit_test_batches=2"])
+    metrics = evaluate([f"ckpt_path={checkpoint}", "trainer.limit_test_batches=2"])
     assert 0 <= metrics["test/acc"] <= 1
     assert metrics["test/ppl"] == pytest.approx(np.exp(metrics["test/loss"]), rel=1e-4)
     assert (short_run / "eval" / "last.json").is_file()

@@ -16,7 +16,7 @@ from trident.training.optim import build_optimizer, build_scheduler, inverse_sqr
 def test_weight_decay_only_on_matrices() -> None:
     model = CausalLM(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, pos_encoding="learned"), 20)
     opt = build_optimizer(
-        model, {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.1},
+        model, {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1},
         {"decoder.pos_encoding.embedding.weight"},
     )
     decay, no_decay = opt.param_groups
@@ -28,7 +28,7 @@ def test_weight_decay_only_on_matrices() -> None:
 
 def test_negative_learning_rate_is_rejected() -> None:
     with pytest.raises(ConfigError, match="optimizer.lr"):
-        build_optimizer(torch.nn.Linear(2, 2), {"_target_": "torch.optim.AdamW", "lr": -1.0})
+        build_optimizer(torch.nn.Linear(2, 2), {"name": "adamw", "lr": -1.0})
 
 
 def test_warmup_cosine_shape() -> None:
@@ -57,3 +57,12 @@ def test_scheduler_names() -> None:
     with pytest.raises(ConfigError, match="scheduler.name"):
         build_scheduler(opt, {"name": "linear"}, total_steps=10)
     assert math.isclose(build_scheduler(opt, {"name": "constant"}, 10).get_last_lr()[0], 1.0)
+
+
+def test_optimizer_is_chosen_by_name_from_one_table() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert type(build_optimizer(model, {"name": "sgd", "lr": 0.1, "momentum": 0.9})) is torch.optim.SGD
+    with pytest.raises(ConfigError, match=r"optimizer.name='lion' is not supported: choose one of adamw, adam, sgd"):
+        build_optimizer(model, {"name": "lion", "lr": 1e-3})
+    with pytest.raises(ConfigError, match="optimizer=adamw: .*momentum.*remove that optimizer"):
+        build_optimizer(model, {"name": "adamw", "lr": 1e-3, "momentum": 0.9})

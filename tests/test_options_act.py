@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-import trident.pipeline
+import trident.runs.pipeline
 import trident.tasks.translation
 from trident.models.timm_compat import timm_to_trident
-from trident.pipeline import train
+from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config
 from .test_translation_train import SMALL_MT
@@ -42,7 +42,7 @@ def trained_task(monkeypatch: pytest.MonkeyPatch) -> TrainedTask:
     def run(overrides: list[str], output_dir: Path, on_build: Callable[[L.LightningModule], None] | None = None
             ) -> L.LightningModule:
         built: list[L.LightningModule] = []
-        compile_network = trident.pipeline.compile_network
+        compile_network = trident.runs.pipeline.compile_network
 
         def spy(task: L.LightningModule, enabled: Any) -> None:
             built.append(task)
@@ -50,7 +50,7 @@ def trained_task(monkeypatch: pytest.MonkeyPatch) -> TrainedTask:
                 on_build(task)
             compile_network(task, enabled)
 
-        monkeypatch.setattr(trident.pipeline, "compile_network", spy)
+        monkeypatch.setattr(trident.runs.pipeline, "compile_network", spy)
         train(compose_config(overrides, output_dir=output_dir))
         (task,) = built
         return task

@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from trident.pipeline import train
-from trident.tracking import wait_for_offline_runs
+from trident.runs.pipeline import train
+from trident.runs.wandb_files import wait_for_offline_runs
 from trident.training import precision
 from trident.training.flops import measured_peak_flops
 from trident.training.precision import check_precision, cpu_matmul_rates

@@ -16,16 +16,15 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.checkpoints import AtomicCheckpointIO
-from trident.cli import run_with_clear_errors
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
-from trident.errors import ConfigError, DataError, TrainingDiverged
-from trident.pipeline import train
-from trident.jobs import write_status
-from trident.requeue import JobStopped, stop_outcome
-from trident.resume import resume_arguments
-from trident.tracking import find_offline_runs
+from trident.errors import ConfigError, DataError, TrainingDiverged, run_with_clear_errors
+from trident.runs.checkpoint_io import AtomicCheckpointIO
+from trident.runs.jobs import discard_failed_run_dir, write_status
+from trident.runs.pipeline import train
+from trident.runs.requeue import JobStopped, stop_outcome
+from trident.runs.resume import resume_arguments
+from trident.runs.wandb_files import find_offline_runs
 
 from .conftest import CONF_DIR, ROOT, SMALL, compose_config
 
@@ -146,14 +145,14 @@ def test_resume_arguments_reuse_the_run_overrides(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text("- model=nano\n- trainer.max_steps=10\n- resume=null\n")
-    args = resume_arguments([f"resume={run_dir}", "trainer.max_steps=20"], CONF_DIR)
+    args = resume_arguments([f"resume={run_dir}", "trainer.max_steps=20"], None, CONF_DIR)
     assert args == ["model=nano", "trainer.max_steps=20", f"hydra.run.dir={run_dir}", f"resume={run_dir}"]
-    assert resume_arguments(["model=nano"], CONF_DIR) == ["model=nano"]
+    assert resume_arguments(["model=nano"], None, CONF_DIR) == ["model=nano"]
     with pytest.raises(ConfigError, match="not a run directory of train.py"):
-        resume_arguments([f"resume={tmp_path / 'nowhere'}"], CONF_DIR)
+        resume_arguments([f"resume={tmp_path / 'nowhere'}"], None, CONF_DIR)
     with pytest.raises(ConfigError, match="drop -m"):
-        resume_arguments(["-m", f"resume={run_dir}"], CONF_DIR)
-    assert resume_arguments(["resume=auto", "model=nano", f"paths.output_root={tmp_path}"], CONF_DIR) == [
+        resume_arguments(["-m", f"resume={run_dir}"], None, CONF_DIR)
+    assert resume_arguments(["resume=auto", "model=nano", f"paths.output_root={tmp_path}"], None, CONF_DIR) == [
         "model=nano", f"paths.output_root={tmp_path}"], "nothing to resume: a new run"
 
 
@@ -183,7 +182,7 @@ def test_truncated_or_foreign_checkpoint_is_one_clear_line(tmp_path: Path, capsy
     path.write_bytes(path.read_bytes()[:500])
     cfg = compose_config([*SMALL, "logger=none", f"resume={tmp_path / 'run'}"], output_dir=tmp_path / "run")
     with pytest.raises(SystemExit) as exit_info:
-        run_with_clear_errors(lambda: train(cfg), run_dir=tmp_path / "run")
+        run_with_clear_errors(lambda: train(cfg), lambda: discard_failed_run_dir(tmp_path / "run"))
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith(f"error: cannot read checkpoint '{path}'") and "corrupt or truncated" in message

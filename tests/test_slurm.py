@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trident.tracking import OfflineRun, find_offline_runs
+from trident.runs.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL
 from .test_translation_train import SMALL_MT

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from trident.jobs import run_job
 from trident.report import load_sweep, summarize
 from trident.report import main as report_main
-from trident.sweeps import setting_of, swept_keys
-from trident.tracking import find_offline_runs
+from trident.runs.jobs import run_job
+from trident.runs.sweeps import setting_of, swept_keys
+from trident.runs.wandb_files import find_offline_runs
 
 from .conftest import ROOT, SMALL
 

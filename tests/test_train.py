@@ -11,9 +11,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.pipeline import train
+from trident.runs.pipeline import train
+from trident.runs.wandb_files import wait_for_offline_runs
 from trident.sample import load_lm_checkpoint
-from trident.tracking import wait_for_offline_runs
 
 
 @pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])

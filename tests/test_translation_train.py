@@ -3,21 +3,20 @@ the translate command, checkpoint averaging, and one-line errors for bad input."
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
+import runpy
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from omegaconf import DictConfig
 
 from trident import average_checkpoints, translate
-from trident.cli import find_user_error, run_with_clear_errors
-from trident.errors import ConfigError, DataError
-from trident.pipeline import train
+from trident.errors import ConfigError, DataError, find_user_error, run_with_clear_errors
+from trident.evaluate import evaluate
+from trident.runs.pipeline import train
 
 from .conftest import ROOT, compose_config
 
@@ -80,19 +79,11 @@ def test_short_run_keeps_checkpoints_config_and_metrics(short_run: Path) -> None
         assert key in header, key
 
 
-def load_eval_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trident_eval_script", ROOT / "eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_eval_script_scores_a_checkpoint_of_the_run(short_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`python eval.py ckpt_path=... task.beam_size=1 task.test_greedy=false` (run in this process)."""
     ckpt = short_run / "checkpoints" / "last.ckpt"
     monkeypatch.setattr(sys, "argv", ["eval.py", f"ckpt_path={ckpt}", "task.beam_size=1", "task.test_greedy=false"])
-    load_eval_script().main()
+    runpy.run_path(str(ROOT / "eval.py"), run_name="__main__")
     saved = json.loads((short_run / "eval" / "last.json").read_text())
     assert {"test/bleu", "test/chrf", "test/loss"} <= set(saved["metrics"])
     assert "test/bleu_greedy" not in saved["metrics"], "the override task.test_greedy=false applies"
@@ -102,13 +93,11 @@ def test_eval_script_works_for_the_language_model_too(tmp_path: Path) -> None:
     from .conftest import SMALL
 
     train(compose_config([*SMALL, "logger=none", "test=false"], output_dir=tmp_path / "run"))
-    evaluate = load_eval_script().evaluate
     metrics = evaluate([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"])
     assert torch.isfinite(torch.tensor(metrics["test/loss"])) and "test/ppl" in metrics
 
 
 def test_eval_script_errors_name_the_fix(tmp_path: Path) -> None:
-    evaluate = load_eval_script().evaluate
     with pytest.raises(ConfigError, match="eval.py needs ckpt_path="):
         evaluate(["task.beam_size=1"])
     with pytest.raises(DataError, match="checkpoint '.*nope.ckpt' not found: fix ckpt_path"):

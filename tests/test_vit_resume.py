@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.pipeline import train
+from trident.evaluate import evaluate
+from trident.runs.pipeline import train
 
 from .conftest import compose_config
 from .test_resume import WITH_CSV, train_losses
-from .test_translation_train import load_eval_script
 from .test_vit_pipeline import VIT_SMALL
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -46,7 +46,7 @@ def test_eval_script_on_the_best_checkpoint_gives_the_runs_test_metrics(tmp_path
     metrics = train(compose_config([*VIT_SMALL, "logger=none", "trainer.max_epochs=2", "trainer.limit_test_batches=3",
                                     "callbacks.throughput=null"], output_dir=run))
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
-    scored = load_eval_script().evaluate([f"ckpt_path={best}"])
+    scored = evaluate([f"ckpt_path={best}"])
     test_keys = sorted(k for k in metrics if k.startswith("test/"))
     assert test_keys == sorted(k for k in scored if k.startswith("test/")) and "test/acc" in test_keys
     assert {k: scored[k] for k in test_keys} == pytest.approx({k: metrics[k] for k in test_keys}, abs=1e-6)

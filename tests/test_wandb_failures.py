@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from trident.pipeline import train
-from trident.tracking import wait_for_offline_runs
+from trident.runs.pipeline import train
+from trident.runs.wandb_files import wait_for_offline_runs
 
 SECRET = "trident-test-secret-0123456789abcdef0123456789abcdef"
 

@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from trident.checkpoints import READ_ERRORS, unreadable_checkpoint
-from trident.cli import run_with_clear_errors
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError, DataError, run_with_clear_errors
+from trident.runs.checkpoint_io import READ_ERRORS, unreadable_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 

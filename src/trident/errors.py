@@ -1,7 +1,15 @@
-"""User-facing errors: each message names the problem and the fix in one line."""
+"""User-facing errors: each message names the problem and the fix in one line, and the commands
+print them as one ``error: ...`` line instead of a traceback (:func:`run_with_clear_errors`)."""
+
+from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class TridentError(Exception):
@@ -30,3 +38,41 @@ def did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
     """`` (did you mean <prefix><closest>?)`` for a misspelt name, or an empty string."""
     close = difflib.get_close_matches(word, choices, n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def choose(table: Mapping[str, T], name: str, setting: str) -> T:
+    """``table[name]`` for a part chosen by name in the config (``setting``, e.g. ``model.norm``);
+    an unknown name fails loudly, naming the choices."""
+    if name not in table:
+        hint = did_you_mean(str(name), list(table))
+        raise ConfigError(f"{setting}={name!r} is not supported{hint}: choose one of {', '.join(table)}")
+    return table[name]
+
+
+def find_user_error(err: BaseException) -> TridentError | None:
+    """The TridentError behind ``err``, following ``raise ... from`` chains (Hydra's
+    ``instantiate`` wraps constructor errors in its own exception)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, TridentError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def run_with_clear_errors(fn: Callable[[], T], cleanup: Callable[[], None] | None = None) -> T:
+    """Call ``fn``; on a user error run ``cleanup`` (e.g. remove a run directory the failure left
+    empty), print ``error: <message>`` and exit with its status (2). ``HYDRA_FULL_ERROR=1`` shows
+    the traceback instead."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - we re-raise anything that is not a user error
+        user_error = find_user_error(err)
+        if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if cleanup is not None:
+            cleanup()
+        print(f"error: {user_error}", file=sys.stderr)
+        sys.exit(user_error.exit_status)

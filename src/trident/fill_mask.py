@@ -14,10 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from trident.checkpoints import load_task_checkpoint
-from trident.cli import run_with_clear_errors
 from trident.data.masking import MASK_TOKEN
-from trident.errors import ConfigError
+from trident.errors import ConfigError, run_with_clear_errors
+from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.mlm import MaskedLanguageModelTask
 
 

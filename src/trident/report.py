@@ -23,9 +23,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from trident.cli import run_with_clear_errors
-from trident.errors import DataError
-from trident.sweeps import SWEEP_FILE, job_statuses, read_json, setting_of
+from trident.errors import DataError, run_with_clear_errors
+from trident.runs.sweeps import SWEEP_FILE, job_statuses, read_json, setting_of
 
 # The final metrics a report compares: the best validation value and the test metrics.
 FINAL_PREFIXES = ("best/", "test/")

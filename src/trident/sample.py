@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from trident.checkpoints import load_task_checkpoint
-from trident.cli import run_with_clear_errors
+from trident.errors import run_with_clear_errors
 from trident.models import generate
+from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.lm import LanguageModelTask
 
 

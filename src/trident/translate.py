@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
-from trident.checkpoints import load_task_checkpoint
-from trident.cli import run_with_clear_errors
-from trident.errors import ConfigError
+from trident.errors import ConfigError, run_with_clear_errors
+from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.translation import TranslationTask
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trident.pipeline import train
+from trident.runs.pipeline import train
 
 from ..conftest import compose_config
 from .probes import TrainingProbe

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.pipeline import train
+from trident.runs.pipeline import train
 
 from ..conftest import SMALL, compose_config
 from .probes import TrainingProbe

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.pipeline import train
+from trident.runs.pipeline import train
 from trident.training.flops import gpu_peak_flops
 
 from ..conftest import compose_config

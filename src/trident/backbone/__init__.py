@@ -3,13 +3,17 @@
 Tasks import from here only::
 
     from trident.backbone import TransformerConfig, Decoder, TokenEmbedding
+
+Parts chosen by name in the ``model`` config come from tables (``NORMS``, ``ACTIVATIONS``,
+``ATTENTION_IMPLS``, ``SDPA_KERNELS``, the positional-encoding registry) that build the layers and
+that :class:`TransformerConfig` checks names against: an unknown name fails naming the choices.
 """
 
-from trident.backbone.attention import MultiHeadAttention
+from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS, MultiHeadAttention
 from trident.backbone.block import TransformerBlock
-from trident.backbone.cache import KVCache, LayerKVCache
 from trident.backbone.config import TransformerConfig
-from trident.backbone.layers import FeedForward, TokenEmbedding, make_norm
+from trident.backbone.kv_cache import KVCache, LayerKVCache
+from trident.backbone.layers import ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
 from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.positional import (
     PositionalEncoding,
@@ -21,6 +25,10 @@ from trident.backbone.positional import (
 from trident.backbone.stack import Decoder, Encoder, TransformerStack
 
 __all__ = [
+    "ACTIVATIONS",
+    "ATTENTION_IMPLS",
+    "NORMS",
+    "SDPA_KERNELS",
     "Decoder",
     "Encoder",
     "FeedForward",

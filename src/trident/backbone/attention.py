@@ -9,12 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from trident.backbone.cache import LayerKVCache
+from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.masks import causal_mask
 from trident.backbone.positional import apply_rotary
-from trident.errors import ConfigError
+from trident.errors import ConfigError, choose
 
-SDPA_KERNELS = {
+# model.sdpa_backend: the kernel torch.nn.attention.sdpa_kernel forces; "auto" lets SDPA choose. On
+# CPU only math and flash (a CPU flash kernel) exist; efficient and cudnn are CUDA kernels.
+SDPA_KERNELS: dict[str, SDPBackend | None] = {
+    "auto": None,
     "math": SDPBackend.MATH,
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -51,7 +54,9 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // n_heads
         self.cross = cross
         self.impl = impl
+        self.compute = choose(ATTENTION_IMPLS, impl, "model.attn_impl")
         self.sdpa_backend = sdpa_backend
+        self.kernel = choose(SDPA_KERNELS, sdpa_backend, "model.sdpa_backend")
         self.attn_dropout = attn_dropout
         if cross:
             self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -102,24 +107,23 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(q.dtype)  # SDPA wants the float mask in the query's dtype
         dropout_p = self.attn_dropout if self.training else 0.0
-        weights: Tensor | None = None
-        if self.impl == "sdpa" and not need_weights:
-            y = self._sdpa(q, k, v, attn_mask, is_causal, dropout_p)
-        else:
-            y, weights = self._explicit(q, k, v, attn_mask, is_causal, dropout_p)
+        compute = MultiHeadAttention._explicit if need_weights else self.compute  # only the explicit path has weights
+        y, weights = compute(self, q, k, v, attn_mask, is_causal, dropout_p)  # (B, nh, Tq, hs)
         y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, T, nh*hs)
         return self.out_proj(y), weights
 
     def _sdpa(
         self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float
-    ) -> Tensor:
-        if self.sdpa_backend == "auto":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    ) -> tuple[Tensor, None]:
+        if self.kernel is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+            return y, None
         try:
-            with sdpa_kernel(SDPA_KERNELS[self.sdpa_backend]):
-                return F.scaled_dot_product_attention(
+            with sdpa_kernel(self.kernel):
+                y = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
                 )
+            return y, None
         except RuntimeError as err:
             if not any(message in str(err) for message in NO_KERNEL_MESSAGES):
                 raise
@@ -151,6 +155,10 @@ class MultiHeadAttention(nn.Module):
         weights = torch.softmax(scores.float(), dim=-1).masked_fill(blind, 0.0).to(q.dtype)
         y = F.dropout(weights, p=dropout_p) @ v  # (B, nh, Tq, hs)
         return y, weights
+
+
+# model.attn_impl: name -> how the attention is computed (both return (output, weights or None)).
+ATTENTION_IMPLS = {"sdpa": MultiHeadAttention._sdpa, "explicit": MultiHeadAttention._explicit}
 
 
 def _mask_kind(attn_mask: Tensor | None, is_causal: bool) -> str:

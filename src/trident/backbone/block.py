@@ -8,8 +8,8 @@ from timm.layers import DropPath, LayerScale
 from torch import Tensor, nn
 
 from trident.backbone.attention import MultiHeadAttention
-from trident.backbone.cache import LayerKVCache
 from trident.backbone.config import TransformerConfig
+from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.layers import FeedForward, make_norm
 
 

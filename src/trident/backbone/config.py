@@ -5,15 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS
+from trident.backbone.layers import ACTIVATIONS, NORMS
+from trident.backbone.positional import pos_encoding_class
 from trident.checks import is_int, is_number
-from trident.errors import ConfigError
-
-ACTIVATIONS = ("relu", "gelu", "swiglu")
-NORMS = ("layernorm", "rmsnorm")
-ATTENTION_IMPLS = ("sdpa", "explicit")
-# Kernels torch.nn.attention.sdpa_kernel can force; "auto" lets SDPA choose. On CPU only math and
-# flash (a CPU flash kernel) exist; efficient and cudnn are CUDA kernels.
-SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+from trident.errors import ConfigError, choose
 
 
 @dataclass
@@ -71,17 +67,15 @@ class TransformerConfig:
             raise ConfigError(
                 f"model.layer_scale_init must be positive or null, got {self.layer_scale_init!r}: use e.g. 1e-5, or null for off"
             )
-        _check_choice("model.activation", self.activation, ACTIVATIONS)
-        _check_choice("model.norm", self.norm, NORMS)
-        _check_choice("model.attn_impl", self.attn_impl, ATTENTION_IMPLS)
-        _check_choice("model.sdpa_backend", self.sdpa_backend, SDPA_BACKENDS)
+        # The tables the layers are built from: a name is checked against the same list that builds it.
+        choose(ACTIVATIONS, self.activation, "model.activation")
+        choose(NORMS, self.norm, "model.norm")
+        choose(ATTENTION_IMPLS, self.attn_impl, "model.attn_impl")
+        choose(SDPA_KERNELS, self.sdpa_backend, "model.sdpa_backend")
         if not isinstance(self.activation_checkpointing, bool):
             raise ConfigError(
                 f"model.activation_checkpointing must be true or false, got {self.activation_checkpointing!r}"
             )
-        # Imported here: the positional registry imports this module for type hints.
-        from trident.backbone.positional import pos_encoding_class
-
         spec = pos_encoding_class(self.pos_encoding)
         rotary_multiple = 4 if self.grid is not None else 2  # 2-D rope rotates rows and columns apart
         if spec.uses_rotary and self.head_dim % rotary_multiple != 0:
@@ -104,11 +98,6 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not supported: choose one of {', '.join(choices)}")
 
 
 def _divisors_hint(n: int) -> str:

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trident.errors import choose
+
+# model.norm: name -> (d_model, bias, eps) -> module. ``layernorm`` is the paper's; ``rmsnorm`` has no
+# mean centring and no bias (Zhang & Sennrich 2019).
+NORMS: dict[str, Callable[[int, bool, float], nn.Module]] = {
+    "layernorm": lambda d_model, bias, eps: nn.LayerNorm(d_model, eps=eps, bias=bias),
+    "rmsnorm": lambda d_model, bias, eps: nn.RMSNorm(d_model, eps=eps),
+}
+# model.activation: name -> nonlinearity of the feed-forward hidden layer. ``swiglu`` applies its
+# silu to a gate that multiplies a second (linear) half of the hidden layer (GATED_ACTIVATIONS).
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swiglu": F.silu}
+GATED_ACTIVATIONS = ("swiglu",)
+
 
 def make_norm(name: str, d_model: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:
-    """``layernorm`` (the paper) or ``rmsnorm`` (no mean centring, no bias; Zhang & Sennrich 2019)."""
-    if name == "rmsnorm":
-        return nn.RMSNorm(d_model, eps=eps)
-    return nn.LayerNorm(d_model, eps=eps, bias=bias)
+    """The normalisation layer ``name`` (a key of :data:`NORMS`)."""
+    return choose(NORMS, name, "model.norm")(d_model, bias, eps)
 
 
 class FeedForward(nn.Module):
@@ -25,19 +37,19 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
         self.activation = activation
-        hidden_out = 2 * d_ff if activation == "swiglu" else d_ff
+        self.act = choose(ACTIVATIONS, activation, "model.activation")
+        self.gated = activation in GATED_ACTIVATIONS
+        hidden_out = 2 * d_ff if self.gated else d_ff
         self.fc_in = nn.Linear(d_model, hidden_out, bias=bias)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc_in(x)  # (B, T, d_ff) or (B, T, 2*d_ff)
-        if self.activation == "swiglu":
-            gate, value = h.chunk(2, dim=-1)
-            h = F.silu(gate) * value
-        elif self.activation == "gelu":
-            h = F.gelu(h)
+        h = self.fc_in(x)  # (B, T, d_ff) or, gated, (B, T, 2*d_ff)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)  # (B, T, d_ff) each
+            h = self.act(gate) * value
         else:
-            h = F.relu(h)
+            h = self.act(h)
         return self.fc_out(h)
 
 

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from trident.backbone.block import TransformerBlock
-from trident.backbone.cache import KVCache
 from trident.backbone.config import TransformerConfig
+from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
 from trident.backbone.masks import build_attention_mask, padding_allowed
 from trident.backbone.positional import build_pos_encoding, positions_from

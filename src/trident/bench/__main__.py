@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from trident.bench import data, generation, levers, mfu, steps
-from trident.bench.report import Row, Settings, render, write
+from trident.bench.results import Row, Settings, render, write
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "vit_small": steps.vit_rows("vit_small"),

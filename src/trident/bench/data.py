@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
 from trident.backbone import TransformerConfig
-from trident.bench.report import Row, Settings, milliseconds, verdict
+from trident.bench.results import Row, Settings, milliseconds, verdict
 from trident.bench.timing import synchronize
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.images import ImageDataModule
@@ -27,7 +27,7 @@ from trident.tasks.lm import LanguageModelTask
 from trident.training.callbacks import Throughput
 from trident.training.optim import optimizers_for
 
-OPTIMIZER = {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.1, "fused": True}
+OPTIMIZER = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1, "fused": True}
 SCHEDULER = {"name": "cosine", "warmup_steps": 10}
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from trident.backbone import TransformerConfig
-from trident.bench.report import Row, Settings, speedup, verdict
+from trident.bench.results import Row, Settings, speedup, verdict
 from trident.bench.timing import Budget, interleaved, synchronize
 from trident.models import CausalLM, generate
 

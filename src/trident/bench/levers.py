@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
 from trident.bench.memory import saved_activation_bytes
-from trident.bench.report import Row, Settings, milliseconds, speedup
+from trident.bench.results import Row, Settings, milliseconds, speedup
 from trident.bench.timing import Budget, interleaved, synchronize, training_step
 from trident.errors import ConfigError
 from trident.models import CausalLM

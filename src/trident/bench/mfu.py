@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
-from trident.bench.report import Row, Settings, milliseconds
+from trident.bench.results import Row, Settings, milliseconds
 from trident.bench.timing import Budget, interleaved, training_step
-from trident.config import CONF_DIR
 from trident.models import CausalLM
 from trident.models.vit import VisionTransformer, vit_geometry
+from trident.runs.compose import CONF_DIR
 from trident.training.flops import causal_lm_flops, compute_dtype, device_peak_flops, vit_flops
 
 # GPT-2's vocabulary padded to a multiple of 64 (nanoGPT), at GPT-2's context: the usual shape

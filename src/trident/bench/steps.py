@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
 from trident.bench.references import TorchEncoderLM, TorchTranslation
-from trident.bench.report import Row, Settings, milliseconds, speedup, verdict
+from trident.bench.results import Row, Settings, milliseconds, speedup, verdict
 from trident.bench.timing import Budget, interleaved, training_step
 from trident.models import CausalLM
 from trident.models.seq2seq import EncoderDecoder

@@ -15,8 +15,8 @@ from typing import Any
 
 import datasets
 
+from trident.data.progress import progress_track
 from trident.errors import ConfigError, DataError
-from trident.progress import progress_track
 
 SPLITS = ("train", "validation", "test")
 

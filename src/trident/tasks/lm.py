@@ -13,11 +13,11 @@ from torch import Tensor
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig
-from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.training.flops import causal_lm_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table

@@ -17,13 +17,13 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
-from trident.checkpoints import TokenizerInCheckpoint
 from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
 from trident.errors import ConfigError
 from trident.models import MaskedLM
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.training.flops import masked_lm_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.run_checks import check_seed

@@ -16,12 +16,12 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from trident.backbone import TransformerConfig
-from trident.checkpoints import TokenizerInCheckpoint
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
 from trident.data.translation import TranslationDataModule, detokenize
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 from trident.training.flops import encoder_decoder_flops
 from trident.training.losses import label_smoothed_cross_entropy
 from trident.training.optim import optimizers_for, positional_parameter_names

@@ -8,14 +8,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import hydra.utils
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from trident.checks import is_int, is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, choose
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,12 @@ def parameter_groups(model: nn.Module, weight_decay: float, no_decay_names: set[
     ]
 
 
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+# optimizer.name: name -> torch optimizer class (its other keys are that class's arguments).
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    "adam": torch.optim.Adam,
+    "sgd": torch.optim.SGD,
+}
 
 
 def _number(cfg: dict[str, Any], group: str, key: str, default: float) -> float:
@@ -46,6 +50,7 @@ def _number(cfg: dict[str, Any], group: str, key: str, default: float) -> float:
 
 def check_optimizer_config(cfg: dict[str, Any]) -> None:
     """Fail in one line on values no optimizer accepts (checked before any work, and when building)."""
+    choose(OPTIMIZERS, cfg.get("name"), "optimizer.name")
     lr = _number(cfg, "optimizer", "lr", 1e-3)
     if lr <= 0:
         raise ConfigError(f"optimizer.lr must be positive, got {cfg.get('lr')!r}: set e.g. optimizer.lr=1e-3")
@@ -55,9 +60,7 @@ def check_optimizer_config(cfg: dict[str, Any]) -> None:
 
 
 def check_scheduler_config(cfg: dict[str, Any]) -> None:
-    name = cfg.get("name", "constant")
-    if name not in SCHEDULES:
-        raise ConfigError(f"unknown scheduler.name {name!r}: choose one of {', '.join(SCHEDULES)}")
+    choose(SCHEDULES, cfg.get("name"), "scheduler.name")
     warmup = cfg.get("warmup_steps", 0)
     if not is_int(warmup) or warmup < 0:
         raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
@@ -86,17 +89,21 @@ def fused_allowed(optimizer_cfg: dict[str, Any], precision: str, gradient_clip_v
 
 
 def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
-    """``cfg`` holds ``_target_`` (e.g. torch.optim.AdamW), ``lr``, ``weight_decay``, ``fused``
-    (see :func:`kernel_options`) and other kwargs."""
+    """``cfg`` holds ``name`` (a key of :data:`OPTIMIZERS`), ``lr``, ``weight_decay``, ``fused``
+    (see :func:`kernel_options`) and the optimizer's other arguments."""
     check_optimizer_config(cfg)
-    cfg = dict(cfg)
-    fused = cfg.pop("fused", False)
+    options = dict(cfg)
+    optimizer_class = OPTIMIZERS[options.pop("name")]
+    fused = options.pop("fused", False)
     if not isinstance(fused, bool):
         raise ConfigError(f"optimizer.fused must be true or false, got {fused!r}: set optimizer.fused=true or false")
-    cfg.update(kernel_options(hydra.utils.get_class(cfg["_target_"]), fused))
-    weight_decay = float(cfg.pop("weight_decay", 0.0))
+    options.update(kernel_options(optimizer_class, fused))
+    weight_decay = float(options.pop("weight_decay", 0.0))
     groups = parameter_groups(model, weight_decay, set(no_decay_names))
-    return hydra.utils.instantiate(cfg, params=groups, _convert_="all")
+    try:
+        return optimizer_class(groups, **options)
+    except TypeError as err:  # a key the optimizer does not take
+        raise ConfigError(f"optimizer={cfg['name']}: {err}: remove that optimizer.* key") from None
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> Callable[[int], float]:
@@ -129,18 +136,22 @@ def constant() -> Callable[[int], float]:
     return lambda step: 1.0
 
 
+def _warmup(cfg: dict[str, Any]) -> int:
+    return max(1, int(cfg.get("warmup_steps", 0)))
+
+
+# scheduler.name: name -> (scheduler config, total steps) -> the lr factor of each step.
+SCHEDULES: dict[str, Callable[[dict[str, Any], int], Callable[[int], float]]] = {
+    "cosine": lambda cfg, total_steps: warmup_cosine(_warmup(cfg), total_steps, float(cfg.get("min_lr_ratio", 0.1))),
+    "inverse_sqrt": lambda cfg, total_steps: inverse_sqrt(_warmup(cfg)),
+    "constant": lambda cfg, total_steps: constant(),
+}
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict[str, Any], total_steps: int) -> LambdaLR:
-    """``cfg.name``: cosine | inverse_sqrt | constant; stepped every optimizer step."""
+    """``cfg.name``: a key of :data:`SCHEDULES`; stepped every optimizer step."""
     check_scheduler_config(cfg)
-    name = cfg.get("name", "constant")
-    warmup = int(cfg.get("warmup_steps", 0))
-    if name == "cosine":
-        schedule = warmup_cosine(max(1, warmup), total_steps, float(cfg.get("min_lr_ratio", 0.1)))
-    elif name == "inverse_sqrt":
-        schedule = inverse_sqrt(max(1, warmup))
-    else:
-        schedule = constant()
-    return LambdaLR(optimizer, schedule)
+    return LambdaLR(optimizer, SCHEDULES[cfg["name"]](cfg, total_steps))
 
 
 def positional_parameter_names(model: nn.Module) -> set[str]:

@@ -1,30 +1,23 @@
-"""Callbacks that keep a long run safe: exact RNG resume, preemption signals, non-finite losses.
+"""Callbacks that keep a long run safe: exact RNG resume and non-finite losses (stop signals:
+:mod:`trident.runs.preemption`).
 
-The pipeline adds all three to every run (they are not optional config: a resumed run that
-silently diverges, or a NaN model written over the last good checkpoint, is never wanted).
+The pipeline adds them to every run (they are not optional config: a resumed run that silently
+diverges, or a NaN model written over the last good checkpoint, is never wanted).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from trident.errors import ConfigError, TrainingDiverged
-from trident.requeue import JobStopped, slurm_job, stop_outcome
-from trident.training.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
 
@@ -72,93 +65,6 @@ class RandomStates(L.Callback):
         if self._to_restore is not None:
             restore_rng_states(self._to_restore)
             self._to_restore = None
-
-
-class PreemptionCheckpoint(L.Callback):
-    """SIGTERM (SLURM's scancel, requeue and preemption), SIGUSR2 (submitit's time-limit warning)
-    and SIGUSR1 (an sbatch ``--signal``) all mean "stop now, come back later": finish the current
-    training step, save ``path``, and stop with Lightning's ``SIGTERMException`` before the next
-    step; :attr:`stop` then says what comes next (:mod:`trident.requeue`).
-
-    trident takes these signals over from Lightning, whose own SIGTERM handling stops at the next
-    step without a checkpoint and whose SLURM auto-requeue saves from inside the signal handler,
-    possibly mid-step (``SLURMEnvironment(auto_requeue=False)`` in the pipeline).
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.received: str | None = None
-        self.stop: JobStopped | None = None
-        self._trainer: L.Trainer | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum).name  # the work happens between steps
-        if signum == signal.SIGTERM and self._trainer is not None:
-            # SLURM's SIGTERM reaches every process of the job, W&B's service too, which exits at
-            # once: nothing more may be sent to it (it would raise ConnectionResetError). The journal
-            # keeps the rows for the next attempt.
-            self._trainer.loggers = [lg for lg in self._trainer.loggers if not isinstance(lg, WandbLogger)]
-            for journal in self._trainer.loggers:
-                if isinstance(journal, WandbJournal):
-                    journal.lost_service()
-
-    @contextmanager
-    def listening(self) -> Iterator[None]:
-        """Handle the signals during a job; the process's own handlers come back after (submitit's
-        among them: :func:`trident.requeue.come_back_later` hands SIGUSR2 on to it)."""
-        self._previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
-        self._install()
-        try:
-            yield
-        finally:
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler)
-
-    def _install(self) -> None:
-        for signum in self.SIGNALS:
-            signal.signal(signum, self._record)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
-
-    # Lightning installs its own SIGTERM handler when fit starts running: take the signal back.
-    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install()
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._install()
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        # Saved where Lightning's own step checkpoints are saved, so the run resumes exactly as
-        # from those. Every rank takes the same decision, even if only one of them got the signal.
-        if self.stop is None and trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
-            trainer.save_checkpoint(self.path, weights_only=False)
-            self.stop = self.stopped(trainer, str(self.path))
-            if trainer.is_global_zero:  # once per job, not once per DDP rank
-                log.warning("%s received: saved %s at step %d and stopping", self.stop.signal, self.path, self.stop.step)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        # Stop before the next step, once the saved one is logged, its learning rate stepped and
-        # its validation (if due) run, as in an uninterrupted run.
-        if self.stop is not None:
-            raise SIGTERMException
-
-    def stopped(self, trainer: L.Trainer, checkpoint: str) -> JobStopped:
-        """How the stop ends the job, as global rank 0 reads its signal (a collective call)."""
-        name = self.received or "SIGTERM"
-        mine = (name, stop_outcome(name)) if trainer.is_global_zero else None
-        name, outcome = trainer.strategy.broadcast(mine, src=0)
-        return JobStopped(name, trainer.global_step, checkpoint, outcome, slurm_job())
-
-    def stopped_early(self, step: int, checkpoint: Path | None) -> JobStopped:
-        """A stop that Lightning made before this callback saved (each rank reads its own signal)."""
-        name = self.received or "SIGTERM"
-        return JobStopped(name, step, str(checkpoint or ""), stop_outcome(name), slurm_job())
 
 
 NONFINITE_LOSS_MODES = ("stop", "skip")

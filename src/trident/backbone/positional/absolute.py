@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from trident.backbone.positional.base import PositionalEncoding, grid_coordinates, register_pos_encoding
-
-if TYPE_CHECKING:
-    from trident.backbone.config import TransformerConfig
+from trident.backbone.positional.base import PositionalEncoding, StackShape, grid_coordinates, register_pos_encoding
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -44,7 +41,7 @@ class SinusoidalEncoding(PositionalEncoding):
     name: ClassVar[str] = "sinusoidal"
     extrapolates: ClassVar[bool] = False
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         self.d_model = cfg.d_model
         self.base = float(cfg.pos_encoding_options.get("base", 10000.0))
@@ -78,7 +75,7 @@ class LearnedEncoding(PositionalEncoding):
     bounded_length: ClassVar[bool] = True
     extrapolates: ClassVar[bool] = False
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         self.embedding = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)

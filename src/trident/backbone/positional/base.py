@@ -10,15 +10,29 @@ in one of three places, so each one overrides exactly one hook:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from trident.errors import ConfigError
 
-if TYPE_CHECKING:
-    from trident.backbone.config import TransformerConfig
+
+class StackShape(Protocol):
+    """What an encoding reads of the stack's :class:`trident.backbone.TransformerConfig`. A protocol,
+    not that class: the config checks ``pos_encoding`` against this registry, so imports go one way."""
+
+    d_model: int
+    n_heads: int
+    max_seq_len: int
+    pos_encoding: str
+    pos_encoding_options: dict[str, Any]
+    grid: tuple[int, int] | None
+    num_prefix_tokens: int
+
+    @property
+    def head_dim(self) -> int: ...
+
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 
@@ -35,12 +49,12 @@ class PositionalEncoding(nn.Module):
     extrapolates: ClassVar[bool] = True
     #: True when queries and keys are rotated (needs an even head size).
     uses_rotary: ClassVar[bool] = False
-    #: True when the encoding can place image patches on a 2-D grid (``TransformerConfig.grid``).
+    #: True when the encoding can place image patches on a 2-D grid (``StackShape.grid``).
     supports_grid: ClassVar[bool] = True
     #: True when the encoding is defined for keys on both sides of a query (bidirectional encoders).
     supports_bidirectional: ClassVar[bool] = True
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__()
         self.causal = causal
         self.max_len: int | None = cfg.max_seq_len if self.bounded_length else None
@@ -55,7 +69,7 @@ class PositionalEncoding(nn.Module):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        """Names accepted in ``TransformerConfig.pos_encoding_options``."""
+        """Names accepted in ``StackShape.pos_encoding_options``."""
         return ()
 
     def check_length(self, length: int) -> None:
@@ -101,7 +115,7 @@ def pos_encoding_class(name: str) -> type[PositionalEncoding]:
         ) from None
 
 
-def build_pos_encoding(cfg: TransformerConfig, *, causal: bool) -> PositionalEncoding:
+def build_pos_encoding(cfg: StackShape, *, causal: bool) -> PositionalEncoding:
     spec = pos_encoding_class(cfg.pos_encoding)
     if not causal and not spec.supports_bidirectional:
         raise ConfigError(

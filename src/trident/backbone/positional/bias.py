@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from trident.backbone.positional.base import PositionalEncoding, register_pos_encoding
+from trident.backbone.positional.base import PositionalEncoding, StackShape, register_pos_encoding
 from trident.errors import ConfigError
-
-if TYPE_CHECKING:
-    from trident.backbone.config import TransformerConfig
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -37,7 +34,7 @@ class AlibiEncoding(PositionalEncoding):
     name: ClassVar[str] = "alibi"
     supports_grid: ClassVar[bool] = False
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
@@ -68,7 +65,7 @@ class RelativeEncoding(PositionalEncoding):
     name: ClassVar[str] = "relative"
     supports_grid: ClassVar[bool] = False
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         self.num_buckets = int(cfg.pos_encoding_options.get("num_buckets", 32))
         self.max_distance = int(cfg.pos_encoding_options.get("max_distance", 128))

@@ -6,15 +6,12 @@ dot product q_m . k_n depends on the positions only through the offset m - n.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from trident.backbone.positional.base import PositionalEncoding, grid_coordinates, register_pos_encoding
-
-if TYPE_CHECKING:
-    from trident.backbone.config import TransformerConfig
+from trident.backbone.positional.base import PositionalEncoding, StackShape, grid_coordinates, register_pos_encoding
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -37,7 +34,7 @@ class RotaryEncoding(PositionalEncoding):
     uses_rotary: ClassVar[bool] = True
     extrapolates: ClassVar[bool] = False
 
-    def __init__(self, cfg: TransformerConfig, *, causal: bool) -> None:
+    def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
         base = float(cfg.pos_encoding_options.get("base", 10000.0))
         # One frequency per rotated pair (hs/2 pairs); on a grid, rows and columns get hs/4 each.

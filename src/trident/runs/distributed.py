@@ -4,8 +4,8 @@ Lightning's ``ddp`` strategy starts its worker processes (local ranks 1..N-1) by
 launching command again. For a Hydra app that command may be a whole sweep (``-m seed=1,2``):
 every worker would then start its own sweep, in a new sweep directory. :func:`workers_follow`
 tells the workers which job they belong to (its overrides and run directory), and
-:func:`worker_argv` turns a worker's command line into that one job. Only global rank 0 writes
-the run's files: :func:`is_global_zero` answers before the process group exists, and
+:func:`trident.runs.command_line.worker_arguments` turns a worker's command line into that one
+job. Only global rank 0 writes the run's files: :func:`is_global_zero` answers before the process group exists, and
 :class:`OtherRanksFilter` keeps the other ranks out of ``train.log``.
 """
 
@@ -14,29 +14,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
 from trident.errors import ConfigError, TridentError
-from trident.requeue import JobStopped
+from trident.runs.command_line import JOB_VARIABLE
+from trident.runs.requeue import JobStopped
 
-#: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
-JOB_VARIABLE = "TRIDENT_DDP_JOB"
 # What Lightning's launcher writes into the launching process's environment. Left in place, the
 # next job of a sweep in the same process would take it for a worker started by someone else.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", JOB_VARIABLE)
-# Hydra options that choose the root config; a worker must compose the same one.
-_CONFIG_OPTIONS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
 # Hydra settings of the launching job that a worker must not repeat: it runs one job (no sweep,
 # no launcher) in the job's run directory. The others (e.g. hydra.searchpath) it keeps.
 _LAUNCH_ONLY_KEYS = ("hydra.mode", "hydra.run.", "hydra.sweep.", "hydra.launcher", "hydra.sweeper",
@@ -81,60 +76,6 @@ def check_workers_can_start(trainer: DictConfig) -> None:
         f"trainer.devices={devices} needs DDP worker processes, which a hydra/launcher=submitit_local job cannot "
         "start: run it without submitit_local (python train.py trainer=ddp ...), or on SLURM with hydra/launcher=slurm"
     )
-
-
-def _device_count(devices: Any) -> int | None:
-    """``trainer.devices`` as a number of devices per node; None for ``-1``/``auto`` (all there are)."""
-    if isinstance(devices, (list, tuple, ListConfig)):
-        return len(devices)
-    text = str(devices)
-    return int(text) if text.isdigit() and int(text) > 0 else None
-
-
-def slurm_gpus_per_node(accelerator: str, devices: Any) -> int | None:
-    """The slurm launcher's ``gpus_per_node``: none for a CPU trainer, else ``trainer.devices``
-    (1 when that is ``-1``/``auto``: then set ``hydra.launcher.gpus_per_node``)."""
-    return None if accelerator == "cpu" else _device_count(devices) or 1
-
-
-def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
-    """The slurm launcher's ``tasks_per_node``: one task (DDP rank) per device of the node, i.e.
-    ``trainer.devices`` when it is a number, else the node's GPUs."""
-    return _device_count(devices) or gpus_per_node or 1
-
-
-# conf/hydra/launcher/slurm.yaml resolves these when train.py composes a sweep's launcher.
-OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
-OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
-
-
-def _hydra_quote(value: str) -> str:
-    """``value`` as one quoted Hydra override value (paths may hold ``,``, ``=`` or spaces)."""
-    # Hydra reads a backslash as an escape only before a quote or the closing quote.
-    escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
-    return f"'{escaped}'"
-
-
-def _config_options(argv: Sequence[str]) -> list[str]:
-    kept: list[str] = []
-    for index, arg in enumerate(argv):
-        if arg in _CONFIG_OPTIONS:
-            kept += argv[index : index + 2]
-        elif arg.split("=", 1)[0] in _CONFIG_OPTIONS:
-            kept.append(arg)
-    return kept
-
-
-def worker_argv(argv: Sequence[str]) -> list[str]:
-    """The command line a DDP worker runs: ``argv`` itself, except in a worker that Lightning
-    started for a job published by :func:`workers_follow`; there, that job's own overrides in
-    its run directory (no sweep, no second run directory, no second copy of Hydra's files)."""
-    job = os.environ.get(JOB_VARIABLE)
-    if job is None or os.environ.get("LOCAL_RANK", "0") == "0":
-        return list(argv)
-    spec = json.loads(job)
-    run_dir = _hydra_quote(spec["run_dir"])
-    return [argv[0], *_config_options(argv[1:]), *spec["overrides"], f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
 
 
 def _worker_overrides(hydra_overrides: Sequence[str], task_overrides: Sequence[str]) -> list[str]:

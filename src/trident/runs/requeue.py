@@ -2,14 +2,14 @@
 
 SIGTERM (SLURM's ``scancel``, ``scontrol requeue`` and preemption), SIGUSR2 (submitit's warning
 before the time limit) and SIGUSR1 (an sbatch ``--signal=USR1@<seconds>``) all reach
-:class:`trident.training.resilience.PreemptionCheckpoint`, which finishes the current step, saves
+:class:`trident.runs.preemption.PreemptionCheckpoint`, which finishes the current step, saves
 ``last.ckpt`` and stops training with a :class:`JobStopped`. Then:
 
 - **requeued**: SLURM runs the job again. For SIGTERM, SLURM is already requeueing it (it has
   counted one more restart than this attempt's ``SLURM_RESTART_COUNT``); for SIGUSR2 in a submitit
   job, submitit's own handler requeues it (within ``max_num_timeout``); for SIGUSR1 (and SIGUSR2
   outside submitit), trident runs ``scontrol requeue``. Every rank then exits without a result (see
-  :func:`trident.jobs.record_stop`), so a waiting launcher keeps waiting, and the next attempt
+  :func:`trident.runs.jobs.record_stop`), so a waiting launcher keeps waiting, and the next attempt
   resumes from the run directory's newest checkpoint (:func:`requeued_attempt`).
 - **cancelled** (``scancel``, or any stop signal outside SLURM) or **timeout** (submitit allows no
   more requeues): the job ends; ``python train.py resume=<run dir>`` continues it exactly.

@@ -5,7 +5,7 @@ Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, 
 - ``<sweep dir>/sweep.json``: when the sweep started and which keys it sweeps, written by
   :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
 - ``<job dir>/status.json``: ``completed`` with the final metrics, ``failed`` with the error line,
-  or ``cancelled`` / ``timeout`` for a job a signal stopped (written by :func:`trident.jobs.run_job`,
+  or ``cancelled`` / ``timeout`` for a job a signal stopped (written by :func:`trident.runs.jobs.run_job`,
   so a failed job does not stop the sweep).
 
 In a sweep the W&B group is ``<group>-<start time>/<setting>``, where the setting is the job's swept

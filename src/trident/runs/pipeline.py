@@ -23,17 +23,17 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
-from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
-from trident.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
-from trident.errors import ConfigError, did_you_mean
-from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
+from trident.errors import ConfigError, did_you_mean, find_user_error
+from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
+from trident.runs.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
+from trident.runs.preemption import PreemptionCheckpoint
+from trident.runs.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
-from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
+from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_seed, check_trainer_config
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,30 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
         raise user_error from err
 
 
+def build_data_and_task(
+    cfg: DictConfig, backbone: TransformerConfig, stage: str
+) -> tuple[TridentDataModule, L.LightningModule]:
+    """The data module, prepared and set up for ``stage`` (``fit``, ``test``), and the task built on
+    ``backbone`` with the data's inputs (vocabulary, tokenizer, classes): for train.py and eval.py alike."""
+    datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
+    if not isinstance(datamodule, TridentDataModule):
+        raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
+    datamodule.prepare_data()
+    datamodule.setup(stage)
+    task: L.LightningModule = instantiate(
+        constructor_args(cfg, "task"),
+        backbone=vars(backbone),
+        optimizer=fused_allowed(
+            _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
+        ),
+        scheduler=_plain(cfg.scheduler),
+        **datamodule.task_inputs(),
+        _convert_="all",
+        _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
+    )
+    return datamodule, task
+
+
 def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
     """``lightning.Trainer`` from the ``trainer`` config, writing checkpoints atomically and reading
     them with ``weights_only=True`` (:class:`AtomicCheckpointIO`); a value Lightning refuses
@@ -231,7 +255,7 @@ def compile_network(task: L.LightningModule, enabled: Any) -> None:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
-    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.requeue.JobStopped`."""
+    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
     preemption = PreemptionCheckpoint(run_dir / "checkpoints" / "last.ckpt")
     # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.
@@ -250,22 +274,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         print_config_tree(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
-    if not isinstance(datamodule, TridentDataModule):
-        raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    task: L.LightningModule = instantiate(
-        constructor_args(cfg, "task"),
-        backbone=vars(backbone),
-        optimizer=fused_allowed(
-            _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
-        ),
-        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        **datamodule.task_inputs(),
-        _convert_="all",
-        _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
-    )
+    datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if saved is not None:
         check_checkpoint_fits(saved[1], task, saved[0])
     compile_network(task, cfg.get("compile", False))

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError
-from trident.requeue import RUN_INFO, requeued_attempt, slurm_job
+from trident.runs.compose import compose_train_config
+from trident.runs.requeue import RUN_INFO, requeued_attempt, slurm_job
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,9 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 def run_identity(run_dir: Path) -> dict[str, Any]:
     """``run.json`` of a run directory: the W&B run id (kept across resumes) and the SLURM job
     that last ran it. Created on the first start, by the rank-zero process only (it alone logs)."""
+    # Imported here: train.py expands resume=... with this module before Lightning (and torch) load.
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
     path = run_dir / RUN_INFO
     info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"run_id": secrets.token_hex(6)}
     if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning from the launch environment
@@ -75,8 +77,9 @@ def _key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
-def resume_arguments(argv: Sequence[str], conf_dir: Path) -> list[str]:
-    """``train.py``'s command line with ``resume=...`` turned into the resumed run's overrides."""
+def resume_arguments(argv: Sequence[str], cfg: DictConfig | None, conf_dir: Path) -> list[str]:
+    """``train.py``'s command line with ``resume=...`` turned into the resumed run's overrides;
+    ``cfg`` is the config composed with that command line, if it was (for ``resume=auto``)."""
     resume_args = [a for a in argv if _key(a) == "resume"]
     value = resume_args[-1].partition("=")[2] if resume_args else "null"
     if value in ("null", ""):
@@ -85,7 +88,7 @@ def resume_arguments(argv: Sequence[str], conf_dir: Path) -> list[str]:
         raise ConfigError("resume continues one run: drop -m/--multirun (resume each run of a sweep by its directory)")
     overrides = [a for a in argv if _key(a) != "resume"]
     if value == "auto":
-        run_dir = _auto_run_dir(overrides, conf_dir)
+        run_dir = _auto_run_dir(overrides, cfg, conf_dir)
         if run_dir is None:
             return overrides
     else:
@@ -104,11 +107,12 @@ def resume_arguments(argv: Sequence[str], conf_dir: Path) -> list[str]:
     return [*merged.values(), f"hydra.run.dir={run_dir}", f"resume={run_dir}"]
 
 
-def _auto_run_dir(overrides: list[str], conf_dir: Path) -> Path | None:
-    """Compose the config (as Hydra will) to learn ``run_name`` and ``paths.output_root``."""
-    config_overrides = [a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))]
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
-        cfg = compose("train", overrides=config_overrides)
+def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) -> Path | None:
+    """The run to continue, by the ``run_name`` and ``paths.output_root`` of the composed config
+    (composed here when the command line holds flags that train.py leaves to Hydra)."""
+    if cfg is None:
+        config_overrides = [a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))]
+        cfg = compose_train_config(config_overrides, conf_dir=conf_dir)
     output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
     run_dir = find_run_to_resume(output_root, run_name)
     if run_dir is None:

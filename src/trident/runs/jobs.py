@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,13 +18,24 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from trident.cli import find_user_error, run_with_clear_errors
-from trident.distributed import is_global_zero
-from trident.pipeline import train
-from trident.requeue import REQUEUED, JobStopped, come_back_later
-from trident.sweeps import STATUS_FILE, apply_sweep_identity, in_multirun
+from trident.errors import find_user_error, run_with_clear_errors
+from trident.runs.distributed import is_global_zero
+from trident.runs.pipeline import train
+from trident.runs.requeue import REQUEUED, JobStopped, come_back_later
+from trident.runs.sweeps import STATUS_FILE, apply_sweep_identity, in_multirun
 
 log = logging.getLogger(__name__)
+
+
+def discard_failed_run_dir(run_dir: Path) -> None:
+    """Remove a run directory that a failure left with nothing but Hydra's bookkeeping."""
+    if not run_dir.is_dir():
+        return
+    contents = {p.name for p in run_dir.iterdir()}
+    log_file = run_dir / "train.log"
+    short_log = not log_file.exists() or log_file.stat().st_size < 4096
+    if contents <= {".hydra", "train.log", "config_resolved.yaml"} and short_log:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def objective(cfg: DictConfig, metrics: Mapping[str, float]) -> float | None:
@@ -70,7 +82,8 @@ def run_job(cfg: DictConfig) -> float | None:
     try:
         if not in_multirun():
             # The run directory is rank 0's to clean up after a failure.
-            metrics = run_with_clear_errors(lambda: train(cfg), run_dir=run_dir if is_global_zero() else None)
+            cleanup = (lambda: discard_failed_run_dir(run_dir)) if is_global_zero() else None
+            metrics = run_with_clear_errors(lambda: train(cfg), cleanup)
         else:
             sweep_id, setting = apply_sweep_identity(cfg)
             identity = {"sweep": sweep_id, "setting": setting}

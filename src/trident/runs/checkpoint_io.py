@@ -21,7 +21,6 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from tokenizers import Tokenizer
 from torch import nn
 
 from trident.errors import ConfigError, DataError
@@ -77,21 +76,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from err
 
 TaskT = TypeVar("TaskT", bound=L.LightningModule)
-
-
-class TokenizerInCheckpoint:
-    """LightningModule mixin: the tokenizer travels inside every checkpoint, so a checkpoint
-    alone can decode (it is not a hyperparameter: a BPE vocabulary is large)."""
-
-    tokenizer: Tokenizer | None
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer_json"] = self.tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("tokenizer_json"):
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
 
 
 def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) -> TaskT:

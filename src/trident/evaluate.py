@@ -1,0 +1,92 @@
+"""Score a checkpoint on the test split: ``trident-eval ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt``
+(``python eval.py ...`` in a checkout).
+
+The model and data are rebuilt from the run's `config_resolved.yaml` (found in the checkpoint's
+run directory), then `trainer.test` runs, for any task (lm, translation, vit, mlm). Further `key=value`
+arguments override keys of that config (not config groups), e.g. `task.beam_size=1`,
+`trainer.limit_test_batches=10`, `trainer.precision=bf16-mixed`. Metrics are printed and written to
+`<run dir>/eval/<checkpoint name>.json`. `TRIDENT_CACHE_DIR`, when set, replaces the run's
+`data.cache_dir` (the prepared data is rebuilt there if missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from trident.errors import ConfigError, DataError, run_with_clear_errors
+from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+
+# Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
+warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
+
+
+def find_run_config(checkpoint: Path) -> Path:
+    """``config_resolved.yaml`` of the run that wrote ``checkpoint`` (the nearest parent that has one)."""
+    for parent in checkpoint.resolve().parents:
+        if (parent / "config_resolved.yaml").is_file():
+            return parent / "config_resolved.yaml"
+    raise DataError(
+        f"no config_resolved.yaml above {str(checkpoint)!r}: eval.py needs a checkpoint inside a train.py run "
+        "directory (outputs/runs/<date>/<run>/checkpoints/*.ckpt)"
+    )
+
+
+def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
+    """The run's saved config with the command-line ``key=value`` overrides applied."""
+    bad = [a for a in arguments if "=" not in a]
+    if bad:
+        raise ConfigError(f"eval.py takes key=value arguments, got {bad[0]!r}: e.g. python eval.py ckpt_path=<run>/checkpoints/last.ckpt")
+    overrides = OmegaConf.from_dotlist(arguments)
+    ckpt = overrides.pop("ckpt_path", None)
+    if not ckpt:
+        raise ConfigError("eval.py needs ckpt_path=<path of a .ckpt file>: e.g. ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt")
+    checkpoint = Path(str(ckpt))
+    if not checkpoint.is_file():
+        raise DataError(f"checkpoint {str(checkpoint)!r} not found: fix ckpt_path (paths are relative to the directory you run from)")
+    cfg = OmegaConf.merge(OmegaConf.load(find_run_config(checkpoint)), overrides)
+    if not isinstance(cfg, DictConfig):
+        raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
+    if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
+        cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
+    return cfg, checkpoint
+
+
+def evaluate(arguments: list[str]) -> dict[str, float]:
+    """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
+    cfg, checkpoint = load_config(arguments)
+    backbone = check_config(cfg)
+    saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared
+    L.seed_everything(cfg.get("seed", 0), workers=True)
+    datamodule, task = build_data_and_task(cfg, backbone, "test")
+    check_checkpoint_fits(saved, task, checkpoint)
+    trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
+    # Testing needs no logger, checkpoints or training limits; one process tests the whole split
+    # exactly (a DDP run's distributed sampler would pad it), whatever the run was trained on.
+    trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent),
+                       devices=1, num_nodes=1, strategy="auto")
+    trainer = build_trainer(trainer_cfg)
+    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    out = find_run_config(checkpoint).parent / "eval" / f"{checkpoint.stem}.json"
+    if trainer.is_global_zero:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"ckpt_path": str(checkpoint), "overrides": arguments, "metrics": metrics}, indent=1))
+        print(f"metrics written to {out}")
+    return metrics
+
+
+def main() -> None:
+    run_with_clear_errors(lambda: evaluate(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

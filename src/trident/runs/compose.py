@@ -1,0 +1,65 @@
+"""Compose the training config from Python (tests, notebooks) exactly as ``train.py`` composes it:
+where ``conf/`` is, and the config's own resolvers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+
+def find_conf_dir() -> Path:
+    """The config groups: ``trident/conf`` inside an installed package (``pip install .`` copies the
+    repository's ``conf/`` there), else ``conf/`` at the top of the checkout this module lives in."""
+    package = Path(__file__).resolve().parents[1]  # .../trident
+    installed = package / "conf"
+    return installed if (installed / "train.yaml").is_file() else package.parents[1] / "conf"
+
+
+CONF_DIR = find_conf_dir()
+
+
+def compose_train_config(overrides: Sequence[str], output_dir: Path | None = None, conf_dir: Path = CONF_DIR) -> DictConfig:
+    """``conf/train.yaml`` with ``overrides``, as ``python train.py <overrides>`` would compose it;
+    ``output_dir`` replaces the run directory Hydra would choose."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    # ${hydra:...} interpolations (the run directory) resolve against this config.
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        if output_dir is not None:
+            cfg.paths.output_dir = str(output_dir)
+        del cfg.hydra
+    return cfg
+
+
+def _device_count(devices: Any) -> int | None:
+    """``trainer.devices`` as a number of devices per node; None for ``-1``/``auto`` (all there are)."""
+    if isinstance(devices, (list, tuple, ListConfig)):
+        return len(devices)
+    text = str(devices)
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def slurm_gpus_per_node(accelerator: str, devices: Any) -> int | None:
+    """The slurm launcher's ``gpus_per_node``: none for a CPU trainer, else ``trainer.devices``
+    (1 when that is ``-1``/``auto``: then set ``hydra.launcher.gpus_per_node``)."""
+    return None if accelerator == "cpu" else _device_count(devices) or 1
+
+
+def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
+    """The slurm launcher's ``tasks_per_node``: one task (DDP rank) per device of the node, i.e.
+    ``trainer.devices`` when it is a number, else the node's GPUs."""
+    return _device_count(devices) or gpus_per_node or 1
+
+
+# conf/hydra/launcher/slurm.yaml resolves these when Hydra sets up a sweep's launcher (in train.py's
+# process, before any job imports the pipeline).
+OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
+OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)

@@ -1,0 +1,36 @@
+"""Train a Transformer: ``trident-train task=lm pos_encoding=rope``, or ``python train.py ...`` in a
+checkout (README for all options)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from trident.runs.command_line import prepare_command_line
+from trident.runs.compose import CONF_DIR
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def train_job(cfg: DictConfig) -> float | None:
+    # Imported once the command line is known to be good: torch, Lightning and W&B take seconds.
+    from trident.runs.distributed import workers_follow
+    from trident.runs.jobs import run_job
+
+    # DDP workers that Lightning starts during this job run this job, in this run directory.
+    overrides = HydraConfig.get().overrides
+    with workers_follow(overrides.hydra, overrides.task, Path(cfg.paths.output_dir)):
+        # Returned for Hydra sweepers (e.g. Optuna): the best value of the monitored validation metric.
+        return run_job(cfg)
+
+
+def main() -> None:
+    sys.argv[1:] = prepare_command_line(sys.argv[1:])
+    train_job()
+
+
+if __name__ == "__main__":
+    main()
