@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trident.config import compose_train_config
 from trident.errors import TridentError, did_you_mean
+from trident.extras import composition_extra, plugin_extra
 
 T = TypeVar("T")
 
@@ -50,6 +51,8 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
             continue
         choices = group_options(key.lstrip("+"), group)
         for option in value.split(","):
+            if option not in choices and (missing := plugin_extra(f"{key.lstrip('+')}/{option}")):
+                _fail(str(missing))
             if option not in choices:
                 _fail(f"{key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}")
 
@@ -86,6 +89,8 @@ def _one_value(text: str, override: Override) -> str | None:
 
 
 def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> str:
+    if (missing := composition_extra(str(err))) is not None:  # e.g. hparams_search=... without the [sweep] extra
+        return str(missing)
     key = re.search(r"Could not override '([^']+)'", str(err))
     if key is None:
         return f"the command line does not fit the config ({_first_line(err)}): fix that argument (see python train.py --help)"

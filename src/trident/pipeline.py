@@ -28,6 +28,7 @@ from trident.cli import find_user_error
 from trident.data.base import TridentDataModule
 from trident.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.errors import ConfigError, did_you_mean
+from trident.extras import require_package
 from trident.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
@@ -132,6 +133,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_constructor_keys(cfg, "task")
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
+    if "tensorboard" in (cfg.get("logger") or {}):
+        require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
     block_size = cfg.data.get("block_size")
