@@ -35,7 +35,7 @@ from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, PreemptionCheckpoint, RandomStates
-from trident.training.run_checks import check_seed, check_trainer_config
+from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
+    check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
     check_task_data(cfg)
     # A task class may check its own settings against the data and positions (e.g. task=mlm).
     validate = getattr(hydra.utils.get_class(cfg.task._target_), "validate_config", None)
