@@ -51,17 +51,22 @@ class RecordWeights(L.Callback):
         self.after_step: list[dict[str, Tensor]] = []
         self.validating: dict[int, dict[str, Tensor]] = {}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.after_step.append(_floats(pl_module))
         self._save(trainer)
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if not trainer.sanity_checking:
             self.validating[trainer.global_step] = _floats(pl_module)
             self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:
-        torch.save({"after_step": self.after_step, "validating": self.validating}, Path(trainer.default_root_dir) / "weights.pt")
+        recorded = {"after_step": self.after_step, "validating": self.validating}
+        torch.save(recorded, Path(trainer.default_root_dir) / "weights.pt")
 
 
 def _floats(module: L.LightningModule) -> dict[str, Tensor]:
@@ -95,7 +100,8 @@ def test_ema_follows_the_raw_weights_and_validation_uses_it(ema_run: tuple[Path,
     expected = hand_ema(raw)
     assert_weights_close(last["state_dict"], expected)  # what eval.py and sampling load
     assert_weights_close(last["current_model_state"], raw[-1])  # what training continues from
-    assert max((expected[k] - raw[-1][k]).abs().max().item() for k in expected) > 1e-5, "the EMA differs from the raw weights"
+    gap = max((expected[k] - raw[-1][k]).abs().max().item() for k in expected)
+    assert gap > 1e-5, "the EMA differs from the raw weights"
     # Both validations (after steps 3 and 6) ran on the EMA of the steps so far.
     assert sorted(recorded["validating"]) == [3, 6]
     assert_weights_close(recorded["validating"][3], hand_ema(raw[:3]))
@@ -137,7 +143,10 @@ def test_resume_continues_the_ema_exactly(ema_run: tuple[Path, dict[str, float]]
         ("trainer=fsdp", "callbacks=ema does not work with FSDP"),
     ],
 )
-def test_bad_ema_setting_is_one_line(override: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    result = run_in_process("train.py", ["callbacks=ema", override, "model=nano", "print_config=false"], tmp_path, monkeypatch)
+def test_bad_ema_setting_is_one_line(
+    override: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["callbacks=ema", override, "model=nano", "print_config=false"]
+    result = run_in_process("train.py", args, tmp_path, monkeypatch)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and named in lines[0], result.stderr

@@ -38,7 +38,8 @@ def assert_names_extra(stderr: str, returncode: int, extra: str) -> None:
     ("args", "config"),
     [
         (["-m", "hparams_search=lm_optuna"], "hydra/sweeper/optuna"),
-        (["-m", "hydra/launcher=slurm"], "hydra/launcher/submitit_slurm"),  # conf/hydra/launcher/slurm.yaml builds on it
+        # conf/hydra/launcher/slurm.yaml builds on the plugin's submitit_slurm.
+        (["-m", "hydra/launcher=slurm"], "hydra/launcher/submitit_slurm"),
         (["-m", "hydra/launcher=submitit_local"], "hydra/launcher/submitit_local"),
     ],
 )
@@ -60,7 +61,9 @@ def test_missing_hydra_plugin_names_its_extra(
         (["logger=tensorboard"], "tensorboard"),
     ],
 )
-def test_missing_package_names_its_extra(args: list[str], package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_names_its_extra(
+    args: list[str], package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, package, None)  # how importlib sees a package that is not installed
     result = run_in_process("train.py", [*args, "model=nano", "print_config=false"], tmp_path, monkeypatch)
     assert_names_extra(result.stderr, result.returncode, PACKAGE_EXTRAS[package][1])

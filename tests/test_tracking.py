@@ -50,7 +50,8 @@ def test_offline_run_reads_back_what_was_logged(offline_run: OfflineRun) -> None
 def test_offline_run_matches_wandbs_own_summary(offline_run: OfflineRun) -> None:
     """The same file through ``wandb leet inspect --summary --json`` (W&B's merged view of the run)."""
     command = [sys.executable, "-P", "-m", "wandb", "leet", "inspect", "--summary", "--json", str(offline_run.path)]
-    view = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ, "WANDB_MODE": "offline"}).stdout)
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    view = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
     assert offline_run.config == view["config"]
     assert (offline_run.run_id, offline_run.name, offline_run.tags) == (view["run_id"], view["name"], view["tags"])
     flat = {key: value for key, value in view["summary"].items() if not isinstance(value, dict)}

@@ -45,7 +45,8 @@ def _inspect(run_file: Path) -> list[dict[str, Any]]:
     # -P: a run directory holds a ``wandb/`` folder, which ``python -m wandb`` run from there would import.
     command = [sys.executable, "-P", "-m", "wandb", "leet", "inspect", "--json", str(run_file)]
     # Offline: W&B's CLI then reports nothing to its server (reading a local file needs none).
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "offline"})
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no reason given"])[-1]
         raise DataError(f"W&B cannot read {run_file} ({reason}): it is not a complete W&B run file")
@@ -59,8 +60,8 @@ def read_offline_run(run_file: Path) -> OfflineRun:
         kind = record["type"]
         if kind == "run":
             info = record["run"]
-            run.run_id, run.name = info.get("run_id", ""), info.get("display_name", "")
-            run.group, run.job_type, run.tags = info.get("run_group", ""), info.get("job_type", ""), info.get("tags", [])
+            run.run_id, run.name, run.tags = info.get("run_id", ""), info.get("display_name", ""), info.get("tags", [])
+            run.group, run.job_type = info.get("run_group", ""), info.get("job_type", "")
             # The config passed to wandb.init comes with the run record; later updates follow as config records.
             run.config.update(info.get("config", {}).get("update", {}))
         elif kind == "config":

@@ -153,7 +153,8 @@ class ModelEMA(EMAWeightAveraging):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._swapped = False  # True once training ended: the model holds the average, the average model the raw weights
+        # True once training ended: the model holds the average, the average model the raw weights.
+        self._swapped = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._swap_models(pl_module)
@@ -162,7 +163,8 @@ class ModelEMA(EMAWeightAveraging):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._swapped and "current_model_state" in checkpoint:
-            checkpoint["state_dict"], checkpoint["current_model_state"] = checkpoint["current_model_state"], checkpoint["state_dict"]
+            raw, average = checkpoint["state_dict"], checkpoint["current_model_state"]
+            checkpoint["state_dict"], checkpoint["current_model_state"] = average, raw
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn == TrainerFn.FITTING:

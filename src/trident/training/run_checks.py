@@ -76,13 +76,23 @@ def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
     decay = ema.get("decay")
     if not (is_number(decay) and 0 < decay < 1):
         # 1 would never move from the first weights, 0 would be no average at all.
-        raise ConfigError(f"callbacks.ema.decay must be a number in (0, 1), got {decay!r}: set e.g. callbacks.ema.decay=0.999")
+        raise ConfigError(
+            f"callbacks.ema.decay must be a number in (0, 1), got {decay!r}: set e.g. callbacks.ema.decay=0.999"
+        )
     every = ema.get("update_every_n_steps", 1)
     if not (is_int(every) and every >= 1):
-        raise ConfigError(f"callbacks.ema.update_every_n_steps must be an integer >= 1, got {every!r}: set e.g. callbacks.ema.update_every_n_steps=1")
+        raise ConfigError(
+            f"callbacks.ema.update_every_n_steps must be an integer >= 1, got {every!r}: "
+            "set e.g. callbacks.ema.update_every_n_steps=1"
+        )
     start = ema.get("update_starting_at_step")
     if start is not None and not (is_int(start) and start >= 0):
-        raise ConfigError(f"callbacks.ema.update_starting_at_step must be null or an integer >= 0, got {start!r}: set e.g. callbacks.ema.update_starting_at_step=null")
+        raise ConfigError(
+            f"callbacks.ema.update_starting_at_step must be null or an integer >= 0, got {start!r}: "
+            "set e.g. callbacks.ema.update_starting_at_step=null"
+        )
     # The average is a whole copy of the model, which FSDP's sharded weights cannot update or swap in.
     if "fsdp" in str(strategy).lower():
-        raise ConfigError("callbacks=ema does not work with FSDP's sharded weights: use trainer=ddp, or leave out callbacks=ema")
+        raise ConfigError(
+            "callbacks=ema does not work with FSDP's sharded weights: use trainer=ddp, or leave out callbacks=ema"
+        )
