@@ -14,7 +14,7 @@ import pytest
 from trident.errors import DataError
 from trident.tracking import OfflineRun, find_offline_runs, read_offline_run
 
-# A run logged the way a user's script would: config at init and later, rows, a summary value.
+# A run logged the way a user's script would: config at init and later, rows, a table, a summary value.
 SCRIPT = """
 import wandb
 run = wandb.init(project="p", name="n", group="g", job_type="j", tags=["t1", "t2"], dir=".",
@@ -22,6 +22,7 @@ run = wandb.init(project="p", name="n", group="g", job_type="j", tags=["t1", "t2
 run.config.update({"extra": "x"})
 for i in range(3):
     run.log({"train/loss": 1.0 / (i + 1)})
+run.log({"samples": wandb.Table(columns=["prompt", "text"], data=[["To be", "or not"]])})
 run.summary["best/val"] = 0.5
 run.finish()
 """
@@ -44,6 +45,8 @@ def test_offline_run_reads_back_what_was_logged(offline_run: OfflineRun) -> None
     assert run.config == {"lr": 0.1, "model": {"d_model": 4}, "extra": "x"}
     assert run.metric("train/loss") == pytest.approx([1.0, 0.5, 1 / 3])
     assert run.summary["best/val"] == 0.5 and run.summary["train/loss"] == pytest.approx(1 / 3)
+    (table,) = run.metric("samples")  # a media value is one value under its key, as W&B holds it
+    assert table["_type"] == "table-file" and (run.path.parent / "files" / table["path"]).is_file()
     assert run.finished
 
 
@@ -54,8 +57,9 @@ def test_offline_run_matches_wandbs_own_summary(offline_run: OfflineRun) -> None
     view = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
     assert offline_run.config == view["config"]
     assert (offline_run.run_id, offline_run.name, offline_run.tags) == (view["run_id"], view["name"], view["tags"])
-    flat = {key: value for key, value in view["summary"].items() if not isinstance(value, dict)}
-    assert flat and all(offline_run.summary[key] == value for key, value in flat.items())
+    logged = {key: value for key, value in view["summary"].items() if not key.startswith("_")}
+    assert {"samples", "best/val"} <= logged.keys()
+    assert all(offline_run.summary[key] == value for key, value in logged.items())
     assert offline_run.finished == (view["state"] == "finished")
 
 

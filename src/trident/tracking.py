@@ -53,6 +53,21 @@ def _inspect(run_file: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
+def _media_values(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` with each logged media value (an image, a table: W&B writes it as a JSON object
+    with ``_type``) back under its own key; ``leet inspect`` prints its fields as dotted keys
+    (``test/confusion_matrix._type``, ``test/confusion_matrix.filenames``, ...)."""
+    media = [key.removesuffix("._type") for key in item if key.endswith("._type")]
+    values: dict[str, Any] = {}
+    for key, value in item.items():
+        owner = next((name for name in media if key.startswith(f"{name}.")), None)
+        if owner is None:
+            values[key] = value
+        else:
+            values.setdefault(owner, {})[key.removeprefix(f"{owner}.")] = value
+    return values
+
+
 def read_offline_run(run_file: Path) -> OfflineRun:
     """Parse one ``run-<id>.wandb`` file."""
     run = OfflineRun(path=run_file)
@@ -67,9 +82,9 @@ def read_offline_run(run_file: Path) -> OfflineRun:
         elif kind == "config":
             run.config.update(record["config"].get("update", {}))
         elif kind == "history":
-            run.history.append(record["history"]["item"])
+            run.history.append(_media_values(record["history"]["item"]))
         elif kind == "summary":
-            run.summary.update(record["summary"].get("update", {}))
+            run.summary.update(_media_values(record["summary"].get("update", {})))
         elif kind == "exit":
             run.finished = True
     run.config.pop("_wandb", None)  # W&B's own bookkeeping, not the run's config
