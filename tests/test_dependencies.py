@@ -1,9 +1,12 @@
-"""``requires-python`` is true: every dependency, extras included, resolves for the declared
-floor, and not for the Python version below it (so the floor is not higher than it must be).
-Needs the package registry, as the install does."""
+"""The dependencies in pyproject.toml are true: every third-party package that trident imports is
+declared, and ``requires-python`` holds: every dependency, extras included, resolves for the
+declared floor, and not for the Python version below it (so the floor is not higher than it must
+be; that check needs the package registry, as the install does)."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -21,6 +24,38 @@ def requirements() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = [r for extra in project["optional-dependencies"].values() for r in extra if not r.startswith("trident")]
     return [*project["dependencies"], *extras]
+
+
+def distribution(requirement: str) -> str:
+    """``"hydra-core>=1.3"`` -> ``"hydra-core"``, in the normalized form of PEP 503."""
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
+
+
+def imported_packages() -> set[str]:
+    """The top-level modules that trident's code imports (at the top or inside functions), less
+    the standard library and trident itself."""
+    sources = [*(ROOT / "src").rglob("*.py"), ROOT / "train.py", ROOT / "eval.py"]
+    modules: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    return modules - set(sys.stdlib_module_names) - {"trident"}
+
+
+def test_every_imported_package_is_declared() -> None:
+    declared = {distribution(r) for r in requirements()}
+    providers = importlib.metadata.packages_distributions()  # module -> the installed distributions that hold it
+    undeclared = {
+        module: providers.get(module, [])
+        for module in sorted(imported_packages())
+        if not {distribution(d) for d in providers.get(module, [])} & declared
+    }
+    assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
 
 
 def declared_floor() -> tuple[int, int]:
