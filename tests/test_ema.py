@@ -16,6 +16,7 @@ from trident.pipeline import train
 
 from .conftest import SMALL, compose_config
 from .test_bad_inputs import run_in_process
+from .test_ddp_matrix import DDP, assert_clean, one_run_dir, run_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -131,6 +132,15 @@ def test_resume_continues_the_ema_exactly(ema_run: tuple[Path, dict[str, float]]
     assert resumed["global_step"] == straight["global_step"] == 6
     for key in ("state_dict", "current_model_state", "averaging_state"):
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ema_under_ddp(tmp_path: Path) -> None:
+    """Two gloo processes, W&B offline: each rank averages its (identical) weights; rank 0 saves."""
+    result = run_script("train.py", *SMALL, *DDP, "callbacks=ema", "trainer.max_steps=4", cwd=tmp_path)
+    assert_clean(result)
+    last = torch.load(one_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(last["averaging_state"]["n_averaged"]) == 4 and "current_model_state" in last
 
 
 @pytest.mark.parametrize(
