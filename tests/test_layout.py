@@ -18,6 +18,7 @@ RANKS = {
     "trident": 0,
     "trident.errors": 0,
     "trident.checks": 0,
+    "trident.extras": 1,  # on errors; what data and runs check before they need an extra
     "trident.backbone": 1,
     "trident.models": 2,
     "trident.data": 3,

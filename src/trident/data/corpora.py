@@ -17,12 +17,15 @@ import datasets
 
 from trident.data.progress import progress_track
 from trident.errors import ConfigError, DataError
+from trident.extras import PACKAGE_EXTRAS, require_package
 
 SPLITS = ("train", "validation", "test")
 
 
 def package_path(package: str, *parts: str) -> Path:
     """Path of a data file inside an installed package, found without importing it."""
+    if package in PACKAGE_EXTRAS:
+        require_package(package)
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DataError(f"package {package!r} is not installed: run `pip install {package}` (or `pip install -e .`)")

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
+from trident.extras import composition_extra, plugin_extra
 from trident.runs.compose import CONF_DIR, compose_train_config
 from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
 
@@ -90,6 +91,8 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
             continue
         choices = group_options(key.lstrip("+"), group)
         for option in value.split(","):
+            if option not in choices and (missing := plugin_extra(f"{key.lstrip('+')}/{option}")):
+                raise missing  # e.g. hydra/launcher=slurm without the [slurm] extra
             if option not in choices:
                 raise ConfigError(f"{key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}")
 
@@ -125,6 +128,8 @@ def _one_value(text: str, override: Override) -> str | None:
 
 
 def _composition_error(err: Exception, overrides: list[str], conf_dir: Path) -> str:
+    if (missing := composition_extra(str(err))) is not None:  # e.g. hparams_search=... without the [sweep] extra
+        return str(missing)
     key = re.search(r"Could not override '([^']+)'", str(err))
     if key is None:
         return f"the command line does not fit the config ({_first_line(err)}): fix that argument (see python train.py --help)"

@@ -25,6 +25,7 @@ from rich.tree import Tree
 from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, did_you_mean, find_user_error
+from trident.extras import require_package
 from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.runs.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.runs.preemption import PreemptionCheckpoint
@@ -34,7 +35,7 @@ from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
-from trident.training.run_checks import check_seed, check_trainer_config
+from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
+    check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
     check_task_data(cfg)
     # A task class may check its own settings against the data and positions (e.g. task=mlm).
     validate = getattr(hydra.utils.get_class(cfg.task._target_), "validate_config", None)
@@ -132,6 +134,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_constructor_keys(cfg, "task")
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
+    if "tensorboard" in (cfg.get("logger") or {}):
+        require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
     block_size = cfg.data.get("block_size")

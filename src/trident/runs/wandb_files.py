@@ -1,29 +1,21 @@
 """Read W&B offline runs back from disk (``<run dir>/wandb/offline-run-*/run-*.wandb``) without an account.
 
-The ``.wandb`` file is a LevelDB-style log of protobuf ``Record`` messages: a 7-byte header,
-then 32 KiB blocks of chunks, each with a 7-byte header (crc32, length, type) where the type
-says whether the chunk is a whole record or its first, middle or last piece.
+W&B's own reader does the reading: ``wandb leet inspect --json`` prints each record of the run's
+transaction log as one JSON line; this module only gathers the records into an :class:`OfflineRun`.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wandb.proto import wandb_internal_pb2
-
 from trident.errors import DataError
-
-_MAGIC = b":W&B"
-_FILE_HEADER = 7
-_BLOCK = 32 * 1024
-_CHUNK_HEADER = struct.Struct("<IHB")  # crc32, length, type
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 @dataclass
@@ -47,51 +39,55 @@ class OfflineRun:
         return [row[key] for row in self.history if key in row]
 
 
-def _records(path: Path) -> Iterator[bytes]:
-    data = path.read_bytes()
-    if not data.startswith(_MAGIC):
-        raise DataError(f"{path} is not a W&B run file (no {_MAGIC!r} header)")
-    pos, pending = _FILE_HEADER, b""
-    while pos + _CHUNK_HEADER.size <= len(data):
-        room = _BLOCK - pos % _BLOCK
-        if room < _CHUNK_HEADER.size:  # the block's tail is zero padding
-            pos += room
-            continue
-        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
-        chunk = data[pos + _CHUNK_HEADER.size : pos + _CHUNK_HEADER.size + length]
-        pos += _CHUNK_HEADER.size + length
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            pending = chunk
-        elif kind == _MIDDLE:
-            pending += chunk
-        elif kind == _LAST:
-            yield pending + chunk
+def _inspect(run_file: Path) -> list[dict[str, Any]]:
+    """The run's records, as ``wandb leet inspect --json`` prints them (a file still being written
+    gives the records complete so far)."""
+    # -P: a run directory holds a ``wandb/`` folder, which ``python -m wandb`` run from there would import.
+    command = [sys.executable, "-P", "-m", "wandb", "leet", "inspect", "--json", str(run_file)]
+    # Offline: W&B's CLI then reports nothing to its server (reading a local file needs none).
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no reason given"])[-1]
+        raise DataError(f"W&B cannot read {run_file} ({reason}): it is not a complete W&B run file")
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
-def _key(item: Any) -> str:
-    return item.key or "/".join(item.nested_key)
+def _media_values(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` with each logged media value (an image, a table: W&B writes it as a JSON object
+    with ``_type``) back under its own key; ``leet inspect`` prints its fields as dotted keys
+    (``test/confusion_matrix._type``, ``test/confusion_matrix.filenames``, ...)."""
+    media = [key.removesuffix("._type") for key in item if key.endswith("._type")]
+    values: dict[str, Any] = {}
+    for key, value in item.items():
+        owner = next((name for name in media if key.startswith(f"{name}.")), None)
+        if owner is None:
+            values[key] = value
+        else:
+            values.setdefault(owner, {})[key.removeprefix(f"{owner}.")] = value
+    return values
 
 
 def read_offline_run(run_file: Path) -> OfflineRun:
     """Parse one ``run-<id>.wandb`` file."""
     run = OfflineRun(path=run_file)
-    for raw in _records(run_file):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
-        kind = record.WhichOneof("record_type")
+    for record in _inspect(run_file):
+        kind = record["type"]
         if kind == "run":
-            run.run_id, run.name = record.run.run_id, record.run.display_name
-            run.group, run.job_type, run.tags = record.run.run_group, record.run.job_type, list(record.run.tags)
+            info = record["run"]
+            run.run_id, run.name, run.tags = info.get("run_id", ""), info.get("display_name", ""), info.get("tags", [])
+            run.group, run.job_type = info.get("run_group", ""), info.get("job_type", "")
+            # The config passed to wandb.init comes with the run record; later updates follow as config records.
+            run.config.update(info.get("config", {}).get("update", {}))
         elif kind == "config":
-            run.config.update({_key(u): json.loads(u.value_json) for u in record.config.update})
+            run.config.update(record["config"].get("update", {}))
         elif kind == "history":
-            run.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
+            run.history.append(_media_values(record["history"]["item"]))
         elif kind == "summary":
-            run.summary.update({_key(u): json.loads(u.value_json) for u in record.summary.update})
+            run.summary.update(_media_values(record["summary"].get("update", {})))
         elif kind == "exit":
             run.finished = True
+    run.config.pop("_wandb", None)  # W&B's own bookkeeping, not the run's config
     return run
 
 

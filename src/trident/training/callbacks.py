@@ -1,5 +1,6 @@
 """Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images) and
-MFU, metrics in train.log, and a metric history file that does not depend on the logger."""
+MFU, metrics in train.log, and a metric history file that does not depend on the logger; and
+Lightning's EMA callback, adjusted to trident's end of training (:class:`ModelEMA`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
+from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
 from trident.training.flops import compute_dtype, device_peak_flops
@@ -133,3 +136,36 @@ class MetricHistory(L.Callback):
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._append(trainer, "test")
+
+
+class ModelEMA(EMAWeightAveraging):
+    """Lightning's exponential moving average of the weights (``callbacks=ema``). Validation runs on
+    the average, and every checkpoint holds it as ``state_dict`` (what testing, eval.py and sampling
+    load) with the raw weights as ``current_model_state`` (what resuming continues from).
+
+    Two of Lightning's hooks change so that this stays true around the end of training:
+
+    - when training ends the model takes the average by a swap, not a copy, so the raw weights are
+      still at hand for a ``last.ckpt`` that ModelCheckpoint writes after that point;
+    - a checkpoint loaded for testing keeps its average in the model (Lightning's callback would load
+      the raw weights when it was used for fitting before, as trident's run does before its test).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # True once training ended: the model holds the average, the average model the raw weights.
+        self._swapped = False
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._swap_models(pl_module)
+        self._swapped = True
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._swapped and "current_model_state" in checkpoint:
+            raw, average = checkpoint["state_dict"], checkpoint["current_model_state"]
+            checkpoint["state_dict"], checkpoint["current_model_state"] = average, raw
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)

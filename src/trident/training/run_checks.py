@@ -1,4 +1,4 @@
-"""Checks of the ``seed`` and the ``trainer`` group before any work.
+"""Checks of the ``seed``, the ``trainer`` group and the EMA callback before any work.
 
 Lightning checks some trainer values only when the trainer is built (after the data is prepared)
 and others not at all: ``accumulate_grad_batches=0`` or ``val_check_interval=0`` end in a
@@ -8,6 +8,7 @@ Each becomes one line naming the key and a valid value.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from trident.checks import is_int, is_number
@@ -66,3 +67,32 @@ def check_trainer_config(trainer: dict[str, Any]) -> None:
     )
     _check(devices is None or valid_devices, "devices", devices,
            "a count >= 1, -1 or auto (all), or a list of device indices", "1")
+
+
+def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
+    """``callbacks.ema`` (``callbacks=ema``: Lightning's EMAWeightAveraging), null when off."""
+    if ema is None:
+        return
+    decay = ema.get("decay")
+    if not (is_number(decay) and 0 < decay < 1):
+        # 1 would never move from the first weights, 0 would be no average at all.
+        raise ConfigError(
+            f"callbacks.ema.decay must be a number in (0, 1), got {decay!r}: set e.g. callbacks.ema.decay=0.999"
+        )
+    every = ema.get("update_every_n_steps", 1)
+    if not (is_int(every) and every >= 1):
+        raise ConfigError(
+            f"callbacks.ema.update_every_n_steps must be an integer >= 1, got {every!r}: "
+            "set e.g. callbacks.ema.update_every_n_steps=1"
+        )
+    start = ema.get("update_starting_at_step")
+    if start is not None and not (is_int(start) and start >= 0):
+        raise ConfigError(
+            f"callbacks.ema.update_starting_at_step must be null or an integer >= 0, got {start!r}: "
+            "set e.g. callbacks.ema.update_starting_at_step=null"
+        )
+    # The average is a whole copy of the model, which FSDP's sharded weights cannot update or swap in.
+    if "fsdp" in str(strategy).lower():
+        raise ConfigError(
+            "callbacks=ema does not work with FSDP's sharded weights: use trainer=ddp, or leave out callbacks=ema"
+        )
