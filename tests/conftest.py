@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,14 +71,3 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def close_run_logs(tmp_path: Path) -> Iterator[None]:
-    """For tests whose in-process train.py run fails inside Hydra: its run directory is removed, but
-    Hydra's handler for its train.log stays on the root logger, and a later ``train()`` in this
-    process would write there (FileNotFoundError). Closed after the test."""
-    yield
-    root = logging.getLogger()
-    for handler in root.handlers[:]:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(tmp_path):
-            root.removeHandler(handler)
-            handler.close()

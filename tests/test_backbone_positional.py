@@ -3,6 +3,7 @@ registry and its errors, and a forward + backward pass through every encoding.""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -231,7 +232,7 @@ def test_relative_bucket_unidirectional() -> None:
     assert buckets([-d for d in range(16)], bidirectional=False) == list(range(16))
     # Larger ones share logarithmic buckets that never decrease, and saturate at num_buckets - 1.
     far = buckets([-d for d in range(16, 400)], bidirectional=False)
-    assert all(a <= b for a, b in zip(far, far[1:]))
+    assert all(a <= b for a, b in itertools.pairwise(far))
     assert all(b >= 16 for b in far)
     assert buckets([-128, -129, -1000, -10**6], bidirectional=False) == [31, 31, 31, 31]
     assert buckets([-100], bidirectional=False) == [30]  # 16 + int(log(100/16) / log(8) * 16)

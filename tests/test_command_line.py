@@ -26,12 +26,12 @@ def imported_modules(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["model.d_modle=3"], "error: model.d_modle is not a config key (did you mean model.d_model?): fix its spelling, "
-                           "or add a new key with +model.d_modle=<value>"),
-     (["modle=nano"], "error: modle is not a config key (did you mean model?): fix its spelling, or add a new key "
-                      "with +modle=<value>"),
-     (["model=nanoo"], "error: model=nanoo does not exist: choose one of base, large, nano, small, tiny, "
-                       "transformer_base, transformer_big")],
+    [(["model.d_modle=3"], ("error: model.d_modle is not a config key (did you mean model.d_model?): fix its spelling, "
+                           "or add a new key with +model.d_modle=<value>")),
+     (["modle=nano"], ("error: modle is not a config key (did you mean model?): fix its spelling, or add a new key "
+                      "with +modle=<value>")),
+     (["model=nanoo"], ("error: model=nanoo does not exist: choose one of base, large, nano, small, tiny, "
+                       "transformer_base, transformer_big"))],
 )
 def test_a_typo_fails_before_torch_lightning_and_wandb_load(args: list[str], message: str, tmp_path: Path) -> None:
     done, modules = imported_modules(*args, cwd=tmp_path)

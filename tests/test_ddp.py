@@ -208,9 +208,11 @@ def _launched(*exit_statuses: int) -> SimpleNamespace:
 
 def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
     trainer = _launched(0, 2)
-    with pytest.raises(RankFailed, match=r"DDP rank 2 failed \(ended with exit status 2\)") as failure:
-        with ranks_fail_together(trainer):  # type: ignore[arg-type]
-            pass
+    with (
+        pytest.raises(RankFailed, match=r"DDP rank 2 failed \(ended with exit status 2\)") as failure,
+        ranks_fail_together(trainer),  # type: ignore[arg-type]
+    ):
+        pass
     assert failure.value.exit_status == 2, "the failing rank's status: 2 for its user error"
     assert trainer.strategy.launcher.procs == [], "taken from Lightning's observer, which would SIGKILL this process"
     with ranks_fail_together(_launched(0, 0)):  # type: ignore[arg-type]
@@ -219,21 +221,24 @@ def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
 
 def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_traceback() -> None:
     lost = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:34474")
-    with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status 1\)") as failure:
-        with ranks_fail_together(_launched(1)):  # type: ignore[arg-type]
-            raise lost
+    with (
+        pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status 1\)") as failure,
+        ranks_fail_together(_launched(1)),  # type: ignore[arg-type]
+    ):
+        raise lost
     assert failure.value.__cause__ is lost
-    with pytest.raises(RankFailed, match="another DDP rank failed, which stopped this one"):
-        with ranks_fail_together(_launched()):  # type: ignore[arg-type]  # a worker: its peer was rank 0
-            raise lost
+    with (
+        pytest.raises(RankFailed, match="another DDP rank failed, which stopped this one"),
+        ranks_fail_together(_launched()),  # type: ignore[arg-type]  # a worker: its peer was rank 0
+    ):
+        raise lost
 
 
 def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     trainer = _launcher_of([waiting])
-    with pytest.raises(DataError, match="own failure"):
-        with ranks_fail_together(trainer):  # type: ignore[arg-type]
-            raise DataError("own failure")
+    with pytest.raises(DataError, match="own failure"), ranks_fail_together(trainer):  # type: ignore[arg-type]
+        raise DataError("own failure")
     assert waiting.poll() == -signal.SIGKILL
 
 

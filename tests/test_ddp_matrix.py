@@ -174,5 +174,5 @@ def test_a_failing_rank_fails_the_run_with_its_error_line(tmp_path: Path) -> Non
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: injected failure of rank 1: nothing to fix",
-                      "error: DDP rank 1 failed (ended with exit status 2), which stopped the run: "
-                      "that rank's output above says why"], output[-3000:]
+                      ("error: DDP rank 1 failed (ended with exit status 2), which stopped the run: "
+                      "that rank's output above says why")], output[-3000:]

@@ -142,7 +142,6 @@ def test_ema_under_ddp(tmp_path: Path) -> None:
     assert int(last["averaging_state"]["n_averaged"]) == 4 and "current_model_state" in last
 
 
-@pytest.mark.usefixtures("close_run_logs")
 @pytest.mark.parametrize(
     ("override", "named"),
     [

@@ -16,8 +16,6 @@ from trident.extras import PACKAGE_EXTRAS, PLUGIN_EXTRAS
 from .conftest import SMALL
 from .test_bad_inputs import run_in_process
 
-pytestmark = pytest.mark.usefixtures("close_run_logs")
-
 
 def hide_plugin_config(monkeypatch: pytest.MonkeyPatch, config: str) -> None:
     """Remove a config that a Hydra plugin registers (``hydra/sweeper/optuna``), as if it were not installed."""

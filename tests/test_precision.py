@@ -40,8 +40,8 @@ def test_each_precision_option_records_what_ran(
     (run,) = wait_for_offline_runs(tmp_path / "run")
     assert run.config["precision_used"] == runs_as
     said = [r.getMessage() for r in caplog.records if "runs as" in r.getMessage()]
-    expected = ["trainer.precision=16-mixed runs as bf16-mixed on cpu (Lightning has no fp16 autocast there); "
-                "recorded as precision_used"]
+    expected = [("trainer.precision=16-mixed runs as bf16-mixed on cpu (Lightning has no fp16 autocast there); "
+                "recorded as precision_used")]
     assert said == (expected if option == "fp16" else [])
 
 
@@ -59,8 +59,8 @@ def test_bf16_on_a_cpu_without_bf16_units_warns_once_with_both_measured_rates(
     rates = {"bf16": 0.6e9, "fp32": 47e9}
     monkeypatch.setattr(precision, "measured_peak_flops", lambda device, dtype, size, repeats: rates[dtype])
     assert _bf16_warnings(caplog, "bf16-mixed") == [
-        "bf16 is emulated on this CPU: a matmul runs at 0.6 GFLOP/s in bf16 against 47 GFLOP/s in fp32, "
-        "so training in bf16-mixed is much slower: use precision=fp32"
+        ("bf16 is emulated on this CPU: a matmul runs at 0.6 GFLOP/s in bf16 against 47 GFLOP/s in fp32, "
+        "so training in bf16-mixed is much slower: use precision=fp32")
     ]
 
 

@@ -29,7 +29,7 @@ CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 
 def _cluster_ready() -> bool:
     try:
-        return subprocess.run([str(CLUSTER), "status"], capture_output=True, timeout=30).returncode == 0
+        return subprocess.run([str(CLUSTER), "status"], capture_output=True, timeout=30, check=False).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -133,7 +133,7 @@ def _wait_for(path_glob: str, root: Path, timeout: float = 600) -> Path:
 def _start_requeued(job: str, process: subprocess.Popen[str]) -> None:
     """SLURM holds a requeued job for about 2 minutes (BeginTime): start it now, until the sweep ends."""
     while process.poll() is None:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True, check=False).stdout
         if "PENDING" in state and "BeginTime" in state:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
         time.sleep(2)
@@ -185,7 +185,7 @@ def test_three_seeds_are_three_slurm_jobs_and_one_report(runs: Runs) -> None:
     assert len({json.loads((job / "run.json").read_text())["slurm_job"] for job in jobs}) == len(jobs) == 3
     assert [_status(job)["status"] for job in jobs] == ["completed"] * 3
     sweep = jobs[0].parent
-    result = subprocess.run([sys.executable, "-m", "trident.report", str(sweep)], capture_output=True, text=True, env=_env())
+    result = subprocess.run([sys.executable, "-m", "trident.report", str(sweep)], capture_output=True, text=True, env=_env(), check=False)
     assert result.returncode == 0, result.stderr
     assert "| 3 |" in (sweep / "report.md").read_text(), "one setting, n = 3 seeds"
 

@@ -134,7 +134,7 @@ def test_rope_2d_depends_only_on_the_row_and_column_offsets() -> None:
         cos, sin = encoding.rotary(torch.tensor([q_pos, k_pos]))
         return (apply_rotary(q, cos[:1], sin[:1]) * apply_rotary(k, cos[1:], sin[1:])).sum()
 
-    patch = lambda r, c: 1 + 5 * r + c  # noqa: E731 - position of the patch at (row, col)
+    patch = lambda r, c: 1 + 5 * r + c
     torch.testing.assert_close(score(patch(0, 0), patch(1, 2)), score(patch(2, 1), patch(3, 3)))
     assert not torch.allclose(score(patch(0, 0), patch(1, 2)), score(patch(0, 0), patch(2, 1)))
     cos, sin = encoding.rotary(torch.tensor([0]))

@@ -39,7 +39,7 @@ def _log(journal: WandbJournal, wandb: FakeWandb, steps: range) -> None:
 def test_a_resumed_attempt_resends_the_rows_before_its_checkpoint_once(tmp_path: Path) -> None:
     path = tmp_path / "wandb" / "history.jsonl"
     first, first_wandb = _attempt(path, None)
-    _log(first, first_wandb, range(0, 8))
+    _log(first, first_wandb, range(8))
     first.lost_service()  # SIGTERM at step 5's checkpoint; the killed attempt had logged to step 7
     # The next attempt resumes from step 5: rows 6 and 7 are done again, so they are not resent.
     second, second_wandb = _attempt(path, 5)
@@ -55,7 +55,7 @@ def test_a_resumed_attempt_resends_the_rows_before_its_checkpoint_once(tmp_path:
 def test_rows_logged_after_the_signal_wait_for_the_next_attempt(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     first, first_wandb = _attempt(path, None)
-    _log(first, first_wandb, range(0, 3))
+    _log(first, first_wandb, range(3))
     second, second_wandb = _attempt(path, 2)
     second.lost_service()  # stopped again before its first row: nothing can be sent
     second.log_metrics({"train/loss": 3.0}, 3)
@@ -68,9 +68,9 @@ def test_rows_logged_after_the_signal_wait_for_the_next_attempt(tmp_path: Path) 
 def test_a_fresh_start_empties_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     first, first_wandb = _attempt(path, None)
-    _log(first, first_wandb, range(0, 3))
+    _log(first, first_wandb, range(3))
     again, again_wandb = _attempt(path, None)  # e.g. a requeued job stopped before its first checkpoint
-    _log(again, again_wandb, range(0, 2))
+    _log(again, again_wandb, range(2))
     assert [step for step, _ in again_wandb.rows] == [0, 1]
     assert len(path.read_text().splitlines()) == 2
 
@@ -78,7 +78,7 @@ def test_a_fresh_start_empties_the_journal(tmp_path: Path) -> None:
 def test_an_online_run_gets_only_the_steps_its_server_lacks(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     first, first_wandb = _attempt(path, None)
-    _log(first, first_wandb, range(0, 6))
+    _log(first, first_wandb, range(6))
     # An online run resumes on the server, whose summary knows the last step that arrived.
     second, second_wandb = _attempt(path, 5, summary={"trainer/global_step": 3})
     _log(second, second_wandb, range(6, 7))
@@ -88,7 +88,7 @@ def test_an_online_run_gets_only_the_steps_its_server_lacks(tmp_path: Path) -> N
 def test_a_line_cut_short_by_a_kill_ends_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     first, first_wandb = _attempt(path, None)
-    _log(first, first_wandb, range(0, 3))
+    _log(first, first_wandb, range(3))
     path.write_text(path.read_text() + '{"step": 3, "metr')
     second, second_wandb = _attempt(path, 9)
     second.finalize("success")

@@ -68,7 +68,7 @@ def run_with_clear_errors(fn: Callable[[], T], cleanup: Callable[[], None] | Non
     the traceback instead."""
     try:
         return fn()
-    except Exception as err:  # noqa: BLE001 - we re-raise anything that is not a user error
+    except Exception as err:
         user_error = find_user_error(err)
         if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -47,7 +47,7 @@ class TransformerStack(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.blocks.named_modules():
             if isinstance(module, nn.Linear):
-                is_residual_out = name.endswith("out_proj") or name.endswith("fc_out")
+                is_residual_out = name.endswith(("out_proj", "fc_out"))
                 nn.init.normal_(module.weight, std=residual_std if is_residual_out else 0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)

@@ -100,7 +100,7 @@ def render(rows: list[Row], *, command: str, settings: Settings) -> str:
         f"- Command: `{command}`",
         f"- Machine: {machine_description(settings.device)}",
         f"- Device: {settings.device.type}; dtype fp32 unless a row says bf16 (autocast)",
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         (f"- Method: {settings.warmup} warm-up round(s), then the median of {settings.repeats} repeats; compared "
          "variants run in turns (A B, B A, ...) in one process so machine noise hits both alike."),
         *(["- **Quick run: tiny shapes, a smoke test of the command; its numbers and verdicts mean nothing.**"]

@@ -180,5 +180,5 @@ class LMDataModule(TridentDataModule):
             self.tokenizer.save(str(run_dir / "tokenizer.json"))
 
     def token_counts(self) -> dict[str, int]:
-        return {name: int(len(ids)) for name, ids in self.splits.items()}
+        return {name: len(ids) for name, ids in self.splits.items()}
 

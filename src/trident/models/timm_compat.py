@@ -58,7 +58,7 @@ def load_timm_weights(model: VisionTransformer, path: str | Path) -> None:
             state = load_file(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
+    except Exception as err:
         raise DataError(f"cannot read pretrained weights {str(path)!r} ({type(err).__name__}): not a state-dict file") from err
     state = state.get("state_dict", state.get("model", state))
     converted = timm_to_trident(state)

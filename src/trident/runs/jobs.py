@@ -35,6 +35,13 @@ def discard_failed_run_dir(run_dir: Path) -> None:
     log_file = run_dir / "train.log"
     short_log = not log_file.exists() or log_file.stat().st_size < 4096
     if contents <= {".hydra", "train.log", "config_resolved.yaml"} and short_log:
+        # Hydra's handler for train.log stays on the root logger: a later job of this process
+        # (a sweep, a test) would log into the removed directory and fail.
+        root = logging.getLogger()
+        for handler in root.handlers[:]:
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(run_dir):
+                root.removeHandler(handler)
+                handler.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -36,7 +36,7 @@ RUN_INFO = "run.json"
 
 
 @dataclass(eq=False)  # an exception keeps identity equality (and stays hashable)
-class JobStopped(Exception):  # noqa: N818 - a way a job ends, not an error
+class JobStopped(Exception):
     """Training stopped on a signal after saving ``checkpoint`` at ``step``; ``outcome`` says
     whether SLURM runs the job again (``requeued``) or not (``cancelled``)."""
 
