@@ -10,7 +10,14 @@ import torch
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM
-from trident.training.optim import build_optimizer, build_scheduler, inverse_sqrt, warmup_cosine
+from trident.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    check_optimizer_config,
+    inverse_sqrt,
+    optimizer_by_name,
+    warmup_cosine,
+)
 
 
 def test_weight_decay_only_on_matrices() -> None:
@@ -66,3 +73,10 @@ def test_optimizer_is_chosen_by_name_from_one_table() -> None:
         build_optimizer(model, {"name": "lion", "lr": 1e-3})
     with pytest.raises(ConfigError, match="optimizer=adamw: .*momentum.*remove that optimizer"):
         build_optimizer(model, {"name": "adamw", "lr": 1e-3, "momentum": 0.9})
+
+
+def test_an_optimizer_saved_by_its_class_maps_to_its_name() -> None:
+    assert optimizer_by_name({"_target_": "torch.optim.Adam", "lr": 0.1}) == {"name": "adam", "lr": 0.1}
+    assert optimizer_by_name({"name": "sgd", "lr": 0.1}) == {"name": "sgd", "lr": 0.1}
+    with pytest.raises(ConfigError, match="optimizer.name='my.Optimizer'.*adamw"):
+        check_optimizer_config(optimizer_by_name({"_target_": "my.Optimizer"}))

@@ -95,6 +95,12 @@ def test_eval_script_works_for_the_language_model_too(tmp_path: Path) -> None:
     train(compose_config([*SMALL, "logger=none", "test=false"], output_dir=tmp_path / "run"))
     metrics = evaluate([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"])
     assert torch.isfinite(torch.tensor(metrics["test/loss"])) and "test/ppl" in metrics
+    # A run saved before the optimizer was chosen by name (optimizer._target_) is scored the same.
+    config = tmp_path / "run" / "config_resolved.yaml"
+    assert config.read_text().count("name: adamw") == 1
+    config.write_text(config.read_text().replace("name: adamw", "_target_: torch.optim.AdamW"))
+    again = evaluate([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"])
+    assert again["test/loss"] == pytest.approx(metrics["test/loss"])
 
 
 def test_eval_script_errors_name_the_fix(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+from trident.training.optim import optimizer_by_name
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
 warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
@@ -55,6 +56,8 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     cfg = OmegaConf.merge(OmegaConf.load(find_run_config(checkpoint)), overrides)
     if not isinstance(cfg, DictConfig):
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
+    if "optimizer" in cfg:  # a run saved before the optimizer was chosen by name still loads
+        cfg.optimizer = optimizer_by_name(OmegaConf.to_container(cfg.optimizer, resolve=True))  # type: ignore[arg-type]
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     return cfg, checkpoint

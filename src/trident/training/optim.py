@@ -48,6 +48,17 @@ def _number(cfg: dict[str, Any], group: str, key: str, default: float) -> float:
     return float(value)
 
 
+def optimizer_by_name(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with the optimizer chosen by ``name``: a run saved before that choice existed names
+    its class by ``_target_`` (``torch.optim.AdamW``), which maps to its name here, so
+    ``eval.py`` still scores its checkpoints."""
+    target = cfg.get("_target_")
+    if "name" in cfg or target is None:
+        return cfg
+    names = {f"torch.optim.{cls.__name__}": name for name, cls in OPTIMIZERS.items()}
+    return {**{k: v for k, v in cfg.items() if k != "_target_"}, "name": names.get(target, target)}
+
+
 def check_optimizer_config(cfg: dict[str, Any]) -> None:
     """Fail in one line on values no optimizer accepts (checked before any work, and when building)."""
     choose(OPTIMIZERS, cfg.get("name"), "optimizer.name")
