@@ -33,7 +33,7 @@ from trident.data.order import EpochShuffleSampler
 from trident.data.translation import TranslationDataModule
 from trident.errors import DataError
 from trident.runs.command_line import prepare_command_line
-from trident.runs.distributed import RankFailed, ranks_fail_together, workers_follow
+from trident.runs.distributed import RankFailed, WorkerProcesses, ranks_fail_together, workers_follow
 from trident.runs.pipeline import constructor_args, instantiate
 from trident.runs.wandb_files import OfflineRun, find_offline_runs
 from trident.sample import load_lm_checkpoint
@@ -210,12 +210,23 @@ def test_a_worker_failing_after_rank_zero_finished_fails_the_job() -> None:
     trainer = _launched(0, 2)
     with (
         pytest.raises(RankFailed, match=r"DDP rank 2 failed \(ended with exit status 2\)") as failure,
-        ranks_fail_together(trainer),  # type: ignore[arg-type]
+        ranks_fail_together(trainer, WorkerProcesses()),  # type: ignore[arg-type]
     ):
         pass
     assert failure.value.exit_status == 2, "the failing rank's status: 2 for its user error"
     assert trainer.strategy.launcher.procs == [], "taken from Lightning's observer, which would SIGKILL this process"
-    with ranks_fail_together(_launched(0, 0)):  # type: ignore[arg-type]
+    with ranks_fail_together(_launched(0, 0), WorkerProcesses()):  # type: ignore[arg-type]
+        pass
+
+
+def test_workers_are_taken_from_lightnings_observer_as_soon_as_they_run() -> None:
+    """Lightning's observer SIGKILLs rank 0 a few seconds after a worker fails mid-run: the workers
+    are taken from it at ``setup``, right after the launch, and still judged at the end."""
+    trainer = _launched(3)
+    workers = WorkerProcesses()
+    workers.setup(trainer, None, "fit")  # type: ignore[arg-type]
+    assert trainer.strategy.launcher.procs == [], "the observer watches an empty list from here on"
+    with pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status 3\)"), ranks_fail_together(trainer, workers):  # type: ignore[arg-type]
         pass
 
 
@@ -223,13 +234,13 @@ def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_trac
     lost = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:34474")
     with (
         pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status 1\)") as failure,
-        ranks_fail_together(_launched(1)),  # type: ignore[arg-type]
+        ranks_fail_together(_launched(1), WorkerProcesses()),  # type: ignore[arg-type]
     ):
         raise lost
     assert failure.value.__cause__ is lost
     with (
         pytest.raises(RankFailed, match="another DDP rank failed, which stopped this one"),
-        ranks_fail_together(_launched()),  # type: ignore[arg-type]  # a worker: its peer was rank 0
+        ranks_fail_together(_launched(), WorkerProcesses()),  # type: ignore[arg-type]  # a worker: its peer was rank 0
     ):
         raise lost
 
@@ -237,7 +248,7 @@ def test_a_collective_that_lost_its_peer_names_the_failed_rank_instead_of_a_trac
 def test_rank_zero_failing_by_itself_ends_its_waiting_workers() -> None:
     waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     trainer = _launcher_of([waiting])
-    with pytest.raises(DataError, match="own failure"), ranks_fail_together(trainer):  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="own failure"), ranks_fail_together(trainer, WorkerProcesses()):  # type: ignore[arg-type]
         raise DataError("own failure")
     assert waiting.poll() == -signal.SIGKILL
 
@@ -268,7 +279,7 @@ def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
     ended, hung, also_hung = FakeWorker(0), FakeWorker(None), FakeWorker(None)
     trainer = _launcher_of([ended, hung, also_hung])
     failed = pytest.raises(RankFailed, match=r"DDP rank 2 failed \(did not end in time, killed\)")
-    with failed as failure, ranks_fail_together(trainer):  # type: ignore[arg-type]
+    with failed as failure, ranks_fail_together(trainer, WorkerProcesses()):  # type: ignore[arg-type]
         pass
     assert failure.value.exit_status == 1
     assert hung.killed and also_hung.killed and not ended.killed, "no worker outlives the job"
@@ -277,7 +288,7 @@ def test_workers_that_do_not_end_in_time_are_killed_and_named() -> None:
 def test_a_worker_ended_by_sighup_is_not_taken_for_one_that_did_not_end() -> None:
     trainer = _launcher_of([FakeWorker(-signal.SIGHUP)])
     failed = pytest.raises(RankFailed, match=r"DDP rank 1 failed \(ended with exit status -1\)")
-    with failed as failure, ranks_fail_together(trainer):  # type: ignore[arg-type]
+    with failed as failure, ranks_fail_together(trainer, WorkerProcesses()):  # type: ignore[arg-type]
         pass
     assert failure.value.exit_status == 1
 

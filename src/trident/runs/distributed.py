@@ -183,8 +183,26 @@ def _rank_failed(rank: int, status: int | None) -> RankFailed:
                       exit_status=status if status is not None and status > 0 else 1)
 
 
+class WorkerProcesses(L.Callback):
+    """The launching process's DDP workers, taken from Lightning's child-process observer as soon
+    as they run (``setup`` comes right after the launch): the observer SIGKILLs this process a few
+    seconds after a worker fails, before this one could name the failed rank
+    (:func:`ranks_fail_together`)."""
+
+    def __init__(self) -> None:
+        self._taken: list[subprocess.Popen] = []
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._taken += _take_workers(trainer)
+
+    def take(self, trainer: L.Trainer) -> list[subprocess.Popen]:
+        """Every worker, taken early or now (a failure before ``setup``)."""
+        workers, self._taken = [*self._taken, *_take_workers(trainer)], []
+        return workers
+
+
 @contextmanager
-def ranks_fail_together(trainer: L.Trainer) -> Iterator[None]:
+def ranks_fail_together(trainer: L.Trainer, workers: WorkerProcesses) -> Iterator[None]:
     """A job whose DDP ranks succeed or fail as one, with the failing rank named.
 
     Lightning's launcher does not look at how its worker processes end: a worker failing after
@@ -197,17 +215,17 @@ def ranks_fail_together(trainer: L.Trainer) -> Iterator[None]:
     try:
         yield
     except JobStopped:
-        _failed_worker(trainer, _take_workers(trainer), WORKER_EXIT_WAIT_S)  # the workers stop at the same step
+        _failed_worker(trainer, workers.take(trainer), WORKER_EXIT_WAIT_S)  # the workers stop at the same step
         raise
     except Exception as err:
-        workers = _take_workers(trainer)
+        running = workers.take(trainer)
         if not lost_peer(err):
-            _end(workers)
+            _end(running)
             raise
-        failed = _failed_worker(trainer, workers, PEER_EXIT_WAIT_S)
+        failed = _failed_worker(trainer, running, PEER_EXIT_WAIT_S)
         if failed is not None:
             raise _rank_failed(*failed) from err
         raise RankFailed("another DDP rank failed, which stopped this one: that rank's error says why") from err
-    failed = _failed_worker(trainer, _take_workers(trainer), WORKER_EXIT_WAIT_S)
+    failed = _failed_worker(trainer, workers.take(trainer), WORKER_EXIT_WAIT_S)
     if failed is not None:
         raise _rank_failed(*failed)

@@ -27,7 +27,7 @@ from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, did_you_mean, find_user_error
 from trident.extras import require_package
 from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
-from trident.runs.distributed import check_workers_can_start, is_global_zero, ranks_fail_together
+from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.training.callbacks import MetricHistory
@@ -286,7 +286,9 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
     history = metric_history(cfg, run_dir)
-    callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history]
+    workers = WorkerProcesses()
+    callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
+                 workers]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     with open_dict(cfg):
         # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.
@@ -301,7 +303,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     succeeded = False
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.
-        with ranks_fail_together(trainer):
+        with ranks_fail_together(trainer, workers):
             try:
                 trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
