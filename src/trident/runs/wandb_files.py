@@ -91,17 +91,24 @@ def read_offline_run(run_file: Path) -> OfflineRun:
     return run
 
 
+def _run_files(directory: Path) -> list[Path]:
+    return sorted(Path(directory).rglob("offline-run-*/run-*.wandb"))
+
+
 def find_offline_runs(directory: Path) -> list[OfflineRun]:
     """Every offline W&B run below ``directory`` (a run directory or a whole sweep)."""
-    return [read_offline_run(p) for p in sorted(Path(directory).rglob("offline-run-*/run-*.wandb"))]
+    return [read_offline_run(p) for p in _run_files(directory)]
 
 
 def wait_for_offline_runs(directory: Path, timeout_s: float = 60.0) -> list[OfflineRun]:
     """:func:`find_offline_runs` once every run's file is complete (or ``timeout_s`` has passed):
-    ``wandb.finish()`` can return before W&B's service process has written the last records."""
+    ``wandb.finish()`` can return before W&B's service process has written the last records.
+    A finished run is read once; only the others are read again (each read starts W&B's reader)."""
     deadline = time.monotonic() + timeout_s
-    runs = find_offline_runs(directory)
-    while not (runs and all(run.finished for run in runs)) and time.monotonic() < deadline:
+    finished: dict[Path, OfflineRun] = {}
+    while True:
+        runs = [finished.get(path) or read_offline_run(path) for path in _run_files(directory)]
+        finished.update({run.path: run for run in runs if run.finished})
+        if (runs and all(run.finished for run in runs)) or time.monotonic() >= deadline:
+            return runs
         time.sleep(0.5)
-        runs = find_offline_runs(directory)
-    return runs
