@@ -17,7 +17,10 @@ from trident.runs.pipeline import check_config
 from .conftest import CONF_DIR, ROOT, compose_config
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("ablation_*.yaml"))
-README_ROW = re.compile(r"^\| `python train\.py -m experiment=(ablation_\w+)` \| (.+?) \| (\d+) \|$", re.MULTILINE)
+# | command | axis | jobs | (measured wall time) |
+README_ROW = re.compile(
+    r"^\| `python train\.py -m experiment=(ablation_\w+)` \| (.+?) \| (\d+) \|(?: [^|]+ \|)?$", re.MULTILINE
+)
 
 
 def sweeper_params(preset: str) -> dict[str, list[str]]:

@@ -127,6 +127,24 @@ def test_the_cache_keeps_only_what_training_reads(tmp_path: Path) -> None:
     ]
 
 
+def test_train_tokens_keeps_the_start_of_the_train_split_only(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line number {i} of a small local corpus.\n" for i in range(400)))
+    options = {"source": "files", "files": [str(corpus)], "block_size": 16, "batch_size": 2, "cache_dir": str(tmp_path)}
+    whole, cut = LMDataModule(**options), LMDataModule(**options, train_tokens=100)
+    for module in (whole, cut):
+        module.prepare_data()
+        module.setup()
+    assert cut.cache_path == whole.cache_path, "one cache serves every train_tokens"
+    assert len(whole.splits["train"]) > 1000
+    np.testing.assert_array_equal(cut.splits["train"], whole.splits["train"][:100])
+    for name in ("validation", "test"):
+        np.testing.assert_array_equal(cut.splits[name], whole.splits[name])
+    assert len(cut.blocks("train")) < len(whole.blocks("train"))
+    with pytest.raises(ConfigError, match=r"data.train_tokens=16 must exceed one block \(data.block_size=16\)"):
+        LMDataModule(**options, train_tokens=16)
+
+
 def prepared_text(files: list[str], cache_dir: Path) -> str:
     """The training split as the data module serves it (decoded from the cached token ids)."""
     module = LMDataModule(source="files", files=files, block_size=8, batch_size=2, cache_dir=str(cache_dir))

@@ -8,13 +8,14 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from trident.report import load_sweep, summarize
+from trident.report import Job, Sweep, compare_to_best, comparison_table, load_sweep, summarize
 from trident.report import main as report_main
 from trident.runs.jobs import run_job
 from trident.runs.sweeps import setting_of, swept_keys
@@ -115,9 +116,49 @@ def test_report_command_writes_table_and_plots(lm_sweep: Path, tmp_path: Path, c
     for png in ("curves_val_loss.png", "final_best_val_loss.png"):
         assert f"]({png})" in report
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
+    # The plotted final metric is tested between the settings; each job's wall time is a column.
+    assert "## best/val/loss: each setting against the best (Welch's t-test over seeds)" in report
+    loser = max(best, key=lambda setting: statistics.mean(best[setting]))
+    winner = min(best, key=lambda setting: statistics.mean(best[setting]))
+    assert f"| `{winner}` | best | | | |" in report
+    assert f"| `{loser}` | {statistics.mean(best[loser]) - statistics.mean(best[winner]):+.4g} |" in report
+    assert "Wall time of a completed job: mean " in report
     summary = summarize(load_sweep(lm_sweep))
     assert list(summary.index) == ["pos_encoding=rope", "pos_encoding=alibi"]
     assert summary.loc["pos_encoding=rope", ("best/val/loss", "mean")] == pytest.approx(statistics.mean(best["pos_encoding=rope"]))
+    # Jobs run one after another: their wall times are positive and add up to no more than the sweep's.
+    sweep = load_sweep(lm_sweep)
+    started = datetime.strptime(json.loads((lm_sweep / "sweep.json").read_text())["started"], "%Y-%m-%d_%H-%M-%S")
+    ended = max((job.dir / "status.json").stat().st_mtime for job in sweep.jobs)
+    walls = [job.wall_s for job in sweep.completed]
+    assert all(wall > 0 for wall in walls) and sum(walls) <= ended - started.timestamp() + 1
+    assert summary[("job_wall_s", "mean")].sum() == pytest.approx(sum(walls) / 2)
+
+
+def test_compare_to_best_is_welchs_test_against_the_best_mean() -> None:
+    def job(setting: str, value: float) -> Job:
+        return Job(dir=Path(setting), setting=setting, status="completed", metrics={"test/bleu": value, "test/ppl": value})
+
+    values = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0], "c": [3.5]}
+    sweep = Sweep(dir=Path("sweep"), name="s", jobs=[job(s, v) for s, vs in values.items() for v in vs])
+    # Higher BLEU is better: b is the best; a is 3 below it, t = -3 / sqrt(1/3 + 1/3), 4 degrees of freedom.
+    bleu = compare_to_best(sweep, "test/bleu")
+    assert bleu.attrs["best"] == "b" and list(bleu.index) == ["a", "b", "c"]
+    assert bleu.loc["a", "difference"] == -3.0
+    assert bleu.loc["a", "t"] == pytest.approx(-3.6742346) and bleu.loc["a", "p"] == pytest.approx(0.0213116, rel=1e-5)
+    table = comparison_table(bleu, "test/bleu")
+    assert "| `a` | -3 | -3.67 | 0.0213 | yes |" in table and "| `b` | best | | | |" in table
+    assert "| `c` | -1.5 | - | - | too few seeds |" in table
+    # Lower perplexity is better: a is the best.
+    assert compare_to_best(sweep, "test/ppl").attrs["best"] == "a"
+
+
+def test_report_names_an_unknown_compared_metric(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(lm_sweep), "--out", str(tmp_path), "--compare", "test/bleu"])
+    assert exit_info.value.code == 2
+    assert "error: --compare test/bleu: no job of" in capsys.readouterr().err
+    assert not (tmp_path / "report.md").exists()
 
 
 def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ class LMDataModule(TridentDataModule):
         block_size: int = 256,
         batch_size: int = 32,
         split: tuple[float, float, float] = (0.9, 0.05, 0.05),
+        train_tokens: int | None = None,
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -84,6 +85,13 @@ class LMDataModule(TridentDataModule):
         self.block_size = block_size
         self.batch_size = batch_size
         self.split = list(split)
+        if train_tokens is not None and train_tokens <= block_size:
+            raise ConfigError(
+                f"data.train_tokens={train_tokens} must exceed one block (data.block_size={block_size}): "
+                "raise it, or set data.train_tokens=null to train on the whole train split"
+            )
+        # Training reads the first train_tokens of the train split (the cache keeps all of it).
+        self.train_tokens = train_tokens
         self.sample_prompts = list(sample_prompts or [])
         self.seed = seed  # the training order of epoch e is a function of (seed, e)
         # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint).
@@ -143,6 +151,8 @@ class LMDataModule(TridentDataModule):
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
         for name in SPLITS:
             self.splits[name] = np.load(self.cache_path / f"{name}.npy", mmap_mode="r")
+            if name == "train" and self.train_tokens is not None:
+                self.splits[name] = self.splits[name][: self.train_tokens]
             if len(self.splits[name]) <= self.block_size:
                 raise DataError(
                     f"the {name} split has {len(self.splits[name])} tokens, fewer than one block of "

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run the ablation presets (README, "Sweeps and ablations") one after another and write each one's
+# report where docs/results.md reads it:
+#
+#   scripts/ablations.sh                          # all nine presets, 3 seeds each
+#   scripts/ablations.sh ablation_heads ablation_depth
+#
+# Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
+# appended to <that dir>/times.txt; `python -m trident.report` then writes report.md and the two PNG
+# plots into docs/results/<preset>/. Time a sweep alone: two trainings on one small CPU slow each other.
+# A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
+# to the next preset and exits with status 1 at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${ABLATIONS_DIR:-outputs/ablations}
+presets=("$@")
+if [ ${#presets[@]} -eq 0 ]; then
+  presets=(ablation_base ablation_pos_encoding ablation_heads ablation_width ablation_ffn ablation_depth
+           ablation_norm ablation_dropout ablation_label_smoothing)
+fi
+# Label smoothing is judged on BLEU and on perplexity (the paper: it hurts perplexity, helps BLEU);
+# dropout on the last validation loss too (a fixed budget), not only the early-stopped best one.
+declare -A compare=([ablation_label_smoothing]="best/val/bleu test/bleu test/ppl"
+                    [ablation_dropout]="best/val/loss val/loss test/loss")
+status=0
+mkdir -p "$out"
+for preset in "${presets[@]}"; do
+  if [ ! -f "conf/experiment/$preset.yaml" ]; then
+    echo "error: no preset conf/experiment/$preset.yaml: choose among $(cd conf/experiment && ls ablation_*.yaml | sed 's/\.yaml//' | tr '\n' ' ')" >&2
+    exit 2
+  fi
+  started=$(date +%s)
+  python train.py -m "experiment=$preset" "hydra.sweep.dir=$out/$preset" || status=1
+  echo "$preset $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"
+  # shellcheck disable=SC2086  # the metric list splits into arguments
+  python -m trident.report "$out/$preset" --out "docs/results/$preset" ${compare[$preset]:+--compare ${compare[$preset]}} || status=1
+done
+exit $status
