@@ -141,8 +141,9 @@ def test_train_tokens_keeps_the_start_of_the_train_split_only(tmp_path: Path) ->
     for name in ("validation", "test"):
         np.testing.assert_array_equal(cut.splits[name], whole.splits[name])
     assert len(cut.blocks("train")) < len(whole.blocks("train"))
-    with pytest.raises(ConfigError, match=r"data.train_tokens=16 must exceed one block \(data.block_size=16\)"):
-        LMDataModule(**options, train_tokens=16)
+    for bad in (16, 5e4, True):  # one block only; a float; a bool (not the count 1)
+        with pytest.raises(ConfigError, match=rf"data.train_tokens={bad} must be an integer above one block \(data.block_size=16\)"):
+            LMDataModule(**options, train_tokens=bad)
 
 
 def prepared_text(files: list[str], cache_dir: Path) -> str:

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_corpus
@@ -85,10 +86,10 @@ class LMDataModule(TridentDataModule):
         self.block_size = block_size
         self.batch_size = batch_size
         self.split = list(split)
-        if train_tokens is not None and train_tokens <= block_size:
+        if train_tokens is not None and not (is_int(train_tokens) and train_tokens > block_size):
             raise ConfigError(
-                f"data.train_tokens={train_tokens} must exceed one block (data.block_size={block_size}): "
-                "raise it, or set data.train_tokens=null to train on the whole train split"
+                f"data.train_tokens={train_tokens} must be an integer above one block (data.block_size={block_size}): "
+                "e.g. data.train_tokens=50000, or data.train_tokens=null to train on the whole train split"
             )
         # Training reads the first train_tokens of the train split (the cache keeps all of it).
         self.train_tokens = train_tokens
