@@ -151,6 +151,9 @@ def test_compare_to_best_is_welchs_test_against_the_best_mean() -> None:
     assert "| `c` | -1.5 | - | - | too few seeds |" in table
     # Lower perplexity is better: a is the best.
     assert compare_to_best(sweep, "test/ppl").attrs["best"] == "a"
+    # Seeds that all agree leave nothing to test: said so, not taken for too few seeds.
+    flat = Sweep(dir=Path("sweep"), name="s", jobs=[job(s, v) for s, v in [("x", 1.0), ("x", 1.0), ("y", 2.0), ("y", 2.0)]])
+    assert "| `y` | +1 | - | - | no spread over the seeds |" in comparison_table(compare_to_best(flat, "test/ppl"), "test/ppl")
 
 
 def test_report_names_an_unknown_compared_metric(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

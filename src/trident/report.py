@@ -173,23 +173,28 @@ def better_is(sweep: Sweep, metric: str) -> str:
 
 def compare_to_best(sweep: Sweep, metric: str) -> pd.DataFrame:
     """Each setting against the setting with the best mean ``metric``: the difference of the means,
-    Welch's t statistic and its two-sided p-value over the seeds (NaN with fewer than 2 seeds each).
+    Welch's t statistic and its two-sided p-value over the seeds (NaN unless both have 2 seeds or
+    more, and NaN when neither varies over its seeds).
 
-    Rows: settings in sweep order; columns ``difference``, ``t``, ``p``; ``attrs["best"]`` is the best."""
+    Rows: settings in sweep order; columns ``n`` (seeds), ``difference``, ``t``, ``p``;
+    ``attrs["best"]`` is the best."""
     values: dict[str, list[float]] = {}
     for job in sweep.completed:
         if not math.isnan(job.metrics.get(metric, math.nan)):
             values.setdefault(job.setting, []).append(job.metrics[metric])
     settings = [s for s in sweep.settings if s in values]
-    frame = pd.DataFrame(index=pd.Index(settings, name="setting"), columns=["difference", "t", "p"], dtype=float)
+    frame = pd.DataFrame(index=pd.Index(settings, name="setting"), columns=["n", "difference", "t", "p"], dtype=float)
     if not settings:
         return frame
     means = {s: sum(v) / len(v) for s, v in values.items()}
     best = (min if better_is(sweep, metric) == "min" else max)(settings, key=means.__getitem__)
     for setting in settings:
-        test = stats.ttest_ind(values[setting], values[best], equal_var=False) if setting != best else None
-        frame.loc[setting] = [means[setting] - means[best], getattr(test, "statistic", math.nan),
-                              getattr(test, "pvalue", math.nan)]
+        pair = (values[setting], values[best])
+        spread = any(len(set(v)) > 1 for v in pair)
+        testable = setting != best and min(map(len, pair)) >= 2 and spread
+        test = stats.ttest_ind(*pair, equal_var=False) if testable else None
+        frame.loc[setting] = [len(values[setting]), means[setting] - means[best],
+                              getattr(test, "statistic", math.nan), getattr(test, "pvalue", math.nan)]
     frame.attrs["best"] = best
     return frame
 
@@ -202,7 +207,9 @@ def comparison_table(comparison: pd.DataFrame, metric: str) -> str:
         if setting == comparison.attrs.get("best"):
             lines.append(f"| `{setting}` | best | | | |")
         elif math.isnan(row["p"]):
-            lines.append(f"| `{setting}` | {row['difference']:+.4g} | - | - | too few seeds |")
+            best_n = comparison.loc[comparison.attrs["best"], "n"]
+            reason = "too few seeds" if min(row["n"], best_n) < 2 else "no spread over the seeds"
+            lines.append(f"| `{setting}` | {row['difference']:+.4g} | - | - | {reason} |")
         else:
             verdict = "yes" if row["p"] < SIGNIFICANCE else "no"
             lines.append(f"| `{setting}` | {row['difference']:+.4g} | {row['t']:.2f} | {row['p']:.3g} | {verdict} |")
