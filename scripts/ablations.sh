@@ -2,7 +2,7 @@
 # Run the ablation presets (README, "Sweeps and ablations") one after another and write each one's
 # report where docs/results.md reads it:
 #
-#   scripts/ablations.sh                          # all nine presets, 3 seeds each
+#   scripts/ablations.sh                          # every ablation preset, 3 seeds each
 #   scripts/ablations.sh ablation_heads ablation_depth
 #
 # Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
@@ -13,22 +13,26 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${ABLATIONS_DIR:-outputs/ablations}
+# Every preset by default: the files conf/experiment/ablation_*.yaml, the one list of them.
+known=$(cd conf/experiment && ls ablation_*.yaml | sed 's/\.yaml$//' | tr '\n' ' ')
+known=${known% }
 presets=("$@")
 if [ ${#presets[@]} -eq 0 ]; then
-  presets=(ablation_base ablation_pos_encoding ablation_heads ablation_width ablation_ffn ablation_depth
-           ablation_norm ablation_dropout ablation_label_smoothing)
+  read -r -a presets <<< "$known"
 fi
 # Label smoothing is judged on BLEU and on perplexity (the paper: it hurts perplexity, helps BLEU);
 # dropout on the last validation loss too (a fixed budget), not only the early-stopped best one.
 declare -A compare=([ablation_label_smoothing]="best/val/bleu test/bleu test/ppl"
                     [ablation_dropout]="best/val/loss val/loss test/loss")
+for preset in "${presets[@]}"; do  # every name checked before any sweep starts
+  if [ ! -f "conf/experiment/$preset.yaml" ]; then
+    echo "error: no preset conf/experiment/$preset.yaml: choose among $known" >&2
+    exit 2
+  fi
+done
 status=0
 mkdir -p "$out"
 for preset in "${presets[@]}"; do
-  if [ ! -f "conf/experiment/$preset.yaml" ]; then
-    echo "error: no preset conf/experiment/$preset.yaml: choose among $(cd conf/experiment && ls ablation_*.yaml | sed 's/\.yaml//' | tr '\n' ' ')" >&2
-    exit 2
-  fi
   started=$(date +%s)
   python train.py -m "experiment=$preset" "hydra.sweep.dir=$out/$preset" || status=1
   echo "$preset $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"

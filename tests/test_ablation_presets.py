@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -58,3 +61,16 @@ def test_every_swept_setting_is_a_valid_config(preset: str) -> None:
     for values in itertools.product(*params.values()):
         overrides = [f"{key}={value}" for key, value in zip(params, values)]
         check_config(compose_config([f"experiment={preset}", *overrides]))
+
+
+def test_the_ablations_script_checks_every_name_before_running_a_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "ablations"
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ablations.sh"), "ablation_base", "ablation_nope"],
+        capture_output=True, text=True, env={**os.environ, "ABLATIONS_DIR": str(out)}, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: no preset conf/experiment/ablation_nope.yaml: choose among {' '.join(PRESETS)}"
+    ]
+    assert not out.exists(), "no sweep ran, not even the valid one listed first"
