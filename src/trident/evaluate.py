@@ -58,6 +58,9 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
     if "optimizer" in cfg:  # a run saved before the optimizer was chosen by name still loads
         cfg.optimizer = optimizer_by_name(OmegaConf.to_container(cfg.optimizer, resolve=True))  # type: ignore[arg-type]
+    # A vit run of an earlier version named its timm file here; its checkpoint holds the weights.
+    for group in ("model", "task"):
+        cfg[group].pop("pretrained", None)
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     return cfg, checkpoint

@@ -68,7 +68,10 @@ def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     validated by :class:`TransformerConfig`."""
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
-    options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
+    if options.get("pretrained") is not None:
+        raise ConfigError(f"model.pretrained was replaced by init_from: run with init_from={options['pretrained']} "
+                          "(a timm file, a Hugging Face directory or a trident checkpoint or run)")
+    options.pop("pretrained", None)  # null in the saved configs of earlier runs
     settings = [f.name for f in dataclasses.fields(TransformerConfig) if f.name not in DERIVED_SETTINGS]
     for key in options:
         if key not in settings:
