@@ -1,4 +1,4 @@
-"""Load weights of a timm ``VisionTransformer`` into trident's (``model.pretrained=<file>``).
+"""A timm ``VisionTransformer`` state dict <-> trident's ``VisionTransformer`` (task=vit).
 
 timm and trident name the same tensors differently; the layouts match (fused qkv in q, k, v
 order with heads contiguous; the class token's position first in the position table).
