@@ -53,3 +53,30 @@ def split_qkv(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def strip_prefix(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     """A headed model's backbone keys (``transformer.h.0...``) as the bare model names them."""
     return {name.removeprefix(prefix): tensor for name, tensor in state.items()}
+
+
+def layer_from_hf(state: dict[str, Tensor], hf: str, trident: str, table: dict[str, str], qkv: str) -> dict[str, Tensor]:
+    """One layer of a Hugging Face encoder with separate ``{qkv}.query/key/value`` projections (BERT,
+    ViT) in trident's names: ``table`` maps the other tensors' suffixes (``hf`` and ``trident`` prefixes)."""
+    out = {f"{trident}.{target}": state[f"{hf}.{name}"] for name, target in table.items()}
+    for kind in ("weight", "bias"):
+        parts = (state[f"{hf}.{qkv}.{role}.{kind}"] for role in ("query", "key", "value"))
+        out[f"{trident}.self_attn.qkv_proj.{kind}"] = fuse_qkv(*parts)
+    return out
+
+
+def layer_to_hf(state: dict[str, Tensor], trident: str, hf: str, table: dict[str, str], qkv: str) -> dict[str, Tensor]:
+    """The inverse of :func:`layer_from_hf`."""
+    out = {f"{hf}.{name}": state[f"{trident}.{target}"] for name, target in table.items()}
+    for kind in ("weight", "bias"):
+        for role, part in zip(("query", "key", "value"), split_qkv(state[f"{trident}.self_attn.qkv_proj.{kind}"])):
+            out[f"{hf}.{qkv}.{role}.{kind}"] = part.contiguous()
+    return out
+
+
+def square_size(value: Any, name: str, source: str) -> int:
+    """An image or patch size that Hugging Face may write as an int or a [height, width] pair."""
+    if isinstance(value, list | tuple):
+        require_source(len(value) == 2 and value[0] == value[1], source, f"a non-square {name} {value}")
+        value = value[0]
+    return int(value)

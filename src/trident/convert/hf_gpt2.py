@@ -87,11 +87,11 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
     )
 
 
-def to_hf(net: CausalLM, pos_encoding: str) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+def to_hf(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``GPT2Config`` arguments and ``GPT2LMHeadModel`` state dict of ``net``."""
     cfg = net.cfg
     tied = net.head.weight is net.embed.weight
-    require_equivalent(pos_encoding == "learned", "pos_encoding", pos_encoding, TARGET, "GPT-2 has learned positions only")
+    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "GPT-2 has learned positions only")
     require_equivalent(cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "GPT-2 is pre-norm")
     require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "GPT-2 uses LayerNorm")
     require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "GPT-2's layers have biases")

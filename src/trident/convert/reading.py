@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from trident.convert import hf_gpt2
+from trident.convert import hf_bert, hf_gpt2, hf_vit
 from trident.convert.hf_files import read_config, read_state_dict, read_tokenizer
+from trident.convert.timm_vit import from_timm, read_timm_file
 from trident.convert.weights import PretrainedWeights
 from trident.errors import DataError
 
 # Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
-HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2}
+HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 
@@ -30,7 +31,9 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
     if not path.exists():
         path = _hub_snapshot(source)
     if path.is_file():
-        raise DataError(f"{source} is not a model this trident version reads: supported are {supported()}")
+        if path.suffix not in TIMM_SUFFIXES:
+            raise DataError(f"{source} is not a model file trident reads: supported are {supported()}")
+        return from_timm(read_timm_file(path), source)
     if not (path / "config.json").is_file():
         raise DataError(f"{source} is not a model directory (no config.json): supported are {supported()}")
     config = read_config(path)
