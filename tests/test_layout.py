@@ -1,6 +1,6 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, training <- tasks <- runs <- commands (train, evaluate, sample, ...)
+errors <- backbone <- models <- data, training, convert <- tasks <- runs <- commands (train, evaluate, sample, ...)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ RANKS = {
     "trident.models": 2,
     "trident.data": 3,
     "trident.training": 3,
+    "trident.convert": 3,  # outside formats (Hugging Face, timm) <-> models
     "trident.tasks": 4,
     "trident.runs": 5,
 }

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import trident.runs.pipeline
 import trident.tasks.translation
-from trident.models.timm_compat import timm_to_trident
+from trident.convert.timm_vit import timm_to_trident
 from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config
