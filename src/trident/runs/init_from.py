@@ -67,6 +67,8 @@ def read_init_source(path: str) -> InitSource:
                         "a Hugging Face model directory or a timm ViT file")
     if (location / "source.json").is_file():
         return _read_copy(location)
+    if (location / "config.json").is_file() or (location.is_file() and location.suffix != ".ckpt"):
+        return _from_outside(path)
     if location.is_dir() and not any(location.glob("checkpoints/*.ckpt")) and not any(location.glob("*.ckpt")):
         raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
                         "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
@@ -92,6 +94,18 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
         task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
         state_dict={k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
         tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
+    )
+
+
+def _from_outside(path: str) -> InitSource:
+    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.convert`."""
+    from trident.convert import read_pretrained  # here: safetensors and the adapters load only when used
+
+    weights = read_pretrained(path)
+    return InitSource(
+        source=path, format=weights.format, task=weights.task, model=dict(weights.model),
+        pos_encoding=weights.pos_encoding, pos_encoding_options={}, task_options=dict(weights.task_options),
+        data_options=dict(weights.data_options), state_dict=weights.state_dict, tokenizer=weights.tokenizer,
     )
 
 
