@@ -256,3 +256,28 @@ def test_data_tokenizer_takes_a_tokenizer_file(lm_source: Path, new_corpus: Path
     with pytest.raises(TridentError, match="is neither one of char, bpe nor a tokenizer.json") as caught:
         train(compose_config([*SMALL, f"data.tokenizer={tmp_path / 'nope.json'}"], output_dir=tmp_path / "run3"))
     assert "\n" not in str(caught.value) and not (tmp_path / "run3").exists()
+
+
+def test_hf_gpt2_directory_fine_tunes_from_its_own_loss(new_corpus: Path, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from trident.data.tokenization import train_tokenizer
+
+    hf_dir = tmp_path / "gpt2"
+    tokenizer = train_tokenizer("bpe", [NEW_TEXT], vocab_size=300)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=tokenizer.get_vocab_size())
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(hf_dir)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    run = tmp_path / "run"
+    overrides = [o for o in SMALL if o != "model=nano"]
+    train(compose_config([*overrides, *FROZEN, f"init_from={hf_dir}", "data=text_files", f"data.files=[{new_corpus}]"],
+                         output_dir=run))
+    config_used = OmegaConf.load(run / "config_resolved.yaml")
+    assert (config_used.model.d_model, config_used.pos_encoding.name, config_used.data.max_seq_len) == (32, "learned", 64)
+    inputs, targets = _first_val_batch(run)
+    with torch.no_grad():
+        expected = F.cross_entropy(reference(inputs).logits.flatten(0, 1), targets.flatten()).item()
+    first_val = next(r["val/loss"] for r in _history(run) if "val/loss" in r)
+    assert first_val == pytest.approx(expected, rel=1e-5)
+    assert json.loads((run / "init" / "source.json").read_text())["format"] == "hf-gpt2"
