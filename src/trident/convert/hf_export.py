@@ -3,10 +3,12 @@ the state dict, ``transformers`` builds the model and checks that every tensor f
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import nn
 
@@ -37,10 +39,17 @@ def to_transformers(net: nn.Module) -> Any:
 
     architecture, settings, state = adapter_for(net).to_hf(net)
     model_class = getattr(transformers, architecture)
-    model = model_class(model_class.config_class(**settings))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"the {architecture} adapter is incomplete: missing {missing}, unexpected {unexpected}")
+    # The adapters write the checkpoint names Hugging Face publishes; transformers renames them to its
+    # modules' (which change between versions) in from_pretrained, so the model is read from a directory.
+    with tempfile.TemporaryDirectory() as scratch:
+        model_class.config_class(architectures=[architecture], **settings).save_pretrained(scratch)
+        # safetensors stores no shared tensors: each tied name gets its own copy, and transformers ties them again.
+        save_file({name: tensor.detach().clone().contiguous() for name, tensor in state.items()},
+                  str(Path(scratch) / "model.safetensors"), metadata={"format": "pt"})
+        model, info = model_class.from_pretrained(scratch, output_loading_info=True)
+    unplaced = {kind: names for kind, names in info.items() if names and kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if unplaced:
+        raise RuntimeError(f"the {architecture} adapter does not fit transformers {transformers.__version__}: {unplaced}")
     return model.eval()
 
 
