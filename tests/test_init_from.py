@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def _history(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _first_val_batch(run_dir: Path) -> tuple[torch.Tensor, ...]:
+def _first_val_batch(run_dir: Path) -> Any:
     """The first validation batch of a finished run, rebuilt from its saved config."""
     cfg = OmegaConf.load(run_dir / "config_resolved.yaml")
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -281,3 +282,33 @@ def test_hf_gpt2_directory_fine_tunes_from_its_own_loss(new_corpus: Path, tmp_pa
     first_val = next(r["val/loss"] for r in _history(run) if "val/loss" in r)
     assert first_val == pytest.approx(expected, rel=1e-5)
     assert json.loads((run / "init" / "source.json").read_text())["format"] == "hf-gpt2"
+
+
+def test_hf_bert_directory_fine_tunes_a_masked_lm_from_its_own_loss(new_corpus: Path, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    hf_dir = tmp_path / "bert"
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator([NEW_TEXT], trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    reference = transformers.BertForMaskedLM(config).eval()
+    reference.save_pretrained(hf_dir)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    run = tmp_path / "run"
+    overrides = [o for o in SMALL_MLM if o != "model=nano"]
+    train(compose_config([*overrides, *FROZEN, f"init_from={hf_dir}", "data=text_files", f"data.files=[{new_corpus}]"],
+                         output_dir=run))
+    task = trident.load(run)
+    assert task.tokenizer.get_vocab() == tokenizer.get_vocab(), "BERT's [MASK] and [PAD] are used, none added"
+    batch = _first_val_batch(run)
+    inputs, targets = task.mask(batch, "val", 0)  # the run's masks of its first validation batch
+    select = targets != -100
+    with torch.no_grad():
+        expected = F.cross_entropy(reference(inputs).logits[select], targets[select]).item()
+    first_val = next(r["val/loss"] for r in _history(run) if "val/loss" in r)
+    assert first_val == pytest.approx(expected, rel=1e-5)
