@@ -122,6 +122,12 @@ def test_the_run_is_self_contained_when_the_source_moves(lm_source: Path, new_co
     train(compose_config([*SMALL, *FROZEN, f"init_from={source}", "data=text_files", f"data.files=[{new_corpus}]"],
                          output_dir=run))
     shutil.rmtree(source)
+    # Resuming the run continues its own training from the copy (the source is gone).
+    train(compose_config([*SMALL, *FROZEN, f"init_from={source}", "data=text_files", f"data.files=[{new_corpus}]",
+                          f"resume={run}", "trainer.max_steps=3"], output_dir=run))
+    resumed = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert resumed["global_step"] == 3
+    assert {int(s["step"]) for s in resumed["optimizer_states"][0]["state"].values()} == {3}, "the optimizer continued"
     task = trident.load(run)
     assert task.tokenizer.get_vocab() == trident.load(lm_source).tokenizer.get_vocab()
     from trident.evaluate import evaluate

@@ -29,10 +29,10 @@ from trident.errors import ConfigError, did_you_mean, find_user_error
 from trident.extras import require_package
 from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
-from trident.runs.init_from import DERIVED_SETTINGS, InitSource, copy_source, source_for_run
+from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
-from trident.runs.weight_transfer import TransferRow, report_transfer, transfer_weights
+from trident.runs.weight_transfer import report_transfer, transfer_weights
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -306,12 +306,15 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         cfg.precision_used = check_precision(trainer, str(cfg.trainer.precision)) if writes_outputs else str(trainer.precision)
     # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
     if writes_outputs:
-        _keep_source(cfg, run_dir, source, transferred)
+        if source is not None:
+            copy_source(cfg, source, run_dir)  # <run>/init: the run never needs the source again
         save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
     resumed_step = int(saved[1]["global_step"]) if saved else None
     loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"], resumed_step)
     trainer.loggers = loggers
+    if transferred is not None and writes_outputs:
+        report_transfer(transferred, run_dir / "init" / "weights.csv", loggers)
     succeeded = False
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.
@@ -339,14 +342,6 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         finish_wandb(succeeded, signalled=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
-
-
-def _keep_source(cfg: DictConfig, run_dir: Path, source: InitSource | None, transferred: list[TransferRow] | None) -> None:
-    """``init_from``'s source copied into the run (``<run>/init``) and the table of what was loaded."""
-    if source is not None:
-        copy_source(cfg, source, run_dir)
-    if transferred is not None:
-        report_transfer(transferred, run_dir / "init" / "weights.csv")
 
 
 def finish_wandb(succeeded: bool, signalled: bool) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor, nn
 
 from trident.errors import ConfigError
@@ -93,9 +94,12 @@ def _rows(outcome: str, tensors: dict[str, Tensor], notes: dict[str, str]) -> li
             for group, ts in groups.items()]
 
 
-def report_transfer(rows: list[TransferRow], out: Path) -> None:
-    """Log the table and keep it with the run (``<run>/init/weights.csv``)."""
-    header = ("outcome", "group", "tensors", "parameters", "note")
+def report_transfer(rows: list[TransferRow], out: Path, loggers: list[Logger]) -> None:
+    """Log the table (console, W&B table) and keep it with the run (``<run>/init/weights.csv``)."""
+    header = ["outcome", "group", "tensors", "parameters", "note"]
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_text(key="init_from/weights", columns=header, data=[list(vars(r).values()) for r in rows], step=0)
     width = max(len(r.group) for r in rows)
     lines = [f"{'outcome':8} {'group':{width}} {'tensors':>7} {'parameters':>11}  note"]
     lines += [f"{r.outcome:8} {r.group:{width}} {r.tensors:>7} {r.parameters:>11,}  {r.note}" for r in rows]
