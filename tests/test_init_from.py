@@ -22,6 +22,7 @@ from PIL import Image
 import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import constructor_args, instantiate, train
+from trident.runs.wandb_files import wait_for_offline_runs
 
 from .conftest import ROOT, SMALL, compose_config
 
@@ -179,7 +180,7 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     folder = _image_folder(tmp_path / "images", classes=3, per_class=10)
     run = tmp_path / "run"
     # data.patch_size is imagefolder's 4 unless the source says 7: it does.
-    train(compose_config([*VIT, *FROZEN, *_image_run(folder), f"init_from={vit_source}"], output_dir=run))
+    train(compose_config([*VIT, *FROZEN, *_image_run(folder), f"init_from={vit_source}", "logger=wandb"], output_dir=run))
     source, tuned = trident.load(vit_source), trident.load(run)
     assert tuned.hparams.patch_size == 7 and tuned.hparams.num_classes == 3
     for name, tensor in source.net.state_dict().items():
@@ -191,6 +192,9 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     assert int(rows[("new", "head")]["parameters"]) == 3 * 64 + 3
     assert int(rows[("loaded", "encoder.blocks")]["parameters"]) == 2 * _nano_block_parameters()
     assert ("dropped", "head") not in rows
+    wait_for_offline_runs(run)
+    (table,) = run.rglob("media/table/init_from/weights_*.table.json")
+    assert "rebuilt: 10 outputs there, 3 here" in table.read_text(), "the same table in W&B"
     saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] == 2
 
