@@ -19,6 +19,7 @@ from trident.export import main
 from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config
+from .convert_helpers import assert_state_equal
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -76,9 +77,7 @@ def test_hf_export_of_each_task_loads_in_transformers_with_the_same_logits(runs:
             assert tokenizer(text)["input_ids"] == task.tokenizer.encode(text).ids
         with torch.no_grad():
             torch.testing.assert_close(model(inputs).logits, task.net(inputs), atol=1e-5, rtol=1e-5)
-        back = read_pretrained(out)
-        assert back.state_dict.keys() == task.net.state_dict().keys()
-        assert all(torch.equal(back.state_dict[k], v) for k, v in task.net.state_dict().items())
+        assert_state_equal(read_pretrained(out).state_dict, task.net)
 
 
 def test_safetensors_export_stores_the_tie_once_and_rebuilds_the_model(runs: Runs, tmp_path: Path) -> None:
