@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import DataError
 from trident.runs.checkpoint_io import RETIRED_SETTINGS, load_task_checkpoint, read_checkpoint
+from trident.runs.resume import run_config_of
 from trident.tasks.checkpointing import TASK_KEY
 
 # The tasks whose checkpoints predate TASK_KEY (every later task records itself).
@@ -83,13 +84,10 @@ def task_name_of(task_class: type[L.LightningModule]) -> str:
 
 
 def _target_in_run_config(path: Path) -> str | None:
-    for parent in path.resolve().parents:
-        config = parent / "config_resolved.yaml"
-        if config.is_file():
-            saved = OmegaConf.load(config)
-            target = OmegaConf.select(saved, "task._target_") if isinstance(saved, DictConfig) else None
-            return str(target) if target else None
-    return None
+    config = run_config_of(path)
+    saved = OmegaConf.load(config) if config is not None else None
+    target = OmegaConf.select(saved, "task._target_") if isinstance(saved, DictConfig) else None
+    return str(target) if target else None
 
 
 def _target_by_settings(checkpoint: dict[str, Any], path: Path) -> str:
