@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from torch import nn
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
-from trident.convert import PretrainedWeights
+from trident.convert import PretrainedWeights, read_pretrained
+from trident.convert.hf_export import to_transformers
 from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer, vit_geometry
 
@@ -26,3 +30,22 @@ def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> n
         net = model_class(cfg, weights.vocab_size, **weights.task_options)
     net.load_state_dict(weights.state_dict, strict=True)
     return net.eval()
+
+
+def assert_state_equal(state: dict[str, Tensor], net: nn.Module) -> None:
+    """``state`` holds exactly ``net``'s tensors, bit for bit."""
+    own = net.state_dict()
+    assert state.keys() == own.keys()
+    for name, tensor in own.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def assert_hf_round_trip(net: nn.Module, inputs: Tensor, directory: Path) -> PretrainedWeights:
+    """trident -> transformers gives the same logits; saved and read back, the same tensors."""
+    hf = to_transformers(net)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(inputs).logits, net(inputs), atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(directory)
+    back = read_pretrained(directory)
+    assert_state_equal(back.state_dict, net)
+    return back

@@ -153,7 +153,7 @@ def test_non_numeric_dropout_raises_config_error(value) -> None:
 def test_parts_chosen_by_name_fail_loudly_on_an_unknown_name() -> None:
     with pytest.raises(ConfigError, match=r"model.norm='batchnorm' is not supported: choose one of layernorm, rmsnorm"):
         make_norm("batchnorm", D_MODEL)
-    with pytest.raises(ConfigError, match=r"model.activation='tanh' is not supported: choose one of relu, gelu, swiglu"):
+    with pytest.raises(ConfigError, match=r"model.activation='tanh' is not supported \(did you mean gelu_tanh\?\): choose one of relu, gelu, gelu_tanh, swiglu"):
         FeedForward(D_MODEL, D_FF, activation="tanh")
     with pytest.raises(ConfigError, match=r"model.attn_impl='flash' is not supported: choose one of sdpa, explicit"):
         MultiHeadAttention(D_MODEL, 4, impl="flash")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.convert_helpers import net_from
+from tests.convert_helpers import assert_hf_round_trip, net_from
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -96,16 +96,8 @@ def trident_bert(**settings: object) -> MaskedLM:
 
 def test_trident_mlm_to_bert_and_back_is_exact(tmp_path: Path) -> None:
     net = trident_bert()
-    hf = to_transformers(net)
     ids = torch.randint(0, VOCAB, (2, 20))
-    with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
-    hf.save_pretrained(tmp_path)
-    back = read_pretrained(tmp_path)
-    own = net.state_dict()
-    assert back.state_dict.keys() == own.keys()
-    for name, tensor in own.items():
-        assert torch.equal(back.state_dict[name], tensor), name
+    assert_hf_round_trip(net, ids, tmp_path)
 
 
 @pytest.mark.parametrize(("settings", "named"), [

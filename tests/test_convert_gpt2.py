@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.convert_helpers import net_from
+from tests.convert_helpers import assert_hf_round_trip, net_from
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -85,16 +85,8 @@ def trident_lm(**settings: object) -> CausalLM:
 @pytest.mark.parametrize("tie", [True, False])
 def test_trident_lm_to_gpt2_and_back_is_exact(tmp_path: Path, tie: bool) -> None:
     net = trident_lm(tie_embeddings=tie)
-    hf = to_transformers(net)
     ids = torch.randint(0, VOCAB, (2, 20))
-    with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
-    hf.save_pretrained(tmp_path)
-    back = read_pretrained(tmp_path)
-    own = net.state_dict()
-    assert back.state_dict.keys() == own.keys()
-    for name, tensor in own.items():
-        assert torch.equal(back.state_dict[name], tensor), name
+    back = assert_hf_round_trip(net, ids, tmp_path)
     assert back.task_options["tie_embeddings"] is tie
 
 

@@ -10,7 +10,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from tests.convert_helpers import net_from
+from tests.convert_helpers import assert_hf_round_trip, net_from
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -79,16 +79,8 @@ def trident_vit(pool: str = "cls", **settings: object) -> VisionTransformer:
 
 def test_trident_vit_to_hf_and_back_is_exact(tmp_path: Path) -> None:
     net = trident_vit(norm_eps=1e-12)
-    hf = to_transformers(net)
     images = torch.randn(2, 3, 24, 24)
-    with torch.no_grad():
-        torch.testing.assert_close(hf(images).logits, net(images), atol=1e-5, rtol=1e-5)
-    hf.save_pretrained(tmp_path)
-    back = read_pretrained(tmp_path)
-    own = net.state_dict()
-    assert back.state_dict.keys() == own.keys()
-    for name, tensor in own.items():
-        assert torch.equal(back.state_dict[name], tensor), name
+    assert_hf_round_trip(net, images, tmp_path)
 
 
 def test_trident_vit_to_timm_is_exact() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, DataError
 
 # trident's model.activation <-> Hugging Face's hidden_act / activation_function (exact equivalents only).
@@ -80,3 +81,43 @@ def square_size(value: Any, name: str, source: str) -> int:
         require_source(len(value) == 2 and value[0] == value[1], source, f"a non-square {name} {value}")
         value = value[0]
     return int(value)
+
+
+def encoder_settings(config: dict[str, Any], *, activation: str, norm_first: bool, embedding_norm: bool) -> dict[str, Any]:
+    """The ``model`` values of a BERT-style config (BERT, ViT: ``hidden_size``, ``layer_norm_eps``...)."""
+    return hf_model_settings(
+        int(config["hidden_size"]),
+        int(config["num_attention_heads"]),
+        int(config["num_hidden_layers"]),
+        int(config["intermediate_size"]),
+        activation=activation,
+        norm_first=norm_first,
+        norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+        embedding_norm=embedding_norm,
+    )
+
+
+def hf_model_settings(
+    d_model: int, n_heads: int, n_layers: int, d_ff: int, *, activation: str, norm_first: bool, norm_eps: float,
+    embedding_norm: bool = False,
+) -> dict[str, Any]:
+    """The ``model`` values of a Hugging Face model here (GPT-2, BERT, ViT: LayerNorm, biases everywhere)."""
+    return {"d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "d_ff": d_ff, "activation": activation,
+            "norm": "layernorm", "norm_first": norm_first, "bias": True, "norm_eps": norm_eps,
+            "embedding_norm": embedding_norm}
+
+
+def require_hf_block(cfg: TransformerConfig, target: str, *, norm_first: bool, embedding_norm: bool) -> None:
+    """What the Hugging Face models here share (learned positions, LayerNorm, biases, no layer scale),
+    with ``norm_first`` and ``embedding_norm`` as ``target`` has them."""
+    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, target,
+                       "it has learned positions only (train with pos_encoding=learned)")
+    require_equivalent(cfg.norm_first == norm_first, "model.norm_first", cfg.norm_first, target,
+                       f"it is {'pre' if norm_first else 'post'}-norm")
+    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, target, "it uses LayerNorm")
+    require_equivalent(cfg.bias, "model.bias", cfg.bias, target, "its layers have biases")
+    require_equivalent(cfg.embedding_norm == embedding_norm, "model.embedding_norm", cfg.embedding_norm, target,
+                       "it normalises its embeddings (train with model.embedding_norm=true)" if embedding_norm
+                       else "it does not normalise its embeddings")
+    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, target,
+                       "it has no layer scale")

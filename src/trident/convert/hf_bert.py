@@ -16,9 +16,11 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from trident.convert.common import (
+    encoder_settings,
     layer_from_hf,
     layer_to_hf,
     require_equivalent,
+    require_hf_block,
     require_source,
     strip_prefix,
 )
@@ -78,18 +80,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
         source=source,
         format=FORMAT,
         task="mlm",
-        model={
-            "d_model": int(config["hidden_size"]),
-            "n_heads": int(config["num_attention_heads"]),
-            "n_layers": n_layers,
-            "d_ff": int(config["intermediate_size"]),
-            "activation": "gelu",
-            "norm": "layernorm",
-            "norm_first": False,
-            "bias": True,
-            "norm_eps": float(config.get("layer_norm_eps", 1e-12)),
-            "embedding_norm": True,
-        },
+        model=encoder_settings(config, activation="gelu", norm_first=False, embedding_norm=True),
         pos_encoding="learned",
         task_options={"scale_embeddings": False},
         data_options={"max_seq_len": int(config["max_position_embeddings"])},
@@ -103,16 +94,9 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
 def to_hf(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``BertConfig`` arguments and ``BertForMaskedLM`` state dict of ``net``."""
     cfg = net.cfg
-    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "BERT has learned positions only")
-    require_equivalent(not cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "BERT is post-norm")
-    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "BERT uses LayerNorm")
-    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "BERT's layers have biases")
-    require_equivalent(cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
-                       "BERT normalises its embeddings (train with model.embedding_norm=true)")
+    require_hf_block(cfg, TARGET, norm_first=False, embedding_norm=True)
     require_equivalent(cfg.activation == "gelu", "model.activation", cfg.activation, TARGET,
                        "BERT's blocks and MLM head share one activation, and trident's head is GELU")
-    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
-                       "BERT has no layer scale")
     require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "BERT does not scale its embeddings")
     config = {
         "vocab_size": net.vocab_size,

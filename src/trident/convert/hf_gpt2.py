@@ -16,7 +16,9 @@ from torch import Tensor
 from trident.convert.common import (
     activation_from_hf,
     activation_to_hf,
+    hf_model_settings,
     require_equivalent,
+    require_hf_block,
     require_source,
     strip_prefix,
 )
@@ -65,18 +67,16 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
         source=source,
         format=FORMAT,
         task="lm",
-        model={
-            "d_model": d_model,
-            "n_heads": int(config["n_head"]),
-            "n_layers": n_layers,
-            "d_ff": int(config.get("n_inner") or 4 * d_model),
-            "activation": activation_from_hf(config.get("activation_function", "gelu_new"), source),
-            "norm": "layernorm",
-            "norm_first": True,
-            "bias": True,
-            "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
-            "embedding_norm": False,
-        },
+        model=hf_model_settings(
+            d_model,
+            int(config["n_head"]),
+            n_layers,
+            int(config.get("n_inner") or 4 * d_model),
+            activation=activation_from_hf(config.get("activation_function", "gelu_new"), source),
+            norm_first=True,
+            norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+            embedding_norm=False,
+        ),
         pos_encoding="learned",
         task_options={"tie_embeddings": tied, "scale_embeddings": False},
         data_options={"max_seq_len": int(config["n_positions"])},
@@ -91,14 +91,7 @@ def to_hf(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``GPT2Config`` arguments and ``GPT2LMHeadModel`` state dict of ``net``."""
     cfg = net.cfg
     tied = net.head.weight is net.embed.weight
-    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "GPT-2 has learned positions only")
-    require_equivalent(cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "GPT-2 is pre-norm")
-    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "GPT-2 uses LayerNorm")
-    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "GPT-2's layers have biases")
-    require_equivalent(not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
-                       "GPT-2 does not normalise its embeddings")
-    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
-                       "GPT-2 has no layer scale")
+    require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
     require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "GPT-2 does not scale its embeddings")
     config = {
         "vocab_size": net.vocab_size,

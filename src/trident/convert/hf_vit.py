@@ -15,9 +15,11 @@ from torch import Tensor
 from trident.convert.common import (
     activation_from_hf,
     activation_to_hf,
+    encoder_settings,
     layer_from_hf,
     layer_to_hf,
     require_equivalent,
+    require_hf_block,
     require_source,
     square_size,
     strip_prefix,
@@ -68,18 +70,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
         source=source,
         format=FORMAT,
         task="vit",
-        model={
-            "d_model": int(config["hidden_size"]),
-            "n_heads": int(config["num_attention_heads"]),
-            "n_layers": n_layers,
-            "d_ff": int(config["intermediate_size"]),
-            "activation": activation_from_hf(config.get("hidden_act", "gelu"), source),
-            "norm": "layernorm",
-            "norm_first": True,
-            "bias": True,
-            "norm_eps": float(config.get("layer_norm_eps", 1e-12)),
-            "embedding_norm": False,
-        },
+        model=encoder_settings(config, activation=activation_from_hf(config.get("hidden_act", "gelu"), source), norm_first=True, embedding_norm=False),
         pos_encoding="learned",
         task_options={"pool": "cls"},
         data_options={
@@ -97,14 +88,7 @@ def to_hf(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor
     """The architecture name, ``ViTConfig`` arguments and ``ViTForImageClassification`` state dict of ``net``."""
     cfg = net.encoder.cfg
     require_equivalent(net.pool == "cls", "task.pool", net.pool, TARGET, "Hugging Face's ViT classifies from the class token")
-    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "ViT has learned positions only")
-    require_equivalent(cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "ViT is pre-norm")
-    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "ViT uses LayerNorm")
-    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "ViT's layers have biases")
-    require_equivalent(not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
-                       "ViT does not normalise its embeddings")
-    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
-                       "Hugging Face's ViT has no layer scale")
+    require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
     if cfg.grid is None:
         raise ValueError("a VisionTransformer always has a grid")
     _, in_channels, patch_size, _ = net.patch_embed.proj.weight.shape  # (D, C, p, p)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from trident.convert import hf_bert, hf_gpt2, hf_vit
+# Imported by module path: `from trident.convert import ...` would import this package's __init__ (a cycle).
+import trident.convert.hf_bert as hf_bert  # noqa: PLR0402
+import trident.convert.hf_gpt2 as hf_gpt2  # noqa: PLR0402
+import trident.convert.hf_vit as hf_vit  # noqa: PLR0402
 from trident.convert.hf_files import read_config, read_state_dict, read_tokenizer
 from trident.convert.timm_vit import from_timm, read_timm_file
 from trident.convert.weights import PretrainedWeights

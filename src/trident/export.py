@@ -1,0 +1,124 @@
+"""Export a trained trident model: ``trident-export CKPT --format hf|safetensors|onnx --out DIR``.
+
+``CKPT`` is a checkpoint or a run directory (its best, else last checkpoint; ``trident.load``).
+
+- ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit) that
+  ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
+  with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it.
+- ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
+  (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
+- ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``; batch and length dynamic).
+
+The output is written into a temporary directory beside ``--out`` and renamed at the end; an
+existing non-empty ``--out`` is refused, so earlier outputs are never damaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import torch
+from safetensors.torch import save_model
+from torch import Tensor, nn
+
+from trident.convert.hf_export import write_hf
+from trident.errors import ConfigError, choose, run_with_clear_errors
+from trident.extras import require_package
+from trident.models import CausalLM, MaskedLM
+from trident.models.vit import VisionTransformer
+
+
+def export_hf(task: L.LightningModule, directory: Path) -> None:
+    write_hf(task.net, getattr(task, "tokenizer", None), directory)
+
+
+def export_safetensors(task: L.LightningModule, directory: Path) -> None:
+    # save_model keeps one name of each group of shared tensors (the tied head); load_model ties them again.
+    save_model(task.net, str(directory / "model.safetensors"))
+    config = {
+        "task": type(task).__module__.rsplit(".", 1)[-1],
+        "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
+        "hyper_parameters": dict(task.hparams),
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer = getattr(task, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def example_input(net: nn.Module) -> Tensor:
+    """A batch the export traces with: token ids for the text models, images for the ViT."""
+    if isinstance(net, VisionTransformer):
+        conv = net.patch_embed.proj
+        side = net.encoder.cfg.grid[0] * conv.kernel_size[0] if net.encoder.cfg.grid else 0
+        return torch.randn(2, conv.in_channels, side, side)  # (B, C, H, W)
+    if isinstance(net, CausalLM | MaskedLM):
+        return torch.randint(0, net.vocab_size, (2, min(8, net.cfg.max_seq_len)))  # (B, T)
+    raise ConfigError(f"the onnx export writes CausalLM, MaskedLM and VisionTransformer models, not {type(net).__name__}")
+
+
+def export_onnx(task: L.LightningModule, directory: Path) -> None:
+    require_package("onnxscript")
+    example = example_input(task.net)
+    batch = torch.export.Dim("batch", min=1)
+    # Images have a fixed size (the position table's); token sequences any length up to the context.
+    dims = {0: batch} if example.is_floating_point() else {0: batch, 1: torch.export.Dim("length", min=1, max=task.net.cfg.max_seq_len)}
+    torch.onnx.export(task.net, (example,), str(directory / "model.onnx"), dynamo=True, dynamic_shapes=(dims,),
+                      input_names=["pixel_values" if example.is_floating_point() else "input_ids"],
+                      output_names=["logits"], optimize=True, external_data=False)
+
+
+FORMATS: dict[str, Callable[[L.LightningModule, Path], None]] = {
+    "hf": export_hf,
+    "safetensors": export_safetensors,
+    "onnx": export_onnx,
+}
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty directory: choose a new directory (nothing was written)")
+
+
+def export(checkpoint: Path, fmt: str, out: Path) -> None:
+    """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically)."""
+    writer = choose(FORMATS, fmt, "--format")
+    check_out(out)
+    from trident.runs.loading import load
+
+    task = load(checkpoint)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with torch.no_grad():
+            writer(task, scratch)
+        check_out(out)  # still free after the (possibly long) export
+        if out.exists():
+            out.rmdir()
+        scratch.rename(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a trident checkpoint (.ckpt) or train.py run directory")
+    parser.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
+    parser.add_argument("--out", type=Path, required=True, help="the directory to write (new or empty)")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        export(args.checkpoint, args.format, args.out)
+        print(f"exported {args.checkpoint} as {args.format} -> {args.out}")
+
+    run_with_clear_errors(run)
+
+
+if __name__ == "__main__":
+    main()

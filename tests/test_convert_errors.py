@@ -1,0 +1,52 @@
+"""read_pretrained on what it cannot read: one DataError line naming what the input is not and the
+supported architectures; offline, a Hub name fails saying it cannot be downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trident.convert import read_pretrained
+from trident.errors import DataError
+
+SUPPORTED = ("GPT2LMHeadModel", "BertForMaskedLM", "ViTForImageClassification", "timm ViT")
+
+
+def message(path: object) -> str:
+    with pytest.raises(DataError) as info:
+        read_pretrained(path)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "\n" not in text
+    return text
+
+
+def test_a_directory_that_is_not_a_model_is_named(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    text = message(tmp_path)
+    assert "is not a model directory (no config.json)" in text and all(name in text for name in SUPPORTED)
+
+
+def test_an_unsupported_architecture_names_the_supported_ones(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    text = message(tmp_path)
+    assert "holds a llama (LlamaForCausalLM), which trident does not convert" in text
+    assert all(name in text for name in SUPPORTED)
+
+
+def test_a_model_directory_without_weights_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    assert "holds no weights: expected one of model.safetensors" in message(tmp_path)
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "weights.npz").write_text("")
+    assert "is not a model file trident reads" in message(tmp_path / "weights.npz")
+    (tmp_path / "junk.pth").write_text("not a checkpoint")
+    assert "cannot read pretrained weights" in message(tmp_path / "junk.pth")
+
+
+def test_a_hub_name_offline_fails_in_one_line() -> None:
+    # conftest sets HF_HUB_OFFLINE=1: huggingface_hub refuses before any network access.
+    assert "cannot be downloaded from the Hugging Face Hub" in message("openai-community/gpt2-tiny-not-here")
