@@ -269,6 +269,17 @@ def test_data_tokenizer_takes_a_tokenizer_file(lm_source: Path, new_corpus: Path
     assert "\n" not in str(caught.value) and not (tmp_path / "run3").exists()
 
 
+def _fine_tune_from_hf(reference: torch.nn.Module, tokenizer: Any, hf_dir: Path, base: list[str], corpus: Path) -> Path:
+    """Save a transformers model with its tokenizer.json, then fine-tune from it on ``corpus`` (weights unmoved)."""
+    reference.save_pretrained(hf_dir)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    run = hf_dir.parent / "run"
+    overrides = [o for o in base if o != "model=nano"]  # the sizes come from config.json
+    train(compose_config([*overrides, *FROZEN, f"init_from={hf_dir}", "data=text_files", f"data.files=[{corpus}]"],
+                         output_dir=run))
+    return run
+
+
 def test_hf_gpt2_directory_fine_tunes_from_its_own_loss(new_corpus: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from trident.data.tokenization import train_tokenizer
@@ -278,12 +289,7 @@ def test_hf_gpt2_directory_fine_tunes_from_its_own_loss(new_corpus: Path, tmp_pa
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=tokenizer.get_vocab_size())
     reference = transformers.GPT2LMHeadModel(config).eval()
-    reference.save_pretrained(hf_dir)
-    tokenizer.save(str(hf_dir / "tokenizer.json"))
-    run = tmp_path / "run"
-    overrides = [o for o in SMALL if o != "model=nano"]
-    train(compose_config([*overrides, *FROZEN, f"init_from={hf_dir}", "data=text_files", f"data.files=[{new_corpus}]"],
-                         output_dir=run))
+    run = _fine_tune_from_hf(reference, tokenizer, hf_dir, SMALL, new_corpus)
     config_used = OmegaConf.load(run / "config_resolved.yaml")
     assert (config_used.model.d_model, config_used.pos_encoding.name, config_used.data.max_seq_len) == (32, "learned", 64)
     inputs, targets = _first_val_batch(run)
@@ -307,12 +313,7 @@ def test_hf_bert_directory_fine_tunes_a_masked_lm_from_its_own_loss(new_corpus: 
     config = transformers.BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
     reference = transformers.BertForMaskedLM(config).eval()
-    reference.save_pretrained(hf_dir)
-    tokenizer.save(str(hf_dir / "tokenizer.json"))
-    run = tmp_path / "run"
-    overrides = [o for o in SMALL_MLM if o != "model=nano"]
-    train(compose_config([*overrides, *FROZEN, f"init_from={hf_dir}", "data=text_files", f"data.files=[{new_corpus}]"],
-                         output_dir=run))
+    run = _fine_tune_from_hf(reference, tokenizer, hf_dir, SMALL_MLM, new_corpus)
     task = trident.load(run)
     assert task.tokenizer.get_vocab() == tokenizer.get_vocab(), "BERT's [MASK] and [PAD] are used, none added"
     batch = _first_val_batch(run)
