@@ -21,7 +21,7 @@ TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 def supported() -> str:
     """The formats ``read_pretrained`` takes, in the words of its error messages."""
-    names = ", ".join(f"{arch}" for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
+    names = ", ".join(arch for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
     return f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)})"
 
 
