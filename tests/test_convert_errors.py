@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from trident.convert import read_pretrained
 from trident.errors import DataError
@@ -38,6 +39,16 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path: Path) ->
 def test_a_model_directory_without_weights_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
     assert "holds no weights: expected one of model.safetensors" in message(tmp_path)
+
+
+def test_weights_that_lack_a_tensor_are_named(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=8, vocab_size=11)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["transformer.ln_f.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert "lacks 'ln_f.weight' that a gpt2 (GPT2LMHeadModel, GPT2Model) has" in message(tmp_path)
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 
 def supported() -> str:
     """The formats ``read_pretrained`` takes, in the words of its error messages."""
-    names = ", ".join(f"{arch}" for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
+    names = ", ".join(arch for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
     return f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)})"
 
 
@@ -48,7 +48,14 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
             f"{source} holds a {model_type or 'model of unknown type'} ({', '.join(architectures) or 'no architectures'}), "
             f"which trident does not convert: supported are {supported()}"
         )
-    return adapter.from_hf(config, read_state_dict(path), read_tokenizer(path), source)
+    state = read_state_dict(path)
+    try:
+        return adapter.from_hf(config, state, read_tokenizer(path), source)
+    except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
+        raise DataError(
+            f"{source} lacks {err} that a {model_type} ({', '.join(adapter.ARCHITECTURES)}) has: "
+            "its config.json and weights do not match; save the model again with transformers"
+        ) from err
 
 
 def _hub_snapshot(name: str) -> Path:
