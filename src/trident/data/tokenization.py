@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from trident.data.progress import progress_track
 from trident.errors import ConfigError
 
 UNK = "<unk>"
@@ -17,11 +18,15 @@ END_OF_TEXT = "<|endoftext|>"
 TOKENIZER_KINDS = ("char", "bpe")
 
 
-def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) -> Tokenizer:
-    """``char``: one token per character seen in ``texts`` (plus ``<unk>``); ``vocab_size`` is ignored.
-    ``bpe``: byte-level BPE (GPT-2 style) with ``vocab_size`` tokens; it never produces unknowns."""
+def train_tokenizer(
+    kind: str, texts: Iterable[str], *, vocab_size: int = 8192, length: int | None = None, end_of_text: bool = False
+) -> Tokenizer:
+    """``char``: one token per character seen in ``texts`` (plus ``<unk>``, and ``<|endoftext|>``
+    last with ``end_of_text``); ``vocab_size`` is ignored. ``bpe``: byte-level BPE (GPT-2 style)
+    with ``vocab_size`` tokens, ``<|endoftext|>`` among them; it never produces unknowns.
+    ``texts`` may be an iterator (read once); ``length``, its number of items, sizes the progress bar."""
     if kind == "char":
-        return _char_tokenizer(texts)
+        return _char_tokenizer(progress_track(texts, "Collecting characters", total=length), end_of_text)
     if kind == "bpe":
         if vocab_size < 257:
             raise ConfigError(f"data.vocab_size={vocab_size} is too small for byte-level BPE: use at least 257")
@@ -34,16 +39,18 @@ def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) 
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=True,
         )
-        tokenizer.train_from_iterator(texts, trainer=trainer)
+        tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
         return tokenizer
     raise ConfigError(f"unknown data.tokenizer {kind!r}: choose one of {', '.join(TOKENIZER_KINDS)}")
 
 
-def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:
+def _char_tokenizer(texts: Iterable[str], end_of_text: bool) -> Tokenizer:
     alphabet: set[str] = set()
     for text in texts:
         alphabet.update(text)
     vocab = {UNK: 0} | {char: i + 1 for i, char in enumerate(sorted(alphabet))}
+    if end_of_text:  # a vocabulary entry of its own (never produced from text), after the characters
+        vocab[END_OF_TEXT] = len(vocab)
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
     tokenizer.decoder = decoders.Fuse()  # join characters back without separators

@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 from trident.data.base import TridentDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.corpora import SPLITS, load_dataset_or_explain, package_path
+from trident.data.corpora import load_dataset_or_explain, package_path
+from trident.data.readers import SPLITS
 from trident.errors import ConfigError, DataError
 
 CACHE_VERSION = 1  # bump when the preparation below changes its output
