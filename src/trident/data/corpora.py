@@ -21,7 +21,6 @@ from trident.errors import ConfigError, DataError
 from trident.extras import PACKAGE_EXTRAS, require_package
 
 
-
 def package_path(package: str, *parts: str) -> Path:
     """Path of a data file inside an installed package, found without importing it."""
     if package in PACKAGE_EXTRAS:
