@@ -96,6 +96,8 @@ def cut_stream(stream: Stream, shares: dict[str, float]) -> dict[str, Stream]:
         def pieces() -> Iterator[Piece]:
             index, position = 0, 0
             for text, ends_document in stream():
+                if not text and names[index] == wanted:  # a document's end with no text after its last chunk
+                    yield text, ends_document
                 while text:
                     room = ends[index] - position
                     if index == len(names) - 1 or len(text) <= room:
