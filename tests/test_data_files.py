@@ -4,6 +4,9 @@ atomic preparation and the shared memory map (LM), two-file parallel text, small
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -280,3 +283,38 @@ def test_image_split_folders_are_used_as_given(tmp_path: Path) -> None:
     image_folder(tmp_path / "test", 4)
     given = load_image_source("imagefolder", options)
     assert {n: len(s) for n, s in given.splits.items()} == {"train": 40, "validation": 6, "test": 4}
+
+
+@pytest.mark.slow
+def test_a_killed_preparation_process_is_followed_by_a_clean_one(tmp_path: Path) -> None:
+    """SIGKILL while the token file is being written (no Python cleanup runs), then prepare again."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line {i} of a corpus large enough to take a while.\n" for i in range(600_000)))
+    cache = tmp_path / "cache"
+    script = (
+        "from trident.data.lm import LMDataModule\n"
+        f"LMDataModule(source='files', files={str(corpus)!r}, tokenizer='bpe', vocab_size=300, split={SPLIT},"
+        f" cache_dir={str(cache)!r}).prepare_data()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 240
+        while not list(cache.glob("lm/*.tmp/train.bin")) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.poll() is None, "the preparation ended before it could be killed mid-write"
+    finally:
+        child.kill()
+        child.wait()
+    staging = next(cache.glob("lm/*.tmp"))
+    cache_path = staging.with_name(staging.name.removesuffix(".tmp"))
+    assert not cache_path.exists()
+    module = LMDataModule(source="files", files=str(corpus), tokenizer="bpe", vocab_size=300, block_size=8,
+                          split=SPLIT, cache_dir=str(cache))
+    assert module.cache_path == cache_path
+    module.prepare_data()
+    module.setup()
+    assert not staging.exists() and (cache_path / "meta.json").is_file()
+    meta = json.loads((cache_path / "meta.json").read_text())
+    assert module.token_counts() == meta["tokens"]
+    assert module.tokenizer is not None
+    assert module.tokenizer.decode(module.splits["validation"][:40].tolist()).count("of a corpus large") >= 1
