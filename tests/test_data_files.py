@@ -97,6 +97,10 @@ def test_one_file_is_cut_contiguously_and_the_log_says_so(tmp_path: Path, caplog
     with caplog.at_level("INFO"):
         module = prepared(tmp_path, str(corpus))
     assert "validation and test cut from the end of the train data" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        prepared(tmp_path, str(corpus))  # a cache hit says it too
+    assert "data: train given (8,000 tokens); validation cut from the end of train (1,000 tokens); test cut" in caplog.text
     # 10,000 characters: train up to the line break at or after 8,000, validation to 9,000.
     assert decoded(module, "train") == "".join(lines[:800])
     assert decoded(module, "validation") == "".join(lines[800:900])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, read_tokens, write_tokens
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 # Bump when the preparation below changes its output (2: no Arrow copy of the tokens; 3: streamed
 # into memory-mapped .bin files, documents of files / hub data end in <|endoftext|>).
@@ -146,7 +149,10 @@ class LMDataModule(TridentDataModule):
                     f"the {name} split of data.source={self.source} is empty ({counts['train']} train tokens): "
                     "use a larger corpus, give the split in data.files, or change data.split"
                 )
-        meta = {"tokens": counts, "vocab_size": tokenizer.get_vocab_size(), "dtype": encoder.dtype.name}
+        origin = {name: "given" if name in given else "cut from the end of train" for name in SPLITS}
+        if self.test_on_validation:
+            origin["test"] = "the validation split (data.test_on_validation=true)"
+        meta = {"tokens": counts, "vocab_size": tokenizer.get_vocab_size(), "dtype": encoder.dtype.name, "origin": origin}
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def setup(self, stage: str | None = None) -> None:
@@ -154,6 +160,8 @@ class LMDataModule(TridentDataModule):
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
         meta = json.loads((self.cache_path / "meta.json").read_text())
+        # Said on every run, cache hit or not: where each split came from.
+        log.info("data: %s", "; ".join(f"{name} {meta['origin'][name]} ({meta['tokens'][name]:,} tokens)" for name in SPLITS))
         for name in SPLITS:
             # A read-only memory map: every process (DDP ranks, loader workers) shares the page cache.
             self.splits[name] = read_tokens(self.cache_path / f"{name}.bin", meta["dtype"], meta["tokens"][name])
