@@ -177,7 +177,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("alibi-on-images", "train.py", ["task=vit", "pos_encoding=alibi"], ["pos_encoding=alibi", "learned"]),
     ("unknown-pooling", "train.py", ["task=vit", "task.pool=max"], ["task.pool='max'", "cls"]),
     ("missing-corpus-file", "train.py", ["data=text_files", "data.files=[missing.txt]"], ["missing.txt", "not found", "data.files"]),
-    ("empty-corpus", "train.py", ["data=text_files", "data.files=[empty.txt]"], ["the corpus is empty", "data.files"]),
+    ("empty-corpus", "train.py", ["data=text_files", "data.files=[empty.txt]"], ["empty.txt is empty", "data.files"]),
     ("unknown-tokenizer", "train.py", [*TEXT, "data.tokenizer=word"], ["data.tokenizer", "bpe"]),
     # Checkpoints
     ("resume-missing-checkpoint", "train.py", [*TEXT, "ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found", "ckpt_path"]),

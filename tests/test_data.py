@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trident.data.corpora import contiguous_split, load_corpus, play_to_text
+from trident.data.corpora import corpus_streams, play_to_text
 from trident.data.lm import LMDataModule, PackedBlocks
+from trident.data.streams import list_stream, split_streams
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError, DataError
 
@@ -45,18 +46,22 @@ def test_play_markdown_becomes_speaker_text() -> None:
     assert text == "ROMEO:\nBut soft, what light\nThrough yonder window breaks?\nIt is the east.\n\nJULIET:\nAy me!\n"
 
 
+def split_texts(source: str, options: dict, fractions: list[float]) -> dict[str, str]:
+    streams = split_streams(corpus_streams(source, options), fractions, test_on_validation=False)
+    return {name: "".join(text for text, _ in stream()) for name, stream in streams.items()}
+
+
 def test_shakespeare_corpus_is_the_real_plays() -> None:
-    corpus = load_corpus("shakespeare", {}, [0.9, 0.05, 0.05])
-    train = "".join(corpus["train"]["text"])
-    assert len(train) > 3_500_000
-    assert "ROMEO:\n" in "".join(t for s in corpus.values() for t in s["text"])
-    assert "**" not in train and "_Exit" not in train
+    corpus = split_texts("shakespeare", {}, [0.9, 0.05, 0.05])
+    assert len(corpus["train"]) > 3_500_000
+    assert "ROMEO:\n" in "".join(corpus.values())
+    assert "**" not in corpus["train"] and "_Exit" not in corpus["train"]
 
 
 def test_contiguous_split_has_no_overlap_and_covers_everything() -> None:
     lines = [f"line {i}" for i in range(1000)]
-    corpus = contiguous_split(lines, [0.8, 0.1, 0.1])
-    parts = {name: "".join(split["text"]).splitlines() for name, split in corpus.items()}
+    streams = split_streams({"train": list_stream(lines)}, [0.8, 0.1, 0.1], test_on_validation=False)
+    parts = {name: "".join(text for text, _ in stream()).splitlines() for name, stream in streams.items()}
     assert parts["train"] + parts["validation"] + parts["test"] == lines
     assert set(parts["train"]).isdisjoint(parts["validation"]) and set(parts["validation"]).isdisjoint(parts["test"])
     assert 780 <= len(parts["train"]) <= 820
@@ -65,7 +70,7 @@ def test_contiguous_split_has_no_overlap_and_covers_everything() -> None:
 @pytest.mark.parametrize("fractions", [[0.5, 0.5], [0.9, 0.2, -0.1], [0.5, 0.2, 0.2]])
 def test_bad_split_fractions(fractions: list[float]) -> None:
     with pytest.raises(ConfigError, match="data.split"):
-        contiguous_split(["a", "b"], fractions)
+        split_streams({"train": list_stream(["a", "b"])}, fractions, test_on_validation=False)
 
 
 def test_char_tokenizer_round_trips_and_marks_unknown() -> None:
@@ -103,15 +108,15 @@ def test_local_files_go_through_datasets_and_cache(tmp_path: Path) -> None:
     assert all(n > 16 for n in counts.values())
     # The prepared arrays and the tokenizer are cached: a second module reads them without rebuilding.
     built = sorted(p.name for p in module.cache_path.iterdir())
-    assert {"tokenizer.json", "train.npy", "validation.npy", "test.npy", "meta.json"} <= set(built)
-    mtime = (module.cache_path / "train.npy").stat().st_mtime_ns
+    assert {"tokenizer.json", "train.bin", "validation.bin", "test.bin", "meta.json"} <= set(built)
+    mtime = (module.cache_path / "train.bin").stat().st_mtime_ns
     again = LMDataModule(
         source="files", files=[str(corpus)], tokenizer="bpe", vocab_size=300,
         block_size=16, batch_size=2, cache_dir=str(tmp_path / "cache"),
     )
     again.prepare_data()
     again.setup()
-    assert (again.cache_path / "train.npy").stat().st_mtime_ns == mtime
+    assert (again.cache_path / "train.bin").stat().st_mtime_ns == mtime
     assert again.token_counts() == counts
     x, y = next(iter(again.train_dataloader()))
     assert x.shape == (2, 16) and (x[:, 1:] == y[:, :-1]).all()
@@ -123,7 +128,7 @@ def test_the_cache_keeps_only_what_training_reads(tmp_path: Path) -> None:
     module = LMDataModule(source="files", files=[str(corpus)], block_size=16, cache_dir=str(tmp_path / "cache"))
     module.prepare_data()
     assert sorted(p.name for p in module.cache_path.iterdir()) == [
-        "meta.json", "test.npy", "tokenizer.json", "train.npy", "validation.npy",
+        "meta.json", "test.bin", "tokenizer.json", "train.bin", "validation.bin",
     ]
 
 
@@ -183,7 +188,7 @@ def test_packed_blocks_are_contiguous_and_shifted() -> None:
 
 def test_missing_corpus_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not found"):
-        load_corpus("files", {"files": [str(tmp_path / "nope.txt")]}, [0.9, 0.05, 0.05])
+        corpus_streams("files", {"files": [str(tmp_path / "nope.txt")]})
 
 
 def test_empty_corpus_file(tmp_path: Path) -> None:
@@ -203,10 +208,10 @@ def test_corpus_too_small_for_a_block(tmp_path: Path) -> None:
 
 
 def test_bible_corpus_is_the_kjv() -> None:
-    corpus = load_corpus("bible", {"translation": "k"}, [0.9, 0.05, 0.05])
-    assert "".join(corpus["train"]["text"]).startswith("In the beginning God created the heaven and the earth.")
+    corpus = split_texts("bible", {"translation": "k"}, [0.9, 0.05, 0.05])
+    assert corpus["train"].startswith("In the beginning God created the heaven and the earth.")
     with pytest.raises(DataError, match="translation"):
-        load_corpus("bible", {"translation": "?"}, [0.9, 0.05, 0.05])
+        corpus_streams("bible", {"translation": "?"})
 
 
 def test_hub_source_runs_load_dataset_and_keeps_its_splits(tmp_path: Path) -> None:
@@ -217,16 +222,17 @@ def test_hub_source_runs_load_dataset_and_keeps_its_splits(tmp_path: Path) -> No
     for split, n in [("train", 50), ("validation", 5), ("test", 7)]:
         rows = [json.dumps({"story": f"{split} story {i}.", "id": i}) for i in range(n)]
         (folder / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
-    corpus = load_corpus("hub", {"path": str(folder), "name": None, "text_column": "story"}, [0.9, 0.05, 0.05])
-    assert {name: len(split) for name, split in corpus.items()} == {"train": 50, "validation": 5, "test": 7}
-    assert corpus["test"]["text"][0] == "test story 0." and corpus["train"].column_names == ["text"]
-    with pytest.raises(ConfigError, match="text_column"):
-        load_corpus("hub", {"path": str(folder), "text_column": "body"}, [0.9, 0.05, 0.05])
+    streams = corpus_streams("hub", {"path": str(folder), "name": None, "text_column": "story"})
+    documents = {name: [text for text, ends in stream() if ends] for name, stream in streams.items()}
+    assert {name: len(texts) for name, texts in documents.items()} == {"train": 50, "validation": 5, "test": 7}
+    assert documents["test"][0] == "test story 0."
+    with pytest.raises(DataError, match="text_column"):
+        corpus_streams("hub", {"path": str(folder), "text_column": "body"})
 
 
 def test_hub_dataset_unreachable_is_a_clear_error() -> None:
     with pytest.raises(DataError, match="could not load dataset 'no-such-user/no-such-dataset'"):
-        load_corpus("hub", {"path": "no-such-user/no-such-dataset"}, [0.9, 0.05, 0.05])
+        corpus_streams("hub", {"path": "no-such-user/no-such-dataset"})
 
 
 def test_the_data_cache_is_the_sessions_own(tmp_path_factory: pytest.TempPathFactory) -> None:

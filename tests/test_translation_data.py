@@ -104,12 +104,12 @@ def test_hub_dataset_unreachable_is_a_clear_error() -> None:
 
 
 def test_missing_parallel_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"parallel file '.*missing.tsv' not found: fix data.files"):
+    with pytest.raises(DataError, match=r"data file '.*missing.tsv' not found: fix data.files"):
         load_pairs("files", {"files": {"train": str(tmp_path / "missing.tsv")}}, "en", "de", SPLIT)
     with pytest.raises(ConfigError, match="data.source=files needs data.files"):
         load_pairs("files", {"files": None}, "en", "de", SPLIT)
     (tmp_path / "a.csv").write_text("x,y\n")
-    with pytest.raises(ConfigError, match=r"must all be .tsv/.txt"):
+    with pytest.raises(ConfigError, match=r"data.files.train must be .tsv \(src<TAB>tgt\) or .jsonl files, or two line-aligned files"):
         load_pairs("files", {"files": str(tmp_path / "a.csv")}, "en", "de", SPLIT)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trident.bench import data, generation, levers, mfu, steps
+from trident.bench import data, generation, levers, mfu, preparation, steps
 from trident.bench.results import Row, Settings, render, write
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -36,12 +36,16 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "sdpa": levers.sdpa_rows,
     "checkpointing": levers.checkpointing_rows,
     "workers": data.workers_rows,
+    "data": preparation.preparation_rows,
+    "data_2gb": preparation.big_corpus_rows,
     "mfu": mfu.mfu_rows,
 }
 # Compilation alone takes minutes on a small CPU: a quick run leaves it out unless asked for.
 NOT_QUICK = ("compile",)
 # GPU-sized batches of model=base: on a CPU they run only when named (--only mfu) or tiny (--quick).
 GPU_ONLY = ("mfu",)
+# Minutes of disk-bound work (a 2 GB corpus): only when named (--only data_2gb).
+ON_REQUEST = ("data_2gb",)
 
 log = logging.getLogger("trident.bench")
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=1 if args.warmup is None else args.warmup,
         repeats=args.repeats or (2 if args.quick else 5),
     )
-    names = args.only or [n for n in ROWS if not (args.quick and n in NOT_QUICK)
+    names = args.only or [n for n in ROWS if n not in ON_REQUEST and not (args.quick and n in NOT_QUICK)
                           and not (settings.device.type == "cpu" and not args.quick and n in GPU_ONLY)]
     rows: list[Row] = []
     for name in names:

@@ -29,7 +29,7 @@ def publish_cache(staging: Path, cache_path: Path, tokenizer: Tokenizer, meta: d
 
 
 def content_key(files: Any) -> Any:
-    """``data.files`` (a path, a list, or {split: path(s)}) with each existing file replaced by the
+    """``data.files`` (a path, a list, or {split: path(s)}; a path may be a directory) with each existing file replaced by the
     sha256 of its bytes and its suffix (which decides how it is parsed), for the cache key: a file
     edited in place, or another file reached by the same relative path, gets a new cache. Paths
     that name no file stay as written; reading the data reports them."""
@@ -38,6 +38,8 @@ def content_key(files: Any) -> Any:
     if isinstance(files, (list, tuple)):
         return [content_key(path) for path in files]
     path = Path(str(files))
+    if files is not None and path.is_dir():  # a folder of files or a saved dataset: every file in it
+        return {str(p.relative_to(path)): content_key(p) for p in sorted(path.rglob("*")) if p.is_file()}
     if files is None or not path.is_file():
         return files
     with path.open("rb") as handle:

@@ -8,6 +8,7 @@ and local image folders go through ``datasets.load_dataset``.
 from __future__ import annotations
 
 import gzip
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import numpy as np
 
 from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -86,29 +89,58 @@ def fashion_mnist(directory: str, validation: int, seed: int) -> ImageSplits:
     )
 
 
-def from_datasets(path: str, kwargs: dict[str, Any], image_column: str, label_column: str, validation: int, seed: int) -> ImageSplits:
-    """``datasets.load_dataset`` (hub name, or ``imagefolder`` with ``data_dir``); a missing validation
-    split is cut from train with a fixed seed."""
+def from_datasets(
+    path: str, kwargs: dict[str, Any], image_column: str, label_column: str,
+    sizes: tuple[float, float], seed: int, test_on_validation: bool,
+) -> ImageSplits:
+    """``datasets.load_dataset`` (hub name, or ``imagefolder`` with ``data_dir``, whose
+    ``train`` / ``validation`` / ``test`` sub-folders are its splits). A missing validation or
+    test split is cut from train with a fixed seed (``sizes``: a count, or a fraction below 1),
+    never copied from another split, unless ``test_on_validation`` asks for exactly that."""
     fix = "check data.hub_path / data.data_dir, or use data=mnist / data=fashion_mnist offline"
     loaded = load_dataset_or_explain(path, kwargs, fix)
     first = loaded[next(iter(loaded))]
     for column in (image_column, label_column):
         if column not in first.column_names:
-            raise ConfigError(f"dataset {path!r} has no column {column!r} (it has {first.column_names}): set data.image_column / data.label_column")
+            raise DataError(f"dataset {path!r} has no column {column!r} (its columns: {', '.join(first.column_names)}): set data.image_column / data.label_column")
     renamed = {name: _image_and_label(split, image_column, label_column) for name, split in loaded.items()}
     if "train" not in renamed:
-        raise DataError(f"dataset {path!r} has no train split (it has {sorted(renamed)})")
-    val_name = next((n for n in ("validation", "valid", "val") if n in renamed), None)
-    if val_name is None:
-        parts = renamed["train"].train_test_split(test_size=validation, seed=seed)
-        renamed["train"], renamed["validation"] = parts["train"], parts["test"]
-    else:
+        raise DataError(f"dataset {path!r} has no train split (it has {', '.join(sorted(renamed))})")
+    val_name = next((n for n in ("validation", "valid", "val", "dev") if n in renamed), None)
+    if val_name is not None:
         renamed["validation"] = renamed.pop(val_name)
-    if "test" not in renamed:
-        renamed["test"] = renamed["validation"]  # e.g. ImageNet: its validation set is the test set
+    if test_on_validation:
+        if "test" in renamed or "validation" not in renamed:
+            raise ConfigError("data.test_on_validation=true needs a validation split and no test split: drop the option")
+        renamed["test"] = renamed["validation"]
+        log.warning("data: the test split is the validation split (data.test_on_validation=true)")
+    missing = {name: size for name, size in zip(("validation", "test"), sizes) if name not in renamed}
+    if missing:
+        renamed |= _cut_from_train(renamed, missing, seed)
     feature = renamed["train"].features["label"]
     names = list(feature.names) if hasattr(feature, "names") else []
     return ImageSplits({k: renamed[k] for k in ("train", "validation", "test")}, names)
+
+
+def _cut_from_train(splits: dict[str, datasets.Dataset], missing: dict[str, float], seed: int) -> dict[str, datasets.Dataset]:
+    """Cut the ``missing`` splits (a count, or a fraction of train below 1) off train, after one
+    fixed shuffle; sizes that do not fit are one error with the numbers."""
+    total = len(splits["train"])
+    counts = {name: int(size * total) if 0 < size < 1 else int(size) for name, size in missing.items()}
+    settings = " + ".join(f"data.{name}_size={missing[name]} ({counts[name]})" for name in counts)
+    if min(counts.values()) < 1 or sum(counts.values()) >= total:
+        raise DataError(
+            f"the train split has {total} images, too few to cut {settings} from it and keep some for training: "
+            "set the sizes lower (a count, or a fraction such as 0.1), or give validation/ and test/ sub-folders"
+        )
+    order = splits["train"].shuffle(seed=seed)
+    out, start = {}, 0
+    for name, count in counts.items():
+        out[name] = order.select(range(start, start + count))
+        start += count
+    out["train"] = order.select(range(start, total))
+    log.info("data: %s cut from the train split (%d images left for training)", settings, total - start)
+    return out
 
 
 def _image_and_label(split: datasets.Dataset, image_column: str, label_column: str) -> datasets.Dataset:
@@ -119,7 +151,9 @@ def _image_and_label(split: datasets.Dataset, image_column: str, label_column: s
 
 def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
     """Dispatch on ``data.source``: mnist_5k | fashion_mnist | hub | imagefolder."""
-    validation, test, seed = int(options["validation_size"]), int(options["test_size"]), int(options["split_seed"])
+    sizes = (float(options["validation_size"]), float(options["test_size"]))
+    validation, test, seed = int(sizes[0]), int(sizes[1]), int(options["split_seed"])
+    test_on_validation = bool(options.get("test_on_validation", False))
     if source == "mnist_5k":
         return mnist_5k(validation, test, seed)
     if source == "fashion_mnist":
@@ -129,10 +163,10 @@ def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
         if not options.get("hub_path"):
             raise ConfigError("data.source=hub needs data.hub_path (e.g. cifar10)")
         kwargs = {"name": options["hub_config"]} if options.get("hub_config") else {}
-        return from_datasets(str(options["hub_path"]), kwargs, *columns, validation, seed)
+        return from_datasets(str(options["hub_path"]), kwargs, *columns, sizes, seed, test_on_validation)
     if source == "imagefolder":
         data_dir = options.get("data_dir")
         if not data_dir or not Path(data_dir).is_dir():
             raise DataError(f"image folder {data_dir!r} not found: set data.data_dir to a folder of <class>/<image> files")
-        return from_datasets("imagefolder", {"data_dir": str(data_dir)}, *columns, validation, seed)
+        return from_datasets("imagefolder", {"data_dir": str(data_dir)}, *columns, sizes, seed, test_on_validation)
     raise ConfigError(f"unknown data.source {source!r}: choose one of mnist_5k, fashion_mnist, hub, imagefolder")

