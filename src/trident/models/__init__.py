@@ -5,6 +5,7 @@ from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.masked_lm import MaskedLM
 from trident.models.sampling import generate, sample_next_token
 from trident.models.seq2seq import EncoderDecoder
+from trident.models.sequence_classifier import POOLS, SequenceClassifier
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "EncoderDecoder",
     "Hypothesis",
     "MaskedLM",
+    "POOLS",
+    "SequenceClassifier",
     "VisionTransformer",
     "attention_rollout",
     "beam_search",
