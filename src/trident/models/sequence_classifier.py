@@ -60,6 +60,6 @@ class SequenceClassifier(nn.Module):
             return int(parts[2]) + 1
         return self.cfg.n_layers + 1
 
-    def backbone_parameters(self) -> list[nn.Parameter]:
+    def named_backbone_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Everything but the head: what freezing the backbone freezes."""
-        return [p for name, p in self.named_parameters() if not name.startswith("head.")]
+        return [(name, p) for name, p in self.named_parameters() if not name.startswith("head.")]

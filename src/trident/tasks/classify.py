@@ -61,7 +61,7 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         self.pad_id, self.class_names, self.majority_accuracy = pad_id, list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:
-            for param in self.net.backbone_parameters():
+            for _, param in self.net.named_backbone_parameters():
                 param.requires_grad_(False)
         # micro accuracy: the fraction of sequences classified correctly; macro-F1 weighs classes equally.
         self.val_acc, self.test_acc = (MulticlassAccuracy(num_classes, average="micro") for _ in range(2))
@@ -98,7 +98,7 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         alone) until step N, then trains with the head."""
         if self.freeze_backbone_steps > 0:
             frozen = self.global_step < self.freeze_backbone_steps
-            for param in self.net.backbone_parameters():
+            for _, param in self.net.named_backbone_parameters():
                 param.requires_grad_(not frozen)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
@@ -134,13 +134,18 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         if self.trainer.is_global_zero:
             publish_figure(self, "test/confusion_matrix", confusion_matrix_figure(matrix, self.class_names))
 
+    def _frozen_for_good(self) -> set[str]:
+        if self.freeze_backbone_steps != FROZEN_FOR_GOOD:
+            return set()
+        return {name for name, _ in self.net.named_backbone_parameters()}
+
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         steps = int(self.trainer.estimated_stepping_batches)
         no_decay = positional_parameter_names(self.net)
         groups = layerwise_groups(
             self.net, self.net.layer_of, self.net.cfg.n_layers + 1, lr=float(self.optimizer_cfg["lr"]),
             weight_decay=float(self.optimizer_cfg.get("weight_decay", 0.0)), layer_decay=self.layer_decay,
-            head_lr=self.head_lr, no_decay_names=no_decay,
+            head_lr=self.head_lr, no_decay_names=no_decay, frozen_names=self._frozen_for_good(),
         )
         return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay, groups)
 

@@ -36,14 +36,16 @@ def layerwise_groups(
     head_lr: float | None,
     head_prefix: str = "head.",
     no_decay_names: set[str] = frozenset(),
+    frozen_names: set[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """One optimizer group per (depth, decayed or not): the parameters at depth ``d`` get
     ``lr * layer_decay ** (top_layer - d)`` (Clark et al. 2020, ELECTRA), the head ``head_lr``
     (default ``lr``); matrices are weight-decayed, biases, norm gains and ``no_decay_names`` not.
-    Frozen-for-good parameters (``requires_grad=False``) are left out."""
+    ``frozen_names`` (frozen for good) are left out; parameters frozen for some steps are in, as
+    they only lack gradients until then (whatever their ``requires_grad`` is now)."""
     groups: dict[tuple[str, bool], dict[str, Any]] = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
+        if name in frozen_names:
             continue
         if name.startswith(head_prefix):
             key, group_lr = "head", head_lr if head_lr is not None else lr
