@@ -9,11 +9,11 @@ from trident.models.sequence_classifier import POOLS, SequenceClassifier
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 
 __all__ = [
+    "POOLS",
     "CausalLM",
     "EncoderDecoder",
     "Hypothesis",
     "MaskedLM",
-    "POOLS",
     "SequenceClassifier",
     "VisionTransformer",
     "attention_rollout",
