@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import trident.runs.pipeline
 import trident.tasks.translation
-from trident.models.timm_compat import timm_to_trident
+from trident.convert.timm_vit import timm_to_trident
 from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config
@@ -100,7 +100,9 @@ def test_pretrained_weights_are_those_of_the_task_that_trains(trained_task: Trai
     def snapshot(task: L.LightningModule) -> None:
         at_start.update({k: v.detach().clone() for k, v in task.net.state_dict().items()})
 
-    trained_task([*VIT_SMALL, *ONE_STEP, "augment=none", f"model.pretrained={path}"], tmp_path / "run", snapshot)
+    # No model=nano: the sizes come from the file (whose heads timm does not record: 64 channels each).
+    overrides = [o for o in VIT_SMALL if o != "model=nano"]
+    trained_task([*overrides, *ONE_STEP, "augment=none", f"init_from={path}"], tmp_path / "run", snapshot)
     assert expected.keys() <= at_start.keys()
     for key, value in expected.items():
         torch.testing.assert_close(at_start[key], value, msg=key)

@@ -10,8 +10,8 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from trident.backbone import TransformerConfig
+from trident.convert.timm_vit import load_timm_weights, timm_to_trident
 from trident.errors import ConfigError, DataError
-from trident.models.timm_compat import load_timm_weights, timm_to_trident
 from trident.models.vit import PatchEmbedding, VisionTransformer, attention_rollout, vit_geometry
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -137,33 +137,27 @@ def test_unaugmented_arrays_take_the_tensor_path_with_the_same_pixels() -> None:
         assert label == labels[i]
 
 
-def test_model_pretrained_loads_timm_weights_through_the_pipeline(tmp_path: Path) -> None:
+def test_init_from_loads_timm_weights_through_the_pipeline(tmp_path: Path) -> None:
     import torch
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    from trident.tasks.vit import ImageClassificationTask
+    import trident
 
-    reference = TimmViT(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
+    reference = TimmViT(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=1)
     weights = tmp_path / "timm_vit.pth"
     torch.save(reference.state_dict(), weights)
-    cfg = vit_config(tmp_path, f"model.pretrained={weights}", "logger=none", "debug=fast_dev_run")
-    train(cfg)
-    task = ImageClassificationTask(
-        backbone={"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 256, "dropout": 0.0, "norm_eps": 1e-6,
-                  "pos_encoding": "learned", **vit_geometry_for(28, 7)},
-        optimizer={}, scheduler={}, num_classes=10, image_size=28, in_channels=1, patch_size=7,
-        class_names=[str(i) for i in range(10)], mean=[0.5], std=[0.5], pretrained=str(weights),
-    )
+    # Sizes, patch size and norm eps come from the file: no model.* or data.patch_size on the command line.
+    overrides = [o for o in VIT_SMALL if o not in ("model=nano", "data.patch_size=7")]
+    train(compose_config([*overrides, f"init_from={weights}", "logger=none", "test=false", "trainer.limit_train_batches=1",
+                          "optimizer.lr=1e-30"], output_dir=tmp_path / "run"))
+    task = trident.load(tmp_path / "run")
+    assert (task.hparams.patch_size, task.net.encoder.cfg.d_model, task.net.encoder.cfg.norm_eps) == (7, 64, 1e-6)
     torch.testing.assert_close(task.net.patch_embed.proj.weight, reference.patch_embed.proj.weight)
     (tmp_path / "bad.pth").write_text("garbage")
-    with pytest.raises(DataError, match="cannot read pretrained weights"):
-        train(vit_config(tmp_path, f"model.pretrained={tmp_path / 'bad.pth'}", "logger=none", "debug=fast_dev_run"))
-
-
-def vit_geometry_for(image_size: int, patch: int) -> dict:
-    from trident.models.vit import vit_geometry
-
-    return vit_geometry(image_size, patch, "cls")
+    with pytest.raises(DataError, match="bad.pth"):
+        train(vit_config(tmp_path, f"init_from={tmp_path / 'bad.pth'}", "logger=none", "debug=fast_dev_run"))
+    with pytest.raises(ConfigError, match="model.pretrained was replaced by init_from"):
+        train(vit_config(tmp_path, f"+model.pretrained={weights}", "logger=none", "debug=fast_dev_run"))
 
 
 def test_headline_command_composes_vit_base_on_the_default_data(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+from trident.runs.resume import run_config_of
 from trident.training.optim import optimizer_by_name
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
@@ -32,9 +33,9 @@ warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`
 
 def find_run_config(checkpoint: Path) -> Path:
     """``config_resolved.yaml`` of the run that wrote ``checkpoint`` (the nearest parent that has one)."""
-    for parent in checkpoint.resolve().parents:
-        if (parent / "config_resolved.yaml").is_file():
-            return parent / "config_resolved.yaml"
+    config = run_config_of(checkpoint)
+    if config is not None:
+        return config
     raise DataError(
         f"no config_resolved.yaml above {str(checkpoint)!r}: eval.py needs a checkpoint inside a train.py run "
         "directory (outputs/runs/<date>/<run>/checkpoints/*.ckpt)"
@@ -58,6 +59,11 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
     if "optimizer" in cfg:  # a run saved before the optimizer was chosen by name still loads
         cfg.optimizer = optimizer_by_name(OmegaConf.to_container(cfg.optimizer, resolve=True))  # type: ignore[arg-type]
+    # The checkpoint holds the weights: neither init_from's source nor (in vit runs of an earlier
+    # version) the timm file named by model.pretrained is read again.
+    cfg.pop("init_from", None)
+    for group in ("model", "task"):
+        cfg[group].pop("pretrained", None)
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     return cfg, checkpoint

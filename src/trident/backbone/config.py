@@ -27,9 +27,11 @@ class TransformerConfig:
     d_ff: int = 2048
     dropout: float = 0.1  # on embeddings and on every residual branch
     attn_dropout: float = 0.0  # on the attention weights
-    activation: str = "gelu"  # relu (paper) | gelu | swiglu
+    activation: str = "gelu"  # relu (paper) | gelu | gelu_tanh (GPT-2) | swiglu
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_first: bool = True  # pre-norm; False is the paper's post-norm
+    # Normalise token + position embeddings before the first block (BERT's embedding LayerNorm).
+    embedding_norm: bool = False
     bias: bool = True  # biases in linear layers
     max_seq_len: int = 1024  # longest sequence the positional encoding must serve
     attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
@@ -72,6 +74,8 @@ class TransformerConfig:
         choose(NORMS, self.norm, "model.norm")
         choose(ATTENTION_IMPLS, self.attn_impl, "model.attn_impl")
         choose(SDPA_KERNELS, self.sdpa_backend, "model.sdpa_backend")
+        if not isinstance(self.embedding_norm, bool):
+            raise ConfigError(f"model.embedding_norm must be true or false, got {self.embedding_norm!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ConfigError(
                 f"model.activation_checkpointing must be true or false, got {self.activation_checkpointing!r}"

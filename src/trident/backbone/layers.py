@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,9 +17,15 @@ NORMS: dict[str, Callable[[int, bool, float], nn.Module]] = {
     "layernorm": lambda d_model, bias, eps: nn.LayerNorm(d_model, eps=eps, bias=bias),
     "rmsnorm": lambda d_model, bias, eps: nn.RMSNorm(d_model, eps=eps),
 }
-# model.activation: name -> nonlinearity of the feed-forward hidden layer. ``swiglu`` applies its
+# model.activation: name -> nonlinearity of the feed-forward hidden layer. ``gelu_tanh`` is GELU's tanh
+# approximation (GPT-2's ``gelu_new``, needed to reproduce its weights exactly). ``swiglu`` applies its
 # silu to a gate that multiplies a second (linear) half of the hidden layer (GATED_ACTIVATIONS).
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swiglu": F.silu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "swiglu": F.silu,
+}
 GATED_ACTIVATIONS = ("swiglu",)
 
 

@@ -29,6 +29,10 @@ class TransformerStack(nn.Module):
         self.cfg = cfg
         self.causal = causal
         self.pos_encoding = build_pos_encoding(cfg, causal=causal)
+        # BERT normalises the summed embeddings before the first block; no other model here does.
+        self.embedding_norm = (
+            make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps) if cfg.embedding_norm else nn.Identity()
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         # Stochastic depth rises linearly with depth, from 0 to cfg.drop_path at the last block.
         rates = [cfg.drop_path * i / max(1, cfg.n_layers - 1) for i in range(cfg.n_layers)]
@@ -109,7 +113,7 @@ class TransformerStack(nn.Module):
             device=x.device,
         )
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
-        h = self.dropout(self.pos_encoding.add_to_embeddings(x, q_positions))
+        h = self.dropout(self.embedding_norm(self.pos_encoding.add_to_embeddings(x, q_positions)))
         all_weights: list[Tensor | None] = []
         # Checkpointing only pays off when a backward pass follows (and a KV cache is never trained).
         recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None

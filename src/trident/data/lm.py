@@ -23,7 +23,7 @@ from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, load_corpus
 from trident.data.order import EpochShuffleSampler
-from trident.data.tokenization import train_tokenizer
+from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
 
 CACHE_VERSION = 2  # bump when the preparation below changes its output (2: no Arrow copy of the tokens)
@@ -98,7 +98,7 @@ class LMDataModule(TridentDataModule):
         # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint).
         key_options = {**self.source_options, "files": content_key(files)} if source == "files" else self.source_options
         key = json.dumps(
-            [CACHE_VERSION, source, key_options, tokenizer, vocab_size if tokenizer != "char" else 0, self.split],
+            [CACHE_VERSION, source, key_options, tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, self.split],
             sort_keys=True,
             default=str,
         )
@@ -124,7 +124,7 @@ class LMDataModule(TridentDataModule):
         for name in SPLITS:
             if not any(t.strip() for t in corpus[name]["text"]):
                 raise DataError(f"the {name} split of data.source={self.source} is empty: use a larger corpus or change data.split")
-        tokenizer = train_tokenizer(self.tokenizer_kind, corpus["train"]["text"], vocab_size=self.vocab_size_target)
+        tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"]["text"], vocab_size=self.vocab_size_target)
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
 

@@ -48,7 +48,8 @@ class MLMDataModule(LMDataModule):
             return
         super().setup(stage)
         assert self.tokenizer is not None
-        self.num_regular_tokens = self.tokenizer.get_vocab_size()
+        # Without added tokens: a tokenizer that came with MLM weights has [MASK] and [PAD] already.
+        self.num_regular_tokens = self.tokenizer.get_vocab_size(with_added_tokens=False)
         # Byte-level BPE carries a word's leading space inside its token ("Ġbe"): "[MASK]" absorbs the
         # space before it (lstrip, as RoBERTa's), so "to [MASK]" stands for "to" + "Ġbe", not "Ġ" + "be".
         # A character tokenizer keeps the space as a token of its own.

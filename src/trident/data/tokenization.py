@@ -6,11 +6,13 @@ Both are plain ``tokenizers.Tokenizer`` objects, so one JSON string saves and re
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trident.errors import ConfigError
+from trident.errors import ConfigError, DataError
 
 UNK = "<unk>"
 END_OF_TEXT = "<|endoftext|>"
@@ -37,6 +39,42 @@ def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int = 8192) 
         tokenizer.train_from_iterator(texts, trainer=trainer)
         return tokenizer
     raise ConfigError(f"unknown data.tokenizer {kind!r}: choose one of {', '.join(TOKENIZER_KINDS)}")
+
+
+def tokenizer_for(choice: str, texts: Iterable[str], *, vocab_size: int = 8192) -> Tokenizer:
+    """``data.tokenizer``: ``char`` or ``bpe`` are trained on ``texts``; anything else is a tokenizer.json
+    file or a Hugging Face tokenizer directory (one that holds tokenizer.json), used as it is."""
+    if choice in TOKENIZER_KINDS:
+        return train_tokenizer(choice, texts, vocab_size=vocab_size)
+    return read_tokenizer(choice)
+
+
+def read_tokenizer(choice: str) -> Tokenizer:
+    """The tokenizer of ``data.tokenizer=<tokenizer.json or a directory holding one>``."""
+    path = tokenizer_file(choice)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises plain Exception on a file that is not its JSON
+        raise DataError(f"data.tokenizer={choice}: {str(path)!r} is not a Hugging Face tokenizer.json "
+                        f"({str(err).splitlines()[0][:120]}): point data.tokenizer at another file") from err
+
+
+def tokenizer_file(choice: str) -> Path:
+    path = Path(choice)
+    path = path / "tokenizer.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(
+            f"data.tokenizer={choice} is neither one of {', '.join(TOKENIZER_KINDS)} nor a tokenizer.json file or a "
+            "directory holding one: fix the path, or choose data.tokenizer=bpe"
+        )
+    return path
+
+
+def tokenizer_key(choice: str) -> str:
+    """What a prepared-data cache depends on: the kind to train, or a tokenizer file's content."""
+    if choice in TOKENIZER_KINDS:
+        return choice
+    return hashlib.sha256(tokenizer_file(choice).read_bytes()).hexdigest()
 
 
 def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:

@@ -24,6 +24,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from trident.errors import ConfigError, DataError
+from trident.tasks.checkpointing import TokenizerInCheckpoint
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -77,14 +78,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 TaskT = TypeVar("TaskT", bound=L.LightningModule)
 
+# Hyperparameters that checkpoints of earlier versions hold and today's tasks no longer take
+# (vit's timm file, now init_from=): Lightning leaves them out when it rebuilds the task.
+RETIRED_SETTINGS = frozenset({"pretrained"})
+
 
 def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) -> TaskT:
-    """Rebuild ``task_class`` from ``path`` on the CPU, in eval mode, with its tokenizer."""
+    """Rebuild ``task_class`` from ``path`` on the CPU, in eval mode, with its tokenizer (text tasks)."""
     if not path.is_file():
         raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
     # Another task's checkpoint has settings this task's constructor does not take.
     settings = read_checkpoint(path, "the checkpoint argument").get("hyper_parameters") or {}
-    foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters))
+    foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters) - RETIRED_SETTINGS)
     if foreign:
         raise DataError(
             f"checkpoint {str(path)!r} is not a trident {task_name} checkpoint (it has the setting {foreign[0]!r}): "
@@ -97,7 +102,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) ->
             path, err, f"it may not be a trident {task_name} checkpoint; use another checkpoint of a task={task_name} "
             "run (last.ckpt or best-*.ckpt)"
         ) from err
-    if getattr(task, "tokenizer", None) is None:
+    if isinstance(task, TokenizerInCheckpoint) and task.tokenizer is None:
         raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's {task_name} task")
     return task.eval()
 

@@ -24,12 +24,15 @@ from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.data.base import TridentDataModule
+from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error
 from trident.extras import require_package
 from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
+from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
-from trident.runs.resume import checkpoint_to_resume, latest_checkpoint, run_identity
+from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
+from trident.runs.weight_transfer import report_transfer, transfer_weights
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -59,16 +62,16 @@ class _DropLibraryNotices(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLibraryNotices())
 
 
-# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
-DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
-
 
 def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     """The ``model`` group (sizes, architecture) and the ``pos_encoding`` group as one plain dict,
     validated by :class:`TransformerConfig`."""
     options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
     options.pop("name", None)
-    options.pop("pretrained", None)  # weights to load, not a shape (read by the task)
+    if options.get("pretrained") is not None:
+        raise ConfigError(f"model.pretrained was replaced by init_from: run with init_from={options['pretrained']} "
+                          "(a timm file, a Hugging Face directory or a trident checkpoint or run)")
+    options.pop("pretrained", None)  # null in the saved configs of earlier runs
     settings = [f.name for f in dataclasses.fields(TransformerConfig) if f.name not in DERIVED_SETTINGS]
     for key in options:
         if key not in settings:
@@ -132,6 +135,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
         validate(cfg)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
+    if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):
+        read_tokenizer(str(cfg.data.tokenizer))  # a file: read now, not after the corpus is prepared
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
     if "tensorboard" in (cfg.get("logger") or {}):
@@ -268,9 +273,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> dict[str, float]:
+    resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
+    # Before the config is checked: the source's architecture replaces the model settings.
+    source = source_for_run(cfg, run_dir, resume_from)
     backbone = check_config(cfg)
     check_workers_can_start(cfg.trainer)
-    resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
     saved = read_resume_checkpoint(resume_from)
     # Every DDP rank runs this function; only rank 0 writes the run's files.
     writes_outputs = is_global_zero()
@@ -280,7 +287,11 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
 
     datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if saved is not None:
+        tokenizer = getattr(task, "tokenizer", None)
+        check_resume_continues(saved[1], saved[0], cfg.data, tokenizer.get_vocab() if tokenizer is not None else None)
         check_checkpoint_fits(saved[1], task, saved[0])
+    # A resumed run's checkpoint holds its weights; a new run starts from the source's.
+    transferred = transfer_weights(task.net, source.state_dict, source.source) if source and not resume_from else None
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
@@ -295,11 +306,15 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         cfg.precision_used = check_precision(trainer, str(cfg.trainer.precision)) if writes_outputs else str(trainer.precision)
     # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
     if writes_outputs:
+        if source is not None:
+            copy_source(cfg, source, run_dir)  # <run>/init: the run never needs the source again
         save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
     resumed_step = int(saved[1]["global_step"]) if saved else None
     loggers = build_loggers(cfg, run_dir, run_identity(run_dir)["run_id"], resumed_step)
     trainer.loggers = loggers
+    if transferred is not None and writes_outputs:
+        report_transfer(transferred, run_dir / "init" / "weights.csv", loggers)
     succeeded = False
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.

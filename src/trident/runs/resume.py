@@ -53,6 +53,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
 
 
+def run_config_of(checkpoint: Path) -> Path | None:
+    """``config_resolved.yaml`` of the train.py run that wrote ``checkpoint`` (the nearest parent that has one)."""
+    for parent in checkpoint.resolve().parents:
+        if (parent / "config_resolved.yaml").is_file():
+            return parent / "config_resolved.yaml"
+    return None
+
+
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
     """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None."""
     runs = []
@@ -140,3 +148,41 @@ def checkpoint_to_resume(resume: str | None, ckpt_path: str | None, run_dir: Pat
     if checkpoint is None:
         raise ConfigError(f"resume={resume}: the run has no checkpoint under {run_dir}/checkpoints: start a new run instead")
     return str(checkpoint)
+
+
+# Data settings that say how batches are loaded, not which data: a resumed run may change them.
+LOADING_SETTINGS = frozenset({"batch_size", "block_size", "num_workers", "pin_memory", "persistent_workers", "cache_dir", "max_tokens",
+                              "eval_max_tokens", "augment", "sample_prompts", "seed", "max_seq_len", "tokenizer"})
+
+
+def check_resume_continues(checkpoint: dict[str, Any], path: Path, data: DictConfig, vocabulary: dict[str, int] | None) -> None:
+    """Resuming continues the same training: refuse, in one line, a checkpoint written on other data
+    (its run's config) or with another tokenizer (``vocabulary``: this run's); ``init_from`` fine-tunes."""
+    fix = f"to train these weights on new data, start a new run with init_from={path} (weights only, step 0)"
+    saved_tokenizer = checkpoint.get("tokenizer_json")
+    if saved_tokenizer and vocabulary is not None:
+        from tokenizers import Tokenizer  # here: train.py imports this module before its heavy libraries
+
+        if Tokenizer.from_str(saved_tokenizer).get_vocab() != vocabulary:
+            raise ConfigError(f"ckpt_path={path} was trained with another tokenizer than this run's data gives: {fix}")
+    config = run_config_of(path)
+    saved = OmegaConf.load(config) if config is not None else None
+    if not isinstance(saved, DictConfig) or "data" not in saved:
+        return
+    there, here = OmegaConf.to_container(saved.data, resolve=True), OmegaConf.to_container(data, resolve=True)
+    assert isinstance(there, dict) and isinstance(here, dict)
+    for key in sorted((there.keys() | here.keys()) - LOADING_SETTINGS):
+        if not _same_data(there.get(key), here.get(key)):
+            raise ConfigError(f"ckpt_path={path} was trained on other data (data.{key}={there.get(key)} there, "
+                              f"{here.get(key)} here): {fix}")
+
+
+def _same_data(there: Any, here: Any) -> bool:
+    """Equal values, or paths (one or a list) to files of equal content: ``corpus.txt`` is
+    ``/home/me/corpus.txt`` when the run started in /home/me."""
+    if there == here:
+        return True
+    first, second = (v if isinstance(v, list) else [v] for v in (there, here))
+    if len(first) != len(second) or not all(isinstance(p, str) and Path(p).is_file() for p in [*first, *second]):
+        return False
+    return all(Path(a).read_bytes() == Path(b).read_bytes() for a, b in zip(first, second))

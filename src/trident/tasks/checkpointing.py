@@ -6,14 +6,26 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+#: The checkpoint key naming the task class that wrote it (``trident.load`` rebuilds it from that).
+TASK_KEY = "trident_task"
 
-class TokenizerInCheckpoint:
+
+class TaskInCheckpoint:
+    """LightningModule mixin: every checkpoint names the task class that wrote it, so a checkpoint
+    alone is enough to rebuild the task (``trident.load``, ``init_from=``)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
+
+
+class TokenizerInCheckpoint(TaskInCheckpoint):
     """LightningModule mixin: the tokenizer travels inside every checkpoint, so a checkpoint
     alone can decode (it is not a hyperparameter: a BPE vocabulary is large)."""
 
     tokenizer: Tokenizer | None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.tokenizer is not None:
             checkpoint["tokenizer_json"] = self.tokenizer.to_str()
 

@@ -16,8 +16,8 @@ from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
-from trident.models.timm_compat import load_timm_weights
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
+from trident.tasks.checkpointing import TaskInCheckpoint
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import optimizers_for
@@ -25,7 +25,7 @@ from trident.training.optim import optimizers_for
 Batch = tuple[Tensor, Tensor]
 
 
-class ImageClassificationTask(L.LightningModule):
+class ImageClassificationTask(TaskInCheckpoint, L.LightningModule):
     #: The data module this task trains on (checked before any work).
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
 
@@ -42,7 +42,6 @@ class ImageClassificationTask(L.LightningModule):
         mean: list[float],
         std: list[float],
         pool: str = "cls",
-        pretrained: str | None = None,
         label_smoothing: float = 0.0,
         mixup: dict[str, Any] | None = None,
         num_figure_images: int = 16,
@@ -52,8 +51,6 @@ class ImageClassificationTask(L.LightningModule):
         self.net = VisionTransformer(
             TransformerConfig(**backbone), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
         )
-        if pretrained:
-            load_timm_weights(self.net, pretrained)
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
         self.num_figure_images = num_figure_images

@@ -1,0 +1,140 @@
+"""BERT (``BertForMaskedLM`` / ``BertModel``) <-> trident's ``MaskedLM`` (task=mlm).
+
+BERT is a post-norm encoder (LayerNorm eps 1e-12) with learned positions whose summed token,
+position and token-type embeddings pass a LayerNorm first (trident's ``model.embedding_norm``).
+trident has no token types: every input is type 0, so type 0's vector is folded into the position
+table when reading, and zero type vectors are written back. The MLM head (dense -> GELU ->
+LayerNorm -> tied decoder with its own bias) is trident's ``transform`` and ``head``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.convert.common import (
+    layer_from_hf,
+    layer_to_hf,
+    require_equivalent,
+    require_source,
+    strip_prefix,
+)
+from trident.convert.weights import PretrainedWeights
+from trident.models import MaskedLM
+
+FORMAT = "hf-bert"
+ARCHITECTURES = ("BertForMaskedLM", "BertModel")
+TARGET = "BERT (hf export)"
+TOKEN_TYPES = 2  # BERT's sentence A / sentence B
+
+_LAYER = {
+    "attention.output.dense.weight": "self_attn.out_proj.weight",
+    "attention.output.dense.bias": "self_attn.out_proj.bias",
+    "attention.output.LayerNorm.weight": "self_attn_norm.weight",
+    "attention.output.LayerNorm.bias": "self_attn_norm.bias",
+    "intermediate.dense.weight": "ffn.fc_in.weight",
+    "intermediate.dense.bias": "ffn.fc_in.bias",
+    "output.dense.weight": "ffn.fc_out.weight",
+    "output.dense.bias": "ffn.fc_out.bias",
+    "output.LayerNorm.weight": "ffn_norm.weight",
+    "output.LayerNorm.bias": "ffn_norm.bias",
+}
+_EMBEDDINGS = {
+    "embeddings.word_embeddings.weight": "embed.weight",
+    "embeddings.LayerNorm.weight": "encoder.embedding_norm.weight",
+    "embeddings.LayerNorm.bias": "encoder.embedding_norm.bias",
+}
+_HEAD = {
+    "cls.predictions.transform.dense.weight": "transform.0.weight",
+    "cls.predictions.transform.dense.bias": "transform.0.bias",
+    "cls.predictions.transform.LayerNorm.weight": "transform.2.weight",
+    "cls.predictions.transform.LayerNorm.bias": "transform.2.bias",
+    "cls.predictions.bias": "head.bias",
+}
+_POSITIONS, _TYPES = "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight"
+
+
+def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+    require_source(config.get("position_embedding_type", "absolute") == "absolute", source,
+                   f"position_embedding_type={config.get('position_embedding_type')}")
+    require_source(not config.get("is_decoder", False), source, "a causal BERT (is_decoder=true)")
+    # The MLM transform is GELU whatever the blocks use, so only GELU blocks are this model.
+    require_source(config.get("hidden_act", "gelu") == "gelu", source, f"activation {config.get('hidden_act')!r}")
+    n_layers = int(config["num_hidden_layers"])
+    backbone = strip_prefix(state, "bert.")
+    out = {target: backbone[name] for name, target in _EMBEDDINGS.items()}
+    out["encoder.pos_encoding.embedding.weight"] = backbone[_POSITIONS] + backbone[_TYPES][0]  # (T, D) + (D,)
+    for i in range(n_layers):
+        out |= layer_from_hf(backbone, f"encoder.layer.{i}", f"encoder.blocks.{i}", _LAYER, "attention.self")
+    if "cls.predictions.bias" in state:
+        out |= {target: state[name] for name, target in _HEAD.items()}
+        decoder = state.get("cls.predictions.decoder.weight", out["embed.weight"])
+        require_source(torch.equal(decoder, out["embed.weight"]), source, "an MLM decoder not tied to the embedding")
+        out["head.weight"] = out["embed.weight"]
+    return PretrainedWeights(
+        source=source,
+        format=FORMAT,
+        task="mlm",
+        model={
+            "d_model": int(config["hidden_size"]),
+            "n_heads": int(config["num_attention_heads"]),
+            "n_layers": n_layers,
+            "d_ff": int(config["intermediate_size"]),
+            "activation": "gelu",
+            "norm": "layernorm",
+            "norm_first": False,
+            "bias": True,
+            "norm_eps": float(config.get("layer_norm_eps", 1e-12)),
+            "embedding_norm": True,
+        },
+        pos_encoding="learned",
+        task_options={"scale_embeddings": False},
+        data_options={"max_seq_len": int(config["max_position_embeddings"])},
+        state_dict=out,
+        tokenizer=tokenizer,
+        num_classes=None,
+        vocab_size=int(config["vocab_size"]),
+    )
+
+
+def to_hf(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+    """The architecture name, ``BertConfig`` arguments and ``BertForMaskedLM`` state dict of ``net``."""
+    cfg = net.cfg
+    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "BERT has learned positions only")
+    require_equivalent(not cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "BERT is post-norm")
+    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "BERT uses LayerNorm")
+    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "BERT's layers have biases")
+    require_equivalent(cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
+                       "BERT normalises its embeddings (train with model.embedding_norm=true)")
+    require_equivalent(cfg.activation == "gelu", "model.activation", cfg.activation, TARGET,
+                       "BERT's blocks and MLM head share one activation, and trident's head is GELU")
+    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
+                       "BERT has no layer scale")
+    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "BERT does not scale its embeddings")
+    config = {
+        "vocab_size": net.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "intermediate_size": cfg.d_ff,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attn_dropout,
+        "max_position_embeddings": cfg.max_seq_len,
+        "type_vocab_size": TOKEN_TYPES,
+        "layer_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": True,
+    }
+    own = net.state_dict()
+    state = {f"bert.{name}": own[target] for name, target in _EMBEDDINGS.items()}
+    state[f"bert.{_POSITIONS}"] = own["encoder.pos_encoding.embedding.weight"]
+    state[f"bert.{_TYPES}"] = torch.zeros(TOKEN_TYPES, cfg.d_model)
+    for i in range(cfg.n_layers):
+        state |= layer_to_hf(own, f"encoder.blocks.{i}", f"bert.encoder.layer.{i}", _LAYER, "attention.self")
+    state |= {name: own[target] for name, target in _HEAD.items()}
+    state["cls.predictions.decoder.weight"] = own["head.weight"]
+    state["cls.predictions.decoder.bias"] = own["head.bias"]
+    return "BertForMaskedLM", config, state

@@ -1,0 +1,63 @@
+"""A trident model as a ``transformers`` model: the adapter of its kind writes the config and
+the state dict, ``transformers`` builds the model and checks that every tensor found its place."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from torch import nn
+
+from trident.convert import hf_bert, hf_gpt2, hf_vit
+from trident.errors import ConfigError
+from trident.extras import require_package
+from trident.models import CausalLM, MaskedLM
+from trident.models.vit import VisionTransformer
+
+# The trident model class -> the adapter that writes it in Hugging Face's terms.
+HF_EXPORTS: dict[type[nn.Module], ModuleType] = {CausalLM: hf_gpt2, MaskedLM: hf_bert, VisionTransformer: hf_vit}
+# Special tokens a Hugging Face tokenizer names (PreTrainedTokenizerFast attributes), where the vocabulary has them.
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
+
+
+def adapter_for(net: nn.Module) -> ModuleType:
+    adapter = HF_EXPORTS.get(type(net))
+    if adapter is None:
+        kinds = ", ".join(f"{cls.__name__} ({module.ARCHITECTURES[0]})" for cls, module in HF_EXPORTS.items())
+        raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")
+    return adapter
+
+
+def to_transformers(net: nn.Module) -> Any:
+    """``net`` as the ``transformers`` model of :data:`HF_EXPORTS` (eval mode), with the same weights."""
+    require_package("transformers")
+    import transformers
+
+    architecture, settings, state = adapter_for(net).to_hf(net)
+    model_class = getattr(transformers, architecture)
+    # The adapters write the checkpoint names Hugging Face publishes; transformers renames them to its
+    # modules' (which change between versions) in from_pretrained, so the model is read from a directory.
+    with tempfile.TemporaryDirectory() as scratch:
+        model_class.config_class(architectures=[architecture], **settings).save_pretrained(scratch)
+        # safetensors stores no shared tensors: each tied name gets its own copy, and transformers ties them again.
+        save_file({name: tensor.detach().clone().contiguous() for name, tensor in state.items()},
+                  str(Path(scratch) / "model.safetensors"), metadata={"format": "pt"})
+        model, info = model_class.from_pretrained(scratch, output_loading_info=True)
+    unplaced = {kind: names for kind, names in info.items() if names and kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if unplaced:
+        raise RuntimeError(f"the {architecture} adapter does not fit transformers {transformers.__version__}: {unplaced}")
+    return model.eval()
+
+
+def write_hf(net: nn.Module, tokenizer: Tokenizer | None, directory: Path) -> None:
+    """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it)."""
+    to_transformers(net).save_pretrained(directory)
+    if tokenizer is not None:
+        from transformers import PreTrainedTokenizerFast
+
+        specials = {name: token for name, token in SPECIAL_TOKENS.items() if tokenizer.token_to_id(token) is not None}
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials).save_pretrained(directory)

@@ -1,0 +1,90 @@
+"""Reading a Hugging Face model directory without ``transformers``: config.json, the weights
+(safetensors, sharded or not, or a pickled ``pytorch_model.bin``) and the tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from torch import Tensor
+
+from trident.errors import DataError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise DataError(f"{directory}/config.json cannot be read ({type(err).__name__}): not a Hugging Face model directory") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{directory}/config.json is not a JSON object: not a Hugging Face model directory")
+    return config
+
+
+def read_state_dict(directory: Path) -> dict[str, Tensor]:
+    """The weights of ``directory``: the first of :data:`WEIGHT_FILES` present."""
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            try:
+                return _read_weights(path)
+            except Exception as err:  # safetensors and torch raise many types for a damaged file
+                raise DataError(f"cannot read {path} ({type(err).__name__}): the file is damaged; download it again") from err
+    raise DataError(f"{directory} holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _read_weights(path: Path) -> dict[str, Tensor]:
+    if path.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        state: dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(path.parent / shard)))
+        return state
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_tokenizer(directory: Path) -> Tokenizer | None:
+    """``tokenizer.json`` if present; else GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE)
+    or BERT's ``vocab.txt`` (WordPiece), built the way those tokenizers are defined."""
+    if (directory / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(directory / "tokenizer.json"))
+    if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+        return _byte_level_bpe(directory)
+    if (directory / "vocab.txt").is_file():
+        return _wordpiece(directory)
+    return None
+
+
+def _tokenizer_config(directory: Path) -> dict[str, Any]:
+    path = directory / "tokenizer_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _byte_level_bpe(directory: Path) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _wordpiece(directory: Path) -> Tokenizer:
+    settings = _tokenizer_config(directory)
+    tokenizer = Tokenizer(models.WordPiece.from_file(str(directory / "vocab.txt"), unk_token=settings.get("unk_token", "[UNK]")))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=bool(settings.get("do_lower_case", True)))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = settings.get("cls_token", "[CLS]"), settings.get("sep_token", "[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))],
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer

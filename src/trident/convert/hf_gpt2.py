@@ -1,0 +1,124 @@
+"""GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``) <-> trident's ``CausalLM`` (task=lm).
+
+Both are pre-norm decoders with learned positions and a final LayerNorm. GPT-2's linear layers
+are ``Conv1D`` modules whose weight is stored (in, out), the transpose of ``nn.Linear``'s; its
+``gelu_new`` is GELU's tanh approximation (trident's ``gelu_tanh``); its head is tied to the
+token embedding unless ``tie_word_embeddings`` is false.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.convert.common import (
+    activation_from_hf,
+    activation_to_hf,
+    require_equivalent,
+    require_source,
+    strip_prefix,
+)
+from trident.convert.weights import PretrainedWeights
+from trident.models import CausalLM
+
+FORMAT = "hf-gpt2"
+ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+TARGET = "GPT-2 (hf export)"
+
+# GPT-2 block tensor -> trident block tensor, and whether it is a Conv1D weight (stored transposed).
+_BLOCK = {
+    "ln_1.weight": ("self_attn_norm.weight", False),
+    "ln_1.bias": ("self_attn_norm.bias", False),
+    "attn.c_attn.weight": ("self_attn.qkv_proj.weight", True),
+    "attn.c_attn.bias": ("self_attn.qkv_proj.bias", False),
+    "attn.c_proj.weight": ("self_attn.out_proj.weight", True),
+    "attn.c_proj.bias": ("self_attn.out_proj.bias", False),
+    "ln_2.weight": ("ffn_norm.weight", False),
+    "ln_2.bias": ("ffn_norm.bias", False),
+    "mlp.c_fc.weight": ("ffn.fc_in.weight", True),
+    "mlp.c_fc.bias": ("ffn.fc_in.bias", False),
+    "mlp.c_proj.weight": ("ffn.fc_out.weight", True),
+    "mlp.c_proj.bias": ("ffn.fc_out.bias", False),
+}
+_TOP = {"wte.weight": "embed.weight", "wpe.weight": "decoder.pos_encoding.embedding.weight",
+        "ln_f.weight": "decoder.final_norm.weight", "ln_f.bias": "decoder.final_norm.bias"}
+
+
+def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+    require_source(not config.get("add_cross_attention", False), source, "cross-attention layers")
+    require_source(config.get("scale_attn_weights", True), source, "unscaled attention (scale_attn_weights=false)")
+    require_source(not config.get("scale_attn_by_inverse_layer_idx", False), source,
+                   "attention scaled by the inverse layer index")
+    d_model, n_layers = int(config["n_embd"]), int(config["n_layer"])
+    tied = bool(config.get("tie_word_embeddings", True))
+    backbone = strip_prefix(state, "transformer.")
+    out = {_TOP[name]: backbone[name] for name in _TOP}
+    for i in range(n_layers):
+        for name, (target, transposed) in _BLOCK.items():
+            tensor = backbone[f"h.{i}.{name}"]
+            out[f"decoder.blocks.{i}.{target}"] = tensor.t().contiguous() if transposed else tensor
+    head = state.get("lm_head.weight")
+    out["head.weight"] = out["embed.weight"] if tied or head is None else head
+    return PretrainedWeights(
+        source=source,
+        format=FORMAT,
+        task="lm",
+        model={
+            "d_model": d_model,
+            "n_heads": int(config["n_head"]),
+            "n_layers": n_layers,
+            "d_ff": int(config.get("n_inner") or 4 * d_model),
+            "activation": activation_from_hf(config.get("activation_function", "gelu_new"), source),
+            "norm": "layernorm",
+            "norm_first": True,
+            "bias": True,
+            "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+            "embedding_norm": False,
+        },
+        pos_encoding="learned",
+        task_options={"tie_embeddings": tied, "scale_embeddings": False},
+        data_options={"max_seq_len": int(config["n_positions"])},
+        state_dict=out,
+        tokenizer=tokenizer,
+        num_classes=None,
+        vocab_size=int(config["vocab_size"]),
+    )
+
+
+def to_hf(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+    """The architecture name, ``GPT2Config`` arguments and ``GPT2LMHeadModel`` state dict of ``net``."""
+    cfg = net.cfg
+    tied = net.head.weight is net.embed.weight
+    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "GPT-2 has learned positions only")
+    require_equivalent(cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "GPT-2 is pre-norm")
+    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "GPT-2 uses LayerNorm")
+    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "GPT-2's layers have biases")
+    require_equivalent(not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
+                       "GPT-2 does not normalise its embeddings")
+    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
+                       "GPT-2 has no layer scale")
+    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "GPT-2 does not scale its embeddings")
+    config = {
+        "vocab_size": net.vocab_size,
+        "n_positions": cfg.max_seq_len,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": cfg.d_ff,
+        "activation_function": activation_to_hf(cfg.activation, TARGET),
+        "layer_norm_epsilon": cfg.norm_eps,
+        "tie_word_embeddings": tied,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.attn_dropout,
+    }
+    own = net.state_dict()
+    state = {f"transformer.{name}": own[target] for name, target in _TOP.items()}
+    for i in range(cfg.n_layers):
+        for name, (target, transposed) in _BLOCK.items():
+            tensor = own[f"decoder.blocks.{i}.{target}"]
+            state[f"transformer.h.{i}.{name}"] = tensor.t().contiguous() if transposed else tensor
+    state["lm_head.weight"] = own["head.weight"]
+    return "GPT2LMHeadModel", config, state

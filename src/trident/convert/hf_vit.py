@@ -1,0 +1,132 @@
+"""ViT (``ViTForImageClassification`` / ``ViTModel``) <-> trident's ``VisionTransformer`` (task=vit).
+
+Both are pre-norm encoders over a class token and patch embeddings (a strided convolution) with a
+learned position table and a final LayerNorm (eps 1e-12 in Hugging Face's ViT); the classifier
+reads the class token. ``ViTModel``'s pooler is not used by the classifier and is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.convert.common import (
+    activation_from_hf,
+    activation_to_hf,
+    layer_from_hf,
+    layer_to_hf,
+    require_equivalent,
+    require_source,
+    square_size,
+    strip_prefix,
+)
+from trident.convert.weights import PretrainedWeights
+from trident.models.vit import VisionTransformer
+
+FORMAT = "hf-vit"
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+TARGET = "ViT (hf export)"
+
+_LAYER = {
+    "layernorm_before.weight": "self_attn_norm.weight",
+    "layernorm_before.bias": "self_attn_norm.bias",
+    "attention.output.dense.weight": "self_attn.out_proj.weight",
+    "attention.output.dense.bias": "self_attn.out_proj.bias",
+    "layernorm_after.weight": "ffn_norm.weight",
+    "layernorm_after.bias": "ffn_norm.bias",
+    "intermediate.dense.weight": "ffn.fc_in.weight",
+    "intermediate.dense.bias": "ffn.fc_in.bias",
+    "output.dense.weight": "ffn.fc_out.weight",
+    "output.dense.bias": "ffn.fc_out.bias",
+}
+_TOP = {
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "embeddings.cls_token": "cls_token",
+    "layernorm.weight": "encoder.final_norm.weight",
+    "layernorm.bias": "encoder.final_norm.bias",
+}
+_POSITIONS = "embeddings.position_embeddings"
+_HEAD = {"classifier.weight": "head.weight", "classifier.bias": "head.bias"}
+
+
+def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+    require_source(config.get("qkv_bias", True), source, "attention without biases next to biased layers (qkv_bias=false)")
+    n_layers = int(config["num_hidden_layers"])
+    backbone = strip_prefix(state, "vit.")
+    out = {target: backbone[name] for name, target in _TOP.items()}
+    out["encoder.pos_encoding.embedding.weight"] = backbone[_POSITIONS][0]  # (1, T, D) -> (T, D)
+    for i in range(n_layers):
+        out |= layer_from_hf(backbone, f"encoder.layer.{i}", f"encoder.blocks.{i}", _LAYER, "attention.attention")
+    num_classes = None
+    if "classifier.weight" in state:
+        out |= {target: state[name] for name, target in _HEAD.items()}
+        num_classes = int(state["classifier.weight"].shape[0])
+    return PretrainedWeights(
+        source=source,
+        format=FORMAT,
+        task="vit",
+        model={
+            "d_model": int(config["hidden_size"]),
+            "n_heads": int(config["num_attention_heads"]),
+            "n_layers": n_layers,
+            "d_ff": int(config["intermediate_size"]),
+            "activation": activation_from_hf(config.get("hidden_act", "gelu"), source),
+            "norm": "layernorm",
+            "norm_first": True,
+            "bias": True,
+            "norm_eps": float(config.get("layer_norm_eps", 1e-12)),
+            "embedding_norm": False,
+        },
+        pos_encoding="learned",
+        task_options={"pool": "cls"},
+        data_options={
+            "image_size": square_size(config.get("image_size", 224), "image_size", source),
+            "patch_size": square_size(config.get("patch_size", 16), "patch_size", source),
+            "in_channels": int(config.get("num_channels", 3)),
+        },
+        state_dict=out,
+        tokenizer=None,
+        num_classes=num_classes,
+    )
+
+
+def to_hf(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+    """The architecture name, ``ViTConfig`` arguments and ``ViTForImageClassification`` state dict of ``net``."""
+    cfg = net.encoder.cfg
+    require_equivalent(net.pool == "cls", "task.pool", net.pool, TARGET, "Hugging Face's ViT classifies from the class token")
+    require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, TARGET, "ViT has learned positions only")
+    require_equivalent(cfg.norm_first, "model.norm_first", cfg.norm_first, TARGET, "ViT is pre-norm")
+    require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, TARGET, "ViT uses LayerNorm")
+    require_equivalent(cfg.bias, "model.bias", cfg.bias, TARGET, "ViT's layers have biases")
+    require_equivalent(not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, TARGET,
+                       "ViT does not normalise its embeddings")
+    require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, TARGET,
+                       "Hugging Face's ViT has no layer scale")
+    if cfg.grid is None:
+        raise ValueError("a VisionTransformer always has a grid")
+    _, in_channels, patch_size, _ = net.patch_embed.proj.weight.shape  # (D, C, p, p)
+    config = {
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "intermediate_size": cfg.d_ff,
+        "hidden_act": activation_to_hf(cfg.activation, TARGET),
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attn_dropout,
+        "layer_norm_eps": cfg.norm_eps,
+        "image_size": cfg.grid[0] * patch_size,
+        "patch_size": patch_size,
+        "num_channels": in_channels,
+        "qkv_bias": True,
+        "num_labels": net.head.out_features,
+    }
+    own = net.state_dict()
+    state = {f"vit.{name}": own[target] for name, target in _TOP.items()}
+    state[f"vit.{_POSITIONS}"] = own["encoder.pos_encoding.embedding.weight"][None]  # (1, T, D)
+    for i in range(cfg.n_layers):
+        state |= layer_to_hf(own, f"encoder.blocks.{i}", f"vit.encoder.layer.{i}", _LAYER, "attention.attention")
+    state |= {name: own[target] for name, target in _HEAD.items()}
+    return "ViTForImageClassification", config, state

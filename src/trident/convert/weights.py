@@ -1,0 +1,26 @@
+"""What every reader of an outside format returns: weights and settings in trident's terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PretrainedWeights:
+    """Weights from outside trident, expressed in trident's terms."""
+
+    source: str  # the path or name it was read from
+    format: str  # "hf-gpt2" | "hf-bert" | "hf-vit" | "timm-vit"
+    task: str  # the trident task whose `net` these weights fit: "lm" | "mlm" | "vit"
+    model: dict[str, Any]  # `model` group values the source fixes (TransformerConfig field names)
+    pos_encoding: str  # `pos_encoding` group choice (e.g. "learned")
+    task_options: dict[str, Any]  # `task` group values the source fixes (e.g. tie_embeddings, scale_embeddings)
+    data_options: dict[str, Any]  # `data` group values the source fixes (e.g. max_seq_len, image_size, patch_size)
+    state_dict: dict[str, Tensor]  # keys exactly as the trident task's `net.state_dict()` names them
+    tokenizer: Tokenizer | None  # tokenizers.Tokenizer for text sources (from tokenizer.json, or vocab files)
+    num_classes: int | None  # size of the source's classification head, if it has one
+    vocab_size: int | None = None  # rows of the source's token embedding (text sources)

@@ -1,0 +1,212 @@
+"""``init_from=<source>``: a run that starts from another model's weights (a trident checkpoint or
+run directory of any task, or a Hugging Face / timm file read by :mod:`trident.convert`).
+
+Only the weights (and the tokenizer) come from the source, never its optimizer, schedule, step or
+data position: the run is new. The architecture comes from the source too: the source's values
+replace the ``model``, ``pos_encoding``, ``task`` and ``data`` settings that shape the weights, and
+a value the user set on the command line that says otherwise is one error line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.backbone import pos_encoding_class
+from trident.errors import ConfigError, DataError
+from trident.runs.checkpoint_io import read_checkpoint
+from trident.runs.loading import checkpoint_of, task_class_of, task_name_of
+
+# Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
+TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
+# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
+DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
+# Task settings that change what the weights compute (the other task settings are the run's own).
+SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool")
+# Data settings that shape the weights (the patch grid of an image model).
+SHAPING_DATA_OPTIONS = ("patch_size",)
+_ABSENT = object()
+# Config groups whose choice by name is a choice of architecture.
+ARCHITECTURE_GROUPS = ("model", "pos_encoding")
+# The copy of the source inside the run directory: the run stays self-contained.
+COPY_DIR = "init"
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """The weights ``init_from`` names, in trident's terms (the fields of ``PretrainedWeights``)."""
+
+    source: str
+    format: str
+    task: str
+    model: dict[str, Any]
+    pos_encoding: str
+    pos_encoding_options: dict[str, Any]
+    task_options: dict[str, Any]
+    data_options: dict[str, Any]
+    state_dict: dict[str, Tensor]  # keys as the task's ``net.state_dict()`` names them
+    tokenizer: Tokenizer | None
+
+
+def read_init_source(path: str) -> InitSource:
+    """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
+    source inside a run (``<run>/init``)."""
+    location = Path(path)
+    if not location.exists():
+        raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
+                        "a Hugging Face model directory or a timm ViT file")
+    if (location / "source.json").is_file():
+        return _read_copy(location)
+    if (location / "config.json").is_file() or (location.is_file() and location.suffix != ".ckpt"):
+        return _from_outside(path)
+    if location.is_dir() and not any(location.glob("checkpoints/*.ckpt")) and not any(location.glob("*.ckpt")):
+        raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
+                        "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
+    return _from_trident_checkpoint(path, checkpoint_of(location))
+
+
+def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
+    checkpoint = read_checkpoint(checkpoint_path, "init_from")
+    task_class = task_class_of(checkpoint, checkpoint_path)
+    settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
+    backbone = dict(settings.get("backbone") or {})
+    if not backbone:
+        raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
+    model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
+    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings}
+    # A bounded position table (learned) has one row per position: its length is part of the weights.
+    if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
+        data_options["max_seq_len"] = backbone["max_seq_len"]
+    tokenizer_json = checkpoint.get("tokenizer_json")
+    return InitSource(
+        source=str(path), format="trident", task=task_name_of(task_class), model=model,
+        pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
+        task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
+        state_dict={k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
+        tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
+    )
+
+
+def _from_outside(path: str) -> InitSource:
+    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.convert`."""
+    from trident.convert import read_pretrained  # here: safetensors and the adapters load only when used
+
+    weights = read_pretrained(path)
+    return InitSource(
+        source=path, format=weights.format, task=weights.task, model=dict(weights.model),
+        pos_encoding=weights.pos_encoding, pos_encoding_options={}, task_options=dict(weights.task_options),
+        data_options=dict(weights.data_options), state_dict=weights.state_dict, tokenizer=weights.tokenizer,
+    )
+
+
+def explicit_overrides() -> list[str]:
+    """The keys the user set on the command line (``model``, ``model.d_model``, ``pos_encoding``...),
+    as Hydra recorded them; group defaults and experiment presets are not among them."""
+    if not HydraConfig.initialized():
+        return []
+    return [o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
+
+
+def apply_source(cfg: DictConfig, source: InitSource, explicit: list[str]) -> None:
+    """Put the source's architecture into ``cfg`` (before the config is checked and the data prepared);
+    a value the user set that contradicts it is one error line naming both."""
+    wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
+    wanted["pos_encoding.name"] = source.pos_encoding
+    wanted["pos_encoding.options"] = source.pos_encoding_options
+    wanted |= {f"task.{k}": v for k, v in source.task_options.items() if k in cfg.task}
+    wanted |= {f"data.{k}": v for k, v in source.data_options.items() if k in cfg.data}
+    for key, value in wanted.items():
+        group = key.partition(".")[0]
+        current = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)["v"]  # type: ignore[index]
+        # A model size or position encoding chosen by name (model=small) sets the keys its file has;
+        # a task or data option chosen by name (data=imagefolder) chooses the task or data, not the weights' shape.
+        in_group = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
+        set_by_user = key in explicit or (group in ARCHITECTURE_GROUPS and group in explicit and in_group)
+        if set_by_user and not _same(current, value):
+            shown = key.removesuffix(".name")
+            raise ConfigError(
+                f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "
+                "override (the architecture comes from the weights)"
+            )
+    with open_dict(cfg):
+        for key, value in wanted.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return bool(a == b)
+
+
+def stage_tokenizer(cfg: DictConfig, source: InitSource, explicit: list[str]) -> None:
+    """Text data reads the source's tokenizer (never a retrained one) from a file named by its content
+    under the data cache; the run directory gets its own copy once the run starts."""
+    if source.tokenizer is None or "tokenizer" not in cfg.data:
+        return
+    if "data.tokenizer" in explicit:
+        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
+                          "drop data.tokenizer (the weights come with theirs)")
+    text = source.tokenizer.to_str()
+    staged = Path(cfg.data.cache_dir) / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not staged.is_file():
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        temporary = staged.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(staged)
+    with open_dict(cfg):
+        cfg.data.tokenizer = str(staged)
+
+
+def copy_source(cfg: DictConfig, source: InitSource, run_dir: Path) -> None:
+    """``<run>/init/``: the source's weights, tokenizer and settings, so that the run (eval.py, resume,
+    trident.load) never needs the source again; ``data.tokenizer`` then names the run's copy."""
+    folder = run_dir / COPY_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(source.state_dict, folder / "weights.pt")
+    described = {f.name: getattr(source, f.name) for f in dataclasses.fields(source)
+                 if f.name not in ("state_dict", "tokenizer")}
+    (folder / "source.json").write_text(json.dumps(described, indent=1, default=str))
+    if source.tokenizer is not None:
+        source.tokenizer.save(str(folder / "tokenizer.json"))
+        if "tokenizer" in cfg.data:
+            with open_dict(cfg):
+                cfg.data.tokenizer = str(folder / "tokenizer.json")
+
+
+def _read_copy(folder: Path) -> InitSource:
+    """A source as :func:`copy_source` left it in a run directory."""
+    described = json.loads((folder / "source.json").read_text())
+    tokenizer = folder / "tokenizer.json"
+    return InitSource(
+        **described,
+        state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True),
+        tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer.is_file() else None,
+    )
+
+
+
+def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None) -> InitSource | None:
+    """The run's ``init_from`` source with its architecture put into ``cfg``; a resumed run reads
+    the copy in its own directory (the original may have moved)."""
+    if not cfg.get("init_from"):
+        return None
+    if cfg.get("ckpt_path"):
+        raise ConfigError(f"init_from={cfg.init_from} starts a new run from weights, ckpt_path={cfg.ckpt_path} resumes one "
+                          "(optimizer, step, data position): drop one of them")
+    copy = run_dir / COPY_DIR
+    source = _read_copy(copy) if resume_from and (copy / "source.json").is_file() else read_init_source(str(cfg.init_from))
+    explicit = explicit_overrides()
+    apply_source(cfg, source, explicit)
+    stage_tokenizer(cfg, source, explicit)
+    return source

@@ -1,0 +1,103 @@
+"""``trident.load(path)``: a trident checkpoint or run directory -> the task that wrote it, with its
+``net`` and ``tokenizer``, on the CPU, in eval mode.
+
+The task class is the one the checkpoint names (``trident_task``, written by every task since it was
+added); a checkpoint of an earlier version is matched through its run's ``config_resolved.yaml``, else
+by which task's constructor takes its hyperparameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import hydra.utils
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from trident.errors import DataError
+from trident.runs.checkpoint_io import RETIRED_SETTINGS, load_task_checkpoint, read_checkpoint
+from trident.runs.resume import run_config_of
+from trident.tasks.checkpointing import TASK_KEY
+
+# The tasks whose checkpoints predate TASK_KEY (every later task records itself).
+EARLIER_TASKS = {
+    "lm": "trident.tasks.lm.LanguageModelTask",
+    "mlm": "trident.tasks.mlm.MaskedLanguageModelTask",
+    "translation": "trident.tasks.translation.TranslationTask",
+    "vit": "trident.tasks.vit.ImageClassificationTask",
+}
+
+
+def load(path: str | Path) -> L.LightningModule:
+    """A trident checkpoint (.ckpt) or a run directory (its best, else last checkpoint) -> the task
+    with its ``net`` and ``tokenizer``, on CPU, in eval mode; whatever task wrote it."""
+    checkpoint = checkpoint_of(Path(path))
+    task_class = task_class_of(read_checkpoint(checkpoint, "the path"), checkpoint)
+    return load_task_checkpoint(task_class, checkpoint, task_name_of(task_class))
+
+
+def checkpoint_of(path: Path) -> Path:
+    """``path`` itself when it is a file, else the run directory's best checkpoint, else its last."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise DataError(f"{str(path)!r} not found: pass a trident checkpoint (.ckpt) or a train.py run directory")
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    best = sorted(p for p in folder.glob("best-*.ckpt") if p.is_file())
+    if len(best) > 1:  # save_top_k > 1: the one the last checkpoint's ModelCheckpoint calls best
+        best = [p for p in best if p.name == _recorded_best(folder / "last.ckpt")] or best[-1:]
+    if best:
+        return best[0]
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    raise DataError(
+        f"{str(path)!r} holds no checkpoint (no checkpoints/best-*.ckpt or last.ckpt): pass a .ckpt file or the "
+        "directory of a train.py run that saved one"
+    )
+
+
+def _recorded_best(last: Path) -> str | None:
+    if not last.is_file():
+        return None
+    for state in (read_checkpoint(last, "the path").get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("best_model_path"):
+            return Path(state["best_model_path"]).name
+    return None
+
+
+def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[L.LightningModule]:
+    """The task class that wrote ``checkpoint`` (read from ``path``)."""
+    target = checkpoint.get(TASK_KEY) or _target_in_run_config(path) or _target_by_settings(checkpoint, path)
+    try:
+        task_class = hydra.utils.get_class(target)
+    except (ImportError, ValueError) as err:
+        raise DataError(f"checkpoint {str(path)!r} was written by the task {target!r}, which this trident lacks: "
+                        "load it with the trident version that wrote it") from err
+    return task_class
+
+
+def task_name_of(task_class: type[L.LightningModule]) -> str:
+    """The ``task=`` name of a task class (its module's name: trident.tasks.<name>)."""
+    return task_class.__module__.rsplit(".", 1)[-1]
+
+
+def _target_in_run_config(path: Path) -> str | None:
+    config = run_config_of(path)
+    saved = OmegaConf.load(config) if config is not None else None
+    target = OmegaConf.select(saved, "task._target_") if isinstance(saved, DictConfig) else None
+    return str(target) if target else None
+
+
+def _target_by_settings(checkpoint: dict[str, Any], path: Path) -> str:
+    """The one earlier task whose constructor takes every hyperparameter of ``checkpoint``."""
+    settings = set(checkpoint.get("hyper_parameters") or {}) - RETIRED_SETTINGS
+    fits = [target for target in EARLIER_TASKS.values()
+            if settings and settings <= set(inspect.signature(hydra.utils.get_class(target).__init__).parameters)]
+    if len(fits) != 1:
+        raise DataError(
+            f"checkpoint {str(path)!r} does not say which task wrote it, and its settings fit "
+            f"{'none' if not fits else 'several'} of trident's tasks: pass a checkpoint inside its train.py run directory"
+        )
+    return fits[0]

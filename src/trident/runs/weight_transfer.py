@@ -1,0 +1,111 @@
+"""Copy a source's weights into a task's network by parameter name and shape, and say what happened:
+one table of loaded / newly initialised / dropped parameters.
+
+Matching is by name, so any task whose ``net`` names its parts like the source's (``embed``,
+``encoder.*``, ``decoder.*``, ``head``) takes them, whatever the task. A ``head`` whose output count
+differs (another number of classes) is rebuilt; a token table of another size is another vocabulary;
+any other shape that differs does not fit.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.pytorch.loggers import Logger, WandbLogger
+from torch import Tensor, nn
+
+from trident.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransferRow:
+    """One group of parameters (e.g. ``encoder.blocks``) with one outcome."""
+
+    outcome: str  # loaded | new | dropped
+    group: str
+    tensors: int
+    parameters: int
+    note: str
+
+
+def group_of(name: str) -> str:
+    """``encoder.blocks.3.ffn.fc_in.weight`` -> ``encoder.blocks``; ``head.weight`` -> ``head``."""
+    parts = name.split(".")
+    module = parts[:-1] or parts
+    for i, part in enumerate(module):
+        if part.isdigit():
+            return ".".join(module[:i])
+    return ".".join(module)
+
+
+def _is_token_table(name: str, here: Tensor, there: Tensor) -> bool:
+    """A token embedding (``embed``, ``src_embed``...) whose number of rows (tokens) differs."""
+    first = name.split(".")[0]
+    return first.endswith("embed") and here.ndim == 2 and here.shape[1] == there.shape[1]
+
+
+def _is_head(name: str, here: Tensor, there: Tensor) -> bool:
+    """An output layer (``head``) that differs in its number of outputs only."""
+    return name.split(".")[0] == "head" and here.ndim == there.ndim and here.shape[1:] == there.shape[1:]
+
+
+def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str) -> list[TransferRow]:
+    """Load ``weights`` into ``net`` where name and shape match; returns the table's rows."""
+    target = net.state_dict()
+    mismatched = {n: (tuple(weights[n].shape), tuple(t.shape)) for n, t in target.items()
+                  if n in weights and weights[n].shape != t.shape}
+    for name, (there, here) in mismatched.items():
+        if _is_token_table(name, target[name], weights[name]):
+            raise ConfigError(
+                f"init_from={source} has a vocabulary of {there[0]} tokens ({name}), this run's tokenizer {here[0]}: "
+                "drop data.tokenizer so that the run uses the tokenizer that came with the weights"
+            )
+        if not _is_head(name, target[name], weights[name]):
+            raise ConfigError(
+                f"init_from={source} does not fit this model: {name} is {there} there, {here} here; use a source of "
+                "the same architecture and data geometry (image size, channels, context length)"
+            )
+    loaded = {n: w for n, w in weights.items() if n in target and n not in mismatched}
+    if not loaded:
+        raise ConfigError(f"init_from={source} shares no parameter with this task's network (it names none of "
+                          f"{', '.join(sorted({group_of(n) for n in target})[:4])}...): use weights of a task with this backbone")
+    with torch.no_grad():
+        for name, value in loaded.items():
+            target[name].copy_(value)
+    rebuilt = {group_of(n): f"rebuilt: {mismatched[n][0][0]} outputs there, {mismatched[n][1][0]} here" for n in mismatched}
+    rows = _rows("loaded", {n: target[n] for n in loaded}, {})
+    rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, rebuilt)
+    rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target}, {})
+    return rows
+
+
+def _rows(outcome: str, tensors: dict[str, Tensor], notes: dict[str, str]) -> list[TransferRow]:
+    groups: dict[str, list[Tensor]] = defaultdict(list)
+    for name, tensor in tensors.items():
+        groups[group_of(name)].append(tensor)
+    return [TransferRow(outcome, group, len(ts), sum(t.numel() for t in ts), notes.get(group, ""))
+            for group, ts in groups.items()]
+
+
+def report_transfer(rows: list[TransferRow], out: Path, loggers: list[Logger]) -> None:
+    """Log the table (console, W&B table) and keep it with the run (``<run>/init/weights.csv``)."""
+    header = ["outcome", "group", "tensors", "parameters", "note"]
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_text(key="init_from/weights", columns=header, data=[list(vars(r).values()) for r in rows], step=0)
+    width = max(len(r.group) for r in rows)
+    lines = [f"{'outcome':8} {'group':{width}} {'tensors':>7} {'parameters':>11}  note"]
+    lines += [f"{r.outcome:8} {r.group:{width}} {r.tensors:>7} {r.parameters:>11,}  {r.note}" for r in rows]
+    log.info("init_from: weights loaded, newly initialised and dropped\n%s", "\n".join(lines))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows([r.outcome, r.group, r.tensors, r.parameters, r.note] for r in rows)

@@ -1,0 +1,119 @@
+"""BERT (transformers, random weights) -> trident's masked LM: the same logits, with and without
+padding; the WordPiece tokenizer from vocab.txt; trident -> BERT and back: the same tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.convert_helpers import net_from
+from trident.backbone import TransformerConfig
+from trident.convert import read_pretrained
+from trident.convert.hf_export import to_transformers
+from trident.errors import ConfigError
+from trident.models import MaskedLM
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 53
+
+
+def save_bert(path: Path, architecture: str = "BertForMaskedLM") -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=24)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():  # weights larger than BERT's initial ones (std 0.02), so that attention, the
+        for tensor in model.parameters():  # token-type vector, LayerNorms and biases all matter
+            tensor.normal_(std=0.3)
+    model.save_pretrained(path)
+    return model
+
+
+def test_bert_logits_equal_those_of_transformers_with_padding(tmp_path: Path) -> None:
+    reference = save_bert(tmp_path)
+    weights = read_pretrained(tmp_path)
+    assert (weights.format, weights.task) == ("hf-bert", "mlm")
+    assert weights.model["norm_first"] is False and weights.model["embedding_norm"] is True
+    assert weights.model["norm_eps"] == 1e-12
+    net = net_from(weights)
+    ids = torch.randint(0, VOCAB, (3, 19))
+    lengths = torch.tensor([19, 11, 4])
+    attention = torch.arange(19)[None, :] < lengths[:, None]  # (B, T) True at real tokens
+    with torch.no_grad():
+        expected = reference(ids).logits
+        torch.testing.assert_close(net(ids), expected, atol=1e-5, rtol=1e-5)
+        padded = reference(ids, attention_mask=attention.long()).logits
+        ours = net(ids, key_padding_mask=~attention)
+    # Real tokens agree; padded positions are undefined in both models.
+    torch.testing.assert_close(ours[attention], padded[attention], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(padded[1, :11], expected[1, :11], atol=1e-3)  # the mask did change something
+
+
+def test_bert_model_without_head_gives_the_encoder(tmp_path: Path) -> None:
+    reference = save_bert(tmp_path, "BertModel")
+    weights = read_pretrained(tmp_path)
+    assert not any(name.startswith(("transform.", "head.")) for name in weights.state_dict)
+    net = net_from_encoder(weights)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(net.encoder(net.embed(ids)), reference(ids).last_hidden_state, atol=1e-5, rtol=1e-5)
+
+
+def net_from_encoder(weights: object) -> MaskedLM:
+    cfg = TransformerConfig(**weights.model, pos_encoding="learned", dropout=0.0, max_seq_len=24)  # type: ignore[attr-defined]
+    net = MaskedLM(cfg, VOCAB)
+    missing, unexpected = net.load_state_dict(weights.state_dict, strict=False)  # type: ignore[attr-defined]
+    assert not unexpected and all(name.startswith(("transform.", "head.")) for name in missing)
+    return net.eval()
+
+
+def test_bert_tokenizer_is_built_from_vocab_txt(tmp_path: Path) -> None:
+    save_bert(tmp_path)
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "##s", "on", "mat", ",", "!"]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    tokenizer = read_pretrained(tmp_path).tokenizer
+    assert tokenizer is not None
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)  # BERT's own reading of vocab.txt
+    text = "The cats sat on the MAT, dog!"
+    assert tokenizer.encode(text).ids == reference(text)["input_ids"]
+    assert tokenizer.encode(text).tokens == ["[CLS]", "the", "cat", "##s", "sat", "on", "the", "mat", ",", "[UNK]", "!", "[SEP]"]
+
+
+def trident_bert(**settings: object) -> MaskedLM:
+    torch.manual_seed(1)
+    options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 40, "dropout": 0.0, "norm_first": False,
+               "embedding_norm": True, "norm_eps": 1e-12, "pos_encoding": "learned", "max_seq_len": 20}
+    net = MaskedLM(TransformerConfig(**(options | settings)), VOCAB).eval()
+    with torch.no_grad():
+        for name, tensor in net.named_parameters():
+            if "norm" in name or name.endswith("bias") or name.startswith("transform.2"):
+                tensor.normal_()
+    return net
+
+
+def test_trident_mlm_to_bert_and_back_is_exact(tmp_path: Path) -> None:
+    net = trident_bert()
+    hf = to_transformers(net)
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path)
+    back = read_pretrained(tmp_path)
+    own = net.state_dict()
+    assert back.state_dict.keys() == own.keys()
+    for name, tensor in own.items():
+        assert torch.equal(back.state_dict[name], tensor), name
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"norm_first": True}, "model.norm_first=True"),
+    ({"embedding_norm": False}, "model.embedding_norm=False"),
+    ({"pos_encoding": "rope"}, "pos_encoding=rope"),
+    ({"activation": "relu"}, "model.activation=relu"),
+])
+def test_a_setting_bert_lacks_is_named(settings: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{named} has no BERT"):
+        to_transformers(trident_bert(**settings))

@@ -1,0 +1,109 @@
+"""GPT-2 (transformers, random weights) -> trident: the same logits, the same greedy tokens, the
+same tokenizer; trident -> GPT-2 and back: the same tensors (issue #24)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.convert_helpers import net_from
+from trident.backbone import TransformerConfig
+from trident.convert import read_pretrained
+from trident.convert.hf_export import to_transformers
+from trident.errors import ConfigError
+from trident.models import CausalLM, generate
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 61
+
+
+def save_gpt2(path: Path, **settings: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=24, vocab_size=VOCAB,
+                                     bos_token_id=0, eos_token_id=0, **settings)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("settings", [{}, {"tie_word_embeddings": False, "n_inner": 48, "activation_function": "relu"}])
+def test_gpt2_logits_equal_those_of_transformers(tmp_path: Path, settings: dict[str, object]) -> None:
+    reference = save_gpt2(tmp_path, **settings)
+    weights = read_pretrained(tmp_path)
+    assert (weights.format, weights.task, weights.pos_encoding) == ("hf-gpt2", "lm", "learned")
+    assert weights.model["activation"] == ("relu" if settings else "gelu_tanh")  # gelu_new is the tanh GELU
+    assert weights.task_options["tie_embeddings"] is not bool(settings)
+    net = net_from(weights)
+    ids = torch.randint(0, VOCAB, (3, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_greedy_generation_matches_transformers(tmp_path: Path) -> None:
+    reference = save_gpt2(tmp_path)
+    net = net_from(read_pretrained(tmp_path))
+    prompt = torch.tensor([[5, 17, 3, 42]])
+    expected = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                  attention_mask=torch.ones_like(prompt))
+    # top_k=1 keeps only the most likely token: greedy decoding, here through the KV cache.
+    with torch.no_grad():
+        produced = generate(net, prompt, 12, top_k=1, use_cache=True)
+    assert produced.tolist() == expected.tolist()
+
+
+def test_gpt2_tokenizer_is_built_from_vocab_and_merges(tmp_path: Path) -> None:
+    save_gpt2(tmp_path)
+    # A tiny byte-level BPE: "Ġ" is the byte-level space; merges build "lo", "low", "Ġlow".
+    vocab = {token: i for i, token in enumerate(["l", "o", "w", "e", "r", "Ġ", "lo", "low", "Ġlow", "er"])}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nl o\nlo w\nĠ low\ne r\n")
+    tokenizer = read_pretrained(tmp_path).tokenizer
+    assert tokenizer is not None
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)  # GPT-2's own reading of the two files
+    text = "low lower lowlow"
+    assert tokenizer.encode(text).ids == reference(text)["input_ids"]
+    assert tokenizer.encode("low lower").tokens == ["low", "Ġlow", "er"]
+
+
+def trident_lm(**settings: object) -> CausalLM:
+    torch.manual_seed(1)
+    options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 40, "dropout": 0.0, "activation": "gelu_tanh",
+               "pos_encoding": "learned", "max_seq_len": 20}
+    tie = bool(settings.pop("tie_embeddings", True))
+    net = CausalLM(TransformerConfig(**(options | settings)), VOCAB, tie_embeddings=tie).eval()
+    with torch.no_grad():  # biases and norms away from their initial 0 and 1, so a misplaced one shows
+        for name, tensor in net.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                tensor.normal_()
+    return net
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_trident_lm_to_gpt2_and_back_is_exact(tmp_path: Path, tie: bool) -> None:
+    net = trident_lm(tie_embeddings=tie)
+    hf = to_transformers(net)
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path)
+    back = read_pretrained(tmp_path)
+    own = net.state_dict()
+    assert back.state_dict.keys() == own.keys()
+    for name, tensor in own.items():
+        assert torch.equal(back.state_dict[name], tensor), name
+    assert back.task_options["tie_embeddings"] is tie
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"pos_encoding": "rope"}, "pos_encoding=rope"),
+    ({"norm_first": False}, "model.norm_first=False"),
+    ({"activation": "swiglu"}, "model.activation=swiglu"),
+    ({"norm": "rmsnorm"}, "model.norm=rmsnorm"),
+])
+def test_a_setting_gpt2_lacks_is_named(settings: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{named} has no GPT-2"):
+        to_transformers(trident_lm(**settings))
