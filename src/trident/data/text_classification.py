@@ -30,7 +30,7 @@ from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, package_path, play_to_text
 from trident.data.masking import PAD_TOKEN
 from trident.data.order import EpochShuffleSampler
-from trident.data.tokenization import train_tokenizer
+from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError, choose
 
 CACHE_VERSION = 1
@@ -183,7 +183,7 @@ class TextClassificationDataModule(TridentDataModule):
         self.text_column, self.label_column = text_column, label_column
         self.tokenizer_kind, self.max_length, self.batch_size, self.seed = tokenizer, max_length, batch_size, seed
         source_key = {"files": content_key(files)} if source == "files" else {"seed": seed, "passage_chars": passage_chars}
-        key = json.dumps([CACHE_VERSION, source, source_key, text_column, label_column, tokenizer,
+        key = json.dumps([CACHE_VERSION, source, source_key, text_column, label_column, tokenizer_key(tokenizer),
                           vocab_size if tokenizer != "char" else 0], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "classify" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.vocab_size_target, self.passage_chars = vocab_size, passage_chars
@@ -208,7 +208,7 @@ class TextClassificationDataModule(TridentDataModule):
         check_columns(corpus, self.text_column, self.label_column)
         class_names = class_names_of(corpus, self.label_column)
         index = {name: i for i, name in enumerate(class_names)}
-        tokenizer = train_tokenizer(self.tokenizer_kind, corpus["train"][self.text_column], vocab_size=self.vocab_size_target)
+        tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"][self.text_column], vocab_size=self.vocab_size_target)
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
         for split in SPLITS:
@@ -222,7 +222,8 @@ class TextClassificationDataModule(TridentDataModule):
         if self.tokenizer is not None:
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        # Appended after the text vocabulary, so no text token is ever one of them.
+        # Appended after the text vocabulary, so no text token is ever one of them (a given tokenizer
+        # that has them already keeps their ids).
         self.tokenizer.add_special_tokens([AddedToken(CLS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
         self.class_names = json.loads((self.cache_path / "meta.json").read_text())["class_names"]
         cls_id = self.tokenizer.token_to_id(CLS_TOKEN)
