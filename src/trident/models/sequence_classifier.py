@@ -4,6 +4,7 @@ one pooled vector per sequence -> class logits."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trident.backbone import Decoder, Encoder, TokenEmbedding, TransformerConfig
@@ -13,7 +14,8 @@ POOLS = {"encoder": ("cls", "mean"), "decoder": ("last", "mean")}
 
 
 class SequenceClassifier(nn.Module):
-    """``pool``: ``cls`` the output at position 0 (the ``[CLS]`` token the data prepends), ``mean``
+    """``pool``: ``cls`` the output at a learned ``[CLS]`` vector prepended to the embeddings (BERT's
+    first token; a parameter, not a vocabulary entry, so a pre-trained embedding fits), ``mean``
     the mean over non-padding positions, ``last`` the last non-padding position (GPT). The stack
     is named ``encoder`` or ``decoder`` as in the MLM and LM models, so their weights load by name."""
 
@@ -28,6 +30,9 @@ class SequenceClassifier(nn.Module):
             self.encoder = Encoder(cfg)
         else:
             self.decoder = Decoder(cfg)
+        if pool == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+            nn.init.normal_(self.cls_token, std=0.02)
         self.head = nn.Linear(cfg.d_model, num_classes)
         nn.init.normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
@@ -38,8 +43,13 @@ class SequenceClassifier(nn.Module):
 
     def forward(self, ids: Tensor, *, key_padding_mask: Tensor | None = None) -> Tensor:
         """``ids``: (B, T) right-padded; ``key_padding_mask``: (B, T) True at padding. Returns (B, C)."""
-        hidden = self.stack(self.embed(ids), key_padding_mask=key_padding_mask)  # (B, T, D)
-        keep = torch.ones_like(ids, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask  # (B, T)
+        x = self.embed(ids)  # (B, T, D)
+        if self.pool == "cls":
+            x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + T, D)
+            if key_padding_mask is not None:
+                key_padding_mask = F.pad(key_padding_mask, (1, 0), value=False)  # (B, 1 + T)
+        hidden = self.stack(x, key_padding_mask=key_padding_mask)  # (B, T', D)
+        keep = torch.ones(hidden.shape[:2], dtype=torch.bool, device=ids.device) if key_padding_mask is None else ~key_padding_mask
         if self.pool == "cls":
             pooled = hidden[:, 0]  # (B, D)
         elif self.pool == "mean":
@@ -52,9 +62,9 @@ class SequenceClassifier(nn.Module):
 
     def layer_of(self, name: str) -> int:
         """Depth of parameter ``name`` for layer-wise learning-rate decay (ELECTRA, BEiT): 0 for the
-        embedding and position tables, i + 1 for block i, n_layers + 1 for the final norm and head."""
+        embedding, ``[CLS]`` and position tables, i + 1 for block i, n_layers + 1 for the final norm and head."""
         parts = name.split(".")
-        if parts[0] == "embed" or "pos_encoding" in parts:
+        if parts[0] in ("embed", "cls_token") or "pos_encoding" in parts:
             return 0
         if len(parts) > 2 and parts[1] == "blocks":
             return int(parts[2]) + 1

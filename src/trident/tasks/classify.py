@@ -24,7 +24,7 @@ from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layer
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
 from trident.training.optim import optimizers_for, positional_parameter_names
 
-Batch = tuple[Tensor, Tensor]
+Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
 
 
 class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
@@ -37,7 +37,6 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         vocab_size: int,
         optimizer: dict[str, Any],
         scheduler: dict[str, Any],
-        pad_id: int,
         class_names: list[str],
         majority_accuracy: dict[str, float],
         stack: str = "encoder",
@@ -58,7 +57,7 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
                                       scale_embeddings=scale_embeddings)
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
-        self.pad_id, self.class_names, self.majority_accuracy = pad_id, list(class_names), dict(majority_accuracy)
+        self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:
             for _, param in self.net.named_backbone_parameters():
@@ -79,13 +78,12 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
             raise ConfigError(f"pos_encoding={name} cannot serve the bidirectional encoder of task=classify: "
                               f"choose one of {', '.join(bidirectional_pos_encodings())}, or task.stack=decoder")
 
-    def forward(self, ids: Tensor) -> Tensor:
-        """``ids``: (B, T) right-padded with ``pad_id`` -> class logits (B, C)."""
-        padding = ids == self.pad_id  # (B, T)
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        """``ids``: (B, T) right-padded, ``padding``: (B, T) True at padding -> class logits (B, C)."""
         return self.net(ids, key_padding_mask=padding if padding.any() else None)
 
     def throughput_units(self, batch: Batch) -> dict[str, int]:
-        return {"tokens": int((batch[0] != self.pad_id).sum()), "samples": batch[0].size(0)}
+        return {"tokens": int((~batch[1]).sum()), "samples": batch[0].size(0)}
 
     def flops_per_batch(self, batch: Batch) -> int:
         """Model FLOPs of one training step (the padded batch, as computed) for MFU."""
@@ -102,15 +100,15 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
                 param.requires_grad_(not frozen)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        ids, labels = batch
-        loss = F.cross_entropy(self(ids).float(), labels)
+        ids, padding, labels = batch
+        loss = F.cross_entropy(self(ids, padding).float(), labels)
         # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
     def _evaluate(self, batch: Batch, stage: str, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:
-        ids, labels = batch
-        logits = self(ids).float()
+        ids, padding, labels = batch
+        logits = self(ids, padding).float()
         acc(logits, labels)
         f1(logits, labels)
         self.log(f"{stage}/loss", F.cross_entropy(logits, labels), prog_bar=stage == "val", sync_dist=True)
@@ -126,7 +124,7 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         logits = self._evaluate(batch, "test", self.test_acc, self.test_f1)
-        self.test_confusion(logits.argmax(dim=-1), batch[1])
+        self.test_confusion(logits.argmax(dim=-1), batch[2])
 
     def on_test_epoch_end(self) -> None:
         matrix = self.test_confusion.compute()
