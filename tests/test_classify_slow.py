@@ -45,8 +45,10 @@ def train_losses(run_dir: Path) -> dict[int, float]:
             for row in csv.DictReader(metrics.open()) if row.get("train/loss")}
 
 
-def test_classify_runs_under_two_process_ddp(tmp_path: Path) -> None:
-    result = run_train(*CLASSIFY_SMALL, *WITH_CSV, "trainer=ddp_cpu", f"paths.output_root={tmp_path / 'outputs'}", cwd=tmp_path)
+def test_classify_runs_under_two_process_ddp_with_a_backbone_frozen_for_steps(tmp_path: Path) -> None:
+    # Freezing for some steps too: DDP must still reduce every parameter it registered.
+    result = run_train(*CLASSIFY_SMALL, *WITH_CSV, "trainer=ddp_cpu", "task.freeze_backbone_steps=2",
+                       f"paths.output_root={tmp_path / 'outputs'}", cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "Traceback" not in output, output[-3000:]
     (run_dir,) = tmp_path.glob("outputs/runs/*/*")

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 from torch import Tensor
+from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
@@ -91,13 +92,13 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         head = FORWARD_AND_BACKWARD * 2 * self.net.cfg.d_model * len(self.class_names) * size
         return stack_flops(self.net.cfg, size, length) + head
 
-    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
-        """Freezing for N steps: the backbone gets no gradients (so AdamW leaves it, and its moments,
-        alone) until step N, then trains with the head."""
-        if self.freeze_backbone_steps > 0:
-            frozen = self.global_step < self.freeze_backbone_steps
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """Freezing for N steps: the backbone's gradients are dropped before each of the first N
+        steps (so AdamW leaves it, and its moments, alone), then it trains with the head. Dropped
+        rather than never computed, so DDP still reduces every parameter it registered."""
+        if self.global_step < self.freeze_backbone_steps:
             for _, param in self.net.named_backbone_parameters():
-                param.requires_grad_(not frozen)
+                param.grad = None
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         ids, padding, labels = batch
