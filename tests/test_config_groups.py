@@ -28,7 +28,8 @@ def test_every_group_has_options() -> None:
 
 
 # Data options belong to one task: compose them with it.
-TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit"}
+TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit",
+                "TextClassificationDataModule": "classify"}
 
 
 @pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))

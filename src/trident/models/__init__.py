@@ -5,13 +5,16 @@ from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.masked_lm import MaskedLM
 from trident.models.sampling import generate, sample_next_token
 from trident.models.seq2seq import EncoderDecoder
+from trident.models.sequence_classifier import POOLS, SequenceClassifier
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 
 __all__ = [
+    "POOLS",
     "CausalLM",
     "EncoderDecoder",
     "Hypothesis",
     "MaskedLM",
+    "SequenceClassifier",
     "VisionTransformer",
     "attention_rollout",
     "beam_search",

@@ -99,9 +99,12 @@ def fused_allowed(optimizer_cfg: dict[str, Any], precision: str, gradient_clip_v
     return optimizer_cfg
 
 
-def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset()) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: dict[str, Any], no_decay_names: set[str] = frozenset(), groups: list[dict[str, Any]] | None = None
+) -> torch.optim.Optimizer:
     """``cfg`` holds ``name`` (a key of :data:`OPTIMIZERS`), ``lr``, ``weight_decay``, ``fused``
-    (see :func:`kernel_options`) and the optimizer's other arguments."""
+    (see :func:`kernel_options`) and the optimizer's other arguments. ``groups``: parameter groups
+    of the task's own (e.g. per-layer learning rates) instead of :func:`parameter_groups`."""
     check_optimizer_config(cfg)
     options = dict(cfg)
     optimizer_class = OPTIMIZERS[options.pop("name")]
@@ -110,7 +113,7 @@ def build_optimizer(model: nn.Module, cfg: dict[str, Any], no_decay_names: set[s
         raise ConfigError(f"optimizer.fused must be true or false, got {fused!r}: set optimizer.fused=true or false")
     options.update(kernel_options(optimizer_class, fused))
     weight_decay = float(options.pop("weight_decay", 0.0))
-    groups = parameter_groups(model, weight_decay, set(no_decay_names))
+    groups = groups if groups is not None else parameter_groups(model, weight_decay, set(no_decay_names))
     try:
         return optimizer_class(groups, **options)
     except TypeError as err:  # a key the optimizer does not take
@@ -176,8 +179,9 @@ def optimizers_for(
     scheduler_cfg: dict[str, Any],
     total_steps: int,
     no_decay_names: set[str] = frozenset(),
+    groups: list[dict[str, Any]] | None = None,
 ) -> OptimizerLRSchedulerConfig:
     """What ``LightningModule.configure_optimizers`` returns: the optimizer and a per-step schedule."""
-    optimizer = build_optimizer(model, optimizer_cfg, no_decay_names)
+    optimizer = build_optimizer(model, optimizer_cfg, no_decay_names, groups)
     scheduler = build_scheduler(optimizer, scheduler_cfg, total_steps)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

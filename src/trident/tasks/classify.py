@@ -1,0 +1,156 @@
+"""Sequence classification (BERT / GPT fine-tuning) as a LightningModule: the shared stack with a
+pooled class head, accuracy, macro-F1, the majority-class baseline and a confusion matrix."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import lightning as L
+import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+from torch import Tensor
+from torch.optim import Optimizer
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+
+from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
+from trident.data.base import TridentDataModule
+from trident.data.text_classification import TextClassificationDataModule
+from trident.errors import ConfigError, choose
+from trident.models import POOLS, SequenceClassifier
+from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.training.figures import confusion_matrix_figure, publish_figure
+from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
+from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
+from trident.training.optim import optimizers_for, positional_parameter_names
+
+Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
+
+
+class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
+
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        vocab_size: int,
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        class_names: list[str],
+        majority_accuracy: dict[str, float],
+        stack: str = "encoder",
+        pool: str = "cls",
+        scale_embeddings: bool = False,
+        freeze_backbone_steps: int = 0,
+        layer_decay: float = 1.0,
+        head_lr: float | None = None,
+        tokenizer_json: str | None = None,
+    ) -> None:
+        super().__init__()
+        check_pool(stack, pool)
+        check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
+        # Plain values only; the tokenizer travels in the checkpoint (see TokenizerInCheckpoint).
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        num_classes = len(class_names)
+        self.net = SequenceClassifier(TransformerConfig(**backbone), vocab_size, num_classes, stack=stack, pool=pool,
+                                      scale_embeddings=scale_embeddings)
+        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
+        self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
+        if freeze_backbone_steps == FROZEN_FOR_GOOD:
+            for _, param in self.net.named_backbone_parameters():
+                param.requires_grad_(False)
+        # micro accuracy: the fraction of sequences classified correctly; macro-F1 weighs classes equally.
+        self.val_acc, self.test_acc = (MulticlassAccuracy(num_classes, average="micro") for _ in range(2))
+        self.val_f1, self.test_f1 = (MulticlassF1Score(num_classes, average="macro") for _ in range(2))
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)
+
+    @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        """Checked before any work: the pool fits the stack, an encoder gets a bidirectional encoding."""
+        task = cfg.task
+        check_pool(task.stack, task.pool)
+        check_finetuning(task.freeze_backbone_steps, task.layer_decay, task.head_lr)
+        name = cfg.pos_encoding.name
+        if task.stack == "encoder" and not pos_encoding_class(name).supports_bidirectional:
+            raise ConfigError(f"pos_encoding={name} cannot serve the bidirectional encoder of task=classify: "
+                              f"choose one of {', '.join(bidirectional_pos_encodings())}, or task.stack=decoder")
+
+    def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
+        """``ids``: (B, T) right-padded, ``padding``: (B, T) True at padding -> class logits (B, C)."""
+        return self.net(ids, key_padding_mask=padding if padding.any() else None)
+
+    def throughput_units(self, batch: Batch) -> dict[str, int]:
+        return {"tokens": int((~batch[1]).sum()), "samples": batch[0].size(0)}
+
+    def flops_per_batch(self, batch: Batch) -> int:
+        """Model FLOPs of one training step (the padded batch, as computed) for MFU."""
+        size, length = batch[0].shape
+        head = FORWARD_AND_BACKWARD * 2 * self.net.cfg.d_model * len(self.class_names) * size
+        return stack_flops(self.net.cfg, size, length) + head
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """Freezing for N steps: the backbone's gradients are dropped before each of the first N
+        steps (so AdamW leaves it, and its moments, alone), then it trains with the head. Dropped
+        rather than never computed, so DDP still reduces every parameter it registered."""
+        if self.global_step < self.freeze_backbone_steps:
+            for _, param in self.net.named_backbone_parameters():
+                param.grad = None
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        ids, padding, labels = batch
+        loss = F.cross_entropy(self(ids, padding).float(), labels)
+        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
+        return loss
+
+    def _evaluate(self, batch: Batch, stage: str, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:
+        ids, padding, labels = batch
+        logits = self(ids, padding).float()
+        acc(logits, labels)
+        f1(logits, labels)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
+        self.log(f"{stage}/macro_f1", f1)
+        # The baseline beside the accuracy: always answering the most frequent training class.
+        split = "validation" if stage == "val" else "test"
+        self.log(f"{stage}/majority_acc", self.majority_accuracy[split], sync_dist=True)
+        return logits
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_acc, self.val_f1)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        logits = self._evaluate(batch, "test", self.test_acc, self.test_f1)
+        self.test_confusion(logits.argmax(dim=-1), batch[2])
+
+    def on_test_epoch_end(self) -> None:
+        matrix = self.test_confusion.compute()
+        self.test_confusion.reset()
+        if self.trainer.is_global_zero:
+            publish_figure(self, "test/confusion_matrix", confusion_matrix_figure(matrix, self.class_names))
+
+    def _frozen_for_good(self) -> set[str]:
+        if self.freeze_backbone_steps != FROZEN_FOR_GOOD:
+            return set()
+        return {name for name, _ in self.net.named_backbone_parameters()}
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        steps = int(self.trainer.estimated_stepping_batches)
+        no_decay = positional_parameter_names(self.net)
+        groups = layerwise_groups(
+            self.net, self.net.layer_of, self.net.cfg.n_layers + 1, lr=float(self.optimizer_cfg["lr"]),
+            weight_decay=float(self.optimizer_cfg.get("weight_decay", 0.0)), layer_decay=self.layer_decay,
+            head_lr=self.head_lr, no_decay_names=no_decay, frozen_names=self._frozen_for_good(),
+        )
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay, groups)
+
+
+def check_pool(stack: str, pool: str) -> None:
+    pools = choose(POOLS, stack, "task.stack")
+    if pool not in pools:
+        why = " (a decoder's first position sees only itself)" if pool == "cls" and stack == "decoder" else ""
+        raise ConfigError(f"task.pool={pool} does not work with task.stack={stack}{why}: choose one of {', '.join(pools)}")
