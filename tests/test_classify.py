@@ -186,7 +186,7 @@ GOOD = [{"text": "a fine day", "label": "pos"}, {"text": "a dark night", "label"
 @pytest.mark.parametrize(
     ("name", "splits", "expected"),
     [
-        ("missing label column", {"train": [{"text": "x", "category": "a"}] * 4}, "no label column 'label': its columns are text, category"),
+        ("missing label column", {"train": [{"text": "x", "category": "a"}] * 4}, "has no column 'label' (its columns: text, category)"),
         ("one class", {"train": [{"text": "x", "label": "a"}] * 4}, "one class only"),
         ("unseen label", {"validation": [*GOOD, {"text": "y", "label": "meh"}]}, "labels not in the train split: ['meh']"),
         ("empty text", {"test": [*GOOD, {"text": "  ", "label": "pos"}]}, "row 8 of the test split has an empty text"),

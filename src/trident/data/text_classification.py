@@ -28,33 +28,21 @@ from torch.utils.data import DataLoader, Dataset
 from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.corpora import SPLITS, package_path, play_to_text
+from trident.data.corpora import package_path, play_to_text
 from trident.data.order import EpochShuffleSampler
+from trident.data.readers import SPLITS, read_splits
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError, choose
 
 CACHE_VERSION = 1
-# Reader of each file suffix (datasets' builder names).
-FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SOURCES = {"shakespeare": "genre of Shakespeare passages (offline)", "files": "local labelled files"}
 
 
-def read_labelled_files(files: str | dict[str, str]) -> datasets.DatasetDict:
-    """``files``: {split: path} of CSV / JSONL / parquet files, or the folder of a ``save_to_disk``
-    DatasetDict with train, validation and test splits."""
-    if isinstance(files, str):
-        if not Path(files).is_dir():
-            raise DataError(f"data.files={files} is not a saved dataset folder: give a save_to_disk folder "
-                            "or {train: ..., validation: ..., test: ...} files")
-        loaded = datasets.load_from_disk(files)
-        splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {}
-    else:
-        splits = {}
-        for split, path in files.items():
-            if not Path(path).is_file():
-                raise DataError(f"data.files.{split}={path} does not exist: point it at a CSV, JSONL or parquet file")
-            fmt = choose(FILE_FORMATS, Path(path).suffix.lower(), f"the suffix of data.files.{split}")
-            splits[split] = datasets.load_dataset(fmt, data_files=str(path), split="train")
+def read_labelled_files(files: Any, columns: list[str]) -> datasets.DatasetDict:
+    """``files``: {split: path} of CSV / JSONL / parquet files (or folders of them), or the folder of a
+    ``save_to_disk`` DatasetDict, read by :func:`trident.data.readers.read_splits`. A labelled split is
+    never cut from another: train, validation and test must all be given."""
+    splits = read_splits(files, columns)
     missing = [s for s in SPLITS if s not in splits]
     if missing:
         raise DataError(f"data.files has no {', '.join(missing)} split: give train, validation and test")
@@ -203,7 +191,7 @@ class TextClassificationDataModule(TridentDataModule):
         if self.source == "shakespeare":
             return shakespeare_genres(self.seed, self.passage_chars)
         assert self.files is not None
-        return read_labelled_files(self.files)
+        return read_labelled_files(self.files, [self.text_column, self.label_column])
 
     def _build_cache(self) -> None:
         corpus = self._corpus()
