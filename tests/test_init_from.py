@@ -213,7 +213,7 @@ def test_bad_init_from_is_one_line_and_writes_nothing(case: str, lm_source: Path
                                 "pos_encoding=alibi contradicts"),
         "both tokenizers": ([*SMALL, f"init_from={lm_source}", f"data.tokenizer={lm_source / 'tokenizer.json'}"],
                             ConfigError, "both name a tokenizer"),
-        "shapes": ([*VIT, *_image_run(_image_folder(tmp_path / "images", 2, 4, size=14)), "data.image_size=14",
+        "shapes": ([*VIT, *_image_run(_image_folder(tmp_path / "images", 2, 10, size=14)), "data.image_size=14",
                     f"init_from={vit_source}"], ConfigError, "does not fit this model: net.encoder.pos_encoding"),
         "with ckpt_path": ([*SMALL, f"init_from={lm_source}", f"ckpt_path={lm_source / 'checkpoints' / 'last.ckpt'}"],
                            ConfigError, "drop one of them"),
