@@ -65,13 +65,13 @@ def test_bleu_and_chrf_of_references_against_themselves_are_100() -> None:
 
 
 class FixedLogits(torch.nn.Module):
-    """Stands in for the encoder-decoder: the same (1, T, V) logits whatever the input."""
+    """Stands in for a task's network: the same logits whatever the inputs."""
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
         self.logits = logits
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.logits
 
 
