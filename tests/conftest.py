@@ -11,6 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from trident.runs.compose import compose_train_config
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -118,3 +119,15 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+
+
+def one_step(cfg: DictConfig) -> dict[str, float]:
+    """One training step and one validation batch of the task and data the pipeline builds from ``cfg``
+    (its model, encoding, precision, augmentation), without a run's files, loggers and test stage: a
+    variant is checked at a fraction of a run's cost; each task keeps its end-to-end runs elsewhere."""
+    datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
+    trainer = build_trainer(cfg.trainer, max_steps=1, max_epochs=1, val_check_interval=1, limit_val_batches=1,
+                            num_sanity_val_steps=0, logger=False, enable_checkpointing=False, callbacks=[],
+                            enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(task, datamodule=datamodule)
+    return {name: float(value) for name, value in trainer.callback_metrics.items()}
