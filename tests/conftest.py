@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from trident.runs.compose import compose_train_config
-from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -119,6 +119,25 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+
+
+# The LM's reference run: 4 steps, W&B (offline) and CSV logs, throughput every step against a fixed
+# peak, checkpoints; read-only tests of the run's files, logs, MFU and commands share it.
+LM_REFERENCE = ["pos_encoding=alibi", "seed=7", "callbacks.throughput.window=1", "callbacks.throughput.peak_flops=2e9",
+                "+logger.csv._target_=lightning.pytorch.loggers.CSVLogger", "+logger.csv.name=csv"]
+
+
+@pytest.fixture(scope="session")
+def lm_reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    """(run directory, returned metrics) of ``train.py`` on SMALL + LM_REFERENCE. Tests only read it."""
+    run_dir = tmp_path_factory.mktemp("lm_reference") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the nano model: intra-op threads cost more than they save
+    try:
+        metrics = train(compose_config([*SMALL, *LM_REFERENCE], output_dir=run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    return run_dir, metrics
 
 
 def one_step(cfg: DictConfig) -> dict[str, float]:
