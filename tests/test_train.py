@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from omegaconf import DictConfig
 
 from trident.runs.wandb_files import wait_for_offline_runs
 from trident.sample import load_lm_checkpoint
+from trident.sample import main as sample_main
 
 from .conftest import one_step
 
@@ -54,14 +53,12 @@ def test_run_directory_keeps_resolved_config_and_checkpoints(lm_reference_run: t
     assert "train/loss" in header and "throughput/tokens_per_sec" in header
 
 
-def test_checkpoint_samples_from_command_line(lm_reference_run: tuple[Path, dict[str, float]]) -> None:
+def test_checkpoint_samples_from_command_line(lm_reference_run: tuple[Path, dict[str, float]],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     ckpt = lm_reference_run[0] / "checkpoints" / "last.ckpt"
     task = load_lm_checkpoint(ckpt)
     assert task.tokenizer is not None and task.net.vocab_size == task.tokenizer.get_vocab_size()
-    out = subprocess.run(
-        [sys.executable, "-m", "trident.sample", str(ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "20"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")
+    # In this process (the installed `trident-sample` command: tests/test_packaging.py).
+    sample_main([str(ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "20"])
+    out = capsys.readouterr().out
+    assert out.startswith("ROMEO:") and len(out.split("\n")[0]) >= len("ROMEO:")
