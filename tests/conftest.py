@@ -11,6 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from trident.runs.compose import compose_train_config
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -31,6 +32,53 @@ SMALL = [
     "callbacks.progress_bar=null",
     "callbacks.model_summary=null",
 ]
+
+
+# Under CI=true a skipped test fails the run unless its reason is here, with why it may skip there.
+GPU_SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False): run `pytest -m gpu` on a GPU machine (docs/gpu.md)"
+ALLOWED_CI_SKIPS = {
+    GPU_SKIP_REASON: "CI machines have no GPU: tests/gpu runs with `pytest -m gpu` on one (docs/gpu.md)",
+}
+_REFUSED_SKIPS = pytest.StashKey[list[pytest.TestReport]]()
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test gave (pytest stores it as (file, line, "Skipped: reason"))."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI=true, a skip whose reason is not in ALLOWED_CI_SKIPS fails the run: a CI that passes
+    without its SLURM, dataset or dependency tests would say nothing about them."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if os.environ.get("CI") != "true" or reporter is None:
+        return
+    refused = [r for r in reporter.stats.get("skipped", []) if _skip_reason(r) not in ALLOWED_CI_SKIPS]
+    if refused and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config.stash[_REFUSED_SKIPS] = refused
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The skip summary: every reason with its count, and under CI=true whether it is allowed."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    terminalreporter.section("skips")
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reasons[_skip_reason(report)] = reasons.get(_skip_reason(report), 0) + 1
+    for reason, count in reasons.items():
+        allowed = ALLOWED_CI_SKIPS.get(reason)
+        verdict = f"allowed under CI: {allowed}" if allowed else "NOT allowed under CI=true"
+        terminalreporter.write_line(f"{count:4d} skipped: {reason}  [{verdict}]")
+    refused = terminalreporter.config.stash.get(_REFUSED_SKIPS, [])
+    if refused:
+        terminalreporter.write_line(
+            f"error: CI=true: {len(refused)} tests skipped for a reason not in tests/conftest.py's ALLOWED_CI_SKIPS "
+            "(first: " + refused[0].nodeid + "): provide what they need, or allow the reason there with why",
+            red=True, bold=True)
 
 
 # No network and no user W&B settings. Set at import time: huggingface_hub and datasets read
@@ -71,3 +119,34 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+
+
+# The LM's reference run: 4 steps, W&B (offline) and CSV logs, throughput every step against a fixed
+# peak, checkpoints; read-only tests of the run's files, logs, MFU and commands share it.
+LM_REFERENCE = ["pos_encoding=alibi", "seed=7", "callbacks.throughput.window=1", "callbacks.throughput.peak_flops=2e9",
+                "+logger.csv._target_=lightning.pytorch.loggers.CSVLogger", "+logger.csv.name=csv"]
+
+
+@pytest.fixture(scope="session")
+def lm_reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    """(run directory, returned metrics) of ``train.py`` on SMALL + LM_REFERENCE. Tests only read it."""
+    run_dir = tmp_path_factory.mktemp("lm_reference") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the nano model: intra-op threads cost more than they save
+    try:
+        metrics = train(compose_config([*SMALL, *LM_REFERENCE], output_dir=run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    return run_dir, metrics
+
+
+def one_step(cfg: DictConfig) -> dict[str, float]:
+    """One training step and one validation batch of the task and data the pipeline builds from ``cfg``
+    (its model, encoding, precision, augmentation), without a run's files, loggers and test stage: a
+    variant is checked at a fraction of a run's cost; each task keeps its end-to-end runs elsewhere."""
+    datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
+    trainer = build_trainer(cfg.trainer, max_steps=1, max_epochs=1, val_check_interval=1, limit_val_batches=1,
+                            num_sanity_val_steps=0, logger=False, enable_checkpointing=False, callbacks=[],
+                            enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(task, datamodule=datamodule)
+    return {name: float(value) for name, value in trainer.callback_metrics.items()}

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 import wandb
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DistributedSampler
@@ -34,7 +35,7 @@ from trident.data.translation import TranslationDataModule
 from trident.errors import DataError
 from trident.runs.command_line import prepare_command_line
 from trident.runs.distributed import RankFailed, WorkerProcesses, ranks_fail_together, workers_follow
-from trident.runs.pipeline import constructor_args, instantiate
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config, constructor_args, instantiate
 from trident.runs.wandb_files import OfflineRun, find_offline_runs
 from trident.sample import load_lm_checkpoint
 from trident.training.loggers import build_loggers, record_summary, summarize_monitor
@@ -155,6 +156,46 @@ def test_worker_runs_its_jobs_overrides_in_its_run_directory(monkeypatch: pytest
         assert prepare_command_line(argv) == argv, "rank 0 runs the command as given"
         monkeypatch.setenv("MASTER_PORT", "29500")  # as Lightning's launcher sets it
     assert "MASTER_PORT" not in os.environ and "TRIDENT_DDP_JOB" not in os.environ, "the next job starts afresh"
+
+
+def rank_shares(cfg: DictConfig, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, list[list[list[int]]]], int]:
+    """The example indices each rank of two reads, per split, through the pipeline's own data module and
+    trainer and Lightning's own loader preparation: a rank is only told its number the way Lightning's
+    launcher tells a worker (LOCAL_RANK), so a module that ignored the trainer's rank would be seen.
+    Also returns the size of the validation split."""
+    datamodule, _ = build_data_and_task(cfg, check_config(cfg), "fit")
+    shares: dict[str, list[list[list[int]]]] = {"train": [], "validation": []}
+    for rank in range(2):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        trainer = build_trainer(cfg.trainer, logger=False)
+        assert (trainer.world_size, trainer.global_rank) == (2, rank)
+        datamodule.trainer = trainer  # what Trainer.fit does to its datamodule
+        connector = trainer._data_connector
+        for split, loader, mode in (("train", datamodule.train_dataloader(), RunningStage.TRAINING),
+                                    ("validation", datamodule.val_dataloader(), RunningStage.VALIDATING)):
+            prepared = connector._prepare_dataloader(loader, shuffle=split == "train", mode=mode)
+            shares[split].append([list(batch) for batch in prepared.batch_sampler])
+    return shares, len(datamodule.val_dataloader().dataset)
+
+
+@pytest.mark.parametrize("task", ["lm", "translation"])
+def test_each_rank_reads_its_own_share_as_lightning_builds_the_loaders(task: str, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = [*SMALL, "trainer=ddp_cpu"] if task == "lm" else [
+        "task=translation", "trainer=ddp_cpu", "model=nano", "data.source=files", "data.vocab_size=300",
+        "data.max_len=32", "data.max_tokens=200", "data.split=[0.6,0.3,0.1]", "print_config=false",
+        f"data.files={write_tsv(tmp_path / 'pairs.tsv', many_pairs(300))}"]
+    shares, validation_size = rank_shares(compose_config(overrides, output_dir=tmp_path / "run"), monkeypatch)
+    for split, (first, second) in shares.items():
+        assert len(first) == len(second) > 1, f"{split}: both ranks run the same number of steps"
+        seen = [index for batch in first + second for index in batch]
+        flat_first = {index for batch in first for index in batch}
+        flat_second = {index for batch in second for index in batch}
+        # DistributedSampler may repeat an example to even out the ranks, never share a whole shard.
+        assert len(flat_first & flat_second) <= 1, f"{split}: the ranks read different examples"
+        assert len(set(seen)) >= len(seen) - 1, f"{split}: every example on one rank only"
+    validation = {index for share in shares["validation"] for batch in share for index in batch}
+    assert validation == set(range(validation_size)), "together the ranks validate on the whole split"
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])

@@ -160,6 +160,20 @@ def test_sigterm_to_rank_zero_saves_once_and_every_rank_exits_cleanly(tmp_path: 
     assert one_wandb_run(run_dir).finished
 
 
+def test_ddp_run_stopped_by_sigterm_on_every_rank_resumes_exactly(lm_run: Path, tmp_path: Path) -> None:
+    """SIGTERM to every rank, as SLURM sends it: the run saves the step it was on and exits 0; resumed,
+    it trains step for step like the uninterrupted run (lm_run, shared with the other tests)."""
+    result = run_script("train.py", *LM, *signal_at(4, "SIGTERM"), f"paths.output_root={tmp_path / 'outputs'}",
+                        cwd=tmp_path)
+    assert_clean(result)
+    stopped = one_run_dir(tmp_path)
+    assert checkpoint_step(stopped / "checkpoints" / "last.ckpt") == 5, "mid-epoch: epochs are 4 steps"
+    assert_clean(run_script("train.py", f"resume={stopped}", "+callbacks.signal.step=-1", cwd=tmp_path))
+    expected, resumed = train_losses(lm_run), train_losses(stopped)
+    assert sorted(resumed) == sorted(expected) == list(range(8))
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
+
+
 def test_eval_on_a_ddp_checkpoint_scores_the_same_test_blocks_in_one_process(lm_run: Path, tmp_path: Path) -> None:
     # The DDP test: 1 batch of 4 blocks per rank, blocks dealt out in turn, i.e. the first 8 blocks.
     (best,) = (lm_run / "checkpoints").glob("best-*.ckpt")

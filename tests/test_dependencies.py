@@ -67,7 +67,9 @@ def declared_floor() -> tuple[int, int]:
 
 def resolve(reqs: list[str], report: Path, *options: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed"]
-    command += ["--report", str(report), *options, *reqs]
+    # --target: pip before 24 refuses --python-version without it, even for a dry run (nothing is written).
+    target = ["--target", str(report.with_suffix(".target"))] if options else []
+    command += ["--report", str(report), *target, *options, *reqs]
     return subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
 
 

@@ -17,7 +17,6 @@ from trident.errors import ConfigError
 from trident.models import CausalLM
 from trident.models.seq2seq import EncoderDecoder
 from trident.models.vit import VisionTransformer, vit_geometry
-from trident.runs.pipeline import train
 from trident.training.callbacks import Throughput
 from trident.training.flops import (
     causal_lm_flops,
@@ -124,12 +123,9 @@ def test_throughput_rejects_a_bad_peak() -> None:
         Throughput(peak_flops=-1.0)
 
 
-def test_lm_run_logs_mfu_against_the_configured_peak(make_config: Callable[..., object], tmp_path: Path,
-                                                      single_thread: None) -> None:
-    peak = 2.0e9
-    train(make_config("logger=csv", "callbacks.throughput.window=1", f"callbacks.throughput.peak_flops={peak}",
-                      "test=false"))
-    run_dir = tmp_path / "run"
+def test_lm_run_logs_mfu_against_the_configured_peak(lm_reference_run: tuple[Path, dict[str, float]]) -> None:
+    peak = 2.0e9  # conftest.LM_REFERENCE
+    run_dir, _ = lm_reference_run
     with next(run_dir.rglob("metrics.csv")).open() as f:
         rows = [row for row in csv.DictReader(f) if row.get("throughput/mfu")]
     assert len(rows) >= 2, "one window per step after the first (window=1)"

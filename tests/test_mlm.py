@@ -5,12 +5,13 @@ FLOPs, exact resume, the fill_mask command and eval.py, and learning beyond the 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
 from trident.runs.pipeline import check_config, constructor_args, instantiate, train
 from trident.runs.wandb_files import find_offline_runs, wait_for_offline_runs
+from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.training.flops import masked_lm_flops
 
 from .conftest import ROOT, SMALL, compose_config
@@ -89,23 +91,54 @@ def test_selected_positions_are_uniform_and_masks_depend_on_the_key_alone() -> N
     assert torch.equal(first[1], again[1]) and not torch.equal(first[1], other[1])
 
 
-def test_unmasked_positions_carry_no_loss(tmp_path: Path) -> None:
-    cfg = mlm_config(tmp_path)
+@pytest.fixture(scope="module")
+def mlm_task_and_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[MaskedLanguageModelTask, Tensor]:
+    """The task as the pipeline builds it (every selected token becomes [MASK], so that the selection can
+    be read off the inputs), and one validation batch."""
+    cfg = mlm_config(tmp_path_factory.mktemp("mlm"), "task.mask_token_fraction=1.0", "task.random_token_fraction=0.0")
     data = instantiate(constructor_args(cfg, "data"))
     data.prepare_data()
     data.setup()
     task = instantiate(constructor_args(cfg, "task"), backbone=vars(check_config(cfg)), optimizer={}, scheduler={},
                        **data.task_inputs(), _recursive_=False)
-    batch = next(iter(data.val_dataloader()))
-    inputs, targets = task.mask(batch, "val", 0)
+    return task, next(iter(data.val_dataloader()))
+
+
+def test_loss_is_on_the_positions_the_test_masks_only(mlm_task_and_batch: tuple[MaskedLanguageModelTask, Tensor]) -> None:
+    task, ids = mlm_task_and_batch
+    positions = (torch.tensor([0, 0, 1, 3]), torch.tensor([3, 17, 0, 31]))  # (row, column): chosen here
+    inputs, targets = ids.clone(), torch.full_like(ids, IGNORE_INDEX)
+    inputs[positions], targets[positions] = task.mask_id, ids[positions]
     loss, _, _ = task._loss(inputs, targets)
     logits = task.net(inputs).float().detach().requires_grad_()  # (B, T, V): every position
-    full = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-    full.backward()
-    torch.testing.assert_close(loss, full)
-    selected = targets != IGNORE_INDEX
+    expected = F.cross_entropy(logits[positions], ids[positions])
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
     assert logits.grad is not None
+    selected = torch.zeros_like(ids, dtype=torch.bool)
+    selected[positions] = True
     assert (logits.grad[~selected] == 0).all() and (logits.grad[selected].abs().sum(dim=-1) > 0).all()
+
+
+def test_logged_loss_is_on_the_masked_inputs_only(mlm_task_and_batch: tuple[MaskedLanguageModelTask, Tensor],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the step: the logged loss is the cross entropy at the [MASK] tokens of the inputs the model
+    saw (5 = round(0.15 x 32) per block), against the original tokens; every other position carries none."""
+    task, ids = mlm_task_and_batch
+    inputs, _ = task.mask(ids, "test", 0)  # the step masks batch 0 the same way: its inputs, not its targets
+    masked = inputs == task.mask_id
+    assert masked.sum(dim=1).tolist() == [5] * ids.size(0) and torch.equal(inputs[~masked], ids[~masked])
+    logged: dict[str, Any] = {}
+    monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, value))
+    with torch.no_grad():
+        task.test_step(ids, 0)
+        logits = task.net(inputs).float()[masked]  # (N, V) at the masks
+    expected = F.cross_entropy(logits, ids[masked])
+    assert float(logged["test/loss"]) == pytest.approx(float(expected), rel=1e-5)
+    # Perplexity and accuracy of the masked tokens: exp of that loss, and the share of exact guesses.
+    assert float(logged["test/ppl"].compute()) == pytest.approx(math.exp(float(expected)), rel=1e-4)
+    accuracy = (logits.argmax(dim=-1) == ids[masked]).float().mean()
+    assert float(logged["test/acc"].compute()) == pytest.approx(float(accuracy))
 
 
 # --------------------------------------------------------------------------------------------

@@ -259,20 +259,6 @@ def test_a_ddp_ranks_resumed_share_continues_where_it_stopped() -> None:
     assert shares[0][:10] == order[0:20:2] and shares[1][:10] == order[1:20:2], "rank r takes every other index"
 
 
-@pytest.mark.slow
-def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
-    args = [*RESUMABLE, *WITH_CSV, "logger=none", "trainer=ddp_cpu"]
-    for name, extra in [("a", []), ("b", signal_at(4, "SIGTERM"))]:
-        result = run_train(*args, *extra, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-2000:]
-    assert checkpoint_step(tmp_path / "b" / "checkpoints" / "last.ckpt") == 5
-    result = run_train(f"resume={tmp_path / 'b'}", "+callbacks.signal.step=-1", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    expected, resumed = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
-    assert sorted(resumed) == sorted(expected) == list(range(10))
-    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
-
-
 @pytest.mark.parametrize(("restarts", "outcome"), [(1, "requeued"), (0, "cancelled")])
 def test_sigterm_under_slurm_is_a_requeue_when_slurm_counted_a_restart(
     restarts: int, outcome: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

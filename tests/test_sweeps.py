@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -14,8 +15,9 @@ from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
+from scipy import stats as scipy_stats
 
-from trident.report import Job, Sweep, compare_to_best, comparison_table, load_sweep, summarize
+from trident.report import Job, Sweep, compare_to_best, comparison_table, load_sweep, markdown_table, summarize
 from trident.report import main as report_main
 from trident.runs.jobs import run_job
 from trident.runs.sweeps import setting_of, swept_keys
@@ -154,6 +156,37 @@ def test_compare_to_best_is_welchs_test_against_the_best_mean() -> None:
     # Seeds that all agree leave nothing to test: said so, not taken for too few seeds.
     flat = Sweep(dir=Path("sweep"), name="s", jobs=[job(s, v) for s, v in [("x", 1.0), ("x", 1.0), ("y", 2.0), ("y", 2.0)]])
     assert "| `y` | +1 | - | - | no spread over the seeds |" in comparison_table(compare_to_best(flat, "test/ppl"), "test/ppl")
+
+
+def test_welch_p_value_with_unequal_variances_and_seed_counts_against_a_hand_computation() -> None:
+    """Eight tight seeds against four spread ones: Welch's test (no shared variance) says the gap is within
+    the spread (p = 0.13); Student's pooled test would call it significant (p = 0.012)."""
+    a = [20.0, 20.5, 19.5, 20.2, 19.8, 20.1, 19.9, 20.0]
+    b = [23.0, 28.0, 19.0, 27.0]
+    jobs = [Job(dir=Path(f"{name}{i}"), setting=name, status="completed", metrics={"test/bleu": value})
+            for name, values in (("a", a), ("b", b)) for i, value in enumerate(values)]
+    comparison = compare_to_best(Sweep(dir=Path("sweep"), name="s", jobs=jobs), "test/bleu")
+    # Welch (1947): t = (mean_a - mean_b) / sqrt(s_a^2/n_a + s_b^2/n_b), Welch-Satterthwaite degrees of freedom.
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    assert comparison.attrs["best"] == "b"
+    assert comparison.loc["a", "t"] == pytest.approx(t, rel=1e-9)  # -2.064
+    assert comparison.loc["a", "p"] == pytest.approx(2 * scipy_stats.t.sf(abs(t), df), rel=1e-9)  # 0.1305
+    assert comparison.loc["a", "p"] > 0.05 > scipy_stats.ttest_ind(a, b, equal_var=True).pvalue, "Student's would differ"
+    assert "| `a` | -4.25 | -2.06 | 0.131 | no |" in comparison_table(comparison, "test/bleu")
+
+
+def test_summary_mean_and_std_over_seeds_are_the_sample_statistics() -> None:
+    values = {"x": [1.0, 2.0, 4.0], "y": [10.0]}
+    jobs = [Job(dir=Path(f"{name}{i}"), setting=name, status="completed", metrics={"test/acc": value}, wall_s=1.0)
+            for name, seeds in values.items() for i, value in enumerate(seeds)]
+    summary = summarize(Sweep(dir=Path("sweep"), name="s", jobs=jobs))
+    assert summary.loc["x", ("test/acc", "mean")] == pytest.approx(7 / 3)
+    # The sample standard deviation (n - 1): sqrt(((1 - 7/3)^2 + (2 - 7/3)^2 + (4 - 7/3)^2) / 2) = 1.5275.
+    assert summary.loc["x", ("test/acc", "std")] == pytest.approx(math.sqrt((16 / 9 + 1 / 9 + 25 / 9) / 2))
+    assert summary.loc["y", ("n", "")] == 1 and math.isnan(summary.loc["y", ("test/acc", "std")])
+    assert "| `x` | 3 | 2.333 ± 1.5 |" in markdown_table(summary)
 
 
 def test_report_names_an_unknown_compared_metric(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,7 @@
-"""train.py end to end on CPU: every positional encoding, W&B files read back (each precision: test_precision.py)."""
+"""train.py end to end on CPU (every positional encoding: one training step each), W&B files read back (each precision: test_precision.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,22 +9,22 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.runs.pipeline import train
 from trident.runs.wandb_files import wait_for_offline_runs
 from trident.sample import load_lm_checkpoint
+from trident.sample import main as sample_main
+
+from .conftest import one_step
 
 
 @pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])
 def test_lm_trains_with_each_pos_encoding(encoding: str, make_config: Callable[..., DictConfig]) -> None:
-    cfg = make_config(f"pos_encoding={encoding}", "logger=none", "trainer.max_steps=6", "test=false")
-    metrics = train(cfg)
-    assert torch.isfinite(torch.tensor(metrics["val/loss"]))
+    metrics = one_step(make_config(f"pos_encoding={encoding}"))
+    assert torch.isfinite(torch.tensor([metrics["train/loss"], metrics["val/loss"]])).all()
 
 
-def test_wandb_offline_run_holds_config_metrics_and_samples(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
-    cfg = make_config("pos_encoding=alibi", "seed=7")
-    metrics = train(cfg)
-    runs = wait_for_offline_runs(tmp_path / "run")
+def test_wandb_offline_run_holds_config_metrics_and_samples(lm_reference_run: tuple[Path, dict[str, float]]) -> None:
+    run_dir, metrics = lm_reference_run
+    runs = wait_for_offline_runs(run_dir)
     assert len(runs) == 1, "exactly one W&B run per job"
     run = runs[0]
     assert run.name == "lm-shakespeare-nano-alibi-seed7" and run.group == "lm-shakespeare"
@@ -39,13 +37,12 @@ def test_wandb_offline_run_holds_config_metrics_and_samples(make_config: Callabl
     assert run.metric("val/loss") and run.metric("val/ppl")
     assert run.summary["test/loss"] == pytest.approx(metrics["test/loss"])
     assert any(k.startswith("samples") for row in run.history for k in row), "samples table logged"
-    tables = list((tmp_path / "run").rglob("media/table/samples_*.table.json"))
+    tables = list(run_dir.rglob("media/table/samples_*.table.json"))
     assert tables and "ROMEO" in tables[0].read_text()
 
 
-def test_run_directory_keeps_resolved_config_and_checkpoints(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
-    train(make_config("logger=csv", "callbacks.throughput.window=1"))
-    run_dir = tmp_path / "run"
+def test_run_directory_keeps_resolved_config_and_checkpoints(lm_reference_run: tuple[Path, dict[str, float]]) -> None:
+    run_dir, _ = lm_reference_run
     resolved = (run_dir / "config_resolved.yaml").read_text()
     assert "${" not in resolved and "d_model: 64" in resolved
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
@@ -56,15 +53,12 @@ def test_run_directory_keeps_resolved_config_and_checkpoints(make_config: Callab
     assert "train/loss" in header and "throughput/tokens_per_sec" in header
 
 
-def test_checkpoint_samples_from_command_line(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
-    train(make_config("logger=none"))
-    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+def test_checkpoint_samples_from_command_line(lm_reference_run: tuple[Path, dict[str, float]],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = lm_reference_run[0] / "checkpoints" / "last.ckpt"
     task = load_lm_checkpoint(ckpt)
     assert task.tokenizer is not None and task.net.vocab_size == task.tokenizer.get_vocab_size()
-    out = subprocess.run(
-        [sys.executable, "-m", "trident.sample", str(ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "20"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n")[0]) >= len("ROMEO:")
+    # In this process (the installed `trident-sample` command: tests/test_packaging.py).
+    sample_main([str(ckpt), "--prompt", "ROMEO:", "--max-new-tokens", "20"])
+    out = capsys.readouterr().out
+    assert out.startswith("ROMEO:") and len(out.split("\n")[0]) >= len("ROMEO:")

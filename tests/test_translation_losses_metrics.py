@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from trident.tasks.translation import corpus_scores
+from trident.tasks.translation import TranslationTask, corpus_scores
 from trident.training.losses import label_smoothed_cross_entropy
 
 PAD = 0
@@ -61,3 +62,43 @@ def test_bleu_and_chrf_of_references_against_themselves_are_100() -> None:
     partial = corpus_scores(["Im Anfang schuf Gott den Himmel.", "Und Gott sprach: Licht!"], references)
     assert 0.0 < partial["bleu"] < 100.0 and 0.0 < partial["chrf"] < 100.0
     assert corpus_scores(["", ""], references)["bleu"] == 0.0
+
+
+class FixedLogits(torch.nn.Module):
+    """Stands in for a task's network: the same logits whatever the inputs."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.logits
+
+
+def test_perplexity_is_exp_of_the_plain_nll_not_of_the_smoothed_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same probabilities as the hand computation above: perplexity = exp(mean -log p(target)) over the
+    # real tokens, whatever the label smoothing the training loss uses.
+    probs = [[0.5, 0.25, 0.25], [0.2, 0.2, 0.6], [0.1, 0.1, 0.8]]
+    backbone = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "dropout": 0.0, "max_seq_len": 8}
+    task = TranslationTask(backbone, vocab_size=3, optimizer={}, scheduler={}, label_smoothing=0.3)
+    task.net = FixedLogits(torch.tensor(probs).log().view(1, 3, 3))
+    logged: dict[str, float] = {}
+    monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, float(value)))
+    monkeypatch.setattr(task, "_decoders", lambda stage: {})  # perplexity alone: nothing to decode
+    batch = {"src": torch.tensor([[1, 2, 2]]), "tgt_in": torch.tensor([[1, 1, 2]]), "tgt_out": torch.tensor([[1, 2, PAD]]),
+             "src_text": ["a"], "tgt_text": ["b"]}
+    task.on_test_epoch_start()
+    task.test_step(batch, 0)
+    task.on_test_epoch_end()
+    assert logged["test/ppl"] == pytest.approx(math.exp((-math.log(0.25) - math.log(0.6)) / 2), rel=1e-6)  # 2.5820
+
+
+def test_bleu_takes_hypotheses_first_and_references_second() -> None:
+    # Asymmetric: every n-gram of the 6-word hypothesis is in the 9-word reference, so BLEU is the brevity
+    # penalty alone, 100 * exp(1 - 9/6); swapped, the precisions fall and no penalty applies.
+    hypotheses, references = ["the cat sat on the mat"], ["the cat sat on the mat in the sun"]
+    scores = corpus_scores(hypotheses, references)
+    assert scores["bleu"] == pytest.approx(100 * math.exp(1 - 9 / 6), abs=1e-4)  # 60.65
+    assert sacrebleu.corpus_bleu(references, [hypotheses]).score < 60.0
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+    assert scores["chrf"] != pytest.approx(sacrebleu.corpus_chrf(references, [hypotheses]).score, abs=1.0)

@@ -4,11 +4,17 @@ writes them; the SLURM preemption test shows it on a real job)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from lightning.pytorch.loggers import WandbLogger
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger, WandbLogger
+from torch import Tensor
+from torch.utils.data import DataLoader
 
 from trident.training.wandb_journal import WandbJournal
 
@@ -41,9 +47,10 @@ def test_a_resumed_attempt_resends_the_rows_before_its_checkpoint_once(tmp_path:
     first, first_wandb = _attempt(path, None)
     _log(first, first_wandb, range(8))
     first.lost_service()  # SIGTERM at step 5's checkpoint; the killed attempt had logged to step 7
-    # The next attempt resumes from step 5: rows 6 and 7 are done again, so they are not resent.
+    # The next attempt resumes from step 5 (5 steps done): as Lightning does, its first row is step 5's,
+    # so rows 5 to 7 are done again and not resent.
     second, second_wandb = _attempt(path, 5)
-    _log(second, second_wandb, range(6, 10))
+    _log(second, second_wandb, range(5, 10))
     assert [step for step, _ in second_wandb.rows] == list(range(10)), "every step once, in order"
     assert second_wandb.rows[3] == (3, {"train/loss": 3.0})
     # The journal now holds the whole history, for a third attempt.
@@ -58,9 +65,10 @@ def test_rows_logged_after_the_signal_wait_for_the_next_attempt(tmp_path: Path) 
     _log(first, first_wandb, range(3))
     second, second_wandb = _attempt(path, 2)
     second.lost_service()  # stopped again before its first row: nothing can be sent
+    second.log_metrics({"train/loss": 2.0}, 2)
     second.log_metrics({"train/loss": 3.0}, 3)
     assert second_wandb.rows == []
-    third, third_wandb = _attempt(path, 3)
+    third, third_wandb = _attempt(path, 4)
     _log(third, third_wandb, range(4, 5))
     assert [step for step, _ in third_wandb.rows] == [0, 1, 2, 3, 4]
 
@@ -93,3 +101,81 @@ def test_a_line_cut_short_by_a_kill_ends_the_journal(tmp_path: Path) -> None:
     second, second_wandb = _attempt(path, 9)
     second.finalize("success")
     assert [step for step, _ in second_wandb.rows] == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# The boundary as Lightning really draws it: rows logged by real trainers around a real resume
+
+
+class TinyTask(L.LightningModule):
+    """One weight fitted to a fixed target: a training row each step, a validation row each check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        loss = ((self.weight - batch) ** 2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.log("val/loss", ((self.weight - batch) ** 2).mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class RecordingWandb(Logger):
+    """FakeWandb as a Lightning logger: what W&B is sent, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.experiment = SimpleNamespace(summary={})
+
+    @property
+    def name(self) -> str:
+        return "wandb"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """Only metric rows matter here."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        assert step is not None
+        self.rows.append((step, dict(metrics)))
+
+
+def _fit(journal_path: Path, max_steps: int, ckpt_dir: Path, resume: Path | None = None) -> RecordingWandb:
+    """Train with the journal and a W&B stand-in as the loggers (in the pipeline's order), a checkpoint
+    and a validation every 3 steps, resuming from ``resume`` as the pipeline does (its global_step)."""
+    resumed_step = None if resume is None else int(torch.load(resume, weights_only=True)["global_step"])
+    wandb = RecordingWandb()
+    journal = WandbJournal(journal_path, cast(WandbLogger, wandb), resumed_step)
+    data = DataLoader(torch.full((64, 1), 0.5), batch_size=4)  # every batch alike: losses depend on the step only
+    trainer = L.Trainer(
+        max_steps=max_steps, val_check_interval=3, limit_val_batches=1, log_every_n_steps=1, logger=[journal, wandb],
+        callbacks=[ModelCheckpoint(ckpt_dir, "{step}", every_n_train_steps=3, save_top_k=-1)],
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu",
+    )
+    trainer.fit(TinyTask(), data, data, ckpt_path=resume)
+    return wandb
+
+
+def test_a_real_resume_gives_wandb_the_uninterrupted_runs_rows(tmp_path: Path) -> None:
+    """An attempt that went on two steps past its step-6 checkpoint, then resumed from it: W&B gets the
+    rows of an uninterrupted run, each (step, metric) once, whatever step Lightning logs each at."""
+    reference = _fit(tmp_path / "reference.jsonl", 10, tmp_path / "reference")
+    _fit(tmp_path / "history.jsonl", 8, tmp_path / "stopped")
+    resumed = _fit(tmp_path / "history.jsonl", 10, tmp_path / "resumed", resume=tmp_path / "stopped" / "step=6.ckpt")
+
+    def rows(wandb: RecordingWandb) -> list[tuple[int, str, float]]:
+        return [(step, name, round(value, 6)) for step, metrics in wandb.rows for name, value in metrics.items()
+                if name != "epoch"]
+
+    assert sorted(rows(resumed)) == sorted(rows(reference))
+    assert [step for step, _ in resumed.rows] == sorted(step for step, _ in resumed.rows), "in order"

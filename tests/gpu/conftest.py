@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ..conftest import GPU_SKIP_REASON
+
 HERE = Path(__file__).parent
-SKIP_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False): run `pytest -m gpu` on a GPU machine (docs/gpu.md)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,7 +19,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if HERE in Path(item.path).parents:
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
-                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+                item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 
 
 @pytest.fixture
