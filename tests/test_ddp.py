@@ -164,6 +164,9 @@ def rank_shares(cfg: DictConfig, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[
     launcher tells a worker (LOCAL_RANK), so a module that ignored the trainer's rank would be seen.
     Also returns the size of the validation split."""
     datamodule, _ = build_data_and_task(cfg, check_config(cfg), "fit")
+    # A DDP trainer built for rank 1 sets Lightning's process-wide rank: restored after the test, so
+    # later in-process runs are rank 0 again (and write their run directories).
+    monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
     shares: dict[str, list[list[list[int]]]] = {"train": [], "validation": []}
     for rank in range(2):
         monkeypatch.setenv("LOCAL_RANK", str(rank))
