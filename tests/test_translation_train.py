@@ -164,7 +164,7 @@ def test_unknown_language_is_one_line_with_the_fix(tmp_path: Path, capsys: pytes
 
 def test_missing_parallel_file_through_the_pipeline(tmp_path: Path) -> None:
     cfg = mt_config(tmp_path, "data=parallel_files", f"data.files=[{tmp_path}/missing.tsv]", "logger=none")
-    with pytest.raises(DataError, match="parallel file '.*missing.tsv' not found: fix data.files"):
+    with pytest.raises(DataError, match="data file '.*missing.tsv' not found: fix data.files"):
         train(cfg)
     cfg = mt_config(tmp_path, "data=parallel_files", "logger=none")
     with pytest.raises(ConfigError, match="data.source=files needs data.files"):
