@@ -40,8 +40,10 @@ _LAUNCH_ONLY_KEYS = ("hydra.mode", "hydra.run.", "hydra.sweep.", "hydra.launcher
 # What gloo raises in a collective whose other end has gone: that rank's process ended.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 # Seconds the launching process waits for its workers to end: after a peer's collective failed
-# (the failed worker is exiting), and after the job itself ended (the workers finish alike).
-PEER_EXIT_WAIT_S = 10.0
+# (the failed worker is exiting), and after the job itself ended (the workers finish alike). On a
+# loaded machine a failed rank's exit (its error report, W&B's teardown) took over 10 s: waiting
+# less named a timeout instead of the rank's own error.
+PEER_EXIT_WAIT_S = 30.0
 WORKER_EXIT_WAIT_S = 60.0
 
 
