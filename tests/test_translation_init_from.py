@@ -182,7 +182,8 @@ def _saved_transformers_model(folder: Path, kind: str) -> Path:
     if kind == "marian":
         config = transformers.MarianConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
                                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                           decoder_ffn_dim=32, max_position_embeddings=32, decoder_start_token_id=1)
+                                           decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0, eos_token_id=2,
+                                           decoder_start_token_id=0)
         model = transformers.MarianMTModel(config)
     else:
         config = transformers.T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
@@ -207,15 +208,16 @@ def test_bad_translation_input_is_one_line_and_writes_nothing(case: str, mt_sour
         checkpoint = tmp_path / "bigger.ckpt"
         torch.save(saved, checkpoint)
     mt = [*SMALL_MT, *corpus]
+    hf_dir = _saved_transformers_model(tmp_path / case, case) if case in ("marian", "t5") else None
     loaded = [o for o in mt if o != "model=nano"]  # init_from: the sizes come from the source
     cases = {
         "lm run": ([*loaded, f"init_from={lm_reference_run[0]}"], ConfigError,
                    "holds a task=lm model; task=translation starts only from a trident translation checkpoint"),
         "into lm": ([*(o for o in SMALL if o != "model=nano"), f"init_from={mt_source}"], ConfigError,
                     "holds a task=translation model, which task=lm cannot"),
-        "marian": ([*loaded, f"init_from={_saved_transformers_model(tmp_path / 'marian', 'marian')}"], DataError,
+        "marian": ([*loaded, f"init_from={hf_dir}"], DataError,
                    "holds a marian (MarianMTModel), which the backbone cannot express exactly (it lacks Marian's sinusoidal"),
-        "t5": ([*loaded, f"init_from={_saved_transformers_model(tmp_path / 't5', 't5')}"], DataError,
+        "t5": ([*loaded, f"init_from={hf_dir}"], DataError,
                "holds a t5 (T5ForConditionalGeneration), which the backbone cannot express exactly (it lacks T5's unscaled"),
         "tokenizer without <s>": ([*mt, f"data.tokenizer={tmp_path / 'plain.json'}"], DataError,
                                   "plain.json has no <s> token, which translation needs (<pad>, <s>, </s>)"),
