@@ -93,6 +93,10 @@ def test_translation_fine_tunes_on_another_corpus_from_step_0_with_the_loaded_mo
                                    label_smoothing=config.task.label_smoothing).item()
 
     expected = loss_of(source.net)
+    # The run is self-contained: <run>/init holds the source's weights (and tokenizer, above) and says what they are.
+    copied = torch.load(run / "init" / "weights.pt", map_location="cpu", weights_only=True)
+    assert all(torch.equal(copied[name], tensor) for name, tensor in source.net.state_dict().items())
+    assert json.loads((run / "init" / "source.json").read_text())["task"] == "translation"
     torch.manual_seed(0)
     for p in source.net.parameters():
         torch.nn.init.normal_(p, std=0.02)
@@ -131,7 +135,10 @@ def test_data_tokenizer_file_is_used_as_it_is(tmp_path: Path) -> None:
     inputs = module.task_inputs()
     assert (inputs["vocab_size"], inputs["pad_id"], inputs["bos_id"], inputs["eos_id"]) == (
         len(vocab), vocab["<pad>"], vocab["<s>"], vocab["</s>"])
-    batch = next(iter(module.train_dataloader()))
+    # Two pairs of different lengths, batched by the loader's own collate function: the shorter one is padded.
+    train_pairs = module.datasets["train"]
+    lengths = [len(src) for src, *_ in train_pairs]
+    batch = module.train_dataloader().collate_fn([train_pairs[lengths.index(min(lengths))], train_pairs[lengths.index(max(lengths))]])
     for text, target, src, tgt_in in zip(batch["src_text"], batch["tgt_text"], batch["src"], batch["tgt_in"]):
         ids = [vocab[w] for w in text.split()] + [vocab["</s>"]]  # looked up by hand: no post-processor's <s>
         assert src.tolist() == ids + [vocab["<pad>"]] * (len(src) - len(ids)), "padded with the file's <pad>"
