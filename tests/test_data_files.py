@@ -234,7 +234,7 @@ def test_two_line_aligned_files_are_a_parallel_corpus(tmp_path: Path) -> None:
         (tmp_path / f"{stem}.de").write_text("\n".join(german[rows]) + "\n")
     files = {"train": [str(tmp_path / "train.de"), str(tmp_path / "train.en")],  # either order
              "validation": str(tmp_path / "dev"), "test": str(tmp_path / "test")}  # or the common prefix
-    pairs = load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    pairs, _ = load_pairs("files", {"files": files}, "en", "de", SPLIT)
     assert pairs["train"]["src"] == english[:30] and pairs["train"]["tgt"] == german[:30]
     assert pairs["validation"]["src"] == english[30:35] and pairs["test"]["tgt"] == german[35:]
     (tmp_path / "train.de").write_text("\n".join(german[:29]) + "\n")
@@ -246,8 +246,8 @@ def test_given_parallel_splits_are_kept_and_only_missing_ones_cut(tmp_path: Path
     train = [f"sentence {i}\tSatz {i}" for i in range(300)]
     (tmp_path / "train.tsv").write_text("\n".join(train) + "\n")
     (tmp_path / "dev.tsv").write_text("hello\thallo\nbye\ttschüss\n")
-    pairs = load_pairs("files", {"files": {"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")}},
-                       "en", "de", [0.8, 0.1, 0.1])
+    pairs, _ = load_pairs("files", {"files": {"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")}},
+                          "en", "de", [0.8, 0.1, 0.1])
     assert pairs["validation"]["src"] == ["hello", "bye"]
     assert 10 < len(pairs["test"]) < 60 and len(pairs["train"]) + len(pairs["test"]) == 300
     assert set(pairs["train"]["src"]).isdisjoint(pairs["test"]["src"])

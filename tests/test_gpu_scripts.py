@@ -108,7 +108,7 @@ def test_translation_extract_reads_back_as_the_same_pairs(tmp_path: Path, monkey
     monkeypatch.setattr("trident.data.translation.bible_pairs", lambda *args: fake)
     gpu_check.extract_translation(tmp_path)
     files = {split: str(tmp_path / f"{split}.tsv") for split in gpu_check.SPLITS}
-    read = load_pairs("files", {"files": files}, "en", "de", [0.96, 0.02, 0.02])
+    read, _ = load_pairs("files", {"files": files}, "en", "de", [0.96, 0.02, 0.02])
     assert read["train"]["src"] == ["He said, \"Go.\"", "NA"] and read["train"]["tgt"] == ["Er sprach: »Geh.«", "nicht verfügbar"]
     assert read["validation"][0] == {"src": "a b c", "tgt": "d"}  # whitespace runs become one space
 

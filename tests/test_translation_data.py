@@ -67,7 +67,7 @@ def test_tsv_files_with_given_splits_keep_quotes_and_words_like_na(tmp_path: Pat
     files = {"train": str(write_tsv(tmp_path / "train.tsv", PAIRS * 4)),
              "validation": str(write_tsv(tmp_path / "dev.tsv", PAIRS[:2])),
              "test": str(write_tsv(tmp_path / "test.txt", PAIRS))}
-    pairs = load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    pairs, _ = load_pairs("files", {"files": files}, "en", "de", SPLIT)
     assert {name: len(split) for name, split in pairs.items()} == {"train": 12, "validation": 2, "test": 3}
     assert pairs["test"][1] == {"src": PAIRS[1][0], "tgt": PAIRS[1][1]}
     assert pairs["test"][2] == {"src": "NA", "tgt": "nicht verfügbar"}
@@ -77,7 +77,7 @@ def test_one_jsonl_file_is_split_by_a_hash_of_the_source(tmp_path: Path) -> None
     path = tmp_path / "pairs.jsonl"
     rows = [{"en": s, "de": t} for s, t in many_pairs(400)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    pairs = load_pairs("files", {"files": str(path)}, "en", "de", [0.8, 0.1, 0.1])
+    pairs, _ = load_pairs("files", {"files": str(path)}, "en", "de", [0.8, 0.1, 0.1])
     sizes = {name: len(split) for name, split in pairs.items()}
     assert sum(sizes.values()) == 400 and 280 < sizes["train"] < 360
     assert all(split_of(s, [0.8, 0.1, 0.1]) == "test" for s in pairs["test"]["src"])
@@ -91,7 +91,7 @@ def test_hub_layout_with_translation_dicts_goes_through_load_dataset(tmp_path: P
     for split, n in [("train", 30), ("validation", 4), ("test", 5)]:
         rows = [json.dumps({"translation": {"de": f"{split} Satz {i}", "en": f"{split} sentence {i}"}}) for i in range(n)]
         (folder / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
-    pairs = load_pairs("hub", {"path": str(folder), "name": None}, "en", "de", SPLIT)
+    pairs, _ = load_pairs("hub", {"path": str(folder), "name": None}, "en", "de", SPLIT)
     assert {name: len(split) for name, split in pairs.items()} == {"train": 30, "validation": 4, "test": 5}
     assert pairs["test"][0] == {"src": "test sentence 0", "tgt": "test Satz 0"}
     with pytest.raises(ConfigError, match=r"languages \['de', 'en'\], not 'en' and 'fr'"):

@@ -17,6 +17,12 @@ from trident.errors import DataError
 # Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
 HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+# Encoder-decoders the backbone cannot express exactly (README, "Not converted"): model_type -> what it lacks.
+NOT_EXPRESSIBLE = {
+    "marian": "Marian's sinusoidal table layout (all sines, then all cosines), a plain SiLU and final_logits_bias",
+    "t5": "T5's unscaled attention logits (trident always divides by sqrt(head size))",
+}
+NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
 
 
 def supported() -> str:
@@ -43,6 +49,12 @@ def read_pretrained(path: str | Path) -> PretrainedWeights:
     model_type = config.get("model_type")
     adapter = HF_ADAPTERS.get(str(model_type))
     architectures = config.get("architectures") or []
+    if model_type in NOT_EXPRESSIBLE:
+        raise DataError(
+            f"{source} holds a {model_type} ({', '.join(architectures) or 'no architectures'}), which the backbone cannot "
+            f"express exactly (it lacks {NOT_EXPRESSIBLE[model_type]}): task=translation starts from a trident "
+            f"translation checkpoint or run directory; Hugging Face models trident reads are {supported()}"
+        )
     if adapter is None:
         raise DataError(
             f"{source} holds a {model_type or 'model of unknown type'} ({', '.join(architectures) or 'no architectures'}), "

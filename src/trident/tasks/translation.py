@@ -185,7 +185,7 @@ class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
         if not texts:
             return []
         keep = self.net.max_positions - 1  # room for EOS
-        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts])]
+        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
         src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(rows):
             src[i, : len(row)] = torch.tensor(row, device=self.device)
