@@ -65,7 +65,8 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str) ->
         if _is_token_table(name, target[name], weights[name]):
             raise ConfigError(
                 f"init_from={source} has a vocabulary of {there[0]} tokens ({name}), this run's tokenizer {here[0]}: "
-                "drop data.tokenizer so that the run uses the tokenizer that came with the weights"
+                "leave data.tokenizer unset (the run then uses the tokenizer that came with the weights) or give it the "
+                "tokenizer the weights were trained with"
             )
         if not _is_head(name, target[name], weights[name]):
             raise ConfigError(
