@@ -51,7 +51,7 @@ def comparison_heading(comparison: pd.DataFrame) -> str:
     """What the table below it tests, and the family Holm corrects for."""
     return (
         f"Welch's t-test over the seeds against the best setting, `{comparison.attrs.get('best')}`; p (Holm): "
-        f"corrected for the {comparison.attrs['family']} comparisons of this table (one sweep, one metric), "
+        f"corrected over the comparisons of this table (one sweep, one metric: m = {comparison.attrs['family']}), "
         f"and the verdict is taken from it (alpha = {comparison.attrs['alpha']}). Difference: the setting's mean "
         f"minus the best's, with Welch's {1 - comparison.attrs['alpha']:.0%} confidence interval; Hedges' g: the "
         f"difference in pooled seed standard deviations. \"Within the noise\": the interval lies inside "

@@ -40,7 +40,8 @@ def _cross_task_sections(sweep: Sweep) -> list[str]:
              "", cross_task_markdown(cross_task_table(sweep)), ""]
     for task, part in task_sweeps(sweep).items():
         metric = task_metric(part)
-        lines += _comparison_section(part, metric, f"task={task}, {metric}: each setting against the best")
+        if len(part.settings) > 1:
+            lines += _comparison_section(part, metric, f"task={task}, {metric}: each setting against the best")
     return lines
 
 
