@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra_plugins.trident_sweeper.excluding_sweeper import ExcludingSweeper
 from scipy import stats as scipy_stats
 
+from hydra_plugins.trident_sweeper.excluding_sweeper import ExcludingSweeper
 from trident.errors import ConfigError
 from trident.report import cross_task_table, load_jobs_csv, load_sweep, main
 

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from trident.report import Job, Sweep, compare_to_best, comparison_table, hedges_g, holm, load_jobs_csv, main, write_jobs_csv
+from trident.report import (
+    Job,
+    Sweep,
+    compare_to_best,
+    comparison_table,
+    hedges_g,
+    holm,
+    load_jobs_csv,
+    main,
+    write_jobs_csv,
+)
 from trident.runs.code_version import code_version
 
 from .conftest import ROOT
