@@ -99,9 +99,9 @@ def test_a_small_difference_measured_on_many_seeds_is_within_the_noise() -> None
 
 def test_single_seeds_are_undecided_and_say_why() -> None:
     comparison = compare_to_best(sweep_of({"a": [1.0, 2.0], "b": [5.0]}), "test/bleu")
-    assert comparison.loc["a", "verdict"] == "undecided at 1 seeds" and math.isnan(comparison.loc["a", "p_holm"])
+    assert comparison.loc["a", "verdict"] == "undecided at 1 seed" and math.isnan(comparison.loc["a", "p_holm"])
     assert comparison.attrs["family"] == 0
-    assert "| `a` | 2 | -3.5 | - | - | - | - | undecided at 1 seeds (too few seeds) |" in comparison_table(comparison, "test/bleu")
+    assert "| `a` | 2 | -3.5 | - | - | - | - | undecided at 1 seed (too few seeds) |" in comparison_table(comparison, "test/bleu")
 
 
 def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> None:

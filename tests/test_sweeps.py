@@ -152,7 +152,7 @@ def test_compare_to_best_is_welchs_test_against_the_best_mean() -> None:
     table = comparison_table(bleu, "test/bleu")
     # One testable comparison (c has one seed): Holm's p is the raw p.
     assert "| -3.67 | 0.0213 | 0.0213 | worse than the best |" in table and "| `b` | 3 | best | | | | | best |" in table
-    assert "| `c` | 1 | -1.5 | - | - | - | - | undecided at 1 seeds (too few seeds) |" in table
+    assert "| `c` | 1 | -1.5 | - | - | - | - | undecided at 1 seed (too few seeds) |" in table
     # Lower perplexity is better: a is the best.
     assert compare_to_best(sweep, "test/ppl").attrs["best"] == "a"
     # Seeds that all agree leave nothing to test: said so, not taken for too few seeds.

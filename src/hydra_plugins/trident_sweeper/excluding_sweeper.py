@@ -4,17 +4,21 @@ across the tasks runs only what each task allows, with no failed jobs.
 
 ``hydra/sweeper: excluding`` (conf/hydra/sweeper/excluding.yaml) selects it; ``hydra.sweeper.exclude``
 lists the excluded combinations, each a list of overrides that a job must all have to be left out. An
-exclusion that matches no job (a misspelt value) fails before any job runs.
+exclusion with a key the sweep does not set fails before any job runs; one whose values this sweep
+does not reach (a command line that sweeps fewer values) is logged.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
 
 from trident.errors import ConfigError, run_with_clear_errors
+
+log = logging.getLogger(__name__)
 
 
 class ExcludingSweeper(BasicSweeper):
@@ -37,12 +41,16 @@ class ExcludingSweeper(BasicSweeper):
 
     def _kept_batches(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
-        unmatched = [sorted(rule) for rule in self.exclude if not any(rule <= set(job) for job in jobs)]
-        if unmatched:
+        keys = [o.get_key_element() for o in overrides]
+        unknown = sorted({item.split("=", 1)[0] for rule in self.exclude for item in rule} - set(keys))
+        if unknown:
             raise ConfigError(
-                f"hydra.sweeper.exclude {unmatched} matches no job of the sweep: "
-                "write each override as the sweep spells it (key=value, one of the swept values)"
+                f"hydra.sweeper.exclude names {', '.join(unknown)}, which this sweep does not set: "
+                f"write each override as the sweep spells it, with a key among {', '.join(keys)}"
             )
+        for rule in self.exclude:
+            if not any(rule <= set(job) for job in jobs):  # e.g. a command line that sweeps fewer values
+                log.warning("hydra.sweeper.exclude %s matches no job of this sweep", sorted(rule))
         kept = [job for job in jobs if not any(rule <= set(job) for rule in self.exclude)]
         size = max_batch_size or len(kept) or 1
         return [kept[start : start + size] for start in range(0, len(kept), size)]

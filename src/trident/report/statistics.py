@@ -119,4 +119,5 @@ def _verdict(row: pd.Series, alpha: float, values: dict[str, list[float]], best:
         margin = NOISE_MARGIN_SD * _pooled_sd(values[str(row.name)], values[best])
         if -margin < row["ci_low"] and row["ci_high"] < margin:
             return WITHIN_NOISE, True
-    return f"undecided at {int(min(row['n'], row['n_best']))} seeds", False
+    seeds = int(min(row["n"], row["n_best"]))
+    return f"undecided at {seeds} seed{'s' if seeds > 1 else ''}", False
