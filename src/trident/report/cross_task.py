@@ -14,7 +14,7 @@ from dataclasses import replace
 import pandas as pd
 
 from trident.report.statistics import compare_to_best, seed_values
-from trident.report.sweep import Sweep
+from trident.report.sweep import Job, Sweep
 from trident.report.tables import mean_std
 
 TASK_KEY = "task"
@@ -37,7 +37,7 @@ def task_sweeps(sweep: Sweep) -> dict[str, Sweep]:
     tasks = [split_setting(setting).get(TASK_KEY) for setting in sweep.settings]
     if None in tasks or len(set(tasks)) < 2:
         return {}
-    parts: dict[str, list] = {task: [] for task in dict.fromkeys(tasks)}  # type: ignore[misc]
+    parts: dict[str, list[Job]] = {str(task): [] for task in tasks}
     for job in sweep.jobs:
         parts[split_setting(job.setting)[TASK_KEY]].append(replace(job, setting=_without_task(job.setting)))
     return {

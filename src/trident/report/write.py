@@ -96,8 +96,9 @@ def write_report(
     else:
         plot_lines, final = _plots(sweep, summary, metric or sweep.monitor or "val/loss", out_dir)
         lines += plot_lines
-        for compared in (compare or ([final] if final else [])) if len(summary) > 1 else ():
-            lines += _comparison_section(sweep, compared, f"{compared}: each setting against the best")
+        compared = list(compare) or ([final] if final else [])
+        for tested in compared if len(summary) > 1 else []:
+            lines += _comparison_section(sweep, tested, f"{tested}: each setting against the best")
     lines += ["## Failed jobs", ""]
     lines += [f"- `{job.dir.name}` ({job.status}): {job.error}" for job in sweep.failed] or ["None."]
     jobs_csv = out_dir / JOBS_FILE
