@@ -6,8 +6,8 @@
 #   scripts/ablations.sh ablation_heads ablation_depth
 #
 # Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
-# appended to <that dir>/times.txt; `python -m trident.report` then writes report.md and the two PNG
-# plots into docs/results/<preset>/. Time a sweep alone: two trainings on one small CPU slow each other.
+# appended to <that dir>/times.txt; `python -m trident.report` then writes report.md, the PNG plots
+# and jobs.csv (each job's results and git commit: commit it with the report) into docs/results/<preset>/. Time a sweep alone: two trainings on one small CPU slow each other.
 # A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
 # to the next preset and exits with status 1 at the end.
 set -uo pipefail

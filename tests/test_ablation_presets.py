@@ -4,7 +4,6 @@ every swept setting composes into a valid config."""
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 import subprocess
@@ -15,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from trident.errors import ConfigError
 from trident.runs.pipeline import check_config
 
 from .conftest import CONF_DIR, ROOT, compose_config
@@ -26,15 +26,30 @@ README_ROW = re.compile(
 )
 
 
-def sweeper_params(preset: str) -> dict[str, list[str]]:
-    """``hydra.sweeper.params`` of ``experiment=<preset>`` as Hydra composes it, each key with its values."""
+def sweeper_config(preset: str) -> tuple[dict[str, list[str]], list[set[str]]]:
+    """``hydra.sweeper.params`` of ``experiment=<preset>`` as Hydra composes it, each key with its values,
+    and its ``hydra.sweeper.exclude`` (the excluding sweeper's combinations left out)."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", overrides=[f"experiment={preset}"], return_hydra_config=True)
     GlobalHydra.instance().clear()
     params = dict(cfg.hydra.sweeper.params or {})
     parsed = OverridesParser.create().parse_overrides([f"{key}={value}" for key, value in params.items()])
-    return {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed}
+    exclude = [set(rule) for rule in cfg.hydra.sweeper.get("exclude") or []]
+    return {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed}, exclude
+
+
+def sweeper_params(preset: str) -> dict[str, list[str]]:
+    return sweeper_config(preset)[0]
+
+
+def swept_settings(preset: str) -> tuple[list[list[str]], list[list[str]]]:
+    """(the settings the sweep runs, those it excludes), each a list of overrides, seeds left out."""
+    params, exclude = sweeper_config(preset)
+    axes = {key: values for key, values in params.items() if key != "seed"}
+    combinations = [[f"{key}={value}" for key, value in zip(axes, values)] for values in itertools.product(*axes.values())]
+    excluded = [c for c in combinations if any(rule <= set(c) for rule in exclude)]
+    return [c for c in combinations if c not in excluded], excluded
 
 
 def readme_rows() -> dict[str, tuple[str, int]]:
@@ -50,17 +65,20 @@ def test_the_sweep_has_the_jobs_the_readme_states(preset: str) -> None:
     params = sweeper_params(preset)
     axis, jobs = readme_rows()[preset]
     assert params.get("seed") == ["1", "2", "3"], "every ablation runs seeds 1, 2, 3"
-    assert math.prod(len(values) for values in params.values()) == jobs
+    run, _ = swept_settings(preset)
+    assert len(run) * len(params["seed"]) == jobs
     swept = [key for key in params if key != "seed"]
     assert all(f"`{key}`" in axis for key in swept), f"the README names the swept key(s) {swept}"
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_swept_setting_is_a_valid_config(preset: str) -> None:
-    params = {key: values for key, values in sweeper_params(preset).items() if key != "seed"}  # seeds change no shape
-    for values in itertools.product(*params.values()):
-        overrides = [f"{key}={value}" for key, value in zip(params, values)]
+def test_every_swept_setting_is_a_valid_config_and_every_excluded_one_is_refused(preset: str) -> None:
+    run, excluded = swept_settings(preset)  # seeds change no shape
+    for overrides in run:
         check_config(compose_config([f"experiment={preset}", *overrides]))
+    for overrides in excluded:  # left out because the task refuses it, not to hide a failure
+        with pytest.raises(ConfigError):
+            check_config(compose_config([f"experiment={preset}", *overrides]))
 
 
 def test_the_ablations_script_checks_every_name_before_running_a_sweep(tmp_path: Path) -> None:

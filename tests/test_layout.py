@@ -38,7 +38,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(path): path for path in sorted(SRC.rglob("*.py"))}
+# src/hydra_plugins (a Hydra sweeper, which imports trident.errors only) is not part of the package.
+MODULES = {module_name(path): path for path in sorted((SRC / "trident").rglob("*.py"))}
 
 
 def part_of(module: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trident.errors import find_user_error, run_with_clear_errors
+from trident.runs.code_version import code_version
 from trident.runs.distributed import is_global_zero
 from trident.runs.pipeline import train
 from trident.runs.requeue import REQUEUED, JobStopped, come_back_later
@@ -67,7 +68,7 @@ def write_status(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> 
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict[str, str]) -> None:
+def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict[str, Any]) -> None:
     """A job stopped by a signal: ``requeued`` (SLURM runs it again: this process ends without a
     result, so the launcher waits for the next attempt), else ``cancelled`` or ``timeout``, which
     ``python train.py resume=<run dir>`` continues."""
@@ -83,9 +84,10 @@ def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict
 def run_job(cfg: DictConfig) -> float | None:
     """``train.py``'s job: a single run fails as one ``error:`` line and exit status 2; a sweep job
     records its failure in ``status.json`` and returns None, so the sweep goes on. A job stopped by a
-    signal records how (:func:`record_stop`)."""
+    signal records how (:func:`record_stop`). ``status.json`` names the code that ran (git commit),
+    read as the job starts."""
     run_dir = Path(cfg.paths.output_dir)
-    identity: dict[str, str] = {}
+    identity: dict[str, Any] = dict(code_version())
     try:
         if not in_multirun():
             # The run directory is rank 0's to clean up after a failure.
@@ -93,7 +95,7 @@ def run_job(cfg: DictConfig) -> float | None:
             metrics = run_with_clear_errors(lambda: train(cfg), cleanup)
         else:
             sweep_id, setting = apply_sweep_identity(cfg)
-            identity = {"sweep": sweep_id, "setting": setting}
+            identity.update(sweep=sweep_id, setting=setting)
             metrics = train(cfg)
     except JobStopped as stop:
         record_stop(run_dir, cfg, stop, identity)

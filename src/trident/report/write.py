@@ -1,0 +1,122 @@
+"""``report.md``, its plots and ``jobs.csv`` for one sweep, and the ``python -m trident.report`` command."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from trident.errors import DataError, run_with_clear_errors
+from trident.report.cross_task import cross_task_markdown, cross_task_table, task_metric, task_sweeps
+from trident.report.plots import plot_curves, plot_final
+from trident.report.statistics import compare_to_best
+from trident.report.sweep import JOBS_FILE, Sweep, final_metrics, load, write_jobs_csv
+from trident.report.tables import comparison_heading, comparison_table, markdown_table, summarize
+
+
+def _file_stem(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
+
+
+def _wall_time_line(sweep: Sweep) -> list[str]:
+    times = pd.Series([job.wall_s for job in sweep.completed]).dropna()
+    if times.empty:
+        return []
+    spread = f"mean {times.mean():.0f} s (min {times.min():.0f} s, max {times.max():.0f} s)"
+    return [f"Wall time of a completed job: {spread}; {times.sum() / 60:.1f} min for all of them.", ""]
+
+
+def _comparison_section(sweep: Sweep, metric: str, title: str) -> list[str]:
+    comparison = compare_to_best(sweep, metric)
+    return [f"## {title}", "", comparison_heading(comparison), "", comparison_table(comparison, metric), ""]
+
+
+def _cross_task_sections(sweep: Sweep) -> list[str]:
+    """The table across the tasks, then each task's comparisons (the family of its Holm correction)."""
+    lines = ["## Across the tasks (each task's own metric, mean ± std over seeds; verdict against that task's best)",
+             "", cross_task_markdown(cross_task_table(sweep)), ""]
+    for task, part in task_sweeps(sweep).items():
+        metric = task_metric(part)
+        if len(part.settings) > 1:
+            lines += _comparison_section(part, metric, f"task={task}, {metric}: each setting against the best")
+    return lines
+
+
+def _plots(sweep: Sweep, summary: pd.DataFrame, metric: str, out_dir: Path) -> tuple[list[str], str | None]:
+    """The curve and final-value plots; returns their markdown lines and the plotted final metric."""
+    lines = []
+    if any(metric in row for job in sweep.completed for row in job.history):
+        curve_file = out_dir / f"curves_{_file_stem(metric)}.png"
+        plot_curves(sweep, metric).savefig(curve_file, dpi=120)
+        lines += [f"![{metric} curves]({curve_file.name})", ""]
+    final = f"best/{metric}" if (f"best/{metric}", "mean") in summary.columns else metric
+    if (final, "mean") not in summary.columns:
+        return lines, None
+    final_file = out_dir / f"final_{_file_stem(final)}.png"
+    plot_final(summary, final, title=f"{sweep.name}\n{final} (mean ± std over seeds)").savefig(final_file, dpi=120)
+    return [*lines, f"![{final} per setting]({final_file.name})", ""], final
+
+
+def write_report(
+    sweep: Sweep, out_dir: Path | None = None, metric: str | None = None, compare: Sequence[str] = ()
+) -> Path:
+    """Write ``report.md``, its PNG plots and ``jobs.csv`` into ``out_dir`` (default: the sweep directory).
+
+    ``metric`` is the one plotted (default: the monitored metric, e.g. ``val/loss``; its best value
+    ``best/<metric>`` in the final-value plot). ``compare``: the metrics of ``status.json`` whose
+    settings are tested against the best one (default: the plotted final metric), e.g. ``val/loss``,
+    the last validation value; each also gets a column. A sweep over ``task=`` gets a table across
+    the tasks instead, each task judged on its own metric. Returns the path of ``report.md``."""
+    out_dir = Path(out_dir or sweep.dir)
+    recorded = sorted({key for job in sweep.completed for key in job.metrics})
+    unknown = [m for m in compare if m not in recorded]
+    if unknown:
+        known = ", ".join(recorded) or "none (no job completed)"
+        raise DataError(f"--compare {' '.join(unknown)}: no job of {sweep.dir} recorded it; choose among {known}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    finals = final_metrics(sweep)
+    summary = summarize(sweep, [*finals, *(m for m in compare if m not in finals)])
+    lines = [
+        f"# Sweep `{sweep.name}`",
+        "",
+        (f"`{sweep.dir}`: {len(sweep.jobs)} jobs, {len(sweep.completed)} completed, {len(sweep.failed)} failed; "
+         f"each job's results: [{JOBS_FILE}]({JOBS_FILE})."),
+        "",
+        *_wall_time_line(sweep),
+        "## Final metrics (mean ± std over seeds; n = completed seeds)",
+        "",
+        markdown_table(summary) if len(summary) else "No job completed.",
+        "",
+    ]
+    if task_sweeps(sweep):
+        lines += _cross_task_sections(sweep)
+    else:
+        plot_lines, final = _plots(sweep, summary, metric or sweep.monitor or "val/loss", out_dir)
+        lines += plot_lines
+        compared = list(compare) or ([final] if final else [])
+        for tested in compared if len(summary) > 1 else []:
+            lines += _comparison_section(sweep, tested, f"{tested}: each setting against the best")
+    lines += ["## Failed jobs", ""]
+    lines += [f"- `{job.dir.name}` ({job.status}): {job.error}" for job in sweep.failed] or ["None."]
+    jobs_csv = out_dir / JOBS_FILE
+    if sweep.jobs_csv is None or sweep.jobs_csv.resolve() != jobs_csv.resolve():  # re-made from it: kept
+        write_jobs_csv(sweep, jobs_csv)
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Report on a sweep: report.md, plots and jobs.csv.")
+    parser.add_argument("source", type=Path,
+                        help="a multirun directory (outputs/multirun/<date>/<time>) or a report's jobs.csv")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the sweep's directory)")
+    parser.add_argument("--metric", default=None, help="the metric to plot (default: the monitored one)")
+    parser.add_argument("--compare", nargs="+", default=(), metavar="METRIC",
+                        help="metrics to test between settings (default: the plotted final one), e.g. test/ppl val/loss")
+    args = parser.parse_args(argv)
+    report = run_with_clear_errors(lambda: write_report(load(args.source), args.out, args.metric, args.compare))
+    print(report)

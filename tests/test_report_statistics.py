@@ -1,0 +1,158 @@
+"""The report's statistics against hand computations and scipy: Holm's correction, Welch's confidence
+interval, Hedges' g, the verdicts; ``jobs.csv`` and a report re-made from it; the git commit of a job."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+from scipy import stats as scipy_stats
+
+from trident.report import (
+    Job,
+    Sweep,
+    compare_to_best,
+    comparison_table,
+    hedges_g,
+    holm,
+    load_jobs_csv,
+    main,
+    write_jobs_csv,
+)
+from trident.runs.code_version import code_version
+
+from .conftest import ROOT
+
+
+def sweep_of(values: dict[str, list[float]], metric: str = "test/bleu") -> Sweep:
+    jobs = [Job(dir=Path(f"{i}_{setting}"), setting=setting, status="completed", metrics={metric: value},
+                seed=seed + 1, wall_s=10.0 + i)
+            for i, (setting, seed, value) in enumerate((s, k, v) for s, vs in values.items() for k, v in enumerate(vs))]
+    return Sweep(dir=Path("sweep"), name="s", jobs=jobs)
+
+
+def test_holm_against_a_hand_computation_with_a_tie_and_the_running_maximum() -> None:
+    # Sorted: 0.010 x 4 = 0.040; 0.013 x 3 = 0.039, raised to 0.040 (never below a smaller p's);
+    # the tied 0.04s: 0.04 x 2 = 0.08, and 0.04 x 1 = 0.04, raised to 0.08: ties get one value.
+    # NaN (no test) stays NaN and is not one of the family: m = 4, not 5.
+    adjusted = holm([0.04, math.nan, 0.01, 0.04, 0.013])
+    assert adjusted[1] != adjusted[1]
+    assert [adjusted[i] for i in (0, 2, 3, 4)] == pytest.approx([0.08, 0.04, 0.08, 0.04])
+    assert holm([0.5, 0.9]) == [1.0, 1.0], "capped at 1: 2 x 0.5 = 1.0, then 0.9 raised to it"
+    assert holm([0.03]) == [0.03], "a family of one is not corrected"
+
+
+def test_welch_interval_and_hedges_g_against_hand_computations_and_scipy() -> None:
+    best, other = [4.0, 5.0, 6.0], [1.0, 2.0, 3.0, 4.5]
+    row = compare_to_best(sweep_of({"other": other, "best": best}), "test/bleu").loc["other"]
+    # Welch: se^2 = s_a^2/n_a + s_b^2/n_b, Welch-Satterthwaite degrees of freedom, t quantile 0.975.
+    va, vb = statistics.variance(other) / 4, statistics.variance(best) / 3
+    dof = (va + vb) ** 2 / (va**2 / 3 + vb**2 / 2)
+    half = scipy_stats.t.ppf(0.975, dof) * math.sqrt(va + vb)
+    difference = statistics.mean(other) - 5.0  # 2.625 - 5
+    assert row["difference"] == pytest.approx(-2.375)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((difference - half, difference + half), rel=1e-12)
+    reference = scipy_stats.ttest_ind(other, best, equal_var=False).confidence_interval(0.95)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((reference.low, reference.high), rel=1e-12)
+    # Hedges' g: pooled sd of [1, 2, 3] and [4, 5, 6] is 1, d = -3, J = 1 - 3 / (4 * 6 - 9) = 0.8.
+    assert hedges_g([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(-2.4)
+    pooled = math.sqrt((3 * statistics.variance(other) + 2 * 1.0) / 5)
+    assert row["hedges_g"] == pytest.approx(difference / pooled * (1 - 3 / 19))
+
+
+def test_the_verdict_comes_from_the_holm_corrected_p() -> None:
+    """Two settings each worse than the best at p ~ 0.02, one of three comparisons: significant alone,
+    not after Holm (3 x 0.021 = 0.064), so "undecided at 3 seeds", not "worse"."""
+    values = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0], "c": [1.1, 2.1, 3.2], "d": [4.1, 5.3, 5.5]}
+    comparison = compare_to_best(sweep_of(values), "test/bleu")
+    raw = {s: scipy_stats.ttest_ind(values[s], values["b"], equal_var=False).pvalue for s in "acd"}
+    assert raw["a"] < 0.05 and raw["c"] < 0.05
+    smallest = min(raw.values())
+    assert comparison.attrs["family"] == 3 and comparison.attrs["best"] == "b"
+    assert comparison.loc["a", "p"] == pytest.approx(raw["a"])
+    assert comparison.loc["a", "p_holm"] == pytest.approx(max(3 * smallest, 2 * sorted(raw.values())[1]))
+    assert comparison.loc["a", "p_holm"] >= 0.05
+    assert list(comparison["verdict"]) == ["undecided at 3 seeds", "best", "undecided at 3 seeds", "undecided at 3 seeds"]
+    assert list(comparison["decided"]) == [False, True, False, False]
+    # The same gap with one comparison only: Holm changes nothing and the setting is worse.
+    alone = compare_to_best(sweep_of({"a": values["a"], "b": values["b"]}), "test/bleu")
+    assert alone.loc["a", "p_holm"] == pytest.approx(raw["a"]) and alone.loc["a", "verdict"] == "worse than the best"
+    table = comparison_table(comparison, "test/bleu")
+    assert f"| {raw['a']:.3g} | {comparison.loc['a', 'p_holm']:.3g} | undecided at 3 seeds |" in table
+
+
+def test_a_small_difference_measured_on_many_seeds_is_within_the_noise() -> None:
+    """Twenty seeds a side, 0.01 apart with a seed sd of 0.51: the interval (about ± 0.33) lies inside
+    ± one pooled sd, so the difference is smaller than the seed noise whatever the truth."""
+    best = [0.0, 1.0] * 10
+    close = [v + 0.01 for v in best]
+    row = compare_to_best(sweep_of({"best": best, "close": close}, "test/loss"), "test/loss").loc["close"]
+    sd = statistics.stdev(best)
+    assert -sd < row["ci_low"] < row["ci_high"] < sd
+    assert row["verdict"] == "within the noise" and row["decided"]
+    few = compare_to_best(sweep_of({"best": best[:3], "close": close[:3]}, "test/loss"), "test/loss").loc["close"]
+    assert few["verdict"] == "undecided at 3 seeds", "3 seeds: the interval is wider than the seed sd"
+
+
+def test_single_seeds_are_undecided_and_say_why() -> None:
+    comparison = compare_to_best(sweep_of({"a": [1.0, 2.0], "b": [5.0]}), "test/bleu")
+    assert comparison.loc["a", "verdict"] == "undecided at 1 seed" and math.isnan(comparison.loc["a", "p_holm"])
+    assert comparison.attrs["family"] == 0
+    assert "| `a` | 2 | -3.5 | - | - | - | - | undecided at 1 seed (too few seeds) |" in comparison_table(comparison, "test/bleu")
+
+
+def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> None:
+    values = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.25]}
+    sweep = sweep_of(values)
+    sweep.jobs[0].code = {"git_commit": "abc123", "git_dirty": True}
+    for job in sweep.jobs:  # as status.json records them
+        job.monitor, job.monitor_mode = "test/bleu", "max"
+    sweep.jobs.append(Job(dir=Path("6_c"), setting="c", status="failed", error="out of memory, really"))
+    write_jobs_csv(sweep, tmp_path / "jobs.csv")
+    header, first = (tmp_path / "jobs.csv").read_text().splitlines()[:2]
+    assert header == "job,setting,seed,status,error,monitor,monitor_mode,test/bleu,job_wall_s,git_commit,git_dirty"
+    assert first == "0_a,a,1,completed,,test/bleu,max,1,10,abc123,True"
+    again = load_jobs_csv(tmp_path / "jobs.csv")
+    assert [(j.setting, j.seed, j.metrics, j.wall_s) for j in again.jobs[:6]] == [
+        (j.setting, j.seed, j.metrics, j.wall_s) for j in sweep.jobs[:6]]
+    assert again.failed[0].error == "out of memory, really"
+    main([str(tmp_path / "jobs.csv"), "--out", str(tmp_path / "remade")])
+    report = (tmp_path / "remade" / "report.md").read_text()
+    p = scipy_stats.ttest_ind(values["a"], values["b"], equal_var=False).pvalue
+    assert f"| `b` | 3 | {statistics.mean(values['b']):.4g} ± {statistics.stdev(values['b']):.2g} |" in report
+    assert f"| {p:.3g} | {p:.3g} | worse than the best |" in report
+    assert "- `6_c` (failed): out of memory, really" in report
+    assert (tmp_path / "remade" / "jobs.csv").read_text() == (tmp_path / "jobs.csv").read_text()
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "does not exist"),
+    ("", "is not a readable CSV"),
+    ("job,setting\n0_a,a\n", "lacks the column(s) seed, status, error, monitor, monitor_mode, job_wall_s"),
+])
+def test_a_bad_jobs_csv_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          content: str | None, problem: str) -> None:
+    source = tmp_path / "jobs.csv"
+    if content is not None:
+        source.write_text(content)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.md").write_text("earlier report\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(source), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {source} {problem}") and len(err.splitlines()) == 1
+    assert (tmp_path / "out" / "report.md").read_text() == "earlier report\n", "the earlier report is kept"
+
+
+def test_a_job_records_the_git_commit_of_its_code_or_nothing_outside_git(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert code_version() == {"git_commit": head, "git_dirty": bool(changed)}
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git command
+    assert code_version() == {}
