@@ -22,7 +22,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import lightning as L
 import torch
 from safetensors.torch import save_model
 from torch import Tensor, nn
@@ -32,13 +31,14 @@ from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer
+from trident.tasks.base import TridentTask
 
 
-def export_hf(task: L.LightningModule, directory: Path) -> None:
-    write_hf(task.net, getattr(task, "tokenizer", None), directory)
+def export_hf(task: TridentTask, directory: Path) -> None:
+    write_hf(task.net, task.tokenizer, directory)
 
 
-def export_safetensors(task: L.LightningModule, directory: Path) -> None:
+def export_safetensors(task: TridentTask, directory: Path) -> None:
     # save_model keeps one name of each group of shared tensors (the tied head); load_model ties them again.
     save_model(task.net, str(directory / "model.safetensors"))
     config = {
@@ -47,9 +47,8 @@ def export_safetensors(task: L.LightningModule, directory: Path) -> None:
         "hyper_parameters": dict(task.hparams),
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer = getattr(task, "tokenizer", None)
-    if tokenizer is not None:
-        tokenizer.save(str(directory / "tokenizer.json"))
+    if task.tokenizer is not None:
+        task.tokenizer.save(str(directory / "tokenizer.json"))
 
 
 def example_input(net: nn.Module) -> Tensor:
@@ -63,7 +62,7 @@ def example_input(net: nn.Module) -> Tensor:
     raise ConfigError(f"the onnx export writes CausalLM, MaskedLM and VisionTransformer models, not {type(net).__name__}")
 
 
-def export_onnx(task: L.LightningModule, directory: Path) -> None:
+def export_onnx(task: TridentTask, directory: Path) -> None:
     require_package("onnxscript")
     example = example_input(task.net)
     batch = torch.export.Dim("batch", min=1)
@@ -74,7 +73,7 @@ def export_onnx(task: L.LightningModule, directory: Path) -> None:
                       output_names=["logits"], optimize=True, external_data=False)
 
 
-FORMATS: dict[str, Callable[[L.LightningModule, Path], None]] = {
+FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "hf": export_hf,
     "safetensors": export_safetensors,
     "onnx": export_onnx,

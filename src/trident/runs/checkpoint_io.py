@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
 
-import lightning as L
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -24,7 +23,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from trident.errors import ConfigError, DataError
-from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.tasks.base import TridentTask
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -76,7 +75,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 path, err, "resume from another checkpoint of the run (checkpoints/last.ckpt or best-*.ckpt)"
             ) from err
 
-TaskT = TypeVar("TaskT", bound=L.LightningModule)
+TaskT = TypeVar("TaskT", bound=TridentTask)
 
 # Hyperparameters that checkpoints of earlier versions hold and today's tasks no longer take
 # (vit's timm file, now init_from=): Lightning leaves them out when it rebuilds the task.
@@ -102,7 +101,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) ->
             path, err, f"it may not be a trident {task_name} checkpoint; use another checkpoint of a task={task_name} "
             "run (last.ckpt or best-*.ckpt)"
         ) from err
-    if isinstance(task, TokenizerInCheckpoint) and task.tokenizer is None:
+    if task.NEEDS_TOKENIZER and task.tokenizer is None:
         raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's {task_name} task")
     return task.eval()
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import hydra.utils
-import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import DataError
 from trident.runs.checkpoint_io import RETIRED_SETTINGS, load_task_checkpoint, read_checkpoint
 from trident.runs.resume import run_config_of
+from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
 
 # The tasks whose checkpoints predate TASK_KEY (every later task records itself).
@@ -30,7 +30,7 @@ EARLIER_TASKS = {
 }
 
 
-def load(path: str | Path) -> L.LightningModule:
+def load(path: str | Path) -> TridentTask:
     """A trident checkpoint (.ckpt) or a run directory (its best, else last checkpoint) -> the task
     with its ``net`` and ``tokenizer``, on CPU, in eval mode; whatever task wrote it."""
     checkpoint = checkpoint_of(Path(path))
@@ -67,7 +67,7 @@ def _recorded_best(last: Path) -> str | None:
     return None
 
 
-def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[L.LightningModule]:
+def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
     """The task class that wrote ``checkpoint`` (read from ``path``)."""
     target = checkpoint.get(TASK_KEY) or _target_in_run_config(path) or _target_by_settings(checkpoint, path)
     try:
@@ -75,10 +75,13 @@ def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[L.LightningMod
     except (ImportError, ValueError) as err:
         raise DataError(f"checkpoint {str(path)!r} was written by the task {target!r}, which this trident lacks: "
                         "load it with the trident version that wrote it") from err
+    if not (isinstance(task_class, type) and issubclass(task_class, TridentTask)):
+        raise DataError(f"checkpoint {str(path)!r} names {target!r}, which is not a trident task: "
+                        "pass a checkpoint written by train.py")
     return task_class
 
 
-def task_name_of(task_class: type[L.LightningModule]) -> str:
+def task_name_of(task_class: type[TridentTask]) -> str:
     """The ``task=`` name of a task class (its module's name: trident.tasks.<name>)."""
     return task_class.__module__.rsplit(".", 1)[-1]
 

@@ -33,6 +33,7 @@ from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
 from trident.runs.weight_transfer import report_transfer, transfer_weights
+from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -81,31 +82,23 @@ def backbone_options(cfg: DictConfig) -> dict[str, Any]:
             )
     options["pos_encoding"] = cfg.pos_encoding.name
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
-    # The sequence geometry comes with the data, not the size: a task class may derive it
-    # (e.g. ViT: patch grid and class token from the image size); by default it is data.max_seq_len.
-    task_class = hydra.utils.get_class(cfg.task._target_)
-    geometry = getattr(task_class, "backbone_geometry", None)
-    if geometry is None:
-        options["max_seq_len"] = cfg.data.max_seq_len
-    else:
-        options.update(geometry(_plain(cfg.data), _plain(cfg.task)))
+    # The sequence geometry comes with the data, not the size: data.max_seq_len, or what the task
+    # derives from the data (e.g. ViT: patch grid and class token from the image size).
+    options.update(configured_task_class(cfg).backbone_geometry(_plain(cfg.data), _plain(cfg.task)))
     return options
+
+
+def configured_task_class(cfg: DictConfig) -> type[TridentTask]:
+    """The class ``task._target_`` names; every task derives from :class:`TridentTask`."""
+    task_class = hydra.utils.get_class(cfg.task._target_)
+    if not (isinstance(task_class, type) and issubclass(task_class, TridentTask)):
+        raise ConfigError(f"task._target_={cfg.task._target_} is not a trident task: name a subclass of "
+                          "trident.tasks.base.TridentTask (conf/task/*.yaml)")
+    return task_class
 
 
 def _plain(node: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-
-
-def check_task_data(cfg: DictConfig) -> None:
-    """The data option must feed the task (e.g. not image data for the language model)."""
-    task_class = hydra.utils.get_class(cfg.task._target_)
-    data_class = hydra.utils.get_class(cfg.data._target_)
-    expected = getattr(task_class, "DATA_MODULE", TridentDataModule)
-    if not issubclass(data_class, expected):
-        raise ConfigError(
-            f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
-            f"{expected.__name__}: choose a {cfg.task.name} data option (README, config groups)"
-        )
 
 
 def check_constructor_keys(cfg: DictConfig, group: str) -> None:
@@ -128,11 +121,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
     check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
-    check_task_data(cfg)
-    # A task class may check its own settings against the data and positions (e.g. task=mlm).
-    validate = getattr(hydra.utils.get_class(cfg.task._target_), "validate_config", None)
-    if validate is not None:
-        validate(cfg)
+    # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
+    configured_task_class(cfg).validate_config(cfg)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):
@@ -192,9 +182,7 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
         raise user_error from err
 
 
-def build_data_and_task(
-    cfg: DictConfig, backbone: TransformerConfig, stage: str
-) -> tuple[TridentDataModule, L.LightningModule]:
+def build_data_and_task(cfg: DictConfig, backbone: TransformerConfig, stage: str) -> tuple[TridentDataModule, TridentTask]:
     """The data module, prepared and set up for ``stage`` (``fit``, ``test``), and the task built on
     ``backbone`` with the data's inputs (vocabulary, tokenizer, classes): for train.py and eval.py alike."""
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
@@ -202,7 +190,7 @@ def build_data_and_task(
         raise ConfigError(f"data._target_ must name a TridentDataModule subclass, got {type(datamodule).__name__}")
     datamodule.prepare_data()
     datamodule.setup(stage)
-    task: L.LightningModule = instantiate(
+    task: TridentTask = instantiate(
         constructor_args(cfg, "task"),
         backbone=vars(backbone),
         optimizer=fused_allowed(
@@ -253,7 +241,7 @@ def metric_history(cfg: DictConfig, run_dir: Path) -> MetricHistory:
     return MetricHistory(run_dir / "metrics.jsonl", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode)
 
 
-def compile_network(task: L.LightningModule, enabled: Any) -> None:
+def compile_network(task: TridentTask, enabled: Any) -> None:
     """``compile=true``: torch.compile the task's network in place (``nn.Module.compile``), so
     parameter names, checkpoints and the LightningModule hooks stay as they are."""
     if not isinstance(enabled, bool):
@@ -287,8 +275,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
 
     datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if saved is not None:
-        tokenizer = getattr(task, "tokenizer", None)
-        check_resume_continues(saved[1], saved[0], cfg.data, tokenizer.get_vocab() if tokenizer is not None else None)
+        vocabulary = task.tokenizer.get_vocab() if task.tokenizer is not None else None
+        check_resume_continues(saved[1], saved[0], cfg.data, vocabulary)
         check_checkpoint_fits(saved[1], task, saved[0])
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
     transferred = transfer_weights(task.net, source.state_dict, source.source) if source and not resume_from else None

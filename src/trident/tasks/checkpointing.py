@@ -12,20 +12,14 @@ TASK_KEY = "trident_task"
 
 class TaskInCheckpoint:
     """LightningModule mixin: every checkpoint names the task class that wrote it, so a checkpoint
-    alone is enough to rebuild the task (``trident.load``, ``init_from=``)."""
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
-
-
-class TokenizerInCheckpoint(TaskInCheckpoint):
-    """LightningModule mixin: the tokenizer travels inside every checkpoint, so a checkpoint
-    alone can decode (it is not a hyperparameter: a BPE vocabulary is large)."""
+    alone is enough to rebuild the task (``trident.load``, ``init_from=``), and a text task's
+    checkpoint holds its tokenizer, so it alone can decode (it is not a hyperparameter: a BPE
+    vocabulary is large)."""
 
     tokenizer: Tokenizer | None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
+        checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
         if self.tokenizer is not None:
             checkpoint["tokenizer_json"] = self.tokenizer.to_str()
 

@@ -5,32 +5,29 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import lightning as L
 import torch.nn.functional as F
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from omegaconf import DictConfig
-from tokenizers import Tokenizer
 from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
+from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
 from trident.data.base import TridentDataModule
 from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
-from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.tasks.base import TridentTask
 from trident.training.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
-from trident.training.optim import optimizers_for, positional_parameter_names
+from trident.training.optim import positional_parameter_names
 
 Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
 
 
-class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
-    #: The data module this task trains on (checked before any work).
+class SequenceClassificationTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
+    net: SequenceClassifier
 
     def __init__(
         self,
@@ -48,16 +45,12 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
         head_lr: float | None = None,
         tokenizer_json: str | None = None,
     ) -> None:
-        super().__init__()
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
-        # Plain values only; the tokenizer travels in the checkpoint (see TokenizerInCheckpoint).
-        self.save_hyperparameters(ignore=["tokenizer_json"])
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
         num_classes = len(class_names)
-        self.net = SequenceClassifier(TransformerConfig(**backbone), vocab_size, num_classes, stack=stack, pool=pool,
+        self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
                                       scale_embeddings=scale_embeddings)
-        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
-        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:
@@ -71,6 +64,7 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         """Checked before any work: the pool fits the stack, an encoder gets a bidirectional encoding."""
+        super().validate_config(cfg)
         task = cfg.task
         check_pool(task.stack, task.pool)
         check_finetuning(task.freeze_backbone_steps, task.layer_decay, task.head_lr)
@@ -138,15 +132,14 @@ class SequenceClassificationTask(TokenizerInCheckpoint, L.LightningModule):
             return set()
         return {name for name, _ in self.net.named_backbone_parameters()}
 
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        steps = int(self.trainer.estimated_stepping_batches)
-        no_decay = positional_parameter_names(self.net)
-        groups = layerwise_groups(
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """One group per depth (layer-wise learning-rate decay), the head's own learning rate, and
+        no group for a backbone frozen for good (training.finetuning)."""
+        return layerwise_groups(
             self.net, self.net.layer_of, self.net.cfg.n_layers + 1, lr=float(self.optimizer_cfg["lr"]),
-            weight_decay=float(self.optimizer_cfg.get("weight_decay", 0.0)), layer_decay=self.layer_decay,
-            head_lr=self.head_lr, no_decay_names=no_decay, frozen_names=self._frozen_for_good(),
+            weight_decay=weight_decay, layer_decay=self.layer_decay, head_lr=self.head_lr,
+            no_decay_names=positional_parameter_names(self.net), frozen_names=self._frozen_for_good(),
         )
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay, groups)
 
 
 def check_pool(stack: str, pool: str) -> None:

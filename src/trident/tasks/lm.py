@@ -4,28 +4,23 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
-from tokenizers import Tokenizer
 from torch import Tensor
 from torchmetrics.text import Perplexity
 
-from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
-from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.tasks.base import TridentTask
 from trident.training.flops import causal_lm_flops
-from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
 
 
-class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
-    #: The data module this task trains on (checked before any work).
+class LanguageModelTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
+    net: CausalLM
 
     def __init__(
         self,
@@ -39,15 +34,10 @@ class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
         sampling: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
     ) -> None:
-        super().__init__()
-        # Plain values only, so that load_from_checkpoint can rebuild the module; the tokenizer
-        # travels in the checkpoint itself (see on_save_checkpoint), not in the hyperparameters.
-        self.save_hyperparameters(ignore=["tokenizer_json"])
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
         self.net = CausalLM(
-            TransformerConfig(**backbone), vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
+            self.backbone_config, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
-        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
-        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
@@ -110,8 +100,3 @@ class LanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
             results.append((prompt, self.tokenizer.decode(out[0].tolist())))
         self.train(was_training)
         return results
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        steps = int(self.trainer.estimated_stepping_batches)
-        no_decay = positional_parameter_names(self.net)
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)

@@ -6,26 +6,22 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from omegaconf import DictConfig
-from tokenizers import Tokenizer
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from trident.backbone import TransformerConfig, bidirectional_pos_encodings, pos_encoding_class
+from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
 from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
 from trident.errors import ConfigError
 from trident.models import MaskedLM
-from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.tasks.base import TridentTask
 from trident.training.flops import masked_lm_flops
-from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.run_checks import check_seed
 from trident.training.text_logging import log_text_table
 
@@ -35,9 +31,9 @@ log = logging.getLogger(__name__)
 STAGES = {"train": 0, "val": 1, "test": 2}
 
 
-class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
-    #: The data module this task trains on (checked before any work).
+class MaskedLanguageModelTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
+    net: MaskedLM
 
     def __init__(
         self,
@@ -56,12 +52,8 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
         num_examples: int = 4,
         tokenizer_json: str | None = None,
     ) -> None:
-        super().__init__()
-        # Plain values only; the tokenizer travels in the checkpoint (see TokenizerInCheckpoint).
-        self.save_hyperparameters(ignore=["tokenizer_json"])
-        self.net = MaskedLM(TransformerConfig(**backbone), vocab_size, scale_embeddings=scale_embeddings)
-        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
-        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
+        self.net = MaskedLM(self.backbone_config, vocab_size, scale_embeddings=scale_embeddings)
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.num_examples = seed, num_examples
@@ -74,6 +66,7 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         """Checked before any work: text data, masking rates, room for a mask, a bidirectional encoding."""
+        super().validate_config(cfg)
         if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
             raise ConfigError(
                 f"data={cfg.data.name} is not text data for task=mlm: choose a language-modelling data option "
@@ -198,8 +191,3 @@ class MaskedLanguageModelTask(TokenizerInCheckpoint, L.LightningModule):
                    for ids_, ps in zip(top.indices.tolist(), top.values.tolist())]
         counts = select.sum(dim=1).tolist()
         return [answers[sum(counts[:row]) : sum(counts[: row + 1])] for row in range(len(texts))]
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        steps = int(self.trainer.estimated_stepping_batches)
-        no_decay = positional_parameter_names(self.net)
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)

@@ -6,25 +6,20 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import lightning as L
 import sacrebleu
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
-from tokenizers import Tokenizer
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
 from trident.data.translation import TranslationDataModule, detokenize
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
-from trident.tasks.checkpointing import TokenizerInCheckpoint
+from trident.tasks.base import TridentTask
 from trident.training.flops import encoder_decoder_flops
 from trident.training.losses import label_smoothed_cross_entropy
-from trident.training.optim import optimizers_for, positional_parameter_names
 from trident.training.text_logging import log_text_table
 
 
@@ -36,9 +31,9 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
     }
 
 
-class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
-    #: The data module this task trains on (checked before any work).
+class TranslationTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
+    net: EncoderDecoder
 
     def __init__(
         self,
@@ -61,15 +56,10 @@ class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
         num_examples: int = 8,
         tokenizer_json: str | None = None,
     ) -> None:
-        super().__init__()
-        # Plain values only; the tokenizer travels in the checkpoint (see on_save_checkpoint).
-        self.save_hyperparameters(ignore=["tokenizer_json"])
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
         self.net = EncoderDecoder(
-            TransformerConfig(**backbone), vocab_size, pad_id=pad_id,
-            tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
+            self.backbone_config, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
-        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
-        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.label_smoothing = label_smoothing
         # Decoding settings as attributes, so the translate command can override them per call.
@@ -198,12 +188,6 @@ class TranslationTask(TokenizerInCheckpoint, L.LightningModule):
 
     def _detokenize(self, ids: list[int]) -> str:
         return detokenize(self.tokenizer, ids) if self.tokenizer is not None else " ".join(map(str, ids))
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        steps = int(self.trainer.estimated_stepping_batches)
-        no_decay = positional_parameter_names(self.net)
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, no_decay)
-
 
 
 def _gather(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

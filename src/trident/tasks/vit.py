@@ -4,30 +4,28 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
-from trident.tasks.checkpointing import TaskInCheckpoint
+from trident.tasks.base import TridentTask
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
-from trident.training.optim import optimizers_for
+from trident.training.optim import parameter_groups
 
 Batch = tuple[Tensor, Tensor]
 
 
-class ImageClassificationTask(TaskInCheckpoint, L.LightningModule):
-    #: The data module this task trains on (checked before any work).
+class ImageClassificationTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
+    NEEDS_TOKENIZER = False
+    net: VisionTransformer
 
     def __init__(
         self,
@@ -46,12 +44,10 @@ class ImageClassificationTask(TaskInCheckpoint, L.LightningModule):
         mixup: dict[str, Any] | None = None,
         num_figure_images: int = 16,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(backbone, optimizer, scheduler)
         self.net = VisionTransformer(
-            TransformerConfig(**backbone), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
+            self.backbone_config, patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
         )
-        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
         self.num_figure_images = num_figure_images
         mixup = dict(mixup or {})
@@ -153,6 +149,6 @@ class ImageClassificationTask(TaskInCheckpoint, L.LightningModule):
         fig = image_grid_figure(unnormalize(images, self.mean, self.std), titles, overlays=maps.float().cpu().numpy())
         publish_figure(self, "test/attention_rollout", fig)
 
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        steps = int(self.trainer.estimated_stepping_batches)
-        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, self.net.no_weight_decay())
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """Matrices decay; biases, norm gains, the class token and a learned position table not."""
+        return parameter_groups(self.net, weight_decay, self.net.no_weight_decay())

@@ -26,7 +26,8 @@ class Throughput(L.Callback):
     and model FLOPs utilisation: ``throughput/flops_per_sec`` and ``throughput/mfu``.
 
     The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}`` and its
-    model FLOPs through ``flops_per_batch(batch)`` (trident.training.flops); the wall-clock window
+    model FLOPs through ``flops_per_batch(batch)`` (hooks every trident.tasks.base.TridentTask
+    implements; trident.training.flops); the wall-clock window
     runs from one batch end to the next, so it measures what a user waits for. ``peak_flops`` is
     the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures it once
     (trident.training.flops.device_peak_flops). MFU is achieved FLOP/s over the peak of all devices.

@@ -1,0 +1,107 @@
+"""What the pipeline expects of every trident task, whatever it trains."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import hydra.utils
+import lightning as L
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+from torch import nn
+
+from trident.backbone import TransformerConfig
+from trident.data.base import TridentDataModule
+from trident.errors import ConfigError
+from trident.tasks.checkpointing import TaskInCheckpoint
+from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
+
+
+class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
+    """A LightningModule that the pipeline builds from the config groups and the data's inputs.
+
+    A task names the data module it trains on (``DATA_MODULE``), may derive the backbone's sequence
+    geometry from the data (:meth:`backbone_geometry`) and check its settings before any work
+    (:meth:`validate_config`). Its constructor takes the ``backbone`` (the model and pos_encoding
+    groups as one dict), ``optimizer`` and ``scheduler`` configs as plain dicts, and a text task the
+    ``tokenizer_json`` of its data; it builds ``net`` on ``backbone_config``, the network that
+    ``compile=true``, ``init_from=`` and the export commands work on. It counts what one training
+    batch holds (:meth:`throughput_units`, :meth:`flops_per_batch`) for throughput and MFU.
+
+    The hyperparameters saved in every checkpoint are the constructor's arguments (plain values),
+    so ``load_from_checkpoint`` rebuilds the task; the tokenizer is not one of them (a BPE
+    vocabulary is large): it travels in the checkpoint itself (:class:`TaskInCheckpoint`).
+    """
+
+    #: The data module this task trains on (checked before any work).
+    DATA_MODULE: ClassVar[type[TridentDataModule]]
+    #: Whether a checkpoint of this task must hold a tokenizer (text tasks) to be usable.
+    NEEDS_TOKENIZER: ClassVar[bool] = True
+
+    #: The task's network: all its weights, and the module ``compile=true`` and the exports use.
+    net: nn.Module
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A task class that names no data module fails where it is defined, not in its first run."""
+        super().__init_subclass__(**kwargs)
+        data_module = getattr(cls, "DATA_MODULE", None)
+        if not (isinstance(data_module, type) and issubclass(data_module, TridentDataModule)):
+            raise TypeError(f"{cls.__qualname__} must set DATA_MODULE to the TridentDataModule subclass it trains on, "
+                            f"got {data_module!r}")
+
+    def __init__(
+        self,
+        backbone: dict[str, Any],
+        optimizer: dict[str, Any],
+        scheduler: dict[str, Any],
+        tokenizer_json: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain values only: Lightning collects the arguments of every constructor up the chain
+        # (the subclass's included), so load_from_checkpoint can rebuild the task from them.
+        self.save_hyperparameters(ignore=["tokenizer_json"])
+        self.backbone_config = TransformerConfig(**backbone)
+        self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
+        self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+
+    @classmethod
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+        """Backbone settings that follow from the data (``data`` and ``task``: the groups as plain
+        dicts): by default the context length, ``data.max_seq_len``."""
+        return {"max_seq_len": data["max_seq_len"]}
+
+    @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        """Checked before any work, with a message naming the fix: the data option feeds this task
+        (e.g. not image data for the language model). A task that checks more calls this first."""
+        data_class = hydra.utils.get_class(cfg.data._target_)
+        if not issubclass(data_class, cls.DATA_MODULE):
+            raise ConfigError(
+                f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
+                f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (README, config groups)"
+            )
+
+    @abstractmethod
+    def throughput_units(self, batch: Any) -> dict[str, int]:
+        """What one training ``batch`` holds, by unit (e.g. ``{"tokens": 8192, "samples": 32}``):
+        logged as ``throughput/<unit>_per_sec``."""
+
+    @abstractmethod
+    def flops_per_batch(self, batch: Any) -> int:
+        """Model FLOPs of one training step on ``batch``, forward and backward (for MFU;
+        trident.training.flops)."""
+
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups, the one place a task changes them (e.g. per-layer
+        learning rates): by default matrices decay, biases, norm gains and positional tables not."""
+        return parameter_groups(self.net, weight_decay, positional_parameter_names(self.net))
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        """The ``optimizer`` config over :meth:`parameter_groups`, and the ``scheduler`` stepped
+        every optimizer step over the run's estimated steps."""
+        check_optimizer_config(self.optimizer_cfg)  # weight_decay is read below: a number, or one clear line
+        groups = self.parameter_groups(float(self.optimizer_cfg.get("weight_decay", 0.0)))
+        steps = int(self.trainer.estimated_stepping_batches)
+        return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, groups=groups)

@@ -1,0 +1,159 @@
+"""The task contract (trident.tasks.base.TridentTask): every task of conf/task derives from it, a
+task lacking a hook fails where it is defined or built, the pipeline and the other callers use its
+methods instead of getattr/hasattr probes, and the one configure_optimizers gives the parameter
+groups written out here by hand (lm: decayed matrices and the rest; classify: per-depth groups)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import hydra.utils
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor
+
+import trident
+from trident.data.lm import LMDataModule
+from trident.errors import ConfigError, DataError
+from trident.tasks.base import TridentTask
+from trident.tasks.checkpointing import TASK_KEY
+from trident.tasks.classify import SequenceClassificationTask
+from trident.tasks.lm import LanguageModelTask
+
+from .conftest import CONF_DIR, ROOT
+
+SRC = ROOT / "src" / "trident"
+# Every module that works with a task the pipeline or a checkpoint gave it.
+TASK_CALLERS = ["runs/pipeline.py", "runs/loading.py", "runs/checkpoint_io.py", "runs/init_from.py", "evaluate.py",
+                "sample.py", "translate.py", "fill_mask.py", "export.py", "training/callbacks.py"]
+# One block, learned positions (a table to keep out of weight decay), biases and LayerNorm gains.
+BACKBONE = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
+OPTIMIZER = {"name": "adamw", "lr": 1.0, "weight_decay": 0.1, "fused": False}
+SCHEDULER = {"name": "constant"}
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml")))
+def test_every_task_option_builds_a_trident_task(option: str) -> None:
+    target = OmegaConf.select(OmegaConf.load(CONF_DIR / "task" / f"{option}.yaml"), "task._target_")  # @package _global_
+    assert target, f"conf/task/{option}.yaml names no task._target_"
+    task_class = hydra.utils.get_class(target)
+    assert issubclass(task_class, TridentTask), target
+    assert not inspect.isabstract(task_class), f"{target} leaves {sorted(task_class.__abstractmethods__)} abstract"
+    assert task_class.configure_optimizers is TridentTask.configure_optimizers, "one configure_optimizers for all tasks"
+
+
+def _probes(path: Path) -> list[str]:
+    """``getattr(x, ...)`` / ``hasattr(x, ...)`` calls in ``path`` whose object ``x`` is a task or task class."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            target = ast.unparse(node.args[0]) if node.args else ""
+            if "task" in target.lower() or "module" in target.lower():
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_pipeline_calls_the_contract_instead_of_probing() -> None:
+    pipeline = ast.parse((SRC / "runs" / "pipeline.py").read_text())
+    calls = [ast.unparse(n) for n in ast.walk(pipeline)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")]
+    assert calls == []
+    assert [probe for caller in TASK_CALLERS for probe in _probes(SRC / caller)] == []
+
+
+def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
+    probing = tmp_path / "probing.py"
+    probing.write_text("def f(task, pl_module):\n    return getattr(task, 'tokenizer', None), hasattr(pl_module, 'net')\n")
+    assert len(_probes(probing)) == 2
+
+
+class _LanguageModelWithoutFlops(TridentTask):
+    DATA_MODULE = LMDataModule
+
+    def throughput_units(self, batch: Tensor) -> dict[str, int]:
+        return {"tokens": batch.numel()}
+
+
+def test_a_task_without_a_hook_is_not_built() -> None:
+    with pytest.raises(TypeError, match="abstract class _LanguageModelWithoutFlops with abstract method flops_per_batch"):
+        _LanguageModelWithoutFlops(BACKBONE, OPTIMIZER, SCHEDULER)
+
+
+def test_a_task_without_a_data_module_fails_where_it_is_defined() -> None:
+    with pytest.raises(TypeError, match="must set DATA_MODULE to the TridentDataModule subclass"):
+        type("Orphan", (TridentTask,), {})
+
+
+def test_the_default_geometry_is_the_data_context() -> None:
+    assert TridentTask.backbone_geometry({"max_seq_len": 77, "block_size": 64}, {}) == {"max_seq_len": 77}
+
+
+def test_a_target_that_is_no_task_is_one_clear_error() -> None:
+    from trident.runs.pipeline import configured_task_class
+
+    cfg = OmegaConf.create({"task": {"_target_": "trident.data.lm.LMDataModule"}})
+    with pytest.raises(ConfigError, match=r"task._target_=trident.data.lm.LMDataModule is not a trident task"):
+        configured_task_class(cfg)
+
+
+def test_a_checkpoint_naming_no_task_is_one_clear_error(tmp_path: Path) -> None:
+    torch.save({"state_dict": {}, TASK_KEY: "collections.OrderedDict"}, tmp_path / "foreign.ckpt")
+    with pytest.raises(DataError, match="names 'collections.OrderedDict', which is not a trident task"):
+        trident.load(tmp_path / "foreign.ckpt")
+
+
+def _groups(task: TridentTask) -> dict[str, tuple[set[str], float, float]]:
+    """The optimizer's groups as {group name: (parameter names, lr, weight decay)}."""
+    task._trainer = SimpleNamespace(estimated_stepping_batches=10)  # what configure_optimizers reads of a trainer
+    names = {id(p): name for name, p in task.net.named_parameters()}
+    optimizer = task.configure_optimizers()["optimizer"]
+    return {group.get("name", str(k)): ({names[id(p)] for p in group["params"]}, group["lr"], group["weight_decay"])
+            for k, group in enumerate(optimizer.param_groups)}
+
+
+def _block(prefix: str, kind: str) -> set[str]:
+    """A block's matrices (``kind="weights"``) or its biases and norm gains (``kind="rest"``)."""
+    if kind == "weights":
+        return {f"{prefix}.{n}.weight" for n in ("self_attn.qkv_proj", "self_attn.out_proj", "ffn.fc_in", "ffn.fc_out")}
+    layers = ("self_attn.qkv_proj", "self_attn.out_proj", "ffn.fc_in", "ffn.fc_out", "self_attn_norm", "ffn_norm")
+    return {f"{prefix}.{n}.bias" for n in layers} | {f"{prefix}.{n}.weight" for n in ("self_attn_norm", "ffn_norm")}
+
+
+def test_lm_groups_decay_matrices_only() -> None:
+    task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER)
+    assert _groups(task) == {
+        "0": ({"embed.weight"} | _block("decoder.blocks.0", "weights"), 1.0, 0.1),
+        "1": ({"decoder.pos_encoding.embedding.weight", "decoder.final_norm.weight", "decoder.final_norm.bias"}
+              | _block("decoder.blocks.0", "rest"), 1.0, 0.0),
+    }
+
+
+def _classifier(**options: Any) -> SequenceClassificationTask:
+    return SequenceClassificationTask({**BACKBONE, "n_layers": 2}, 11, OPTIMIZER, SCHEDULER, class_names=["a", "b", "c"],
+                                      majority_accuracy={"validation": 0.5, "test": 0.5}, **options)
+
+
+def test_classify_groups_follow_depth_and_head() -> None:
+    # lr 1, layer_decay 0.5, top depth 3: embeddings 0.5^3, block 0 0.5^2, block 1 0.5, final norm 1; head 7.
+    assert _groups(_classifier(layer_decay=0.5, head_lr=7.0)) == {
+        "layer_0": ({"cls_token", "embed.weight"}, 0.125, 0.1),
+        "layer_0_no_decay": ({"encoder.pos_encoding.embedding.weight"}, 0.125, 0.0),
+        "layer_1": (_block("encoder.blocks.0", "weights"), 0.25, 0.1),
+        "layer_1_no_decay": (_block("encoder.blocks.0", "rest"), 0.25, 0.0),
+        "layer_2": (_block("encoder.blocks.1", "weights"), 0.5, 0.1),
+        "layer_2_no_decay": (_block("encoder.blocks.1", "rest"), 0.5, 0.0),
+        "layer_3_no_decay": ({"encoder.final_norm.weight", "encoder.final_norm.bias"}, 1.0, 0.0),
+        "head": ({"head.weight"}, 7.0, 0.1),
+        "head_no_decay": ({"head.bias"}, 7.0, 0.0),
+    }
+
+
+def test_a_backbone_frozen_for_good_leaves_only_the_head_to_the_optimizer() -> None:
+    assert _groups(_classifier(freeze_backbone_steps=-1)) == {
+        "head": ({"head.weight"}, 1.0, 0.1), "head_no_decay": ({"head.bias"}, 1.0, 0.0),
+    }
