@@ -195,7 +195,7 @@ def test_a_real_sweep_of_two_tiny_settings(tmp_path: Path, monkeypatch: pytest.M
     sweep_dir = tmp_path / "sweep"
     plan = preset_plan(overrides, sweep_dir, METRIC, None)
     plan.first_seeds, plan.max_seeds = 2, 3
-    never = lambda values, better: dict.fromkeys(values, False)  # noqa: E731  # nothing is ever decided
+    never = lambda values, better: dict.fromkeys(values, False)  # nothing is ever decided
     outcome = add_seeds(plan, train_job_runner(sweep_dir, overrides), never)
     assert outcome == Outcome({"model.norm_first=False": 3, "model.norm_first=True": 3},
                               {"model.norm_first=False": False, "model.norm_first=True": False})

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from trident.errors import DataError, run_with_clear_errors
+from trident.runs.budget import comparison_basis
 from trident.runs.sweeps import STATUS_FILE, SWEEP_FILE, job_statuses, read_json, setting_of
 
 # The final metrics a report compares: the best validation value and the test metrics.
@@ -300,6 +301,7 @@ def write_report(
         "",
         f"`{sweep.dir}`: {len(sweep.jobs)} jobs, {len(sweep.completed)} completed, {len(sweep.failed)} failed.",
         "",
+        *([basis, ""] if (basis := comparison_basis([job.dir for job in sweep.jobs])) else []),
         *_wall_time_line(sweep),
         "## Final metrics (mean ± std over seeds; n = completed seeds)",
         "",
