@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,6 +116,27 @@ def test_the_equal_compute_preset_replaces_the_steps_of_an_ablation(tmp_path: Pa
     cfg = compose_config(["experiment=ablation_width", "budget=equal_compute"], tmp_path)
     assert cfg.trainer.max_steps == -1 and cfg.scheduler.warmup_steps == 0.1
     assert check_budget(cfg) == 2e12 and cfg.budget.validations == 6
+
+
+@pytest.mark.parametrize("preset", ["ablation_width", "ablation_depth", "ablation_ffn", "ablation_heads"])
+def test_every_size_axis_composes_at_equal_compute(tmp_path: Path, preset: str) -> None:
+    from .conftest import compose_config
+
+    cfg = compose_config([f"experiment={preset}", "budget=equal_compute"], tmp_path)
+    check_config(cfg)
+    assert check_budget(cfg) == 2e12
+
+
+def test_the_ablations_script_refuses_an_unknown_budget(tmp_path: Path) -> None:
+    from .conftest import ROOT
+
+    out = tmp_path / "ablations"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "ablations.sh"), "ablation_width"], capture_output=True,
+                            text=True, env={**os.environ, "ABLATIONS_DIR": str(out), "BUDGET": "flops"},
+                            timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: no budget conf/budget/flops.yaml: set BUDGET to one of equal_compute,steps"]
+    assert not out.exists()
 
 
 def test_warmup_as_a_fraction_of_the_steps() -> None:
