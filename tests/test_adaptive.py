@@ -15,7 +15,17 @@ import yaml
 from scipy import stats
 
 from trident.errors import ConfigError
-from trident.runs.adaptive import Outcome, Plan, Setting, add_seeds, main, preset_plan, read_jobs, train_job_runner
+from trident.runs.adaptive import (
+    Outcome,
+    Plan,
+    Setting,
+    add_seeds,
+    axis_values,
+    main,
+    preset_plan,
+    read_jobs,
+    train_job_runner,
+)
 
 from .conftest import SMALL
 
@@ -152,12 +162,21 @@ def test_the_preset_gives_its_settings_and_the_monitor_direction(tmp_path: Path)
     assert preset_plan(["experiment=ablation_label_smoothing"], tmp_path, "test/bleu", "max").better == "max"
 
 
+def test_axis_values_as_the_basic_sweeper_lists_them() -> None:
+    assert axis_values("model.d_ff", "range(64,257,64)") == [f"model.d_ff={v}" for v in (64, 128, 192, 256)]
+    assert axis_values("pos_encoding", "rope, alibi") == ["pos_encoding=rope", "pos_encoding=alibi"]
+    assert axis_values("model.dropout", "0.1") == ["model.dropout=0.1"]
+    with pytest.raises(ConfigError, match="not a list of values"):
+        axis_values("optimizer.lr", "interval(1e-4,1e-2)")
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
         (["experiment=ablation_base"], "sweeps nothing but the seed"),
         (["experiment=ablation_heads", "--metric", "test/ppl"], "say which is better with --better min"),
         (["experiment=ablation_heads", "--first-seeds", "4", "--max-seeds", "3"], "--first-seeds 4 is more than"),
+        (["hparams_search=lm_optuna"], "is not a list of values"),
     ],
 )
 def test_bad_arguments_end_in_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],

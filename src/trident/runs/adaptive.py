@@ -184,6 +184,17 @@ def decide_with_report(values: Mapping[str, Sequence[float]], better: str) -> di
     return {str(label): bool(done) for label, done in comparison["decided"].items()}
 
 
+def axis_values(key: str, text: str) -> list[str]:
+    """``key=a,b`` (or ``choice``/``range``) -> ``["key=a", "key=b"]``, as Hydra's basic sweeper lists them."""
+    override = OverridesParser.create().parse_override(f"{key}={text}")
+    if not override.is_sweep_override():
+        return [f"{key}={text}"]
+    if not override.is_discrete_sweep():
+        raise ConfigError(f"hydra.sweeper.params.{key}={text} is not a list of values: adaptive seeds need the "
+                          "settings listed (a,b,c, choice or range), not an interval search")
+    return [f"{key}={value}" for value in override.sweep_string_iterator()]
+
+
 def preset_plan(overrides: Sequence[str], sweep_dir: Path, metric: str, better: str | None) -> Plan:
     """The settings of a sweep preset (``hydra.sweeper.params`` of ``experiment=...``, its values
     crossed), the metric's direction (the task's ``monitor_mode`` for its monitored metric)."""
@@ -195,9 +206,7 @@ def preset_plan(overrides: Sequence[str], sweep_dir: Path, metric: str, better: 
     if not axes:
         raise ConfigError(f"{' '.join(overrides)} sweeps nothing but the seed: choose a sweep preset, "
                           "e.g. experiment=ablation_heads")
-    parser = OverridesParser.create()
-    values = [[f"{key}={v}" for v in parser.parse_override(f"{key}={text}").sweep_string_iterator()]
-              for key, text in axes.items()]
+    values = [axis_values(key, text) for key, text in axes.items()]
     if better is None:
         monitor = str(cfg.task.monitor)
         if metric not in (monitor, f"best/{monitor}"):
