@@ -7,7 +7,8 @@ without ``seed``) with seeds 1 .. ``--first-seeds``; after each round it reads t
 asks a decision (:data:`Decide`: the values per setting -> decided or not) which comparisons are
 settled. The undecided settings, and the best one (its mean is the other side of every comparison),
 get ``--step`` more seeds, until every comparison is decided or they have ``--max-seeds`` seeds; those
-stay "undecided at N seeds". The report (``python -m trident.report``) is written at the end.
+stay "undecided at N seeds". The report (``python -m trident.report``) is written at the end, into
+the sweep directory or ``--out``.
 
 Every job is one ``train.py -m`` job into the same sweep directory, numbered after the jobs already
 there, so the directory stays one sweep for the report and for W&B. A (setting, seed) with a completed
@@ -248,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--first-seeds", type=positive, default=3, help="seeds of every setting (default: 3)")
     parser.add_argument("--max-seeds", type=positive, default=10, help="at most this many seeds (default: 10)")
     parser.add_argument("--step", type=positive, default=1, help="seeds added per round (default: 1)")
+    parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: the sweep directory)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -258,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(outcome.summary())
         from trident.report import load_sweep, write_report
 
-        return write_report(load_sweep(plan.sweep_dir), compare=[plan.metric])
+        return write_report(load_sweep(plan.sweep_dir), args.out, compare=[plan.metric])
 
     print(run_with_clear_errors(run))
 
