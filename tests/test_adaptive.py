@@ -202,6 +202,18 @@ def test_the_report_decision_is_holm_corrected() -> None:
     assert decided["a"] and decided["b"] and not decided["c"] and not decided["d"]
 
 
+def test_the_command_runs_the_loop_and_writes_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "sweep"
+    jobs = ToyJobs(sweep_dir, {"model.norm_first=False": (1.0, 0.1), "model.norm_first=True": (1.0, 0.1)})
+    monkeypatch.setattr("trident.runs.adaptive.train_job_runner", lambda directory, overrides: jobs)
+    main(["experiment=ablation_norm", "--sweep-dir", str(sweep_dir), "--max-seeds", "4", "--out", str(tmp_path / "out")])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(jobs.calls) == 8, "two settings with the same distribution: both run to the maximum"
+    assert "undecided at 4 seeds" in lines[0] and lines[1] == str(tmp_path / "out" / "report.md")
+    assert "model.norm_first=True" in (tmp_path / "out" / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_a_real_sweep_of_two_tiny_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """train.py jobs through the real runner: 2 settings, 2 first seeds, at most 3; then the same
