@@ -1,4 +1,4 @@
-"""Seeds until the answer is clear (trident.runs.adaptive): the loop on a toy metric, the preset's
+"""Seeds until the answer is clear (trident.adaptive): the loop on a toy metric, the preset's
 settings, the command's errors, and one real sweep of two tiny settings."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from trident.errors import ConfigError
-from trident.runs.adaptive import (
+from trident.adaptive import (
     Outcome,
     Plan,
     Setting,
@@ -26,6 +25,7 @@ from trident.runs.adaptive import (
     read_jobs,
     train_job_runner,
 )
+from trident.errors import ConfigError
 
 from .conftest import SMALL
 
@@ -193,7 +193,7 @@ def test_the_report_decision_is_holm_corrected() -> None:
     # Settings c and d are each "significant" alone (Welch p = 0.029 and 0.035) but not after Holm's
     # correction over the three comparisons (x 2 and x 1 after b's x 3, with the running maximum):
     # only b stays decided.
-    from trident.runs.adaptive import decide_with_report
+    from trident.adaptive import decide_with_report
 
     values = {"a": [1.0, 1.1, 0.9], "b": [3.0, 3.1, 2.9], "c": [1.3, 1.45, 1.2], "d": [1.35, 1.5, 1.2]}
     raw = {s: stats.ttest_ind(values[s], values["a"], equal_var=False).pvalue for s in "bcd"}
@@ -206,7 +206,7 @@ def test_the_command_runs_the_loop_and_writes_the_report(tmp_path: Path, monkeyp
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir = tmp_path / "sweep"
     jobs = ToyJobs(sweep_dir, {"model.norm_first=False": (1.0, 0.1), "model.norm_first=True": (1.0, 0.1)})
-    monkeypatch.setattr("trident.runs.adaptive.train_job_runner", lambda directory, overrides: jobs)
+    monkeypatch.setattr("trident.adaptive.train_job_runner", lambda directory, overrides: jobs)
     main(["experiment=ablation_norm", "--sweep-dir", str(sweep_dir), "--max-seeds", "4", "--out", str(tmp_path / "out")])
     lines = capsys.readouterr().out.splitlines()
     assert len(jobs.calls) == 8, "two settings with the same distribution: both run to the maximum"

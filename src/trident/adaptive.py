@@ -1,7 +1,7 @@
 """Seeds until the answer is clear: run a sweep preset with a few seeds, then add seeds only where a
 comparison against the best setting is still undecided, up to a maximum (issue #28).
 
-``python -m trident.runs.adaptive experiment=ablation_heads --metric best/val/loss --max-seeds 10
+``python -m trident.adaptive experiment=ablation_heads --metric best/val/loss --max-seeds 10
 --sweep-dir outputs/ablations/ablation_heads`` runs every setting of the preset (its swept values
 without ``seed``) with seeds 1 .. ``--first-seeds``; after each round it reads the sweep directory and
 asks a decision (:data:`Decide`: the values per setting -> decided or not) which comparisons are
