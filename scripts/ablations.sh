@@ -4,10 +4,13 @@
 #
 #   scripts/ablations.sh                          # every ablation preset, 3 seeds each
 #   scripts/ablations.sh ablation_heads ablation_depth
+#   BUDGET=equal_compute scripts/ablations.sh ablation_width   # at equal compute (conf/budget/)
 #
 # Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
 # appended to <that dir>/times.txt; `python -m trident.report` then writes report.md, the PNG plots
-# and jobs.csv (each job's results and git commit: commit it with the report) into docs/results/<preset>/. Time a sweep alone: two trainings on one small CPU slow each other.
+# and jobs.csv (each job's results and git commit: commit it with the report) into
+# docs/results/<preset>/ (<preset>_<budget> for a BUDGET other than steps). Time a sweep alone: two
+# trainings on one small CPU slow each other.
 # A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
 # to the next preset and exits with status 1 at the end.
 set -uo pipefail
@@ -30,13 +33,20 @@ for preset in "${presets[@]}"; do  # every name checked before any sweep starts
     exit 2
   fi
 done
+budget=${BUDGET:-steps}
+if [ ! -f "conf/budget/$budget.yaml" ]; then
+  echo "error: no budget conf/budget/$budget.yaml: set BUDGET to one of $(cd conf/budget && ls | sed 's/\.yaml$//' | paste -sd, -)" >&2
+  exit 2
+fi
 status=0
 mkdir -p "$out"
 for preset in "${presets[@]}"; do
+  name=$preset
+  [ "$budget" = steps ] || name=${preset}_$budget
   started=$(date +%s)
-  python train.py -m "experiment=$preset" "hydra.sweep.dir=$out/$preset" || status=1
-  echo "$preset $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"
+  python train.py -m "experiment=$preset" "budget=$budget" "hydra.sweep.dir=$out/$name" || status=1
+  echo "$name $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"
   # shellcheck disable=SC2086  # the metric list splits into arguments
-  python -m trident.report "$out/$preset" --out "docs/results/$preset" ${compare[$preset]:+--compare ${compare[$preset]}} || status=1
+  python -m trident.report "$out/$name" --out "docs/results/$name" ${compare[$preset]:+--compare ${compare[$preset]}} || status=1
 done
 exit $status

@@ -15,6 +15,7 @@ from trident.report.plots import plot_curves, plot_final
 from trident.report.statistics import compare_to_best
 from trident.report.sweep import JOBS_FILE, Sweep, final_metrics, load, write_jobs_csv
 from trident.report.tables import comparison_heading, comparison_table, markdown_table, summarize
+from trident.runs.budget import comparison_basis
 
 
 def _file_stem(metric: str) -> str:
@@ -85,6 +86,7 @@ def write_report(
         (f"`{sweep.dir}`: {len(sweep.jobs)} jobs, {len(sweep.completed)} completed, {len(sweep.failed)} failed; "
          f"each job's results: [{JOBS_FILE}]({JOBS_FILE})."),
         "",
+        *([basis, ""] if (basis := comparison_basis([job.dir for job in sweep.jobs])) else []),
         *_wall_time_line(sweep),
         "## Final metrics (mean ± std over seeds; n = completed seeds)",
         "",

@@ -39,7 +39,7 @@ def compose_train_config(overrides: Sequence[str], output_dir: Path | None = Non
     return cfg
 
 
-def _device_count(devices: Any) -> int | None:
+def device_count(devices: Any) -> int | None:
     """``trainer.devices`` as a number of devices per node; None for ``-1``/``auto`` (all there are)."""
     if isinstance(devices, (list, tuple, ListConfig)):
         return len(devices)
@@ -50,13 +50,13 @@ def _device_count(devices: Any) -> int | None:
 def slurm_gpus_per_node(accelerator: str, devices: Any) -> int | None:
     """The slurm launcher's ``gpus_per_node``: none for a CPU trainer, else ``trainer.devices``
     (1 when that is ``-1``/``auto``: then set ``hydra.launcher.gpus_per_node``)."""
-    return None if accelerator == "cpu" else _device_count(devices) or 1
+    return None if accelerator == "cpu" else device_count(devices) or 1
 
 
 def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
     """The slurm launcher's ``tasks_per_node``: one task (DDP rank) per device of the node, i.e.
     ``trainer.devices`` when it is a number, else the node's GPUs."""
-    return _device_count(devices) or gpus_per_node or 1
+    return device_count(devices) or gpus_per_node or 1
 
 
 # conf/hydra/launcher/slurm.yaml resolves these when Hydra sets up a sweep's launcher (in train.py's

@@ -2,7 +2,8 @@
 
 Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, no torch):
 
-- ``<sweep dir>/sweep.json``: when the sweep started and which keys it sweeps, written by
+- ``<sweep dir>/sweep.json``: when the sweep started (a sweep continued in its directory with the
+  same keys keeps it) and which keys it sweeps, written by
   :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
 - ``<job dir>/status.json``: ``completed`` with the final metrics, ``failed`` with the error line,
   or ``cancelled`` / ``timeout`` for a job a signal stopped (written by :func:`trident.runs.jobs.run_job`,
@@ -93,10 +94,13 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         params = config.hydra.sweeper.get("params")
-        record = {
-            "started": datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
-            "swept": swept_keys(list(config.hydra.overrides.task), dict(params) if params else None),
-        }
+        swept = swept_keys(list(config.hydra.overrides.task), dict(params) if params else None)
+        # A sweep continued in its directory with the same keys (trident.adaptive adds seeds
+        # job by job) keeps its start time: its jobs stay one sweep in W&B.
+        earlier = read_json(sweep_dir / SWEEP_FILE)
+        same = earlier is not None and earlier.get("swept") == swept
+        record = {"started": earlier["started"] if same else datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
+                  "swept": swept}
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -73,8 +73,9 @@ def check_optimizer_config(cfg: dict[str, Any]) -> None:
 def check_scheduler_config(cfg: dict[str, Any]) -> None:
     choose(SCHEDULES, cfg.get("name"), "scheduler.name")
     warmup = cfg.get("warmup_steps", 0)
-    if not is_int(warmup) or warmup < 0:
-        raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
+    if not ((is_int(warmup) and warmup >= 0) or (isinstance(warmup, float) and 0 < warmup < 1)):
+        raise ConfigError(f"scheduler.warmup_steps must be an integer >= 0 (steps) or a fraction in (0, 1) of the "
+                          f"run's steps, got {warmup!r}: set e.g. scheduler.warmup_steps=100 (0 = no warmup)")
 
 
 def kernel_options(optimizer_class: type, fused: bool) -> dict[str, bool]:
@@ -150,14 +151,18 @@ def constant() -> Callable[[int], float]:
     return lambda step: 1.0
 
 
-def _warmup(cfg: dict[str, Any]) -> int:
-    return max(1, int(cfg.get("warmup_steps", 0)))
+def _warmup(cfg: dict[str, Any], total_steps: int) -> int:
+    """Warmup steps: ``warmup_steps`` as given, or a fraction of ``total_steps`` (a run whose steps
+    follow from a FLOP budget, trident.runs.budget)."""
+    warmup = cfg.get("warmup_steps", 0)
+    return max(1, round(warmup * total_steps) if isinstance(warmup, float) else int(warmup))
 
 
 # scheduler.name: name -> (scheduler config, total steps) -> the lr factor of each step.
 SCHEDULES: dict[str, Callable[[dict[str, Any], int], Callable[[int], float]]] = {
-    "cosine": lambda cfg, total_steps: warmup_cosine(_warmup(cfg), total_steps, float(cfg.get("min_lr_ratio", 0.1))),
-    "inverse_sqrt": lambda cfg, total_steps: inverse_sqrt(_warmup(cfg)),
+    "cosine": lambda cfg, total_steps: warmup_cosine(_warmup(cfg, total_steps), total_steps,
+                                                     float(cfg.get("min_lr_ratio", 0.1))),
+    "inverse_sqrt": lambda cfg, total_steps: inverse_sqrt(_warmup(cfg, total_steps)),
     "constant": lambda cfg, total_steps: constant(),
 }
 
