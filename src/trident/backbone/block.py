@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from timm.layers import DropPath, LayerScale
 from torch import Tensor, nn
 
 from trident.backbone.attention import MultiHeadAttention
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.layers import FeedForward, make_norm
+from trident.backbone.residual import DropPath, LayerScale
 
 
 class TransformerBlock(nn.Module):

@@ -1,5 +1,5 @@
 """Data preparation rows: peak memory against corpus size, tokenizer throughput, the first step
-after a cache hit, and (``--only data_2gb``) a 2 GB corpus prepared and trained.
+after a cache hit (trident.bench.first_step), and (``--only data_2gb``) a 2 GB corpus prepared and trained.
 
 Each preparation runs in a fresh child process (``python -m trident.bench.preparation ...``), so
 its peak resident memory is its own. Corpora are Shakespeare repeated to the size wanted,
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trident.backbone import TransformerConfig
+from trident.bench.first_step import first_step_rows
 from trident.bench.results import Row, Settings, verdict
 from trident.data.corpora import shakespeare_texts
 from trident.data.lm import LMDataModule
@@ -46,7 +47,7 @@ def run_child(*args: str) -> dict[str, float]:
     """Run this module's ``main`` in a fresh process; its last stdout line is a JSON result."""
     start = time.time()
     done = subprocess.run([sys.executable, "-m", "trident.bench.preparation", *args], check=True, capture_output=True,
-                          text=True, env={**os.environ, "TQDM_DISABLE": "1", "TRIDENT_BENCH_START": str(start)})
+                          text=True, env={**os.environ, "TQDM_DISABLE": "1"})
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return result | {"wall": time.time() - start}
 
@@ -81,7 +82,6 @@ def main(argv: list[str]) -> None:
     """Child entry: ``prepare CORPUS CACHE TOKENIZER [STEPS]`` (prepare, then train STEPS steps)."""
     command, corpus, cache, tokenizer, *rest = argv
     assert command == "prepare"
-    imported = time.time() - float(os.environ.get("TRIDENT_BENCH_START", time.time()))
     start = time.perf_counter()
     module = _module(corpus, cache, tokenizer)
     module.prepare_data()
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
     prepared, prepare_peak = time.perf_counter() - start, _peak_mib()
     steps = int(rest[0]) if rest else 0
     train_seconds = _train_steps(module, steps) if steps else 0.0
-    print(json.dumps({"imports": imported, "prepare": prepared, "train": train_seconds, "peak_mib": _peak_mib(),
+    print(json.dumps({"prepare": prepared, "train": train_seconds, "peak_mib": _peak_mib(),
                       "prepare_peak_mib": prepare_peak,
                       "tokens": sum(module.token_counts().values())}))
 
@@ -103,9 +103,6 @@ def memory_rows(settings: Settings) -> list[Row]:
             results[size] = run_child("prepare", str(corpus), str(Path(tmp) / "cache"), "char")
             peaks[size] = results[size]["peak_mib"]
             corpus.unlink()
-        # A cache hit: the small corpus again (same bytes, same cache), up to its first training step.
-        corpus = write_corpus(Path(tmp) / f"corpus_{small}.txt", small)
-        hit = run_child("prepare", str(corpus), str(Path(tmp) / "cache"), "char", "1")
     ratio = peaks[large] / peaks[small]
     large_rate = large / MB / results[large]["prepare"]
     return [
@@ -113,10 +110,6 @@ def memory_rows(settings: Settings) -> list[Row]:
             f"{peaks[large]:.0f} MiB", f"{peaks[small]:.0f} MiB", f"{ratio:.2f}x", "<= 1.3x", verdict(ratio <= 1.3),
             f"peak RSS of a fresh process (imports included); {large // MB} MB prepared in {results[large]['prepare']:.1f} s "
             f"= {large_rate:.1f} MB/s end to end (read, alphabet, split, tokenize, write)"),
-        Row("data", f"first training step after a cache hit ({small // MB} MB corpus, nano LM)",
-            f"{hit['wall']:.1f} s", "-", f"{hit['wall']:.1f} s from the command", "< 5 s", verdict(hit["wall"] < 5),
-            f"a fresh process: {hit['imports']:.1f} s to start Python and import torch/lightning/datasets, "
-            f"{hit['prepare']:.2f} s for the data (file hash, cache hit, memory map), {hit['train']:.2f} s for the step"),
     ]
 
 
@@ -142,7 +135,7 @@ def throughput_rows(settings: Settings) -> list[Row]:
 
 
 def preparation_rows(settings: Settings) -> list[Row]:
-    return memory_rows(settings) + throughput_rows(settings)
+    return memory_rows(settings) + throughput_rows(settings) + first_step_rows(settings)
 
 
 def big_corpus_rows(settings: Settings) -> list[Row]:

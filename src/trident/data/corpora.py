@@ -11,14 +11,16 @@ import importlib.util
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from trident.data.progress import progress_track
 from trident.data.streams import Stream, dict_streams, list_stream, local_streams
 from trident.errors import ConfigError, DataError
 from trident.extras import PACKAGE_EXTRAS, require_package
+
+if TYPE_CHECKING:
+    # `datasets` (with pandas and pyarrow) takes a second to import: imported where a table is read.
+    import datasets
 
 
 def package_path(package: str, *parts: str) -> Path:
@@ -110,6 +112,8 @@ def corpus_streams(source: str, options: dict[str, Any]) -> dict[str, Stream]:
 def load_dataset_or_explain(path: str, kwargs: dict[str, Any], fix: str, what: str = "dataset") -> datasets.DatasetDict:
     """``datasets.load_dataset(path, **kwargs)``; a dataset that cannot be found or downloaded
     becomes one DataError line ending in ``fix``."""
+    import datasets
+
     try:
         return datasets.load_dataset(path, **kwargs)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    # `datasets` (with pandas and pyarrow) takes a second to import: imported where a table is read.
+    import datasets
 
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
@@ -89,6 +91,8 @@ def check_file(path: Path) -> None:
 def load_table(path: Path, columns: list[str]) -> datasets.Dataset | datasets.DatasetDict:
     """One file or saved dataset as a ``datasets`` table (a saved ``DatasetDict`` stays one) that
     holds ``columns``; a text file is one row per line, its line breaks kept."""
+    import datasets
+
     check_file(path)
     suffix = path.suffix.lower()
     if path.is_dir():
@@ -111,6 +115,8 @@ def load_table(path: Path, columns: list[str]) -> datasets.Dataset | datasets.Da
 
 
 def _load(path: Path, builder: str, options: dict[str, Any]) -> datasets.Dataset:
+    import datasets
+
     try:
         return datasets.load_dataset(builder, data_files=[str(path)], split="train", **options)
     except Exception as err:  # datasets wraps parser errors in its own types: find the cause
@@ -137,6 +143,8 @@ def _raise_bad_json_line(path: Path) -> None:
 def read_splits(files: Any, columns: list[str]) -> dict[str, datasets.Dataset]:
     """``data.files`` -> {split: one table with ``columns``} for the splits the files give. A
     saved ``DatasetDict`` (the only path given) brings its own splits."""
+    import datasets
+
     by_split = files_by_split(files)
     if set(by_split) == {"train"} and len(by_split["train"]) == 1:
         only = expand(by_split["train"][0])

@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from trident.data.readers import TEXT_SUFFIXES, check_file, expand, files_by_split, load_table, split_name
 from trident.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    # `datasets` (with pandas and pyarrow) takes a second to import: imported where a table is read.
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ def table_pieces(table: datasets.Dataset, column: str) -> Iterator[Piece]:
 def file_stream(paths: list[Path], column: str) -> Stream:
     """Text files stream as they are; the other formats go through ``datasets`` (read once here,
     so a malformed file fails before any work)."""
+    import datasets
+
     parts: list[Path | datasets.Dataset] = []
     for path in (p for given in paths for p in expand(given)):
         if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
@@ -143,6 +148,8 @@ def split_streams(given: dict[str, Stream], fractions: list[float], test_on_vali
 
 def local_streams(files: object, column: str) -> dict[str, Stream]:
     """``data.files`` -> a stream per split it gives (a saved DatasetDict gives its own)."""
+    import datasets
+
     by_split = files_by_split(files)
     if set(by_split) == {"train"} and len(by_split["train"]) == 1:
         only = expand(by_split["train"][0])

@@ -6,13 +6,13 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import hydra.utils
 import lightning as L
-import wandb
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -339,7 +339,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
 def finish_wandb(succeeded: bool, signalled: bool) -> None:
     """Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as
     failed, a stopped one as preempted (a requeued or resumed job continues the same run)."""
-    if wandb.run is None:
+    wandb = sys.modules.get("wandb")  # imported by the W&B logger only: without it, no W&B run
+    if wandb is None or wandb.run is None:
         return
     try:
         if signalled and not succeeded:

@@ -12,7 +12,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import hydra.utils
-import wandb
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +27,8 @@ PROBE_TIMEOUT_S = 5.0
 
 def wandb_base_url() -> str:
     """The W&B server: ``WANDB_BASE_URL``, else the library's default."""
+    import wandb  # here, not at the top: a second to import, and only logger=wandb needs it
+
     return os.environ.get("WANDB_BASE_URL") or str(wandb.Settings().base_url)
 
 
@@ -102,6 +103,8 @@ def record_summary(loggers: list[Logger], values: dict[str, float]) -> None:
 
 
 def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id: str) -> WandbLogger:
+    import wandb  # here, not at the top: a second to import, and only logger=wandb needs it
+
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
     requested = options.pop("mode", "auto")
