@@ -14,7 +14,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from scipy import stats as scipy_stats
 
-from hydra_plugins.trident_sweeper.excluding_sweeper import ExcludingSweeper
+from hydra_plugins.trident_sweeper import register_sweeper
 from trident.errors import ConfigError
 from trident.report import cross_task_table, load_jobs_csv, load_sweep, main
 
@@ -27,7 +27,7 @@ TINY_ANY_TASK = ["model=nano", "data.block_size=32", "data.batch_size=4", "train
 
 
 def jobs_of(**swept: str) -> list[list[str]]:
-    return [job for batch in ExcludingSweeper(None, exclude=[["task=vit", "pos_encoding=alibi"]]).split_arguments(
+    return [job for batch in register_sweeper()(None, exclude=[["task=vit", "pos_encoding=alibi"]]).split_arguments(
         OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in swept.items()]), 2) for job in batch]
 
 
@@ -40,14 +40,14 @@ def test_the_sweeper_leaves_out_the_excluded_combinations_only() -> None:
 
 def test_an_exclusion_with_a_key_the_sweep_does_not_set_fails_before_any_job(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        ExcludingSweeper(None, exclude=[["tsk=vit", "pos_encoding=alibi"]]).split_arguments(
+        register_sweeper()(None, exclude=[["tsk=vit", "pos_encoding=alibi"]]).split_arguments(
             OverridesParser.create().parse_overrides(["task=lm,vit", "pos_encoding=rope,alibi"]), None)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
         "error: hydra.sweeper.exclude names tsk, which this sweep does not set: write each override as the "
         "sweep spells it, with a key among task, pos_encoding\n")
     with pytest.raises(ConfigError, match="entry 'task=vit' is not a list of key=value overrides"):
-        ExcludingSweeper(None, exclude=["task=vit"])
+        register_sweeper()(None, exclude=["task=vit"])
 
 
 def test_an_exclusion_outside_a_narrower_sweep_is_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hydra_plugins.trident_sweeper import register_sweeper
 from trident.runs.command_line import prepare_command_line
 from trident.runs.compose import CONF_DIR
 
@@ -29,6 +30,7 @@ def train_job(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     sys.argv[1:] = prepare_command_line(sys.argv[1:])
+    register_sweeper()  # hydra/sweeper=excluding, whichever way trident was installed
     train_job()
 
 
