@@ -87,15 +87,17 @@ def _count(size: float, total: int) -> int:
     return int(size * total) if 0 < size < 1 else int(size)
 
 
-def labelled_subset(splits: ImageSplits, size: float, seed: int) -> ImageSplits:
+def labelled_subset(splits: ImageSplits, size: object, seed: int) -> ImageSplits:
     """The first ``size`` training images (a count, or a fraction of train below 1) after one fixed
     shuffle: a small labelled set; a smaller one is a prefix of a larger one (same seed)."""
     train = splits.splits["train"]
     total = len(train[1]) if isinstance(train, tuple) else len(train)
+    fix = f"give a count from 1 to {total}, a fraction below 1, or null for all"
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise ConfigError(f"data.train_size={size!r} is not a number: {fix}")
     count = _count(size, total)
     if not 1 <= count <= total:
-        raise ConfigError(f"data.train_size={size} asks for {count} of the {total} training images: "
-                          f"give a count from 1 to {total}, a fraction below 1, or null for all")
+        raise ConfigError(f"data.train_size={size} asks for {count} of the {total} training images: {fix}")
     if isinstance(train, tuple):
         (subset,) = _split_off(*train, [count], seed)
     else:
@@ -202,7 +204,7 @@ def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
     splits = _load_splits(source, options)
     if options.get("train_size") is None:
         return splits
-    return labelled_subset(splits, float(options["train_size"]), int(options["split_seed"]))
+    return labelled_subset(splits, options["train_size"], int(options["split_seed"]))
 
 
 def _load_splits(source: str, options: dict[str, Any]) -> ImageSplits:
