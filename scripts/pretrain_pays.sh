@@ -23,6 +23,10 @@ case $kind in
 esac
 source_run=$out/$source_name
 preset=pretrain_pays_$kind
+if [ -e "$out/$preset" ]; then  # a new sweep into an old one would mix their jobs in the report
+  echo "error: $out/$preset holds an earlier sweep: move or delete it, or set PRETRAIN_PAYS_DIR" >&2
+  exit 2
+fi
 mkdir -p "$out"
 
 timed() {  # timed <label> <command...>: run it, then append its wall time to times.txt
