@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from trident.runs.pipeline import check_config
+from trident.errors import ConfigError
+from trident.runs.pipeline import check_config, train
 
 from .conftest import ROOT, compose_config
 from .test_ablation_presets import sweeper_params
@@ -41,6 +42,13 @@ def test_the_starts_differ_in_init_from_only(preset: str, tmp_path: Path) -> Non
         assert configs["scratch"].get(key) == configs["pretrained"].get(key), key
 
 
+def test_a_missing_pretrained_run_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        train(compose_config(["experiment=pretrain_pays_vision", "start=pretrained", "logger=none"], output_dir=tmp_path))
+    assert str(caught.value) == "pretrained_run not set: add pretrained_run=<value> to the command line"
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_readme_states_each_presets_jobs() -> None:
     readme = (ROOT / "README.md").read_text()
     for preset in PRESETS:
@@ -62,9 +70,9 @@ def test_the_script_refuses_an_unknown_kind_and_an_unfinished_pretraining(tmp_pa
         "error: unknown kind 'audio': run scripts/pretrain_pays.sh text or scripts/pretrain_pays.sh vision"]
     (tmp_path / "out" / "vit_mnist").mkdir(parents=True)  # no status.json: the pre-training stopped
     result = _script(tmp_path, "vision")
+    unfinished = tmp_path / "out" / "vit_mnist"
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"error: {tmp_path}/out/vit_mnist holds an unfinished pre-training: resume it "
-        f"(python train.py resume={tmp_path}/out/vit_mnist) or delete it"]
+        f"error: {unfinished} holds an unfinished pre-training: resume it (python train.py resume={unfinished}) or delete it"]
 
 
 TINY = ["model.n_layers=1", "data.batch_size=8", "trainer.max_steps=2", "trainer.limit_train_batches=2",
@@ -86,7 +94,8 @@ def test_the_vision_pair_end_to_end_at_tiny_sizes(tmp_path: Path) -> None:
         assert config.data.name == "digits" and config.data.train_size == 200
         assert (job / "init").is_dir() == (config.start == "pretrained")
         twin = next(c for c in configs if c.seed == config.seed and c.start != config.start)
-        for key in RUN_SETTINGS:
+        assert check_config(config) == check_config(twin), f"{job.name}: another backbone than its twin's"
+        for key in RUN_SETTINGS[1:]:  # the model group: the backbone above (init_from writes out its defaults)
             assert config[key] == twin[key], f"{job.name}: {key} differs between the starts"
         if config.start == "pretrained":
             assert config.init_from == str(out / "vit_mnist") and config.init_new_head

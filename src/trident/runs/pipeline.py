@@ -262,6 +262,19 @@ def compile_network(task: L.LightningModule, enabled: Any) -> None:
         task.net.compile()
 
 
+def check_values_given(cfg: DictConfig) -> None:
+    """A value a config leaves to the user (``???``: ``pretrained_run``, ``data.data_dir``...) that is
+    still unset is one error line, not OmegaConf's traceback where it is first read."""
+    def unset(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [key for name, value in node.items() for key in unset(value, f"{prefix}{name}.")]
+        return [prefix.removesuffix(".")] if node == "???" else []
+
+    missing = unset(OmegaConf.to_container(cfg, resolve=False), "")  # unresolved: reading resolves into the ???
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} not set: add {missing[0]}=<value> to the command line")
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
     (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
@@ -273,6 +286,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> dict[str, float]:
+    check_values_given(cfg)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
     # Before the config is checked: the source's architecture replaces the model settings.
     source = source_for_run(cfg, run_dir, resume_from)
