@@ -17,7 +17,7 @@ reports=${PRETRAIN_PAYS_REPORTS:-docs/results}
 kind=${1:-}
 shift || true
 case $kind in
-  text) source_name=mlm_shakespeare; pretrain=(task=mlm model=nano trainer.max_steps=3000 trainer.val_check_interval=500) ;;
+  text) source_name=mlm_shakespeare; pretrain=(task=mlm model=nano trainer.max_steps=2000 trainer.val_check_interval=500) ;;
   vision) source_name=vit_mnist; pretrain=(experiment=vit_mnist) ;;
   *) echo "error: unknown kind '$kind': run scripts/pretrain_pays.sh text or scripts/pretrain_pays.sh vision" >&2; exit 2 ;;
 esac
