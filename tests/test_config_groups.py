@@ -15,7 +15,10 @@ from .conftest import CONF_DIR, compose_config
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 # Options that need a value only the user can give.
-REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": ["data.data_dir=images"]}
+REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": ["data.data_dir=images"],
+            # The pre-trained run (text: and its tokenizer file, which composing cannot check here).
+            "experiment/pretrain_pays_vision": ["pretrained_run=run"],
+            "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"]}
 
 
 def all_options() -> list[tuple[str, str]]:

