@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import inspect
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -82,54 +82,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             red=True, bold=True)
 
 
-# pytest-xdist (pyproject's addopts: `-n 2 --dist loadgroup`): a test that reads a result computed once per
-# worker (a module- or session-scoped fixture of this suite, the SLURM cluster's jobs) must run in the worker
-# that holds it. Each test gets the names of those results; tests linked by a shared name form one
-# `xdist_group`, which one worker runs in full. New files need no entry: their fixtures' scopes decide.
-SHARED_MARKS = ("slurm",)  # tests with these marks share a resource outside pytest: one group each
-# Session and module fixtures that set something up but compute nothing that a test reads.
-_SETUP_ONLY = {"_shared_data_cache", "single_thread"}
-
-
-def _shared_results(item: pytest.Item) -> list[str]:
-    """The once-computed results ``item`` reads: this suite's module fixtures (named with their file),
-    its non-autouse session fixtures, and the resources of SHARED_MARKS."""
-    names = [mark for mark in SHARED_MARKS if item.get_closest_marker(mark)]
-    fixturedefs = item._fixtureinfo.name2fixturedefs if isinstance(item, pytest.Function) else {}  # pytest's record
-    for name in item.fixturenames:
-        for fixturedef in fixturedefs.get(name, ()):
-            own = Path(inspect.getfile(fixturedef.func)).is_relative_to(Path(__file__).parent)  # defined in tests/
-            if not own or fixturedef.scope not in ("module", "session") or name in _SETUP_ONLY:
-                continue
-            names.append(name if fixturedef.scope == "session" else f"{item.path.name}::{name}")
-    return names
-
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each test's id
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            name = parent[name]
-        return name
-
-    shared = {item.nodeid: _shared_results(item) for item in items}
-    for names in shared.values():  # link every name a test reads to the first one
-        for name in names[1:]:
-            parent[root(name)] = root(names[0])
-    for item in items:
-        if shared[item.nodeid]:
-            item.add_marker(pytest.mark.xdist_group(root(shared[item.nodeid][0])))
-
-
-# A worker's torch uses its share of the cores (tiny models gain nothing from more); train.py
-# subprocesses it starts inherit the same through OMP_NUM_THREADS.
+# pytest-xdist workers (pyproject's addopts): each one's torch uses its share of the cores (tiny models
+# gain nothing from more threads); the train.py processes it starts inherit the same through OMP_NUM_THREADS.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     torch.set_num_threads(_THREADS)
     os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most slow tests first, each file's tests in their order: xdist's workers take whole
+    files in this order (pyproject's addopts), so the long files start at once and short ones fill the end."""
+    slow_tests = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_tests[item.path])  # stable: the collection order otherwise
 
 
 # No network and no user W&B settings. Set at import time: huggingface_hub and datasets read

@@ -35,7 +35,7 @@ def run_pytest(tmp_path: Path, ci: str | None, *args: str) -> subprocess.Complet
 
 
 # The suite runs on pytest-xdist workers (pyproject's addopts); the rule must hold there and in one process.
-@pytest.mark.parametrize("workers", [["-n", "0"], ["-n", "2", "--dist", "loadgroup"]], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("workers", [["-n", "0"], ["-n", "2", "--dist", "loadfile"]], ids=["one-process", "xdist"])
 def test_a_skip_not_on_the_allow_list_fails_under_ci_and_the_summary_says_which(tmp_path: Path,
                                                                                 workers: list[str]) -> None:
     assert GPU_SKIP_REASON in ALLOWED_CI_SKIPS
