@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -79,6 +80,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"error: CI=true: {len(refused)} tests skipped for a reason not in tests/conftest.py's ALLOWED_CI_SKIPS "
             "(first: " + refused[0].nodeid + "): provide what they need, or allow the reason there with why",
             red=True, bold=True)
+
+
+# pytest-xdist workers (pyproject's addopts): each one's torch uses its share of the cores (tiny models
+# gain nothing from more threads); the train.py processes it starts inherit the same through OMP_NUM_THREADS.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_THREADS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the most slow tests first, each file's tests in their order: xdist's workers take whole
+    files in this order (pyproject's addopts), so the long files start at once and short ones fill the end."""
+    slow_tests = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_tests[item.path])  # stable: the collection order otherwise
 
 
 # No network and no user W&B settings. Set at import time: huggingface_hub and datasets read

@@ -34,16 +34,19 @@ def run_pytest(tmp_path: Path, ci: str | None, *args: str) -> subprocess.Complet
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_a_skip_not_on_the_allow_list_fails_under_ci_and_the_summary_says_which(tmp_path: Path) -> None:
+# The suite runs on pytest-xdist workers (pyproject's addopts); the rule must hold there and in one process.
+@pytest.mark.parametrize("workers", [["-n", "0"], ["-n", "2", "--dist", "loadfile"]], ids=["one-process", "xdist"])
+def test_a_skip_not_on_the_allow_list_fails_under_ci_and_the_summary_says_which(tmp_path: Path,
+                                                                                workers: list[str]) -> None:
     assert GPU_SKIP_REASON in ALLOWED_CI_SKIPS
-    result = run_pytest(tmp_path, "true")
+    result = run_pytest(tmp_path, "true", *workers)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout[-2000:]
     assert "1 skipped: no SLURM cluster here  [NOT allowed under CI=true]" in result.stdout
     assert f"1 skipped: {GPU_SKIP_REASON}  [allowed under CI:" in result.stdout
     assert "error: CI=true: 1 tests skipped for a reason not in tests/conftest.py's ALLOWED_CI_SKIPS " \
            "(first: test_skips.py::test_without_its_cluster)" in result.stdout
     # Outside CI the same skips are only listed.
-    assert run_pytest(tmp_path, None).returncode == pytest.ExitCode.OK
+    assert run_pytest(tmp_path, None, *workers).returncode == pytest.ExitCode.OK
 
 
 def test_ci_run_stops_with_the_reason_when_what_the_tests_need_cannot_be_had(tmp_path: Path) -> None:

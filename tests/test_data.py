@@ -246,7 +246,8 @@ def test_the_tests_never_use_the_users_data_cache(tmp_path: Path) -> None:
     users_cache.mkdir()
     probe = f"{Path(__file__).relative_to(ROOT)}::test_the_data_cache_is_the_sessions_own"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}", probe],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}",
+         probe],  # -n 0: one test needs no xdist workers
         cwd=ROOT, env={**os.environ, "TRIDENT_CACHE_DIR": str(users_cache)}, capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

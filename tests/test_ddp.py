@@ -1,5 +1,5 @@
 """Real multi-process DDP on CPU (gloo): ``python train.py -m trainer=ddp_cpu ...`` end to end
-(single runs of every task, resume, signals and eval.py: test_ddp_matrix.py).
+(single runs of every task, resume, signals and eval.py: test_ddp_matrix.py, test_ddp_signals.py).
 
 One sweep, two jobs: the same global batch of 8 blocks as 2 processes x 4 and as 1 process x 8.
 Both jobs run under the DDP strategy, so both read their data through Lightning's

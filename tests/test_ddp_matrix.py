@@ -1,7 +1,7 @@
 """Every task under real 2-process DDP (``trainer=ddp_cpu``: gloo on CPU) with the default logger
 (W&B, offline), each a real ``train.py`` / ``eval.py`` subprocess: a single run per task, resume
-after SIGKILL, SIGTERM, eval.py on a DDP checkpoint, and a rank that fails. (The ``-m`` sweep
-under DDP: tests/test_ddp.py.)
+after SIGKILL and SIGTERM, eval.py on a DDP checkpoint. (The ``-m`` sweep under DDP: tests/test_ddp.py;
+SIGTERM to rank 0 alone and a rank that fails: tests/test_ddp_signals.py.)
 
 Every run must exit 0 with no traceback from any rank, and leave one run directory holding one
 W&B run with the test metrics in its summary. Runs are shared between tests (module fixtures).
@@ -148,18 +148,6 @@ def test_sigkilled_ddp_run_resumes_mid_epoch_step_for_step(lm_run: Path, tmp_pat
     torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
 
 
-def test_sigterm_to_rank_zero_saves_once_and_every_rank_exits_cleanly(tmp_path: Path) -> None:
-    # Rank 0 exits 0 only if its worker did too (trident.runs.distributed.ranks_fail_together).
-    result = run_script("train.py", *LM, *signal_at(4, "SIGTERM", rank=0), f"paths.output_root={tmp_path / 'outputs'}",
-                        cwd=tmp_path)
-    assert_clean(result)
-    run_dir = one_run_dir(tmp_path)
-    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 5, "the step running is finished and saved"
-    assert (result.stdout + result.stderr).count("SIGTERM received: saved") == 1, "one rank reports the save, once"
-    assert (run_dir / "train.log").read_text().count("Stopped by SIGTERM") == 1
-    assert one_wandb_run(run_dir).finished
-
-
 def test_ddp_run_stopped_by_sigterm_on_every_rank_resumes_exactly(lm_run: Path, tmp_path: Path) -> None:
     """SIGTERM to every rank, as SLURM sends it: the run saves the step it was on and exits 0; resumed,
     it trains step for step like the uninterrupted run (lm_run, shared with the other tests)."""
@@ -181,15 +169,3 @@ def test_eval_on_a_ddp_checkpoint_scores_the_same_test_blocks_in_one_process(lm_
     assert_clean(result)
     metrics = json.loads((lm_run / "eval" / f"{best.stem}.json").read_text())["metrics"]
     assert metrics["test/loss"] == pytest.approx(one_wandb_run(lm_run).summary["test/loss"], rel=1e-5)
-
-
-def test_a_failing_rank_fails_the_run_with_its_error_line(tmp_path: Path) -> None:
-    result = run_script("train.py", *LM, "+callbacks.fail._target_=tests.probes.FailOnRank", "+callbacks.fail.rank=1",
-                        "+callbacks.fail.step=2", f"paths.output_root={tmp_path / 'outputs'}", cwd=tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: injected failure of rank 1: nothing to fix",
-                      ("error: DDP rank 1 failed (ended with exit status 2), which stopped the run: "
-                      "that rank's output above says why")], output[-3000:]

@@ -39,11 +39,9 @@ _LAUNCH_ONLY_KEYS = ("hydra.mode", "hydra.run.", "hydra.sweep.", "hydra.launcher
 
 # What gloo raises in a collective whose other end has gone: that rank's process ended.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
-# Seconds the launching process waits for its workers to end: after a peer's collective failed
-# (the failed worker is exiting), and after the job itself ended (the workers finish alike). On a
-# loaded machine a failed rank's exit (its error report, W&B's teardown) took over 10 s: waiting
-# less named a timeout instead of the rank's own error.
-PEER_EXIT_WAIT_S = 30.0
+# Seconds the launching process waits at most for its workers to end: after a peer's collective
+# failed (the failed worker is exiting) and after the job itself ended (the workers finish alike).
+# The wait ends when they do; on a loaded machine a failed rank's teardown alone took over 10 s.
 WORKER_EXIT_WAIT_S = 60.0
 
 
@@ -224,7 +222,7 @@ def ranks_fail_together(trainer: L.Trainer, workers: WorkerProcesses) -> Iterato
         if not lost_peer(err):
             _end(running)
             raise
-        failed = _failed_worker(trainer, running, PEER_EXIT_WAIT_S)
+        failed = _failed_worker(trainer, running, WORKER_EXIT_WAIT_S)
         if failed is not None:
             raise _rank_failed(*failed) from err
         raise RankFailed("another DDP rank failed, which stopped this one: that rank's error says why") from err
