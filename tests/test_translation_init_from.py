@@ -123,6 +123,18 @@ def _odd_tokenizer(path: Path, words: list[tuple[str, str]]) -> dict[str, int]:
     return vocab
 
 
+def test_resuming_on_another_parallel_corpus_is_refused_and_names_init_from(mt_source: Path, tmp_path: Path) -> None:
+    """Resume is resume: another corpus (its own BPE) under the checkpoint's weights is one line naming init_from."""
+    last = mt_source / "checkpoints" / "last.ckpt"
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError) as caught:
+        train(compose_config([*SMALL_MT, *parallel_files(tmp_path / "numbers", NUMBERS, seed=1), "logger=none",
+                              "trainer.max_steps=5", f"ckpt_path={last}"], output_dir=run))
+    message = str(caught.value)
+    assert f"init_from={last}" in message and "\n" not in message
+    assert "another tokenizer" in message or "other data" in message
+
+
 def test_data_tokenizer_file_is_used_as_it_is(tmp_path: Path) -> None:
     vocab = _odd_tokenizer(tmp_path / "tokenizer.json", WORDS)
     files = {name: str(tmp_path / "corpus" / f"{name}.tsv") for name in ("train", "validation", "test")}
