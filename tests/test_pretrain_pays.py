@@ -52,7 +52,7 @@ def test_a_missing_pretrained_run_is_one_line(tmp_path: Path) -> None:
 def test_the_readme_states_each_presets_jobs() -> None:
     readme = (ROOT / "README.md").read_text()
     for preset in PRESETS:
-        row = re.search(rf"^\| `python train\.py -m experiment={preset} [^`]*` \| (.+?) \| (\d+) \| not yet run \|$",
+        row = re.search(rf"^\| `python train\.py -m experiment={preset} [^`]*` \| (.+?) \| (\d+) \| \d+ min \d+ s \(pre-training \d+ min \d+ s\) \|$",
                         readme, re.MULTILINE)
         assert row, f"README: a row for {preset}"
         assert int(row.group(2)) == math.prod(len(v) for v in sweeper_params(preset).values())
