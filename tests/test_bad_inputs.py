@@ -1,87 +1,29 @@
 """Bad input, table-driven: each case exits non-zero with ONE clear line naming the problem and
 the fix, prints no traceback, and leaves earlier outputs untouched.
 
-Most cases run ``train.py`` / ``eval.py`` / ``python -m trident.sample`` in this process through
-their ``__main__`` (runpy: the same argument checks, Hydra entry and error handling as the
-command line, without paying ~5 s of imports per case); ``test_in_process_matches_the_command_line``
-checks that a real subprocess gives the same result.
+Most cases run ``train.py`` / ``eval.py`` / ``python -m trident.sample`` in this process
+(``tests/entry_points.py``); ``test_in_process_matches_the_command_line`` checks that a real
+subprocess gives the same result.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
-import os
-import runpy
 import shutil
-import subprocess
-import sys
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 
 from trident.runs.compose import compose_train_config
 from trident.runs.pipeline import train
 
-from .conftest import ROOT, SMALL
+from .conftest import SMALL
+from .entry_points import run_in_process, run_subprocess
 
 # A small corpus for the earlier run and the vocabulary cases (fast to prepare).
 CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
 OTHER_CORPUS = "".join(f"{i} ZYXW VUTS RQPO NMLK {i * 7}\n" for i in range(400))
 PREVIOUS_RUN = "runs/2000-01-01/00-00-00_previous"
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def last_line(self) -> str:
-        lines = [line for line in self.stderr.splitlines() if line.strip()]
-        return lines[-1] if lines else ""
-
-
-def command(entry: str) -> list[str]:
-    return [sys.executable, "-m", entry] if entry.startswith("trident.") else [sys.executable, str(ROOT / entry)]
-
-
-def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
-    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.sample``)."""
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [str(ROOT / entry), *args])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    GlobalHydra.instance().clear()  # a fresh process would start without it
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            if entry.startswith("trident."):
-                runpy.run_module(entry, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(str(ROOT / entry), run_name="__main__")
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        except Exception:  # noqa: BLE001 - what the interpreter would print, for the assertions
-            code = 1
-            traceback.print_exc()
-    return Result(code, stdout.getvalue(), stderr.getvalue())
-
-
-def run_subprocess(entry: str, args: list[str], cwd: Path, **env: str) -> Result:
-    environment = {**os.environ, "WANDB_MODE": "disabled", **env}
-    if "HYDRA_FULL_ERROR" not in env:
-        environment.pop("HYDRA_FULL_ERROR", None)
-    done = subprocess.run(
-        [*command(entry), *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=300, check=False
-    )
-    return Result(done.returncode, done.stdout, done.stderr)
 
 
 def snapshot(outputs: Path) -> dict[str, str]:
@@ -227,6 +169,7 @@ def test_the_table_is_large_and_unique() -> None:
     assert len({c[0] for c in CASES}) == len(CASES) and len({(c[1], *c[2]) for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow
 def test_in_process_matches_the_command_line(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One case through Hydra's run directory, data preparation and the model (a real subprocess costs ~5 s of imports)."""
     entry, args = next((c[1], [*c[2], "paths.output_root=outputs"]) for c in CASES if c[0] == "resume-other-model-size")
@@ -236,6 +179,7 @@ def test_in_process_matches_the_command_line(workspace: Path, monkeypatch: pytes
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_full_error_shows_the_traceback(workspace: Path) -> None:
     result = run_subprocess("train.py", ["model.d_model=0", "paths.output_root=outputs"], workspace, HYDRA_FULL_ERROR="1")
     assert result.returncode != 0

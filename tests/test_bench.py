@@ -21,6 +21,7 @@ def table_rows(page: str) -> list[list[str]]:
     return [[cell.strip() for cell in row] for row in rows]
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_row(tmp_path: Path, single_thread: None) -> None:
     out = tmp_path / "docs" / "benchmarks.md"
     assert main(["--quick", "--out", str(out)]) == 0

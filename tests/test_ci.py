@@ -1,4 +1,4 @@
-"""The CI tells the truth: under CI=true a skip not on tests/conftest.py's allow-list fails pytest, and
+"""The CI tells the truth: under CI=true a skip not on tests/ci_skips.py's allow-list fails pytest, and
 .ci/run stops, with the reason, when the SLURM cluster or the Fashion-MNIST package cannot be had."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ALLOWED_CI_SKIPS, GPU_SKIP_REASON, ROOT
+from .ci_skips import ALLOWED_CI_SKIPS, GPU_SKIP_REASON
+from .conftest import ROOT
 
 SKIPPING_TESTS = f'''
 import pytest
@@ -26,8 +27,8 @@ def test_on_a_gpu() -> None:
 
 
 def run_pytest(tmp_path: Path, ci: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest in a folder holding this suite's conftest and two skipping tests (one allowed)."""
-    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    """pytest in a folder holding this suite's CI skip rule as its conftest and two skipping tests (one allowed)."""
+    shutil.copy(ROOT / "tests" / "ci_skips.py", tmp_path / "conftest.py")
     (tmp_path / "test_skips.py").write_text(SKIPPING_TESTS)
     env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": ci} if ci is not None else {})
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path, env=env,
@@ -43,7 +44,7 @@ def test_a_skip_not_on_the_allow_list_fails_under_ci_and_the_summary_says_which(
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout[-2000:]
     assert "1 skipped: no SLURM cluster here  [NOT allowed under CI=true]" in result.stdout
     assert f"1 skipped: {GPU_SKIP_REASON}  [allowed under CI:" in result.stdout
-    assert "error: CI=true: 1 tests skipped for a reason not in tests/conftest.py's ALLOWED_CI_SKIPS " \
+    assert "error: CI=true: 1 tests skipped for a reason not in tests/ci_skips.py's ALLOWED_CI_SKIPS " \
            "(first: test_skips.py::test_without_its_cluster)" in result.stdout
     # Outside CI the same skips are only listed.
     assert run_pytest(tmp_path, None, *workers).returncode == pytest.ExitCode.OK

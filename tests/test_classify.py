@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -23,7 +20,8 @@ from trident.runs.pipeline import train
 from trident.tasks.classify import SequenceClassificationTask
 from trident.training.finetuning import layerwise_groups
 
-from .conftest import ROOT, compose_config
+from .conftest import compose_config
+from .entry_points import run_in_process
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -167,14 +165,6 @@ def test_passages_keep_their_plays_split() -> None:
     assert set(corpus["test"]["label"]) == set(corpus["train"]["label"])
 
 
-def run_train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], check=False, capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=300)
-
-
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> str:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)
@@ -193,21 +183,21 @@ GOOD = [{"text": "a fine day", "label": "pos"}, {"text": "a dark night", "label"
     ],
 )
 def test_bad_labelled_data_is_one_line_with_status_2(name: str, splits: dict[str, list[dict[str, object]]],
-                                                     expected: str, tmp_path: Path) -> None:
+                                                     expected: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     files = {split: write_jsonl(tmp_path / f"{split}.jsonl", splits.get(split, GOOD)) for split in ("train", "validation", "test")}
     spec = "{" + ",".join(f"{k}:{v}" for k, v in files.items()) + "}"
-    result = run_train(*CLASSIFY_SMALL, "data.source=files", f"data.files={spec}", f"paths.cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    result = run_in_process("train.py", [*CLASSIFY_SMALL, "data.source=files", f"data.files={spec}",
+                                         f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path, monkeypatch)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and lines[-1].startswith("error: ") and expected in lines[-1], lines[-1]
+    assert "Traceback" not in result.stderr and result.last_line.startswith("error: ") and expected in result.last_line
 
 
-def test_cls_pool_on_a_decoder_is_one_line_with_status_2(tmp_path: Path) -> None:
-    result = run_train(*CLASSIFY_SMALL, "task.stack=decoder", "task.pool=cls", cwd=tmp_path)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def test_cls_pool_on_a_decoder_is_one_line_with_status_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_in_process("train.py", [*CLASSIFY_SMALL, "task.stack=decoder", "task.pool=cls"], tmp_path, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert lines[-1].startswith("error: task.pool=cls does not work with task.stack=decoder"), lines[-1]
-    assert "choose one of last, mean" in lines[-1]
+    assert result.last_line.startswith("error: task.pool=cls does not work with task.stack=decoder"), result.last_line
+    assert "choose one of last, mean" in result.last_line
 
 
 def test_a_saved_dataset_with_integer_labels_trains_end_to_end(tmp_path: Path) -> None:

@@ -240,6 +240,7 @@ def test_the_data_cache_is_the_sessions_own(tmp_path_factory: pytest.TempPathFac
     assert Path(os.environ["TRIDENT_CACHE_DIR"]).is_relative_to(tmp_path_factory.getbasetemp())
 
 
+@pytest.mark.slow
 def test_the_tests_never_use_the_users_data_cache(tmp_path: Path) -> None:
     """With a user's TRIDENT_CACHE_DIR set (CI has none), a pytest session still gets its own cache."""
     users_cache = tmp_path / "users_cache"

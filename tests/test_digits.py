@@ -3,8 +3,6 @@ labelled set), checked against scikit-learn's arrays and PIL's resize, not again
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,8 @@ from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.extras import MissingExtra
 
-from .conftest import CONF_DIR, ROOT
+from .conftest import CONF_DIR
+from .entry_points import run_in_process
 
 DIGITS = load_digits()  # (1797, 8, 8) values 0..16
 DEFAULTS = {"validation_size": 300, "test_size": 300, "split_seed": 0, "image_size": 28}
@@ -105,10 +104,9 @@ def test_without_scikit_learn_the_error_names_the_extra(monkeypatch: pytest.Monk
         digits()
 
 
-def test_train_py_exits_2_with_one_line_on_a_bad_train_size(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "task=vit", "data=digits", "data.train_size=0",
-                             "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
-                            check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+def test_train_py_exits_2_with_one_line_on_a_bad_train_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_in_process("train.py", ["task=vit", "data=digits", "data.train_size=0", "logger=none",
+                                         f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: data.train_size=0 asks for 0 of the 1197")
+    assert result.last_line.startswith("error: data.train_size=0 asks for 0 of the 1197")
     assert not (tmp_path / "run" / "config_resolved.yaml").exists()

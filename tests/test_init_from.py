@@ -7,8 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,8 @@ from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import constructor_args, instantiate, train
 from trident.runs.wandb_files import wait_for_offline_runs
 
-from .conftest import ROOT, SMALL, compose_config
+from .conftest import SMALL, compose_config
+from .entry_points import run_in_process
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -233,11 +232,11 @@ def test_a_vocabulary_that_does_not_fit_is_one_line(lm_source: Path, tmp_path: P
     assert "\n" not in str(caught.value)
 
 
-def test_train_py_exits_2_on_a_missing_source(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), f"init_from={tmp_path / 'nope'}", "logger=none",
-                             f"hydra.run.dir={tmp_path / 'run'}"], check=False, capture_output=True, text=True, cwd=tmp_path)
+def test_train_py_exits_2_on_a_missing_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_in_process("train.py", [f"init_from={tmp_path / 'nope'}", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                            tmp_path, monkeypatch)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: init_from=") and "Traceback" not in result.stderr
+    assert result.last_line.startswith("error: init_from=") and "Traceback" not in result.stderr
 
 
 def test_resume_on_other_data_is_refused_and_names_init_from(lm_source: Path, new_corpus: Path, tmp_path: Path) -> None:

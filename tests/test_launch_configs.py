@@ -27,6 +27,7 @@ from trident.runs.pipeline import train
 from .conftest import ROOT, SMALL, compose_config
 
 
+@pytest.mark.slow
 def test_submitit_local_sweep_writes_each_jobs_run_directory(tmp_path: Path) -> None:
     overrides = [o for o in SMALL if not o.startswith("callbacks.")] + ["callbacks=none", "logger=csv", "test=false"]
     result = subprocess.run(

@@ -103,6 +103,7 @@ def test_bad_paths_are_one_line(kind: str, tmp_path: Path) -> None:
             "no weights": "holds no model weights"}[kind] in message
 
 
+@pytest.mark.slow
 def test_import_trident_stays_light() -> None:
     import subprocess
     import sys

@@ -40,6 +40,7 @@ def test_notebooks_are_committed_without_outputs() -> None:
         assert not dirty, f"{path.name}: clear the outputs of cells {dirty} before committing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(
     path: Path, kernel_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -76,6 +76,7 @@ def best_val_loss(sweep_dir: Path, task: str, encoding: str) -> list[float]:
             for d in sorted(sweep_dir.glob(f"*_{task}-shakespeare-nano-{encoding}-seed*"))]
 
 
+@pytest.mark.slow
 def test_the_cross_task_report_has_a_row_per_encoding_and_a_column_per_task(cross_task_sweep: Path, tmp_path: Path) -> None:
     main([str(cross_task_sweep), "--out", str(tmp_path)])
     report = (tmp_path / "report.md").read_text()

@@ -74,6 +74,7 @@ def checkpoint_step(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_step_for_step_in_the_same_wandb_run(tmp_path: Path) -> None:
     overrides = [*RESUMABLE, *WITH_CSV, "logger=wandb"]
     train(compose_config(overrides, output_dir=tmp_path / "uninterrupted"))
@@ -113,6 +114,7 @@ def test_translation_token_budget_batches_resume_exactly(tmp_path: Path) -> None
     torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_cleanly_and_resume_auto_finishes_the_run(tmp_path: Path) -> None:
     args = [*RESUMABLE, "logger=none", f"paths.output_root={tmp_path}"]
     result = run_train(*args, *signal_at(4, "SIGTERM"), cwd=tmp_path)

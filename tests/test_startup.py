@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 import trident
@@ -115,6 +116,7 @@ def _loaded_after(prelude: str, modules: list[str]) -> set[str]:
     return set(done.stdout.split())
 
 
+@pytest.mark.slow
 def test_a_language_model_run_loads_no_package_that_only_other_runs_need() -> None:
     # Lightning imports torchmetrics, which imports torchvision, scipy, matplotlib (and transformers
     # where installed) itself; what trident's own modules add on top must hold none of the list.

@@ -75,6 +75,7 @@ def test_single_run_returns_best_value_and_writes_status(make_config: Callable[.
     assert len(val_losses) == 2 and value == min(val_losses) == status["metrics"]["best/val/loss"]
 
 
+@pytest.mark.slow
 def test_two_by_two_sweep_gives_two_wandb_groups_of_two_runs(lm_sweep: Path) -> None:
     sweep_id = "lm-shakespeare-" + json.loads((lm_sweep / "sweep.json").read_text())["started"]
     runs = find_offline_runs(lm_sweep)
@@ -93,6 +94,7 @@ def test_two_by_two_sweep_gives_two_wandb_groups_of_two_runs(lm_sweep: Path) -> 
         assert len(run.metric("train/loss")) == 2
 
 
+@pytest.mark.slow
 def test_each_job_keeps_status_and_metric_history(lm_sweep: Path) -> None:
     job_dir = next(lm_sweep.glob("0_*"))
     status = json.loads((job_dir / "status.json").read_text())
@@ -103,6 +105,7 @@ def test_each_job_keeps_status_and_metric_history(lm_sweep: Path) -> None:
     assert status["metrics"]["test/loss"] == rows[2]["test/loss"]
 
 
+@pytest.mark.slow
 def test_report_command_writes_table_and_plots(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report_main([str(lm_sweep), "--out", str(tmp_path)])
     assert capsys.readouterr().out.strip() == str(tmp_path / "report.md")
@@ -191,6 +194,7 @@ def test_summary_mean_and_std_over_seeds_are_the_sample_statistics() -> None:
     assert "| `x` | 3 | 2.333 ± 1.5 |" in markdown_table(summary)
 
 
+@pytest.mark.slow
 def test_report_names_an_unknown_compared_metric(lm_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         report_main([str(lm_sweep), "--out", str(tmp_path), "--compare", "test/bleu"])
@@ -199,6 +203,7 @@ def test_report_names_an_unknown_compared_metric(lm_sweep: Path, tmp_path: Path,
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     result = multirun("model.n_heads=5,4", "logger=none", sweep_dir=sweep_dir)
@@ -218,6 +223,7 @@ def test_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert f"- `{sweep.failed[0].dir.name}` (failed): {problem}" in report
 
 
+@pytest.mark.slow
 def test_optuna_search_on_nano(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     result = multirun("hparams_search=lm_optuna", "hydra.sweeper.n_trials=2", "logger=none", sweep_dir=sweep_dir)
