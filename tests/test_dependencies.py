@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import json
 import re
 import subprocess
 import sys
@@ -65,33 +64,23 @@ def declared_floor() -> tuple[int, int]:
     return 3, int(found.group(1))
 
 
-def resolve(reqs: list[str], report: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed"]
-    # --target: pip before 24 refuses --python-version without it, even for a dry run (nothing is written).
-    target = ["--target", str(report.with_suffix(".target"))] if options else []
-    command += ["--report", str(report), *target, *options, *reqs]
+def resolve(reqs: list[str], python: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Resolve ``reqs`` for Python ``python`` (X.Y) from the package registry, as an install there would,
+    with uv's resolver (seconds, where pip's dry runs took ~90 s; uv builds an sdist's metadata itself)."""
+    requirements_in = tmp_path / f"requirements-{python}.in"
+    requirements_in.write_text("\n".join(reqs) + "\n")
+    command = [sys.executable, "-m", "uv", "pip", "compile", "--quiet", "--python-version", python, str(requirements_in)]
     return subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
 
 
 @pytest.mark.slow
 def test_dependencies_resolve_for_the_declared_python_floor(tmp_path: Path) -> None:
     reqs = requirements()
-    here = resolve(reqs, tmp_path / "here.json")
-    if here.returncode != 0:
-        pytest.skip(f"the dependencies do not resolve here (is the package registry reachable?): {here.stderr[-300:]}")
-    # pip resolves for another Python version from wheels only: build the sdist-only ones (e.g.
-    # hydra-core's antlr4-python3-runtime, pure Python) into wheels first.
-    sdists = [
-        f"{item['metadata']['name']}=={item['metadata']['version']}"
-        for item in json.loads((tmp_path / "here.json").read_text())["install"]
-        if not item["download_info"]["url"].endswith(".whl")
-    ]
-    wheels = tmp_path / "wheels"
-    if sdists:
-        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *sdists]
-        subprocess.run(build, check=True, timeout=600)
     major, minor = declared_floor()
-    for version, resolves in ((f"{major}.{minor}", True), (f"{major}.{minor - 1}", False)):
-        options = ("--python-version", version, "--only-binary=:all:", "--find-links", str(wheels))
-        result = resolve(reqs, tmp_path / f"{version}.json", *options)
-        assert (result.returncode == 0) == resolves, f"Python {version}: {result.stderr[-2000:]}"
+    floor = resolve(reqs, f"{major}.{minor}", tmp_path)
+    if floor.returncode != 0 and "unsatisfiable" not in floor.stderr:
+        pytest.skip(f"the dependencies do not resolve here (is the package registry reachable?): {floor.stderr[-300:]}")
+    assert floor.returncode == 0, f"Python {major}.{minor}: {floor.stderr[-2000:]}"
+    below = resolve(reqs, f"{major}.{minor - 1}", tmp_path)
+    assert below.returncode != 0, f"everything resolves for Python {major}.{minor - 1} too: lower requires-python"
+    assert "unsatisfiable" in below.stderr, below.stderr[-2000:]  # a resolution failure, not a network one
