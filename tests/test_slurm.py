@@ -9,6 +9,7 @@ uninterrupted job. The nodes have one CPU each, so jobs are tiny and runs are sh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -90,6 +91,7 @@ def _status(job_dir: Path) -> dict:
     return json.loads((job_dir / "status.json").read_text())
 
 
+@functools.cache  # read once (a process per file) when several tests compare with a run, once it has ended
 def _wandb(run_dir: Path) -> OfflineRun:
     """The run's one W&B id, and its newest attempt's offline run: a requeued or resumed job adds
     one, which holds the whole history (the earlier rows sent again, since SLURM's SIGTERM can end
@@ -138,7 +140,13 @@ def _status_is(run_dir: Path, status: str) -> bool:
 def _checkpoint_step(root: Path) -> int:
     """The training step of the newest checkpoint of the (one) job of a sweep under ``root``; 0 before the first."""
     found = list(root.glob(CHECKPOINT))
-    return torch.load(found[0], weights_only=True)["global_step"] if found else 0  # written atomically
+    return _saved_step(found[0], found[0].stat().st_mtime_ns) if found else 0
+
+
+@functools.cache
+def _saved_step(checkpoint: Path, mtime_ns: int) -> int:
+    """A checkpoint's training step, read once per version of the file (each written atomically)."""
+    return torch.load(checkpoint, weights_only=True)["global_step"]
 
 
 def _run_until(job: str, done: Callable[[], bool], what: str, timeout: float = 600) -> None:
