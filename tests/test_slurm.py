@@ -77,8 +77,17 @@ def _train(root: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(command, cwd=root, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _finish(process: subprocess.Popen[str], timeout: float = 900) -> tuple[int, str]:
-    _, err = process.communicate(timeout=timeout)
+# Limits for a run that hangs, generous: the module's jobs wait in line for the two nodes (behind
+# those of any other run of these tests on the cluster).
+TIMEOUT_S = 1800
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = TIMEOUT_S) -> tuple[int, str]:
+    try:
+        _, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()  # not left waiting after the test
+        raise
     return process.returncode, err
 
 
@@ -149,7 +158,7 @@ def _saved_step(checkpoint: Path, mtime_ns: int) -> int:
     return torch.load(checkpoint, weights_only=True)["global_step"]
 
 
-def _run_until(job: str, done: Callable[[], bool], what: str, timeout: float = 600) -> None:
+def _run_until(job: str, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
     """Wait for ``done()``; SLURM holds a requeued job for about 2 minutes (BeginTime): start it now."""
     deadline = time.monotonic() + timeout
     while not done():
@@ -347,12 +356,15 @@ def test_scancel_leaves_a_complete_checkpoint_and_resume_continues_exactly(runs:
     job = runs.interrupted("cancelled")
     assert job.returncode == 1 and "cancelled by SIGTERM" in job.stderr, job.stderr[-3000:]
     assert job.status["status"] == "cancelled" and job.status["signal"] == "SIGTERM"
-    assert Path(job.status["checkpoint"]) == job.run_dir / "checkpoints" / "last.ckpt"
-    # The same 2 ranks, here as 2 processes of this machine, continued the run.
+    checkpoint = job.run_dir / "checkpoints" / "last.ckpt"
+    assert Path(job.status["checkpoint"]) == checkpoint
+    # The same 2 ranks, here as 2 processes of this machine, continued the run from that checkpoint
+    # (a run started over would end like the uninterrupted one too).
     assert job.resumed is not None
     rc, err = job.resumed
     assert rc == 0, err[-3000:]
     _no_traceback(job.root)
+    assert f"Restored all states from the checkpoint at {checkpoint}" in (job.run_dir / "train.log").read_text()
     assert _status(job.run_dir)["status"] == "completed"
     _ends_like_uninterrupted(job.run_dir, runs)
 
