@@ -1,5 +1,5 @@
-"""Test-only pieces that train.py loads by ``_target_``: a real signal at a chosen step, and a
-language model whose loss turns NaN at a chosen step."""
+"""Test-only pieces that train.py loads by ``_target_``: a real signal at a chosen step or stage,
+a language model whose loss turns NaN at a chosen step, and slow steps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import lightning as L
+import psutil
 import torch
 from torch import Tensor
 
@@ -50,3 +51,38 @@ class SlowSteps(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         time.sleep(self.seconds)
+
+
+class SigtermToTheJob(L.Callback):
+    """SIGTERM as SLURM sends it to every process of a job, W&B's service among them, while the
+    validation after optimizer step ``step`` runs (``stage="validate"``) or the test does
+    (``stage="test"``): to the service and then to this process, or (``service_first=False``) the
+    other way round."""
+
+    def __init__(self, step: int, stage: str = "validate", service_first: bool = True) -> None:
+        self.step = step
+        self.stage = stage
+        self.service_first = service_first
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.stage == "validate" and not trainer.sanity_checking and trainer.global_step == self.step and batch_idx == 0:
+            self._sigterm()
+
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.stage == "test" and batch_idx == 0:
+            self._sigterm()
+
+    def _sigterm(self) -> None:
+        services = [p for p in psutil.Process().children(recursive=True) if "wandb" in " ".join(p.cmdline())]
+        assert services, "the run has a W&B service"
+        if not self.service_first:
+            os.kill(os.getpid(), signal.SIGTERM)
+        for service in services:
+            service.send_signal(signal.SIGTERM)
+        psutil.wait_procs(services, timeout=10)
+        if self.service_first:
+            os.kill(os.getpid(), signal.SIGTERM)

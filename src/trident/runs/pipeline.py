@@ -331,16 +331,14 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
             except SIGTERMException:
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
                 preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
-            if preemption.stop is not None:  # also when the signal came with the last step: no test
-                if writes_outputs:  # once per job, not once per DDP rank
-                    log.warning("Stopped by %s (%s)", preemption.stop.signal, preemption.stop.outcome)
-                raise preemption.stop
+            _raise_stop(preemption, writes_outputs)  # also when the signal came with the last step: no test
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
             if cfg.get("test", True):
                 best = _best_checkpoint(trainer)
                 trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
+                _raise_stop(preemption, writes_outputs)  # a signal during the test
                 metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
             # Dashboards compare runs by their summary: the best validation value next to the test metrics.
             record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
@@ -349,6 +347,14 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         finish_wandb(succeeded, signalled=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
+
+
+def _raise_stop(preemption: PreemptionCheckpoint, writes_outputs: bool) -> None:
+    """End the job with its :class:`JobStopped` if a stop signal has stopped it."""
+    if preemption.stop is not None:
+        if writes_outputs:  # once per job, not once per DDP rank
+            log.warning("Stopped by %s (%s)", preemption.stop.signal, preemption.stop.outcome)
+        raise preemption.stop
 
 
 def finish_wandb(succeeded: bool, signalled: bool) -> None:

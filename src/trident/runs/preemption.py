@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trident.runs.requeue import JobStopped, slurm_job, stop_outcome
+from trident.runs.resume import latest_checkpoint
 from trident.training.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,30 @@ class PreemptionCheckpoint(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Saved where Lightning's own step checkpoints are saved, so the run resumes exactly as
-        # from those. Every rank takes the same decision, even if only one of them got the signal.
-        if self.stop is None and trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+        # from those.
+        self._save_and_stop_if_signalled(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A signal during the last validation comes after the last step's on_train_batch_end. The
+        # job stops at its final step all the same and leaves the test to the next attempt: the
+        # signal may have ended W&B's service, which the test's results could no longer reach.
+        self._save_and_stop_if_signalled(trainer)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A signal during the test: its results may not have reached W&B either. Training is done
+        # and saved (the model now holds the tested checkpoint's weights: nothing is saved here), so
+        # the next attempt resumes from the newest checkpoint and tests again.
+        if self.stop is None and self._signalled(trainer):
+            newest = latest_checkpoint(self.path.parent.parent)
+            self.stop = self.stopped(trainer, str(newest or ""))
+
+    def _signalled(self, trainer: L.Trainer) -> bool:
+        """Whether a rank has received a stop signal: every rank takes the same decision, even if
+        only one of them got it (a collective call)."""
+        return trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
+
+    def _save_and_stop_if_signalled(self, trainer: L.Trainer) -> None:
+        if self.stop is None and self._signalled(trainer):
             trainer.save_checkpoint(self.path, weights_only=False)
             self.stop = self.stopped(trainer, str(self.path))
             if trainer.is_global_zero:  # once per job, not once per DDP rank
