@@ -5,6 +5,7 @@ SIGTERM to rank 0 alone and a rank that fails: tests/test_ddp_signals.py.)
 
 Every run must exit 0 with no traceback from any rank, and leave one run directory holding one
 W&B run with the test metrics in its summary. Runs are shared between tests (module fixtures).
+The LM runs average their weights (``callbacks=ema``), so resume under DDP restores the average too.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from .test_vit_pipeline import VIT_SMALL
 pytestmark = pytest.mark.slow
 
 DDP = ["trainer=ddp_cpu", "trainer.limit_test_batches=1"]
-# The LM run that resume and SIGTERM repeat: dropout on (the RNG state matters), epochs of 4
-# steps per rank, `last.ckpt` every 3 steps (the one a kill during step 7 leaves is mid-epoch).
+# The LM run that the interrupted runs repeat: dropout on (the RNG state matters), epochs of 4
+# steps per rank, `last.ckpt` every 3 steps (the one a kill during step 7 leaves is mid-epoch), and
+# an EMA of the weights (decay far from 1, so that the average is far from the raw weights).
 LM = [
     *SMALL, *DDP, "model.dropout=0.1", "trainer.max_steps=8", "trainer.limit_train_batches=4",
-    "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null",
+    "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null", "callbacks=ema", "callbacks.ema.decay=0.5",
     "callbacks.last_checkpoint.every_n_train_steps=3", "callbacks.lr_monitor=null",
 ]
 
@@ -123,42 +125,50 @@ def test_lm_summary_keeps_the_best_validation_value(lm_run: Path) -> None:
     assert wandb_run.summary["val/loss"] == {"min": pytest.approx(min(val_losses)), "last": pytest.approx(val_losses[-1])}
 
 
-def test_sigkilled_ddp_run_resumes_mid_epoch_step_for_step(lm_run: Path, tmp_path: Path) -> None:
+def test_ema_under_ddp_averages_every_step_and_rank_zero_saves_both_weights(lm_run: Path) -> None:
+    last = torch.load(lm_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert int(last["averaging_state"]["n_averaged"]) == 8
+    gap = max((last["state_dict"][k] - w).abs().max().item()
+              for k, w in last["current_model_state"].items() if w.is_floating_point())
+    assert gap > 1e-4, "state_dict holds the average, current_model_state the raw weights"
+
+
+def test_ddp_run_stopped_by_sigterm_then_sigkilled_resumes_exactly_each_time(lm_run: Path, tmp_path: Path) -> None:
+    """SIGTERM to every rank during step 1, as SLURM sends it: the run saves the step it was on and
+    exits 0. Resumed, it is SIGKILLed during step 7, so its newest checkpoint is the mid-epoch one of
+    step 6. Resumed again, it ends like the uninterrupted run (lm_run): each step's loss, the raw
+    weights and their average, and one W&B run whose last segment holds the whole history."""
     expected = train_losses(lm_run)
     assert sorted(expected) == list(range(8))
-    result = run_script("train.py", *LM, *signal_at(7, "SIGKILL"), f"paths.output_root={tmp_path / 'outputs'}", cwd=tmp_path)
-    assert result.returncode == -9 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
-    killed = one_run_dir(tmp_path)
-    last = killed / "checkpoints" / "last.ckpt"
-    assert checkpoint_step(last) == 6, "killed during step 7: the newest checkpoint is the mid-epoch one of step 6"
-
-    assert_clean(run_script("train.py", f"resume={killed}", "++callbacks.signal=null", cwd=tmp_path))
-    assert one_run_dir(tmp_path) == killed and checkpoint_step(last) == 8
-    run_id = json.loads((killed / "run.json").read_text())["run_id"]
-    segments = sorted(killed.glob("wandb/offline-run-*"))
-    assert len(segments) == 2 and all(d.name.endswith(f"-{run_id}") for d in segments), "one W&B run, continued"
-    # The SIGKILLed segment never finishes; the resumed one is complete when its job ends, and holds
-    # the whole history: the steps before the checkpoint sent again from the W&B journal, then its own.
-    (resumed_file,) = segments[-1].glob("run-*.wandb")
-    resumed_run = read_offline_run(resumed_file)
-    assert resumed_run.run_id == run_id and {"test/loss", "test/ppl"} <= set(resumed_run.summary)
-    steps = [int(row["trainer/global_step"]) for row in resumed_run.history if "train/loss" in row]
-    assert steps == list(range(8)), "every step once, in order"
-    resumed = {int(row["trainer/global_step"]): row["train/loss"] for row in resumed_run.history if "train/loss" in row}
-    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
-
-
-def test_ddp_run_stopped_by_sigterm_on_every_rank_resumes_exactly(lm_run: Path, tmp_path: Path) -> None:
-    """SIGTERM to every rank, as SLURM sends it: the run saves the step it was on and exits 0; resumed,
-    it trains step for step like the uninterrupted run (lm_run, shared with the other tests)."""
-    result = run_script("train.py", *LM, *signal_at(4, "SIGTERM"), f"paths.output_root={tmp_path / 'outputs'}",
+    result = run_script("train.py", *LM, *signal_at(1, "SIGTERM"), f"paths.output_root={tmp_path / 'outputs'}",
                         cwd=tmp_path)
     assert_clean(result)
-    stopped = one_run_dir(tmp_path)
-    assert checkpoint_step(stopped / "checkpoints" / "last.ckpt") == 5, "mid-epoch: epochs are 4 steps"
-    assert_clean(run_script("train.py", f"resume={stopped}", "+callbacks.signal.step=-1", cwd=tmp_path))
-    expected, resumed = train_losses(lm_run), train_losses(stopped)
-    assert sorted(resumed) == sorted(expected) == list(range(8))
+    run_dir = one_run_dir(tmp_path)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert checkpoint_step(last) == 2, "stopped at the step the signal came in, mid-epoch (epochs are 4 steps)"
+
+    killed = run_script("train.py", f"resume={run_dir}", "+callbacks.signal.step=7",
+                        "+callbacks.signal.signal_name=SIGKILL", cwd=tmp_path)
+    assert killed.returncode == -9 and "Traceback" not in killed.stdout + killed.stderr, killed.stderr[-3000:]
+    assert checkpoint_step(last) == 6, "killed during step 7: the newest checkpoint is the mid-epoch one of step 6"
+
+    assert_clean(run_script("train.py", f"resume={run_dir}", "++callbacks.signal=null", cwd=tmp_path))
+    assert one_run_dir(tmp_path) == run_dir and checkpoint_step(last) == 8
+    finished, straight = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+                          for d in (run_dir, lm_run))
+    for key in ("state_dict", "current_model_state", "averaging_state"):
+        torch.testing.assert_close(finished[key], straight[key], rtol=0, atol=1e-6)
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    segments = sorted(run_dir.glob("wandb/offline-run-*"))
+    assert len(segments) == 3 and all(d.name.endswith(f"-{run_id}") for d in segments), "one W&B run, continued twice"
+    # The SIGKILLed segment never finishes; the last one is complete when its job ends and holds the
+    # whole history: the steps before its checkpoint sent again from the W&B journal, then its own.
+    (last_file,) = segments[-1].glob("run-*.wandb")
+    last_segment = read_offline_run(last_file)
+    assert last_segment.run_id == run_id and {"test/loss", "test/ppl"} <= set(last_segment.summary)
+    steps = [int(row["trainer/global_step"]) for row in last_segment.history if "train/loss" in row]
+    assert steps == list(range(8)), "every step once, in order"
+    resumed = {int(row["trainer/global_step"]): row["train/loss"] for row in last_segment.history if "train/loss" in row}
     torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
 
 

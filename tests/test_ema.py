@@ -1,6 +1,6 @@
 """Model EMA (``callbacks=ema``, Lightning's EMAWeightAveraging): the average follows the raw
 weights step by step, validation, the test and eval.py use it, checkpoints carry both, resume is
-exact, and a bad setting is one line."""
+exact, and a bad setting is one line. Under DDP: tests/test_ddp_matrix.py (its LM runs average)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config
 from .test_bad_inputs import run_in_process
-from .test_ddp_matrix import DDP, assert_clean, one_run_dir, run_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -131,15 +130,6 @@ def test_resume_continues_the_ema_exactly(ema_run: tuple[Path, dict[str, float]]
     assert resumed["global_step"] == straight["global_step"] == 6
     for key in ("state_dict", "current_model_state", "averaging_state"):
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_ema_under_ddp(tmp_path: Path) -> None:
-    """Two gloo processes, W&B offline: each rank averages its (identical) weights; rank 0 saves."""
-    result = run_script("train.py", *SMALL, *DDP, "callbacks=ema", "trainer.max_steps=4", cwd=tmp_path)
-    assert_clean(result)
-    last = torch.load(one_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
-    assert int(last["averaging_state"]["n_averaged"]) == 4 and "current_model_state" in last
 
 
 @pytest.mark.parametrize(
