@@ -4,7 +4,8 @@ after SIGKILL and SIGTERM, eval.py on a DDP checkpoint. (The ``-m`` sweep under 
 SIGTERM to rank 0 alone and a rank that fails: tests/test_ddp_signals.py.)
 
 Every run must exit 0 with no traceback from any rank, and leave one run directory holding one
-W&B run with the test metrics in its summary. Runs are shared between tests (module fixtures).
+W&B run with the test metrics in its summary. Runs are shared between tests (module fixtures), the
+translation and ViT runs with tests/test_slurm.py too (tests/shared_runs.py).
 The LM runs average their weights (``callbacks=ema``), so resume under DDP restores the average too.
 """
 
@@ -12,9 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +20,8 @@ import torch
 
 from trident.runs.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
 
-from .conftest import ROOT, SMALL
-from .test_translation_train import SMALL_MT
-from .test_vit_pipeline import VIT_SMALL
+from .conftest import SMALL
+from .shared_runs import assert_clean, one_node_run, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -37,20 +34,6 @@ LM = [
     "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null", "callbacks=ema", "callbacks.ema.decay=0.5",
     "callbacks.last_checkpoint.every_n_train_steps=3", "callbacks.lr_monitor=null",
 ]
-
-
-def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    env.pop("HYDRA_FULL_ERROR", None)
-    env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
-    return subprocess.run([sys.executable, str(ROOT / script), *args], check=False, capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
-
-
-def assert_clean(result: subprocess.CompletedProcess[str]) -> None:
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
 
 
 def signal_at(step: int, name: str, rank: int | None = None) -> list[str]:
@@ -90,14 +73,15 @@ def lm_run(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -
     return ddp_run(tmp_path_factory.mktemp("lm"), *LM)
 
 
+# The other tasks' runs are those that tests/test_slurm.py compares with its 2-node jobs (shared_runs).
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -> Path:
-    return ddp_run(tmp_path_factory.mktemp("translation"), *SMALL_MT, *DDP, "trainer.max_steps=2")
+    return one_node_run(tmp_path_factory, "translation")
 
 
 @pytest.fixture(scope="module")
 def vit_run(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -> Path:
-    return ddp_run(tmp_path_factory.mktemp("vit"), *VIT_SMALL, *DDP, "trainer.limit_train_batches=2")
+    return one_node_run(tmp_path_factory, "vit")
 
 
 @pytest.mark.parametrize(("run", "test_metrics"), [

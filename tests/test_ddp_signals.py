@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_ddp_matrix import LM, assert_clean, checkpoint_step, one_run_dir, one_wandb_run, run_script, signal_at
+from .shared_runs import assert_clean, run_script
+from .test_ddp_matrix import LM, checkpoint_step, one_run_dir, one_wandb_run, signal_at
 
 pytestmark = pytest.mark.slow
 

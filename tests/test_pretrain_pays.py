@@ -110,9 +110,11 @@ def test_the_vision_pair_end_to_end_at_tiny_sizes(tmp_path: Path) -> None:
         f"error: {out}/pretrain_pays_vision holds an earlier sweep: move or delete it, or set PRETRAIN_PAYS_DIR"]
     pretrained = (out / "vit_mnist" / "status.json").read_text()
     os.rename(out / "pretrain_pays_vision", tmp_path / "first_sweep")
-    again = _script(tmp_path, "vision", *TINY, "seed=1")
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert f"pre-trained run {out}/vit_mnist completed before: reused" in again.stderr
+    # Once the sweep has moved, the next call reuses the pre-training and sweeps again: a sweep that
+    # stops at its config (a misspelt key) shows the pre-training was not run again.
+    again = _script(tmp_path, "vision", *TINY, "seed=1", "modle=nano")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        f"pre-trained run {out}/vit_mnist completed before: reused",
+        "error: modle is not a config key (did you mean model?): fix its spelling, or add a new key with +modle=<value>"]
     assert (out / "vit_mnist" / "status.json").read_text() == pretrained
     assert json.loads((out / "vit_mnist" / "status.json").read_text())["status"] == "completed"
-    assert len(list((out / "pretrain_pays_vision").glob("[0-9]_*"))) == 2

@@ -27,8 +27,7 @@ import torch
 from trident.runs.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL
-from .test_translation_train import SMALL_MT
-from .test_vit_pipeline import VIT_SMALL
+from .shared_runs import ONE_NODE, QUIET, TASK_RUNS, one_node_run
 
 CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 
@@ -49,18 +48,11 @@ pytestmark = [
 # The README's command for a CPU cluster: one rank per node on two nodes.
 SLURM = ["-m", "hydra/launcher=slurm", "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2",
          "hydra.launcher.cpus_per_task=1"]
-# The same 2 ranks as processes of one machine.
-ONE_NODE = ["trainer=ddp_cpu"]
-QUIET = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "callbacks.throughput=null"]
 LM = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.val_check_interval", "callbacks."))]
 # A checkpoint every 2 steps, so that a job is interrupted soon after one, steps away from a validation
 # (at 8, 16, 24): a SIGTERM in the middle of one can end W&B's service while the job waits on it.
 LM += [*QUIET, "trainer.max_steps=24", "trainer.val_check_interval=8", "callbacks.last_checkpoint.every_n_train_steps=2"]
-TASKS = {
-    "lm": LM,
-    "translation": [o for o in SMALL_MT if not o.startswith("callbacks.")] + QUIET,
-    "vit": [o for o in VIT_SMALL if not o.startswith("callbacks.")] + QUIET,
-}
+TASKS = {"lm": LM, **TASK_RUNS}
 # Slow steps (0.25 s) leave time to interrupt a job mid-run, between validations; they change no number.
 SLOW = ["+callbacks.slow._target_=tests.resume_helpers.SlowSteps", "+callbacks.slow.seconds=0.25"]
 CHECKPOINT = "multirun/*/*/*/checkpoints/last.ckpt"
@@ -227,15 +219,15 @@ def _two_node_sweep(root: Path, task: str, seeds: str) -> Path:
     return root
 
 
-def _one_node(root: Path, task: str) -> Path:
-    rc, err = _finish(_train(root, *ONE_NODE, *TASKS[task], "seed=1", "hydra.run.dir=run"))
+def _one_node_lm(root: Path) -> Path:
+    rc, err = _finish(_train(root, *ONE_NODE, *LM, "hydra.run.dir=run"))
     assert rc == 0, err[-3000:]
     return root / "run"
 
 
 def _two_nodes_by_hand(root: Path) -> Path:
     """The LM's 2-node run, as two ``train.py`` processes started by hand on this machine."""
-    args = [*ONE_NODE, *LM, "seed=1", "trainer.devices=1", "trainer.num_nodes=2", "hydra.run.dir=run"]
+    args = [*ONE_NODE, *LM, "trainer.devices=1", "trainer.num_nodes=2", "hydra.run.dir=run"]
     root.mkdir(parents=True)
     nodes = []
     for rank in (0, 1):
@@ -255,7 +247,7 @@ class Runs:
     ``cancelled``. SLURM runs its jobs in turn (a requeued one goes back in line) while the runs on
     this machine go one after another beside them: their imports overlap the jobs' sleeps and waits."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
         # A thread per sweep waits for it (and interrupts it); one more runs the local runs in turn.
         self._sweeps = ThreadPoolExecutor(max_workers=5)
         self._local = ThreadPoolExecutor(max_workers=1)
@@ -267,8 +259,9 @@ class Runs:
         for task in TASKS:
             seeds = "seed=1,2" if task == "lm" else "seed=1"
             self._dirs[task] = self._sweeps.submit(_two_node_sweep, root / task, task, seeds)
-        for task in TASKS:
-            self._dirs[f"{task}-one-node"] = self._local.submit(_one_node, root / f"{task}-one-node", task)
+        self._dirs["lm-one-node"] = self._local.submit(_one_node_lm, root / "lm-one-node")
+        for task in TASK_RUNS:  # shared with tests/test_ddp_matrix.py, which checks them as runs of their own
+            self._dirs[f"{task}-one-node"] = self._local.submit(one_node_run, tmp_path_factory, task)
         self._dirs["by-hand"] = self._local.submit(_two_nodes_by_hand, root / "by-hand")
 
     def __getitem__(self, name: str) -> Path:
@@ -286,7 +279,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -> Iterator[Runs]:
-    runs = Runs(tmp_path_factory.mktemp("slurm"))
+    runs = Runs(tmp_path_factory.mktemp("slurm"), tmp_path_factory)
     yield runs
     runs.close()
 

@@ -1,0 +1,63 @@
+"""Reference runs that tests in several files share, and so several pytest-xdist workers: each is
+computed once per test session, by the first worker that asks, under a file lock in the directory
+that the workers' temporary directories have in common.
+
+Today: each task's 2-process DDP run on one machine (``trainer=ddp_cpu``), which
+tests/test_ddp_matrix.py checks as a run of its own and tests/test_slurm.py compares step for step
+with the same job on two SLURM nodes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from .conftest import ROOT
+from .test_translation_train import SMALL_MT
+from .test_vit_pipeline import VIT_SMALL
+
+QUIET = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "callbacks.throughput=null"]
+# Each task's small run, as the SLURM tests launch it too (there: trainer.num_nodes=2, one rank a node).
+TASK_RUNS = {
+    "translation": [o for o in SMALL_MT if not o.startswith("callbacks.")] + QUIET,
+    "vit": [o for o in VIT_SMALL if not o.startswith("callbacks.")] + QUIET,
+}
+# The same 2 ranks as processes of one machine.
+ONE_NODE = ["trainer=ddp_cpu", "seed=1"]
+
+
+def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python <script> <args>`` in a fresh process with one torch thread and its own W&B service."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
+    return subprocess.run([sys.executable, str(ROOT / script), *args], check=False, capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=600)
+
+
+def assert_clean(result: subprocess.CompletedProcess[str]) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+
+
+def one_node_run(tmp_path_factory: pytest.TempPathFactory, task: str) -> Path:
+    """The run directory of ``task``'s 2-process DDP run on this machine (the default logger, W&B
+    offline); computed once per session."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    shared.mkdir(exist_ok=True)
+    root = shared / f"{task}-one-node"
+    run_dir = root / "run"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "done").is_file():  # an earlier attempt that failed left no mark: run again
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            assert_clean(run_script("train.py", *ONE_NODE, *TASK_RUNS[task], f"hydra.run.dir={run_dir}", cwd=root))
+            (root / "done").touch()
+    return run_dir
