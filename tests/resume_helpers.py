@@ -53,36 +53,34 @@ class SlowSteps(L.Callback):
         time.sleep(self.seconds)
 
 
-class SigtermToTheJob(L.Callback):
-    """SIGTERM as SLURM sends it to every process of a job, W&B's service among them, while the
-    validation after optimizer step ``step`` runs (``stage="validate"``) or the test does
-    (``stage="test"``): to the service and then to this process, or (``service_first=False``) the
-    other way round."""
+class SignalInStage(L.Callback):
+    """Sends ``signal_name`` while the validation after optimizer step ``step`` runs
+    (``stage="validate"``) or while the test runs (``stage="test"``): first to W&B's service (with
+    ``to_wandb_service``), then to this process, as SLURM sends SIGTERM to every process of a job."""
 
-    def __init__(self, step: int, stage: str = "validate", service_first: bool = True) -> None:
-        self.step = step
+    def __init__(self, stage: str, step: int = 0, signal_name: str = "SIGTERM", to_wandb_service: bool = True) -> None:
         self.stage = stage
-        self.service_first = service_first
+        self.step = step
+        self.signum = signal.Signals[signal_name]
+        self.to_wandb_service = to_wandb_service
 
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self.stage == "validate" and not trainer.sanity_checking and trainer.global_step == self.step and batch_idx == 0:
-            self._sigterm()
+            self._send()
 
     def on_test_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self.stage == "test" and batch_idx == 0:
-            self._sigterm()
+            self._send()
 
-    def _sigterm(self) -> None:
-        services = [p for p in psutil.Process().children(recursive=True) if "wandb" in " ".join(p.cmdline())]
-        assert services, "the run has a W&B service"
-        if not self.service_first:
-            os.kill(os.getpid(), signal.SIGTERM)
-        for service in services:
-            service.send_signal(signal.SIGTERM)
-        psutil.wait_procs(services, timeout=10)
-        if self.service_first:
-            os.kill(os.getpid(), signal.SIGTERM)
+    def _send(self) -> None:
+        if self.to_wandb_service:
+            services = [p for p in psutil.Process().children(recursive=True) if "wandb" in " ".join(p.cmdline())]
+            assert services, "the run has a W&B service"
+            for service in services:
+                service.send_signal(self.signum)
+            psutil.wait_procs(services, timeout=10)
+        os.kill(os.getpid(), self.signum)

@@ -115,21 +115,17 @@ def test_translation_token_budget_batches_resume_exactly(tmp_path: Path) -> None
     torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
 
 
-def sigterm_to_the_job(stage: str) -> list[str]:
-    """SIGTERM to the run's process and to W&B's service, as SLURM sends it to a job, during the
-    last validation (after step 10) or during the test."""
-    return ["+callbacks.signal._target_=tests.resume_helpers.SigtermToTheJob", "+callbacks.signal.step=10",
-            f"+callbacks.signal.stage={stage}"]
-
-
 @pytest.mark.slow
 def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_finishes(tmp_path: Path) -> None:
-    """A stop signal that comes after the last step's end (during the last validation, or during the
-    test) stops the job at its final step like one that comes mid-run: saved, exit 0, the test left to
-    the next attempt, though W&B's service has ended with the signal (the test's results could no
-    longer reach it). ``resume=auto`` continues the run in its directory, in its W&B run."""
+    """A stop signal that comes after the last step's end (here during the last validation) stops the
+    job at its final step like one that comes mid-run: saved, exit 0, the test left to the next
+    attempt, though W&B's service has ended with the signal, as SLURM's SIGTERM ends it (the test's
+    results could no longer reach it). ``resume=auto`` tests and completes the run, in its directory
+    and its W&B run."""
     args = [*RESUMABLE, "test=true", f"paths.output_root={tmp_path}"]  # the default logger: W&B, offline
-    result = run_train(*args, *sigterm_to_the_job("validate"), cwd=tmp_path)
+    signal = ["+callbacks.signal._target_=tests.resume_helpers.SignalInStage", "+callbacks.signal.stage=validate",
+              "+callbacks.signal.step=10"]
+    result = run_train(*args, *signal, cwd=tmp_path)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     (run_dir,) = list(tmp_path.glob("runs/*/*"))
     last = run_dir / "checkpoints" / "last.ckpt"
@@ -138,21 +134,27 @@ def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_fin
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["signal"], status["step"]) == ("cancelled", "SIGTERM", 10)
 
-    result = run_train(*args, "resume=auto", "+callbacks.signal.stage=test", cwd=tmp_path)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert f"resume=auto: continuing {run_dir}" in result.stdout
-    status = json.loads((run_dir / "status.json").read_text())
-    assert (status["status"], status["step"], status["checkpoint"]) == ("cancelled", 10, str(last))
-
     result = run_train(*args, "resume=auto", "++callbacks.signal=null", cwd=tmp_path)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"resume=auto: continuing {run_dir}" in result.stdout
     assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
     runs = find_offline_runs(run_dir)
     # (A segment whose service the signal ended may lack its run record, hence no id.)
-    assert len(runs) == 3 and len({run.run_id for run in runs if run.run_id}) == 1, "one W&B run, continued twice"
+    assert len(runs) == 2 and len({run.run_id for run in runs if run.run_id}) == 1, "one W&B run, continued"
     assert {"test/loss", "test/ppl"} <= set(runs[-1].summary)
     assert [int(row["trainer/global_step"]) for row in runs[-1].history if "train/loss" in row] == list(range(10))
+
+
+def test_a_stop_signal_during_the_test_stops_the_job_at_its_final_step(tmp_path: Path) -> None:
+    overrides = [*RESUMABLE, "test=true", "logger=none", "+callbacks.signal._target_=tests.resume_helpers.SignalInStage",
+                 "+callbacks.signal.stage=test", "+callbacks.signal.signal_name=SIGUSR1",
+                 "+callbacks.signal.to_wandb_service=false"]
+    with pytest.raises(JobStopped) as stopped:
+        train(compose_config(overrides, output_dir=tmp_path / "run"))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert (stopped.value.signal, stopped.value.step, stopped.value.checkpoint) == ("SIGUSR1", 10, str(last))
+    assert checkpoint_step(last) == 10, "the next attempt resumes at the final step and only tests"
 
 
 def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:

@@ -18,14 +18,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
-from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 from trident.runs.resume import run_config_of
-from trident.training.optim import optimizer_by_name
+
+# torch and Lightning (~8 s) are imported once the arguments and the checkpoint's path are checked,
+# so that a mistake in them is one error line at once.
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
 warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
@@ -58,6 +57,8 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     if not isinstance(cfg, DictConfig):
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
     if "optimizer" in cfg:  # a run saved before the optimizer was chosen by name still loads
+        from trident.training.optim import optimizer_by_name
+
         cfg.optimizer = optimizer_by_name(OmegaConf.to_container(cfg.optimizer, resolve=True))  # type: ignore[arg-type]
     # The checkpoint holds the weights: neither init_from's source nor (in vit runs of an earlier
     # version) the timm file named by model.pretrained is read again.
@@ -72,6 +73,11 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
 def evaluate(arguments: list[str]) -> dict[str, float]:
     """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
     cfg, checkpoint = load_config(arguments)
+    import lightning as L
+
+    from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
+    from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared
     L.seed_everything(cfg.get("seed", 0), workers=True)
