@@ -49,8 +49,9 @@ pytestmark = [
 SLURM = ["-m", "hydra/launcher=slurm", "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2",
          "hydra.launcher.cpus_per_task=1"]
 LM = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.val_check_interval", "callbacks."))]
-# A checkpoint every 2 steps, so that a job is interrupted soon after one, steps away from a validation
-# (at 8, 16, 24): a SIGTERM in the middle of one can end W&B's service while the job waits on it.
+# A checkpoint every 2 steps, so that a job is interrupted soon after one, well before the last
+# validation (at 24). (A SIGTERM during it, which ends W&B's service too, stops the job at its final
+# step: tests/test_resume.py.)
 LM += [*QUIET, "trainer.max_steps=24", "trainer.val_check_interval=8", "callbacks.last_checkpoint.every_n_train_steps=2"]
 TASKS = {"lm": LM, **TASK_RUNS}
 # Slow steps (0.25 s) leave time to interrupt a job mid-run, between validations; they change no number.
