@@ -78,9 +78,16 @@ class SignalInStage(L.Callback):
 
     def _send(self) -> None:
         if self.to_wandb_service:
-            services = [p for p in psutil.Process().children(recursive=True) if "wandb" in " ".join(p.cmdline())]
+            services = [p for p in psutil.Process().children(recursive=True) if _is_wandb(p)]
             assert services, "the run has a W&B service"
             for service in services:
                 service.send_signal(self.signum)
             psutil.wait_procs(services, timeout=10)
         os.kill(os.getpid(), self.signum)
+
+
+def _is_wandb(process: psutil.Process) -> bool:
+    try:
+        return "wandb" in " ".join(process.cmdline())
+    except psutil.Error:  # ended meanwhile (another child), or not ours to read
+        return False

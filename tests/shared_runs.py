@@ -9,7 +9,6 @@ with the same job on two SLURM nodes."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,14 +49,21 @@ def one_node_run(tmp_path_factory: pytest.TempPathFactory, task: str) -> Path:
     """The run directory of ``task``'s 2-process DDP run on this machine (the default logger, W&B
     offline); computed once per session."""
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    # A worker's directory is <the session's>/<worker id>; a pytest started inside a worker inherits
+    # the variable, not the layout, and keeps to its own directory.
+    shared = (base.parent if base.name == os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
     shared.mkdir(exist_ok=True)
     root = shared / f"{task}-one-node"
-    run_dir = root / "run"
+    run_dir, failed = root / "run", shared / f"{task}-one-node.failed"
     with FileLock(str(root) + ".lock"):
-        if not (root / "done").is_file():  # an earlier attempt that failed left no mark: run again
-            shutil.rmtree(root, ignore_errors=True)
+        if failed.is_file():  # the first attempt failed: every test that needs the run fails with its output
+            pytest.fail(failed.read_text())
+        if not (root / "done").is_file():
             root.mkdir()
-            assert_clean(run_script("train.py", *ONE_NODE, *TASK_RUNS[task], f"hydra.run.dir={run_dir}", cwd=root))
+            result = run_script("train.py", *ONE_NODE, *TASK_RUNS[task], f"hydra.run.dir={run_dir}", cwd=root)
+            output = result.stdout + result.stderr
+            if result.returncode != 0 or "Traceback" in output:
+                failed.write_text(f"the shared {task} run failed (exit status {result.returncode}):\n{output[-3000:]}")
+                pytest.fail(failed.read_text())
             (root / "done").touch()
     return run_dir

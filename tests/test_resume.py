@@ -146,15 +146,19 @@ def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_fin
     assert [int(row["trainer/global_step"]) for row in runs[-1].history if "train/loss" in row] == list(range(10))
 
 
-def test_a_stop_signal_during_the_test_stops_the_job_at_its_final_step(tmp_path: Path) -> None:
-    overrides = [*RESUMABLE, "test=true", "logger=none", "+callbacks.signal._target_=tests.resume_helpers.SignalInStage",
-                 "+callbacks.signal.stage=test", "+callbacks.signal.signal_name=SIGUSR1",
-                 "+callbacks.signal.to_wandb_service=false"]
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_during_the_test_stops_the_job_at_its_final_step(name: str, tmp_path: Path) -> None:
+    # A test of 2 batches: Lightning's own SIGTERM handler, were it in place, would stop it after the first.
+    overrides = [*RESUMABLE, "test=true", "trainer.limit_test_batches=2", "logger=none",
+                 "+callbacks.signal._target_=tests.resume_helpers.SignalInStage", "+callbacks.signal.stage=test",
+                 f"+callbacks.signal.signal_name={name}", "+callbacks.signal.to_wandb_service=false"]
+    handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(JobStopped) as stopped:
         train(compose_config(overrides, output_dir=tmp_path / "run"))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert (stopped.value.signal, stopped.value.step, stopped.value.checkpoint) == ("SIGUSR1", 10, str(last))
+    assert (stopped.value.signal, stopped.value.step, stopped.value.checkpoint) == (name, 10, str(last))
     assert checkpoint_step(last) == 10, "the next attempt resumes at the final step and only tests"
+    assert signal.getsignal(signal.SIGTERM) == handler, "the process's own handler is back"
 
 
 def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:

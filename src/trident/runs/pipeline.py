@@ -341,7 +341,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 _raise_stop(preemption, writes_outputs)  # a signal during the test
                 metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
             # Dashboards compare runs by their summary: the best validation value next to the test metrics.
-            record_summary(loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
+            # trainer.loggers, not loggers: a SIGTERM that came after the test has taken W&B's (ended) service out.
+            record_summary(trainer.loggers, {k: v for k, v in metrics.items() if k.startswith(("best/", "test/"))})
         succeeded = True
     finally:
         finish_wandb(succeeded, signalled=preemption.received is not None)

@@ -78,6 +78,11 @@ class PreemptionCheckpoint(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install()
 
+    # trainer.test installs Lightning's handler again (whose SIGTERM would end the test with a
+    # SIGTERMException after the current batch, past on_test_end).
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install()
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
