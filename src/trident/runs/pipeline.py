@@ -268,7 +268,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
     (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
-    preemption = PreemptionCheckpoint(run_dir / "checkpoints" / "last.ckpt")
+    preemption = PreemptionCheckpoint(run_dir)
     # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.
     with preemption.listening():
         return _train(cfg, run_dir, preemption)

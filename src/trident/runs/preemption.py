@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class PreemptionCheckpoint(L.Callback):
     """SIGTERM (SLURM's scancel, requeue and preemption), SIGUSR2 (submitit's time-limit warning)
     and SIGUSR1 (an sbatch ``--signal``) all mean "stop now, come back later": finish the current
-    training step, save ``path``, and stop with Lightning's ``SIGTERMException`` before the next
+    training step, save ``<run_dir>/checkpoints/last.ckpt``, and stop with Lightning's ``SIGTERMException`` before the next
     step; :attr:`stop` then says what comes next (:mod:`trident.runs.requeue`).
 
     trident takes these signals over from Lightning, whose own SIGTERM handling stops at the next
@@ -34,8 +34,9 @@ class PreemptionCheckpoint(L.Callback):
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / "checkpoints" / "last.ckpt"
         self.received: str | None = None
         self.stop: JobStopped | None = None
         self._trainer: L.Trainer | None = None
@@ -101,7 +102,7 @@ class PreemptionCheckpoint(L.Callback):
         # and saved (the model now holds the tested checkpoint's weights: nothing is saved here), so
         # the next attempt resumes from the newest checkpoint and tests again.
         if self.stop is None and self._signalled(trainer):
-            newest = latest_checkpoint(self.path.parent.parent)
+            newest = latest_checkpoint(self.run_dir)
             self.stop = self.stopped(trainer, str(newest or ""))
 
     def _signalled(self, trainer: L.Trainer) -> bool:
