@@ -113,8 +113,9 @@ def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> N
     sweep.jobs.append(Job(dir=Path("6_c"), setting="c", status="failed", error="out of memory, really"))
     write_jobs_csv(sweep, tmp_path / "jobs.csv")
     header, first = (tmp_path / "jobs.csv").read_text().splitlines()[:2]
-    assert header == "job,setting,seed,status,error,monitor,monitor_mode,test/bleu,job_wall_s,git_commit,git_dirty"
-    assert first == "0_a,a,1,completed,,test/bleu,max,1,10,abc123,True"
+    assert header == ("job,setting,seed,status,error,monitor,monitor_mode,test/bleu,job_wall_s,max_steps,flops_per_step,"
+                      "git_commit,git_dirty")
+    assert first == "0_a,a,1,completed,,test/bleu,max,1,10,,,abc123,True"
     again = load_jobs_csv(tmp_path / "jobs.csv")
     assert [(j.setting, j.seed, j.metrics, j.wall_s) for j in again.jobs[:6]] == [
         (j.setting, j.seed, j.metrics, j.wall_s) for j in sweep.jobs[:6]]
@@ -126,6 +127,28 @@ def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> N
     assert f"| {p:.3g} | {p:.3g} | worse than the best |" in report
     assert "- `6_c` (failed): out of memory, really" in report
     assert (tmp_path / "remade" / "jobs.csv").read_text() == (tmp_path / "jobs.csv").read_text()
+
+
+def test_jobs_csv_carries_each_jobs_training_length_and_the_report_its_model_flops(tmp_path: Path) -> None:
+    """Under a FLOP budget the steps differ per setting: jobs.csv keeps each job's steps and FLOPs per
+    step (from its config_resolved.yaml), so the equal compute can be checked from the CSV alone."""
+    sweep_dir = tmp_path / "sweep"
+    for number, (width, steps, per_step) in enumerate([(32, 1500, 1.3e9), (32, 1500, 1.3e9), (128, 210, 9.5e9), (128, 210, 9.5e9)]):
+        job = sweep_dir / f"{number}_lm-seed{number}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- model.d_model={width}\n- seed={number}\n")
+        (job / ".hydra" / "config.yaml").write_text(f"seed: {number}\n")
+        (job / "config_resolved.yaml").write_text(f"trainer:\n  max_steps: {steps}\nbudget:\n  flops_per_step: {per_step}\n")
+        (job / "status.json").write_text(f'{{"status": "completed", "metrics": {{"best/val/loss": {2 - number / 10}}}}}')
+    main([str(sweep_dir), "--out", str(tmp_path / "report")])
+    jobs = (tmp_path / "report" / "jobs.csv").read_text().splitlines()
+    assert jobs[0].split(",")[-4:-2] == ["max_steps", "flops_per_step"]
+    assert [line.split(",")[-4:-2] for line in jobs[1:]] == [["1500", "1300000000"]] * 2 + [["210", "9500000000"]] * 2
+    line = ("Steps x FLOPs per step = model FLOPs of each setting's jobs: `model.d_model=32` 1500 x 1.3e+09 = 1.95e+12; "
+            "`model.d_model=128` 210 x 9.5e+09 = 1.995e+12.")
+    assert line in (tmp_path / "report" / "report.md").read_text()
+    main([str(tmp_path / "report" / "jobs.csv"), "--out", str(tmp_path / "remade")])
+    assert line in (tmp_path / "remade" / "report.md").read_text(), "the same line from jobs.csv alone"
 
 
 @pytest.mark.parametrize(("content", "problem"), [

@@ -2,7 +2,8 @@
 
 ``jobs.csv`` holds one row per job (completed or not): the job directory's name, its setting and seed,
 how it ended, the monitored metric and its mode, every final metric, the wall time and the git commit
-of the code that ran it. It is enough to re-make a report (:func:`load_jobs_csv`), so a report
+of the code that ran it, and how long it trained (its steps, and the FLOPs of one step under a FLOP
+budget). It is enough to re-make a report (:func:`load_jobs_csv`), so a report
 committed under docs/results/ can be recomputed from the repository.
 """
 
@@ -26,8 +27,12 @@ FINAL_PREFIXES = ("best/", "test/")
 # The column of a job's wall time, in seconds.
 WALL_TIME = "job_wall_s"
 JOBS_FILE = "jobs.csv"
-# jobs.csv: these columns first, then one column per final metric (sorted), then WALL_TIME and the code's version.
+# jobs.csv: these columns first, then one column per final metric (sorted), then WALL_TIME, the training
+# length and the code's version.
 JOB_COLUMNS = ("job", "setting", "seed", "status", "error", "monitor", "monitor_mode")
+# trainer.max_steps as the job ran (a FLOP budget sets it) and budget.flops_per_step (empty without a budget),
+# from the job's config_resolved.yaml: an equal-compute comparison can be checked from jobs.csv alone.
+LENGTH_COLUMNS = ("max_steps", "flops_per_step")
 CODE_COLUMNS = ("git_commit", "git_dirty")
 
 
@@ -47,6 +52,7 @@ class Job:
     monitor: str | None = None
     monitor_mode: str = "min"
     code: dict[str, Any] = field(default_factory=dict)
+    length: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +93,17 @@ def _wall_time(job_dir: Path) -> float:
     return end.stat().st_mtime - start.stat().st_mtime
 
 
+def _training_length(job_dir: Path) -> dict[str, float]:
+    """The LENGTH_COLUMNS of a job, from the config it ran with (empty before it wrote one)."""
+    config_file = job_dir / "config_resolved.yaml"
+    if not config_file.is_file():
+        return {}
+    config = OmegaConf.load(config_file)
+    values = {"max_steps": OmegaConf.select(config, "trainer.max_steps"),
+              "flops_per_step": OmegaConf.select(config, "budget.flops_per_step")}
+    return {key: float(value) for key, value in values.items() if value is not None}
+
+
 def _seed(job_dir: Path) -> int | None:
     config = job_dir / ".hydra" / "config.yaml"
     return OmegaConf.load(config).get("seed") if config.is_file() else None
@@ -119,6 +136,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                 monitor=record.get("monitor"),
                 monitor_mode=record.get("monitor_mode", "min"),
                 code={key: record[key] for key in CODE_COLUMNS if key in record},
+                length=_training_length(status.dir),
             )
         )
     records = [s.record for s in statuses if s.record]
@@ -154,10 +172,11 @@ def jobs_frame(sweep: Sweep) -> pd.DataFrame:
         {"job": job.dir.name, "setting": job.setting, "seed": job.seed, "status": job.status, "error": job.error,
          "monitor": job.monitor, "monitor_mode": job.monitor_mode,
          **{m: job.metrics.get(m, math.nan) for m in metrics}, WALL_TIME: job.wall_s,
+         **{key: job.length.get(key, math.nan) for key in LENGTH_COLUMNS},
          **{key: job.code.get(key) for key in CODE_COLUMNS}}
         for job in sweep.jobs
     ]
-    return pd.DataFrame(rows, columns=[*JOB_COLUMNS, *metrics, WALL_TIME, *CODE_COLUMNS])
+    return pd.DataFrame(rows, columns=[*JOB_COLUMNS, *metrics, WALL_TIME, *LENGTH_COLUMNS, *CODE_COLUMNS])
 
 
 def write_jobs_csv(sweep: Sweep, path: Path) -> None:
@@ -178,14 +197,15 @@ def load_jobs_csv(path: str | Path) -> Sweep:
     if missing or frame.empty:
         problem = f"lacks the column(s) {', '.join(missing)}" if missing else "has no jobs"
         raise DataError(f"{path} {problem}: re-make it with `python -m trident.report <sweep dir>`")
-    metrics = [c for c in frame.columns if c not in (*JOB_COLUMNS, WALL_TIME, *CODE_COLUMNS)]
+    metrics = [c for c in frame.columns if c not in (*JOB_COLUMNS, WALL_TIME, *LENGTH_COLUMNS, *CODE_COLUMNS)]
     jobs = [
         Job(dir=Path(row["job"]), setting=row["setting"], status=row["status"],
             error=None if pd.isna(row["error"]) else row["error"],
             metrics={m: float(row[m]) for m in metrics if not pd.isna(row[m])},
             wall_s=float(row[WALL_TIME]), seed=None if pd.isna(row["seed"]) else int(row["seed"]),
             monitor=None if pd.isna(row["monitor"]) else row["monitor"], monitor_mode=row["monitor_mode"],
-            code={key: row[key] for key in CODE_COLUMNS if key in frame.columns and not pd.isna(row[key])})
+            code={key: row[key] for key in CODE_COLUMNS if key in frame.columns and not pd.isna(row[key])},
+            length={key: float(row[key]) for key in LENGTH_COLUMNS if key in frame.columns and not pd.isna(row[key])})
         for _, row in frame.iterrows()
     ]
     return replace(_sweep(path.parent, path.parent.name, jobs), jobs_csv=path)

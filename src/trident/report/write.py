@@ -30,6 +30,20 @@ def _wall_time_line(sweep: Sweep) -> list[str]:
     return [f"Wall time of a completed job: {spread}; {times.sum() / 60:.1f} min for all of them.", ""]
 
 
+def _length_line(sweep: Sweep) -> list[str]:
+    """Under a FLOP budget, each setting's steps and model FLOPs (steps x FLOPs per step), from the
+    jobs' training lengths: the equal compute of the comparison, checkable from jobs.csv."""
+    lengths: dict[str, set[tuple[float, float]]] = {}
+    for job in sweep.completed:
+        if "flops_per_step" in job.length and "max_steps" in job.length:
+            lengths.setdefault(job.setting, set()).add((job.length["max_steps"], job.length["flops_per_step"]))
+    if not lengths:
+        return []
+    cells = [f"`{setting}` {', '.join(f'{steps:.0f} x {per_step:.4g} = {steps * per_step:.4g}' for steps, per_step in sorted(pairs))}"
+             for setting, pairs in lengths.items()]
+    return ["Steps x FLOPs per step = model FLOPs of each setting's jobs: " + "; ".join(cells) + ".", ""]
+
+
 def _comparison_section(sweep: Sweep, metric: str, title: str) -> list[str]:
     comparison = compare_to_best(sweep, metric)
     return [f"## {title}", "", comparison_heading(comparison), "", comparison_table(comparison, metric), ""]
@@ -87,6 +101,7 @@ def write_report(
          f"each job's results: [{JOBS_FILE}]({JOBS_FILE})."),
         "",
         *([basis, ""] if (basis := comparison_basis([job.dir for job in sweep.jobs])) else []),
+        *_length_line(sweep),
         *_wall_time_line(sweep),
         "## Final metrics (mean ± std over seeds; n = completed seeds)",
         "",
