@@ -8,6 +8,10 @@ kinds are checked cell for cell, every row and no other:
 - across the tasks: ``| setting | <task>: <metric> | ... |``, each cell ``mean ± std (verdict)``.
 
 The line that follows each report link states its jobs and their summed wall time; that is checked too.
+So is every decimal number in the prose of a section with such a table: it must be one this file derives
+from the section's jobs.csv files (a mean, a minimum or maximum, a difference of two means, a p-value, a
+summed wall time), a table cell of the section, a number of the paper (in a paragraph that starts
+``**The paper`` or ``**Against the paper``) or a constant of the set-up listed in SET_UP.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ ALPHA = 0.05
 REPORT_LINK = re.compile(r"\]\(results/([\w-]+)/report\.md\)")
 AXIS_HEADER = re.compile(r"^\| setting \| n \| (\S+) \| − best \[95 % CI\] \| p \| p \(Holm\) \| verdict \|$")
 TASKS_HEADER = re.compile(r"^\| setting( \| \w+: \S+)+ \|$")
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
+# Configuration values the prose names (not results): the embedding tables' initial std.
+SET_UP = {"0.02"}
 
 
 @dataclass
@@ -181,3 +188,56 @@ def test_each_report_link_states_its_jobs_and_wall_time() -> None:
         minutes, mean = done.job_wall_s.sum() / 60, done.job_wall_s.mean()
         claim = f"{len(jobs)} jobs, {len(done)} completed; job wall time {minutes:.1f} min in all, {mean:.0f} s a job"
         assert claim in stated[report], f"{report}: the Report: line should say {claim!r}"
+
+
+def task_split(jobs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The jobs per task of a sweep over ``task=`` (one entry, "", for any other sweep)."""
+    if not jobs.setting.str.contains("task=").all():
+        return {"": jobs}
+    tasks = jobs.setting.map(lambda s: task_of(s)[0])
+    return {str(task): jobs[tasks == task] for task in tasks.unique()}
+
+
+def derived_numbers(report: str, metrics: list[str]) -> set[str]:
+    """What the prose may quote of one report, at 0 to 3 decimals."""
+    values: list[float] = []
+    jobs = jobs_of(report)
+    for part in task_split(jobs).values():
+        numeric = part.select_dtypes("number").drop(columns=["seed"], errors="ignore")
+        means = numeric.groupby(part.setting).mean()
+        values += [*means.to_numpy().ravel(), *numeric.min(), *numeric.max(), part.job_wall_s.sum() / 60,
+                   jobs.job_wall_s.sum() / 60]
+        for column in means:
+            column_means = means[column].dropna().to_numpy()
+            values += [abs(a - b) for a in column_means for b in column_means]
+        for metric in metrics:
+            if metric in part and part[metric].notna().any():
+                _, rows = against_the_best(part, metric)
+                values += [row[key] for row in rows.values() for key in ("p", "p_holm") if key in row]
+    numbers = {f"{v:.{d}f}" for v in values if np.isfinite(v) for d in range(4)}
+    return numbers | {f"{v:.2g}" for v in values if np.isfinite(v)}
+
+
+def checked_sections() -> list[tuple[str, list[Table]]]:
+    text = DOC.read_text()
+    sections = re.split(r"\n(?=## )", text)
+    return [(section, [t for t in TABLES if t.header in section and t.rows[0] in section]) for section in sections
+            if any(t.header in section and t.rows and t.rows[0] in section for t in TABLES)]
+
+
+def table_metrics(table: Table) -> list[str]:
+    if match := AXIS_HEADER.match(table.header):
+        return [match.group(1)]
+    return [cell.strip().split(": ")[1] for cell in table.header.strip("|").split("|")[1:]]
+
+
+@pytest.mark.parametrize(("section", "tables"), checked_sections(), ids=lambda v: v[:40] if isinstance(v, str) else "")
+def test_every_decimal_of_the_prose_is_derived_from_the_jobs(section: str, tables: list[Table]) -> None:
+    allowed = set(SET_UP)
+    for table in tables:
+        allowed |= derived_numbers(table.report, table_metrics(table))
+        allowed |= set(DECIMAL.findall(" ".join(table.rows)))
+    paragraphs = [p for p in section.split("\n\n") if not p.startswith(("|", "**The paper", "**Against the paper"))]
+    quoted = DECIMAL.findall(re.sub(r"`[^`]*`|\]\([^)]*\)", "", " ".join(paragraphs)))
+    assert quoted, "the section quotes numbers"
+    assert [number for number in quoted if number not in allowed] == []
