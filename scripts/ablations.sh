@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Run the ablation presets (README, "Sweeps and ablations") one after another and write each one's
+# Run the ablation presets (README, "Sweeps and ablations") one after another, then write each one's
 # report where docs/results.md reads it:
 #
 #   scripts/ablations.sh                          # every ablation preset, 3 seeds each
 #   scripts/ablations.sh ablation_heads ablation_depth
 #   BUDGET=equal_compute scripts/ablations.sh ablation_width   # at equal compute (conf/budget/)
+#   MAX_SEEDS=8 scripts/ablations.sh ablation_heads            # seeds until decided (trident.adaptive)
 #
 # Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
-# appended to <that dir>/times.txt; `python -m trident.report` then writes report.md, the PNG plots
-# and jobs.csv (each job's results and git commit: commit it with the report) into
-# docs/results/<preset>/ (<preset>_<budget> for a BUDGET other than steps). Time a sweep alone: two
-# trainings on one small CPU slow each other.
+# appended to <that dir>/times.txt. After the last sweep, `python -m trident.report` writes report.md,
+# the PNG plots and jobs.csv (each job's results and git commit: commit it with the report) into
+# docs/results/<preset>/ (<preset>_<budget> for a BUDGET other than steps; REPORTS_DIR moves them).
+# The reports come last because they overwrite tracked files: a report written between two sweeps
+# would mark every later job's git_dirty. Time a sweep alone: two trainings on one small CPU slow
+# each other.
+# MAX_SEEDS=N runs `python -m trident.adaptive` instead of the preset's fixed seeds: 3 seeds, then one
+# more at a time to the settings still undecided against the best, up to N (a sweep over `task`
+# has one family per task, which the loop does not split: it keeps its fixed seeds and is refused).
 # A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
 # to the next preset and exits with status 1 at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${ABLATIONS_DIR:-outputs/ablations}
+reports=${REPORTS_DIR:-docs/results}
 # Every preset by default: the files conf/experiment/ablation_*.yaml, the one list of them.
 known=$(cd conf/experiment && ls ablation_*.yaml | sed 's/\.yaml$//' | tr '\n' ' ')
 known=${known% }
@@ -24,12 +31,22 @@ if [ ${#presets[@]} -eq 0 ]; then
   read -r -a presets <<< "$known"
 fi
 # Label smoothing is judged on BLEU and on perplexity (the paper: it hurts perplexity, helps BLEU);
-# dropout on the last validation loss too (a fixed budget), not only the early-stopped best one.
+# dropout on the last validation loss too (a fixed budget), not only the early-stopped best one. The
+# first metric listed is the one the adaptive loop decides on (default: best/val/loss).
 declare -A compare=([ablation_label_smoothing]="best/val/bleu test/bleu test/ppl"
                     [ablation_dropout]="best/val/loss val/loss test/loss")
+max_seeds=${MAX_SEEDS:-}
+if [ -n "$max_seeds" ] && ! [[ $max_seeds =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: MAX_SEEDS=$max_seeds is not a number of seeds: set e.g. MAX_SEEDS=8, or unset it for the presets' seeds" >&2
+  exit 2
+fi
 for preset in "${presets[@]}"; do  # every name checked before any sweep starts
   if [ ! -f "conf/experiment/$preset.yaml" ]; then
     echo "error: no preset conf/experiment/$preset.yaml: choose among $known" >&2
+    exit 2
+  fi
+  if [ -n "$max_seeds" ] && grep -qE '^\s+task:\s*\S+,' "conf/experiment/$preset.yaml"; then
+    echo "error: $preset sweeps task, whose comparisons MAX_SEEDS cannot add seeds to: run it without MAX_SEEDS" >&2
     exit 2
   fi
 done
@@ -40,13 +57,24 @@ if [ ! -f "conf/budget/$budget.yaml" ]; then
 fi
 status=0
 mkdir -p "$out"
+names=()
 for preset in "${presets[@]}"; do
   name=$preset
   [ "$budget" = steps ] || name=${preset}_$budget
+  names+=("$name")
   started=$(date +%s)
-  python train.py -m "experiment=$preset" "budget=$budget" "hydra.sweep.dir=$out/$name" || status=1
+  if [ -n "$max_seeds" ]; then
+    metric=${compare[$preset]:-best/val/loss}
+    python -m trident.adaptive "experiment=$preset" "budget=$budget" --metric "${metric%% *}" \
+        --max-seeds "$max_seeds" --sweep-dir "$out/$name" || status=1
+  else
+    python train.py -m "experiment=$preset" "budget=$budget" "hydra.sweep.dir=$out/$name" || status=1
+  fi
   echo "$name $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"
+done
+for i in "${!presets[@]}"; do
+  preset=${presets[$i]} name=${names[$i]}
   # shellcheck disable=SC2086  # the metric list splits into arguments
-  python -m trident.report "$out/$name" --out "docs/results/$name" ${compare[$preset]:+--compare ${compare[$preset]}} || status=1
+  python -m trident.report "$out/$name" --out "$reports/$name" ${compare[$preset]:+--compare ${compare[$preset]}} || status=1
 done
 exit $status

@@ -92,3 +92,57 @@ def test_the_ablations_script_checks_every_name_before_running_a_sweep(tmp_path:
         f"error: no preset conf/experiment/ablation_nope.yaml: choose among {' '.join(PRESETS)}"
     ]
     assert not out.exists(), "no sweep ran, not even the valid one listed first"
+
+
+def run_script_with_a_logging_python(tmp_path: Path, *presets: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """scripts/ablations.sh with a stand-in ``python`` first on PATH that only logs its arguments."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bin_dir / "python").chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ablations.sh"), *presets], capture_output=True, text=True, timeout=60,
+        check=False, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                          "ABLATIONS_DIR": str(tmp_path / "sweeps"), "REPORTS_DIR": str(tmp_path / "reports"), **env})
+    return result, log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_ablations_script_writes_the_reports_after_every_sweep(tmp_path: Path) -> None:
+    """A report overwrites tracked files under docs/results/: written between two sweeps, it would mark
+    every job of the later sweeps git_dirty."""
+    result, calls = run_script_with_a_logging_python(tmp_path, "ablation_norm", "ablation_label_smoothing")
+    sweeps, reports = tmp_path / "sweeps", tmp_path / "reports"
+    assert result.returncode == 0, result.stderr
+    assert calls == [
+        f"train.py -m experiment=ablation_norm budget=steps hydra.sweep.dir={sweeps}/ablation_norm",
+        f"train.py -m experiment=ablation_label_smoothing budget=steps hydra.sweep.dir={sweeps}/ablation_label_smoothing",
+        f"-m trident.report {sweeps}/ablation_norm --out {reports}/ablation_norm",
+        f"-m trident.report {sweeps}/ablation_label_smoothing --out {reports}/ablation_label_smoothing "
+        "--compare best/val/bleu test/bleu test/ppl",
+    ]
+
+
+def test_max_seeds_runs_the_adaptive_loop_on_the_first_compared_metric(tmp_path: Path) -> None:
+    result, calls = run_script_with_a_logging_python(tmp_path, "ablation_label_smoothing", "ablation_heads",
+                                                     MAX_SEEDS="8", BUDGET="equal_compute")
+    sweeps = tmp_path / "sweeps"
+    assert result.returncode == 0, result.stderr
+    assert calls[:2] == [
+        "-m trident.adaptive experiment=ablation_label_smoothing budget=equal_compute --metric best/val/bleu "
+        f"--max-seeds 8 --sweep-dir {sweeps}/ablation_label_smoothing_equal_compute",
+        "-m trident.adaptive experiment=ablation_heads budget=equal_compute --metric best/val/loss "
+        f"--max-seeds 8 --sweep-dir {sweeps}/ablation_heads_equal_compute",
+    ]
+
+
+@pytest.mark.parametrize(("presets", "max_seeds", "error"), [
+    (["ablation_heads"], "eight", "error: MAX_SEEDS=eight is not a number of seeds: set e.g. MAX_SEEDS=8, "
+                                  "or unset it for the presets' seeds"),
+    (["ablation_heads", "ablation_pos_encoding_tasks"], "8",
+     "error: ablation_pos_encoding_tasks sweeps task, whose comparisons MAX_SEEDS cannot add seeds to: "
+     "run it without MAX_SEEDS"),
+])
+def test_the_ablations_script_refuses_max_seeds_it_cannot_use(tmp_path: Path, presets: list[str], max_seeds: str,
+                                                              error: str) -> None:
+    result, calls = run_script_with_a_logging_python(tmp_path, *presets, MAX_SEEDS=max_seeds)
+    assert (result.returncode, result.stderr.splitlines(), calls) == (2, [error], [])
