@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats
 
 from .conftest import ROOT
@@ -241,3 +242,22 @@ def test_every_decimal_of_the_prose_is_derived_from_the_jobs(section: str, table
     quoted = DECIMAL.findall(re.sub(r"`[^`]*`|\]\([^)]*\)", "", " ".join(paragraphs)))
     assert quoted, "the section quotes numbers"
     assert [number for number in quoted if number not in allowed] == []
+
+
+def test_equal_compute_reports_spend_the_budget_within_one_step_and_the_page_says_their_steps() -> None:
+    """The page's "Steps: ..." lines name each setting's steps; under the budget of
+    conf/budget/equal_compute.yaml every job spends it to within one of its steps."""
+    budget = float(yaml.safe_load((ROOT / "conf" / "budget" / "equal_compute.yaml").read_text())["budget"]["flops"])
+    checked = 0
+    for section, tables in checked_sections():
+        steps_lines = [line for line in section.splitlines() if line.startswith("Steps: ")]
+        jobs = pd.concat([jobs_of(t.report) for t in tables])
+        if "flops_per_step" not in jobs or jobs.flops_per_step.isna().all():
+            assert not steps_lines, "a Steps: line belongs to an equal-compute report"
+            continue
+        spent = jobs.max_steps * jobs.flops_per_step
+        assert ((budget - spent >= 0) & (budget - spent < jobs.flops_per_step)).all()
+        said = {int(n) for line in steps_lines for n in re.findall(r"(\d+) for", line)}
+        assert said and said <= set(jobs.max_steps.astype(int)), (said, sorted(set(jobs.max_steps)))
+        checked += 1
+    assert checked, "the page has an equal-compute section"
