@@ -45,7 +45,9 @@ for preset in "${presets[@]}"; do  # every name checked before any sweep starts
     echo "error: no preset conf/experiment/$preset.yaml: choose among $known" >&2
     exit 2
   fi
-  if [ -n "$max_seeds" ] && grep -qE '^\s+task:\s*\S+,' "conf/experiment/$preset.yaml"; then
+  # A list of tasks under hydra.sweeper.params (the preset's sweep), not a task key elsewhere.
+  if [ -n "$max_seeds" ] && awk '/^ *params:/ {p = 1} p && /^ +task: *[^ ]+,/ {f = 1} END {exit !f}' \
+      "conf/experiment/$preset.yaml"; then
     echo "error: $preset sweeps task, whose comparisons MAX_SEEDS cannot add seeds to: run it without MAX_SEEDS" >&2
     exit 2
   fi

@@ -117,8 +117,8 @@ def test_the_ablations_script_writes_the_reports_after_every_sweep(tmp_path: Pat
         f"train.py -m experiment=ablation_norm budget=steps hydra.sweep.dir={sweeps}/ablation_norm",
         f"train.py -m experiment=ablation_label_smoothing budget=steps hydra.sweep.dir={sweeps}/ablation_label_smoothing",
         f"-m trident.report {sweeps}/ablation_norm --out {reports}/ablation_norm",
-        f"-m trident.report {sweeps}/ablation_label_smoothing --out {reports}/ablation_label_smoothing "
-        "--compare best/val/bleu test/bleu test/ppl",
+        (f"-m trident.report {sweeps}/ablation_label_smoothing --out {reports}/ablation_label_smoothing "
+         "--compare best/val/bleu test/bleu test/ppl"),
     ]
 
 
@@ -128,19 +128,19 @@ def test_max_seeds_runs_the_adaptive_loop_on_the_first_compared_metric(tmp_path:
     sweeps = tmp_path / "sweeps"
     assert result.returncode == 0, result.stderr
     assert calls[:2] == [
-        "-m trident.adaptive experiment=ablation_label_smoothing budget=equal_compute --metric best/val/bleu "
-        f"--max-seeds 8 --sweep-dir {sweeps}/ablation_label_smoothing_equal_compute",
-        "-m trident.adaptive experiment=ablation_heads budget=equal_compute --metric best/val/loss "
-        f"--max-seeds 8 --sweep-dir {sweeps}/ablation_heads_equal_compute",
+        ("-m trident.adaptive experiment=ablation_label_smoothing budget=equal_compute --metric best/val/bleu "
+         f"--max-seeds 8 --sweep-dir {sweeps}/ablation_label_smoothing_equal_compute"),
+        ("-m trident.adaptive experiment=ablation_heads budget=equal_compute --metric best/val/loss "
+         f"--max-seeds 8 --sweep-dir {sweeps}/ablation_heads_equal_compute"),
     ]
 
 
 @pytest.mark.parametrize(("presets", "max_seeds", "error"), [
-    (["ablation_heads"], "eight", "error: MAX_SEEDS=eight is not a number of seeds: set e.g. MAX_SEEDS=8, "
-                                  "or unset it for the presets' seeds"),
+    (["ablation_heads"], "eight", ("error: MAX_SEEDS=eight is not a number of seeds: set e.g. MAX_SEEDS=8, "
+                                   "or unset it for the presets' seeds")),
     (["ablation_heads", "ablation_pos_encoding_tasks"], "8",
-     "error: ablation_pos_encoding_tasks sweeps task, whose comparisons MAX_SEEDS cannot add seeds to: "
-     "run it without MAX_SEEDS"),
+     ("error: ablation_pos_encoding_tasks sweeps task, whose comparisons MAX_SEEDS cannot add seeds to: "
+      "run it without MAX_SEEDS")),
 ])
 def test_the_ablations_script_refuses_max_seeds_it_cannot_use(tmp_path: Path, presets: list[str], max_seeds: str,
                                                               error: str) -> None:

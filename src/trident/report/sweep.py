@@ -101,7 +101,8 @@ def _training_length(job_dir: Path) -> dict[str, float]:
     config = OmegaConf.load(config_file)
     values = {"max_steps": OmegaConf.select(config, "trainer.max_steps"),
               "flops_per_step": OmegaConf.select(config, "budget.flops_per_step")}
-    return {key: float(value) for key, value in values.items() if value is not None}
+    # max_steps -1: the job trained by epochs (trainer.max_epochs), a length in steps it never knew.
+    return {key: float(value) for key, value in values.items() if value is not None and value != -1}
 
 
 def _seed(job_dir: Path) -> int | None:

@@ -39,7 +39,7 @@ def _length_line(sweep: Sweep) -> list[str]:
             lengths.setdefault(job.setting, set()).add((job.length["max_steps"], job.length["flops_per_step"]))
     if not lengths:
         return []
-    cells = [f"`{setting}` {', '.join(f'{steps:.0f} x {per_step:.4g} = {steps * per_step:.4g}' for steps, per_step in sorted(pairs))}"
+    cells = [f"`{setting}` " + ", ".join(f"{steps:.0f} x {per_step:.4g} = {steps * per_step:.4g}" for steps, per_step in sorted(pairs))
              for setting, pairs in lengths.items()]
     return ["Steps x FLOPs per step = model FLOPs of each setting's jobs: " + "; ".join(cells) + ".", ""]
 
