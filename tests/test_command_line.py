@@ -3,12 +3,14 @@ the config, composed once, before torch, Lightning and W&B are imported."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from trident.errors import ConfigError
 from trident.runs import command_line
 
 from .conftest import CONF_DIR, ROOT
@@ -67,3 +69,18 @@ def test_shared_parts_of_a_group_are_not_options(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exit_info:
         command_line.prepare_command_line(["model=_architecture"], CONF_DIR)
     assert exit_info.value.code == 2 and "model=_architecture does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["task=lm"], None), (["task='lm'"], None), (["-m", "task=lm,vit"], None), (["-m", "task=choice(lm,mlm)"], None),
+    (["-m", "pos_encoding=choice(rope)"], None), (["-m", "task=glob(*)"], None),
+    (["-m", "task=lm,vitt"], "task=vitt"), (["-m", "task=choice(lm,mlmm)"], "task=mlmm"),
+    (["-m", "pos_encoding=choice(rop)"], "pos_encoding=rop"),
+])
+def test_every_value_of_a_group_sweep_is_checked_in_hydras_sweep_syntax(argv: list[str], named: str | None) -> None:
+    """``choice(...)`` is how trident.adaptive runs one setting of a sweep over a group (task=, pos_encoding=)."""
+    if named is None:
+        command_line.check_group_choices(argv, CONF_DIR)
+        return
+    with pytest.raises(ConfigError, match=f"^{re.escape(named)} does not exist: choose one of "):
+        command_line.check_group_choices(argv, CONF_DIR)

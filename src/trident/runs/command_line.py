@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -81,8 +81,9 @@ def _config_options(argv: Sequence[str]) -> list[str]:
 def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
     """Fail in one line on ``group=option`` arguments naming no file in ``conf/<group>/``.
 
-    Hydra would report the same after composing, as a multi-line message. Sweeps (``a,b``) are
-    checked per value.
+    Hydra would report the same after composing, as a multi-line message. Sweeps (``a,b`` and
+    ``choice(a,b)``, which trident.adaptive writes) are checked per value; ``glob(...)`` picks among
+    the options itself, and a value Hydra cannot parse is left to :func:`compose_checked`.
     """
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -90,11 +91,24 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
         if not sep or "." in key or not group.is_dir() or value in ("null", ""):
             continue
         choices = group_options(key.lstrip("+"), group)
-        for option in value.split(","):
+        for option in _group_values(arg):
             if option not in choices and (missing := plugin_extra(f"{key.lstrip('+')}/{option}")):
                 raise missing  # e.g. hydra/launcher=slurm without the [slurm] extra
             if option not in choices:
                 raise ConfigError(f"{key.lstrip('+')}={option} does not exist: choose one of {', '.join(choices)}")
+
+
+def _group_values(arg: str) -> list[str]:
+    """The options a ``group=...`` argument names, one per job of a sweep."""
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except HydraException:  # OverrideParseException, or the grammar's own error
+        return []
+    if override.value_type == ValueType.GLOB_CHOICE_SWEEP:  # matched against the options by Hydra
+        return []
+    if override.is_choice_sweep():
+        return list(override.sweep_string_iterator())
+    return [] if override.is_sweep_override() else [str(override.value())]
 
 
 def compose_checked(argv: Sequence[str], conf_dir: Path) -> DictConfig:
