@@ -290,3 +290,37 @@ def test_equal_compute_spends_the_budget_within_one_step_and_the_steps_lines_say
         if not table.steps_line:
             assert jobs_of(table.report).get("flops_per_step", pd.Series(dtype=float)).isna().all(), (
                 f"{table.report} trained on a FLOP budget: say its steps in a Steps: line")
+
+
+# The reference row of Table 3 on trident (the nano LM: 4 heads, d_model 64, 2 layers, d_ff 256, pre-norm,
+# rotary, no dropout, the whole corpus, 600 steps) is one setting of each of these equal-step sweeps.
+REFERENCE_ROW = {
+    "ablation_base": "(all)",
+    "ablation_heads": "model.n_heads=4",
+    "ablation_width": "model.d_model=64",
+    "ablation_depth": "model.n_layers=2",
+    "ablation_ffn": "model.d_ff=256",
+    "ablation_norm": "model.norm_first=True",
+    "ablation_pos_encoding": "pos_encoding=rope",
+    "ablation_dropout_full_data": "model.dropout=0.0",
+}
+# Another CPU or build sums in another order: the same job agrees to about 1e-5 nats, not to the bit.
+ACROSS_MACHINES = 1e-4
+
+
+def test_the_reference_row_gives_each_seed_the_same_loss_in_every_sweep_that_runs_it() -> None:
+    """Bit for bit among the jobs of one commit (one machine, one run of the re-runs), to ACROSS_MACHINES
+    between commits: so a table's differences come from its settings and seeds, not from run-to-run noise."""
+    losses: dict[tuple[int, str], dict[str, float]] = {}  # (seed, commit) -> {report: best/val/loss}
+    for report, setting in REFERENCE_ROW.items():
+        jobs = jobs_of(report)
+        reference = jobs[jobs.setting == setting]
+        assert len(reference) >= 3, f"{report} has no reference row {setting!r} of 3 seeds"
+        for seed, commit, loss in zip(reference.seed, reference.git_commit, reference["best/val/loss"], strict=True):
+            losses.setdefault((int(seed), commit), {})[report] = float(loss)
+    for (seed, commit), by_report in losses.items():
+        assert len(set(by_report.values())) == 1, f"seed {seed}, commit {commit[:7]}: {by_report}"
+    for seed in {seed for seed, _ in losses}:
+        values = [v for (s, _), by_report in losses.items() if s == seed for v in by_report.values()]
+        assert max(values) - min(values) < ACROSS_MACHINES, f"seed {seed}: {values}"
+    assert max(len(by_report) for by_report in losses.values()) > 1, "a seed of one commit recurs in several sweeps"
