@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from scipy import stats
 
-from .conftest import ROOT
+from .conftest import ROOT, compose_config
 
 DOC = ROOT / "docs" / "results.md"
 RESULTS = ROOT / "docs" / "results"
@@ -293,17 +294,21 @@ def test_equal_compute_spends_the_budget_within_one_step_and_the_steps_lines_say
 
 
 # The reference row of Table 3 on trident (the nano LM: 4 heads, d_model 64, 2 layers, d_ff 256, pre-norm,
-# rotary, no dropout, the whole corpus, 600 steps) is one setting of each of these equal-step sweeps.
-REFERENCE_ROW = {
-    "ablation_base": "(all)",
-    "ablation_heads": "model.n_heads=4",
-    "ablation_width": "model.d_model=64",
-    "ablation_depth": "model.n_layers=2",
-    "ablation_ffn": "model.d_ff=256",
-    "ablation_norm": "model.norm_first=True",
-    "ablation_pos_encoding": "pos_encoding=rope",
-    "ablation_dropout_full_data": "model.dropout=0.0",
+# rotary, no dropout, the whole corpus, 600 steps) is one setting of each of these equal-step sweeps:
+# report -> (its preset, the sweep's other command-line overrides, the setting).
+REFERENCE_ROW: dict[str, tuple[str, list[str], str]] = {
+    "ablation_base": ("ablation_base", [], "(all)"),
+    "ablation_heads": ("ablation_heads", [], "model.n_heads=4"),
+    "ablation_width": ("ablation_width", [], "model.d_model=64"),
+    "ablation_depth": ("ablation_depth", [], "model.n_layers=2"),
+    "ablation_ffn": ("ablation_ffn", [], "model.d_ff=256"),
+    "ablation_norm": ("ablation_norm", [], "model.norm_first=True"),
+    "ablation_pos_encoding": ("ablation_pos_encoding", [], "pos_encoding=rope"),
+    "ablation_dropout_full_data": (
+        "ablation_dropout", ["model.d_model=64", "model.d_ff=256", "data.train_tokens=null"], "model.dropout=0.0"),
 }
+# What a job trains: the groups that set its model, data, optimisation and length (not its paths or logging).
+TRAINING_KEYS = ["model", "pos_encoding", "data", "task", "optimizer", "scheduler", "budget", "precision_name"]
 # Another CPU or build sums in another order: the same job agrees to about 1e-5 nats, not to the bit.
 ACROSS_MACHINES = 1e-4
 
@@ -312,7 +317,7 @@ def test_the_reference_row_gives_each_seed_the_same_loss_in_every_sweep_that_run
     """Bit for bit among the jobs of one commit (one machine, one run of the re-runs), to ACROSS_MACHINES
     between commits: so a table's differences come from its settings and seeds, not from run-to-run noise."""
     losses: dict[tuple[int, str], dict[str, float]] = {}  # (seed, commit) -> {report: best/val/loss}
-    for report, setting in REFERENCE_ROW.items():
+    for report, (_, _, setting) in REFERENCE_ROW.items():
         jobs = jobs_of(report)
         reference = jobs[jobs.setting == setting]
         assert len(reference) >= 3, f"{report} has no reference row {setting!r} of 3 seeds"
@@ -324,3 +329,17 @@ def test_the_reference_row_gives_each_seed_the_same_loss_in_every_sweep_that_run
         values = [v for (s, _), by_report in losses.items() if s == seed for v in by_report.values()]
         assert max(values) - min(values) < ACROSS_MACHINES, f"seed {seed}: {values}"
     assert max(len(by_report) for by_report in losses.values()) > 1, "a seed of one commit recurs in several sweeps"
+
+
+def what_trains(overrides: list[str]) -> dict[str, object]:
+    cfg = compose_config(overrides)
+    groups = {key: OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key] for key in TRAINING_KEYS}
+    return {**groups, "max_steps": cfg.trainer.max_steps}
+
+
+@pytest.mark.parametrize("report", [r for r in REFERENCE_ROW if r != "ablation_base"])
+def test_each_sweeps_reference_setting_composes_the_reference_rows_config(report: str) -> None:
+    """The settings the test above compares are the reference row: the preset with that setting trains what
+    ``experiment=ablation_base`` trains (a preset that moved its other values would break the comparison)."""
+    preset, overrides, setting = REFERENCE_ROW[report]
+    assert what_trains([f"experiment={preset}", *overrides, setting]) == what_trains(["experiment=ablation_base"])
