@@ -14,6 +14,7 @@ NODES=(n1 n2)
 PORTS=(17001 17002)
 STATE=/var/spool/slurmctld
 LOGS=/var/log/slurm
+PROLOG=$(dirname "$CONF")/trident-prolog.sh
 PACKAGES=(slurmd slurmctld slurm-client munge)
 
 die() { echo "error: $*" >&2; exit 2; }
@@ -31,12 +32,34 @@ install_packages() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
 }
 
+# submitit makes a job's log directory (.submitit/<job id>/, the --output path) only once sbatch has
+# returned the id. A real cluster takes seconds to start a job; this one starts it within
+# milliseconds, and slurmd, finding no directory for the job's stdout, kills the job before it runs
+# (seen in CI: "Could not open stdout file", the sweep then waits for a job that is gone). The node
+# prolog runs before slurmd opens that file: it waits up to 30 s for the directory. It always exits
+# 0, since a failing prolog drains the node.
+write_prolog() {
+  cat > "$PROLOG.new" <<'PROLOG_SCRIPT'
+#!/bin/sh
+out=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^StdOut=//p')
+[ -n "$out" ] || exit 0
+for _ in $(seq 300); do
+  [ -d "$(dirname "$out")" ] && exit 0
+  sleep 0.1
+done
+exit 0
+PROLOG_SCRIPT
+  chmod 755 "$PROLOG.new"
+  mv "$PROLOG.new" "$PROLOG"
+}
+
 write_config() {
   if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
     die "$CONF belongs to another SLURM set-up: this script only manages its own test cluster"
   fi
   local host; host=$(hostname)
   mkdir -p "$(dirname "$CONF")"
+  write_prolog
   cat > "$CONF.new" <<CONFIG
 $MARK
 ClusterName=trident
@@ -57,6 +80,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
 MpiDefault=none
+Prolog=$PROLOG
 ReturnToService=2
 # Seconds between SIGTERM and SIGKILL when a job is cancelled, requeued or preempted.
 KillWait=30

@@ -365,3 +365,24 @@ def test_scancel_leaves_a_complete_checkpoint_and_resume_continues_exactly(runs:
 
 def test_two_nodes_by_hand_train_like_two_processes_on_one_node(runs: Runs) -> None:
     assert _losses(_wandb(runs["by-hand"])) == pytest.approx(_losses(_wandb(runs["lm-one-node"])), rel=1e-5)
+
+
+def test_a_job_whose_log_directory_appears_after_sbatch_still_runs(tmp_path: Path) -> None:
+    """submitit makes ``.submitit/<job id>/`` only once sbatch has returned the id; this cluster starts
+    a job within milliseconds, and the node prolog (scripts/slurm_cluster.sh) waits for the directory."""
+    out = tmp_path / "logs"
+    submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}/%j/log.out", "--wrap", "echo ran"],
+                               capture_output=True, text=True, check=True, cwd=tmp_path)
+    job = submitted.stdout.strip().split(";")[0]
+    time.sleep(1)  # long after SLURM would have started it without the prolog
+    (out / job).mkdir(parents=True)
+    log = out / job / "log.out"
+    deadline = time.monotonic() + 60
+    while not (log.is_file() and log.read_text().strip()):
+        assert time.monotonic() < deadline, f"job {job} never wrote {log}: {_job_state(job)}"
+        time.sleep(0.2)
+    assert log.read_text().strip() == "ran"
+
+
+def _job_state(job: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=False).stdout
