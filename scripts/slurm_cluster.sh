@@ -36,15 +36,18 @@ install_packages() {
 # returned the id. A real cluster takes seconds to start a job; this one starts it within
 # milliseconds, and slurmd, finding no directory for the job's stdout, kills the job before it runs
 # (seen in CI: "Could not open stdout file", the sweep then waits for a job that is gone). The node
-# prolog runs before slurmd opens that file: it waits up to 30 s for the directory. It always exits
+# prolog runs before slurmd opens that file: it waits up to 5 s for the directory (no longer: on a
+# node that only runs a step, srun gives up on a launch that takes 10 s). It always exits
 # 0, since a failing prolog drains the node.
 write_prolog() {
   cat > "$PROLOG.new" <<'PROLOG_SCRIPT'
 #!/bin/sh
-out=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^StdOut=//p')
-[ -n "$out" ] || exit 0
-for _ in $(seq 300); do
-  [ -d "$(dirname "$out")" ] && exit 0
+# The record of this job alone (the id of an array's task also lists the array's other records).
+out=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep "^JobId=$SLURM_JOB_ID " | tr ' ' '\n' | sed -n 's/^StdOut=//p')
+dir=$(dirname "${out:-/}")
+case $dir in *%*) exit 0 ;; esac  # a pattern left unexpanded names no directory to wait for
+for _ in $(seq 50); do
+  [ -d "$dir" ] && exit 0
   sleep 0.1
 done
 exit 0

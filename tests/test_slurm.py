@@ -368,21 +368,23 @@ def test_two_nodes_by_hand_train_like_two_processes_on_one_node(runs: Runs) -> N
 
 
 def test_a_job_whose_log_directory_appears_after_sbatch_still_runs(tmp_path: Path) -> None:
-    """submitit makes ``.submitit/<job id>/`` only once sbatch has returned the id; this cluster starts
-    a job within milliseconds, and the node prolog (scripts/slurm_cluster.sh) waits for the directory."""
+    """submitit makes ``.submitit/<array id>_<task>/`` only once sbatch has returned the id; this cluster
+    starts a job within milliseconds, and the node prolog (scripts/slurm_cluster.sh) waits for the
+    directory. A 2-task array of 2-node jobs with an srun step, as submitit submits a 2-seed sweep."""
     out = tmp_path / "logs"
-    submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}/%j/log.out", "--wrap", "echo ran"],
-                               capture_output=True, text=True, check=True, cwd=tmp_path)
-    job = submitted.stdout.strip().split(";")[0]
-    time.sleep(1)  # long after SLURM would have started it without the prolog
-    (out / job).mkdir(parents=True)
-    log = out / job / "log.out"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--array=0-1", "--nodes=2", "--ntasks-per-node=1", f"--output={out}/%A_%a/log.out",
+         "--wrap", f"srun --output={out}/%A_%a/step_%t.out echo step && echo ran"],
+        capture_output=True, text=True, check=True, cwd=tmp_path)
+    array = submitted.stdout.strip().split(";")[0]
+    time.sleep(1)  # long after SLURM would have started the jobs without the prolog
+    logs = [out / f"{array}_{task}" for task in (0, 1)]
+    for log_dir in logs:
+        log_dir.mkdir(parents=True)
     deadline = time.monotonic() + 60
-    while not (log.is_file() and log.read_text().strip()):
-        assert time.monotonic() < deadline, f"job {job} never wrote {log}: {_job_state(job)}"
+    while subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True, check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"array {array} still queued after 60 s"
         time.sleep(0.2)
-    assert log.read_text().strip() == "ran"
-
-
-def _job_state(job: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=False).stdout
+    for log_dir in logs:
+        assert (log_dir / "log.out").read_text().strip() == "ran", log_dir
+        assert [(log_dir / f"step_{rank}.out").read_text().strip() for rank in (0, 1)] == ["step", "step"]
