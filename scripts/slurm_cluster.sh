@@ -32,37 +32,13 @@ install_packages() {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
 }
 
-# submitit makes a job's log directory (.submitit/<job id>/, the --output path) only once sbatch has
-# returned the id. A real cluster takes seconds to start a job; this one starts it within
-# milliseconds, and slurmd, finding no directory for the job's stdout, kills the job before it runs
-# (seen in CI: "Could not open stdout file", the sweep then waits for a job that is gone). The node
-# prolog runs before slurmd opens that file: it waits up to 5 s for the directory (no longer: on a
-# node that only runs a step, srun gives up on a launch that takes 10 s). It always exits
-# 0, since a failing prolog drains the node.
-write_prolog() {
-  cat > "$PROLOG.new" <<'PROLOG_SCRIPT'
-#!/bin/sh
-# The record of this job alone (the id of an array's task also lists the array's other records).
-out=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep "^JobId=$SLURM_JOB_ID " | tr ' ' '\n' | sed -n 's/^StdOut=//p')
-dir=$(dirname "${out:-/}")
-case $dir in *%*) exit 0 ;; esac  # a pattern left unexpanded names no directory to wait for
-for _ in $(seq 50); do
-  [ -d "$dir" ] && exit 0
-  sleep 0.1
-done
-exit 0
-PROLOG_SCRIPT
-  chmod 755 "$PROLOG.new"
-  mv "$PROLOG.new" "$PROLOG"
-}
-
 write_config() {
   if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
     die "$CONF belongs to another SLURM set-up: this script only manages its own test cluster"
   fi
   local host; host=$(hostname)
   mkdir -p "$(dirname "$CONF")"
-  write_prolog
+  install -m 755 "$(dirname "$0")/slurm_prolog.sh" "$PROLOG"  # waits for a job's log directory
   cat > "$CONF.new" <<CONFIG
 $MARK
 ClusterName=trident

@@ -381,10 +381,9 @@ def test_a_job_whose_log_directory_appears_after_sbatch_still_runs(tmp_path: Pat
     logs = [out / f"{array}_{task}" for task in (0, 1)]
     for log_dir in logs:
         log_dir.mkdir(parents=True)
-    deadline = time.monotonic() + 60
-    while subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True, check=False).stdout.strip():
-        assert time.monotonic() < deadline, f"array {array} still queued after 60 s"
-        time.sleep(0.2)
+    queued = ["squeue", "-h", "-j", array]
+    _run_until(array, lambda: not subprocess.run(queued, capture_output=True, text=True, check=False).stdout.strip(),
+               "end of the array")
     for log_dir in logs:
         assert (log_dir / "log.out").read_text().strip() == "ran", log_dir
         assert [(log_dir / f"step_{rank}.out").read_text().strip() for rank in (0, 1)] == ["step", "step"]
