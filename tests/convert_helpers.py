@@ -14,6 +14,17 @@ from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer, vit_geometry
 
 
+def randomise(model: nn.Module, seed: int, std: float = 0.2) -> nn.Module:
+    """Every parameter of ``model`` (weights, biases, norm gains, position tables, class token) drawn anew
+    from a seeded normal distribution, far from its initial value: a bias or gain left at its default, a
+    tensor in another's place or a transposed table then changes the logits. Returns ``model``."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in model.parameters():  # a tied tensor is listed once
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
+    return model
+
+
 def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> nn.Module:
     """The trident ``net`` the weights fit (dropout off), loaded strictly, in eval mode."""
     options = dict(weights.model, pos_encoding=weights.pos_encoding, dropout=0.0)

@@ -23,6 +23,7 @@ from trident.runs.pipeline import constructor_args, instantiate, train
 from trident.runs.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
+from .convert_helpers import randomise
 from .entry_points import run_in_process
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -196,6 +197,33 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     assert "rebuilt: 10 outputs there, 3 here" in table.read_text(), "the same table in W&B"
     saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] == 2
+
+
+def _timm_file(path: Path, width: int, heads: int) -> torch.nn.Module:
+    """A timm ViT of 28x28 grey images in 7x7 patches, every parameter random, saved as a bare state dict
+    (which records no head count)."""
+    import timm
+    from safetensors.torch import save_file
+
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                                  embed_dim=width, depth=2, num_heads=heads, num_classes=3)
+    randomise(reference, seed=5)
+    save_file(reference.state_dict(), str(path))
+    return reference.eval()
+
+
+def test_model_n_heads_states_the_heads_of_a_timm_file(tmp_path: Path) -> None:
+    reference = _timm_file(tmp_path / "vit.safetensors", width=96, heads=3)  # heads of 32: 64-wide ones do not fit
+    run = tmp_path / "run"
+    overrides = [o for o in VIT if o != "model=nano"]
+    train(compose_config([*overrides, *FROZEN, *_image_run(_image_folder(tmp_path / "images", 3, 10)),
+                          f"init_from={tmp_path / 'vit.safetensors'}", "model.n_heads=3"], output_dir=run))
+    net = trident.load(run).net
+    images = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(net(images), reference(images), atol=1e-5, rtol=1e-5)
+    rows = {(r["outcome"], r["group"]): r for r in _table(run)}
+    assert rows[("loaded", "encoder.blocks")]["note"] == "heads: 3 (as given; the file does not record them)"
 
 
 @pytest.mark.parametrize("case", ["missing", "not a model", "contradicting model", "contradicting group", "both tokenizers",

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from trident.backbone import TransformerConfig
-from trident.convert.timm_vit import load_timm_weights, timm_to_trident
-from trident.errors import ConfigError, DataError
+from trident.convert.timm_vit import timm_to_trident
+from trident.errors import ConfigError
 from trident.models.vit import PatchEmbedding, VisionTransformer, attention_rollout, vit_geometry
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -45,30 +43,6 @@ def test_timm_state_dict_gives_the_same_logits() -> None:
     torch.testing.assert_close(model.forward_head(model.forward_features(images), pre_logits=True),
                                reference.forward_head(reference.forward_features(images), pre_logits=True),
                                rtol=1e-4, atol=1e-5)
-
-
-def test_pretrained_file_loads_and_a_new_head_is_kept(tmp_path: Path) -> None:
-    reference = random_timm_vit(classes=10)
-    path = tmp_path / "vit.pth"
-    torch.save(reference.state_dict(), path)
-    model = trident_vit(32, 4, classes=5)
-    head_before = model.head.weight.clone()
-    load_timm_weights(model, path)
-    torch.testing.assert_close(model.patch_embed.proj.weight, reference.patch_embed.proj.weight)
-    assert torch.equal(model.head.weight, head_before)  # 10-class head skipped for a 5-class task
-    with pytest.raises(DataError, match="not found"):
-        load_timm_weights(model, tmp_path / "missing.pth")
-    (tmp_path / "junk.pth").write_text("not a checkpoint")
-    with pytest.raises(DataError, match="cannot read pretrained weights"):
-        load_timm_weights(model, tmp_path / "junk.pth")
-
-
-def test_pretrained_position_table_is_resampled_to_a_new_grid(tmp_path: Path) -> None:
-    path = tmp_path / "vit.pth"
-    torch.save(random_timm_vit(image_size=32).state_dict(), path)
-    model = trident_vit(48, 4)  # 12x12 patches instead of 8x8
-    load_timm_weights(model, path)
-    assert model.encoder.pos_encoding.embedding.weight.shape == (1 + 144, 64)
 
 
 def test_vit_b16_has_timm_parameter_count() -> None:

@@ -10,9 +10,9 @@ import trident.convert.hf_bert as hf_bert  # noqa: PLR0402
 import trident.convert.hf_gpt2 as hf_gpt2  # noqa: PLR0402
 import trident.convert.hf_vit as hf_vit  # noqa: PLR0402
 from trident.convert.hf_files import read_config, read_state_dict, read_tokenizer
-from trident.convert.timm_vit import from_timm, read_timm_file
+from trident.convert.timm_vit import from_timm, read_timm_file, timm_config
 from trident.convert.weights import PretrainedWeights
-from trident.errors import DataError
+from trident.errors import ConfigError, DataError
 
 # Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
 HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}
@@ -31,20 +31,30 @@ def supported() -> str:
     return f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)})"
 
 
-def read_pretrained(path: str | Path) -> PretrainedWeights:
-    """A Hugging Face model directory (config.json + model.safetensors | pytorch_model.bin) or a timm ViT
-    state-dict file (.pth/.bin/.safetensors). Anything else: one-line DataError naming what it is not and
-    the supported architectures."""
-    source = str(path)
-    path = Path(path)
+def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> PretrainedWeights:
+    """A Hugging Face model directory (config.json + model.safetensors | pytorch_model.bin), a timm ViT
+    state-dict file (.pth/.bin/.safetensors; timm's config.json beside it, if any, gives the heads) or a
+    timm directory (timm's config.json + weights). Anything else: one-line DataError naming what it is
+    not and the supported architectures. ``n_heads``: the head count of a timm ViT that nothing beside
+    its file states; a source that states another is one ConfigError line."""
+    weights = _read(str(path), Path(path), n_heads)
+    if n_heads is not None and weights.model["n_heads"] != n_heads:
+        raise ConfigError(f"model.n_heads={n_heads} contradicts {path}, which has model.n_heads={weights.model['n_heads']}: "
+                          "drop that override (the architecture comes from the weights)")
+    return weights
+
+
+def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
     if not path.exists():
         path = _hub_snapshot(source)
     if path.is_file():
         if path.suffix not in TIMM_SUFFIXES:
             raise DataError(f"{source} is not a model file trident reads: supported are {supported()}")
-        return from_timm(read_timm_file(path), source)
+        return from_timm(read_timm_file(path), source, timm_config(path.parent), n_heads)
     if not (path / "config.json").is_file():
         raise DataError(f"{source} is not a model directory (no config.json): supported are {supported()}")
+    if (timm := timm_config(path)) is not None:
+        return from_timm(read_state_dict(path), source, timm, n_heads)
     config = read_config(path)
     model_type = config.get("model_type")
     adapter = HF_ADAPTERS.get(str(model_type))

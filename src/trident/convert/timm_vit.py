@@ -2,29 +2,32 @@
 
 timm and trident name the same tensors differently; the layouts match (fused qkv in q, k, v
 order with heads contiguous; the class token's position first in the position table). A state
-dict does not record the number of heads: timm's ViTs all use 64 channels per head.
+dict does not record the number of heads, and it changes no tensor's shape: it comes from timm's
+``config.json`` beside the weights (``model_args``, else the architecture's own), else from the
+caller (``model.n_heads=``); only where nothing states it are 64-channel heads assumed (most timm
+ViTs; not huge, giant or gigantic), and the weights table says so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
-from timm.layers import resample_abs_pos_embed
 from torch import Tensor
 
 from trident.convert.common import require_source
 from trident.convert.weights import PretrainedWeights
-from trident.errors import DataError
-from trident.models.vit import VisionTransformer
+from trident.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
 FORMAT = "timm-vit"
-HEAD_DIM = 64  # channels per attention head in every timm ViT (tiny 192/3 ... huge 1280/16)
+ASSUMED_HEAD_DIM = 64  # channels per head of timm's tiny ... large ViTs (huge 1280/16 and larger differ)
 TIMM_NORM_EPS = 1e-6
 
 # timm block tensor prefix -> trident's, inside ``blocks.<i>.`` / ``encoder.blocks.<i>.``.
@@ -100,8 +103,65 @@ def read_timm_file(path: Path) -> dict[str, Tensor]:
     return state.get("state_dict", state.get("model", state))
 
 
-def from_timm(state: dict[str, Tensor], source: str) -> PretrainedWeights:
-    """A timm ViT state dict in trident's terms; its geometry is read off the tensors' shapes."""
+def timm_config(directory: Path) -> dict[str, Any] | None:
+    """timm's ``config.json`` in ``directory`` (``save_pretrained`` / the Hub's layout: it names the
+    ``architecture``), or None where there is none (a Hugging Face ``config.json`` is not timm's)."""
+    path = directory / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path} cannot be read ({type(err).__name__}): give timm's config.json or remove it") from None
+    return config if isinstance(config, dict) and "architecture" in config else None
+
+
+def _architecture_heads(config: dict[str, Any], d_model: int, source: str) -> int:
+    """The head count timm's ``config.json`` states: its ``model_args``, else its architecture's default
+    (built on the meta device: no memory, no download), which must be as wide as the weights."""
+    args = dict(config.get("model_args") or {})
+    if "num_heads" in args:
+        return int(args["num_heads"])
+    import timm
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    name = config["architecture"]
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, **args)
+    except Exception as err:  # an unknown name (RuntimeError) or arguments it does not take (TypeError)
+        raise DataError(f"{source}: its config.json names {name}, which timm {timm.__version__} cannot build "
+                        f"({type(err).__name__}): give its model_args.num_heads, or set model.n_heads=") from err
+    require_source(isinstance(model, TimmViT), source, f"a timm {type(model).__name__} ({name}), not a VisionTransformer")
+    if model.embed_dim != d_model:
+        raise DataError(f"{source}: its config.json names {name}, which is {model.embed_dim} wide; the weights are "
+                        f"{d_model} wide: give the config.json saved with these weights")
+    return int(model.blocks[0].attn.num_heads)
+
+
+def _heads(d_model: int, config: dict[str, Any] | None, n_heads: int | None, source: str) -> tuple[int, dict[str, str]]:
+    """The head count and, where the file does not record it, the weights table's note saying so."""
+    if config is not None:
+        return _architecture_heads(config, d_model, source), {}
+    if n_heads is not None:
+        if n_heads <= 0 or d_model % n_heads:
+            raise ConfigError(f"n_heads={n_heads} does not divide the width {d_model} of {source}: give the head count "
+                              f"of the model that was trained (a divisor of {d_model})")
+        return n_heads, {"encoder.blocks": f"heads: {n_heads} (as given; the file does not record them)"}
+    if d_model % ASSUMED_HEAD_DIM:
+        raise DataError(f"{source} is a timm ViT {d_model} wide and records no head count, which {ASSUMED_HEAD_DIM}-channel "
+                        "heads do not divide: set model.n_heads= (read_pretrained: n_heads=), or put timm's config.json "
+                        "beside the file")
+    heads = d_model // ASSUMED_HEAD_DIM
+    note = f"heads: {heads} (assumed {ASSUMED_HEAD_DIM} channels each; set model.n_heads= if the source differs)"
+    log.warning("%s: %s", source, note)
+    return heads, {"encoder.blocks": note}
+
+
+def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | None = None,
+              n_heads: int | None = None) -> PretrainedWeights:
+    """A timm ViT state dict in trident's terms; its geometry is read off the tensors' shapes, its head
+    count from timm's ``config`` (``config.json``), else ``n_heads``, else 64-channel heads (noted)."""
     require_source("pos_embed" in state and "patch_embed.proj.weight" in state, source,
                    "no pos_embed/patch_embed.proj.weight, so not a timm ViT; it holds something")
     require_source("cls_token" in state, source, "no class token (global average pooling with fc_norm)")
@@ -111,14 +171,17 @@ def from_timm(state: dict[str, Tensor], source: str) -> PretrainedWeights:
     side = math.isqrt(state["pos_embed"].shape[1] - 1)  # (1, 1 + side*side, D)
     foreign = sorted(n for n in converted if not n.startswith(("encoder.", "patch_embed.", "cls_token", "head.")))
     require_source(not foreign, source, f"tensors trident's ViT has no place for ({', '.join(foreign[:3])})")
+    require_source(state["blocks.0.attn.qkv.weight"].shape == (3 * d_model, d_model), source,
+                   "attention of another width than the model (attn_head_dim)")
     layer_scale = "blocks.0.ls1.gamma" in state
+    heads, notes = _heads(int(d_model), config, n_heads, source)
     return PretrainedWeights(
         source=source,
         format=FORMAT,
         task="vit",
         model={
             "d_model": int(d_model),
-            "n_heads": max(1, int(d_model) // HEAD_DIM),
+            "n_heads": heads,
             "n_layers": n_layers,
             "d_ff": int(state["blocks.0.mlp.fc1.weight"].shape[0]),
             "activation": "gelu",
@@ -136,31 +199,14 @@ def from_timm(state: dict[str, Tensor], source: str) -> PretrainedWeights:
         state_dict=converted,
         tokenizer=None,
         num_classes=int(state["head.weight"].shape[0]) if "head.weight" in state else None,
+        notes=notes,
     )
 
 
-def load_timm_weights(model: VisionTransformer, path: str | Path) -> None:
-    """Load a timm checkpoint file (.pth/.bin/.safetensors). A head of another size is skipped
-    (fine-tuning on new classes); a position table of another length is resampled."""
-    path = Path(path)
-    converted = timm_to_trident(read_timm_file(path))
-    own = model.state_dict()
-    table = _POSITIONS[1]
-    if table in converted and table in own and converted[table].shape != own[table].shape:
-        side = model.encoder.cfg.grid
-        resampled = resample_abs_pos_embed(
-            converted[table][None], new_size=list(side or ()), num_prefix_tokens=model.num_prefix_tokens
-        )
-        converted[table] = resampled[0]
-    for name in ("head.weight", "head.bias"):
-        if name in converted and converted[name].shape != own[name].shape:
-            log.warning("pretrained head %s has shape %s, model needs %s: keeping the new head", name,
-                        tuple(converted[name].shape), tuple(own[name].shape))
-            del converted[name]
-    missing, unexpected = model.load_state_dict(converted, strict=False)
-    missing = [m for m in missing if not m.startswith("head.")]
-    if missing or unexpected:
-        raise DataError(
-            f"pretrained weights {str(path)!r} do not fit this model (missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}): match model size, data.patch_size and pos_encoding=learned to the checkpoint"
-        )
+def resample_position_table(table: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> Tensor:
+    """A square grid's learned position table (prefix + side*side, D) for another grid (prefix + h*w, D),
+    as timm resamples it when a ViT is loaded at another image size: bicubic and antialiased, the
+    prefix (class token) rows kept as they are."""
+    from timm.layers import resample_abs_pos_embed
+
+    return resample_abs_pos_embed(table[None], new_size=list(grid), num_prefix_tokens=num_prefix_tokens)[0]

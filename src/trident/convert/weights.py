@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -24,3 +24,5 @@ class PretrainedWeights:
     tokenizer: Tokenizer | None  # tokenizers.Tokenizer for text sources (from tokenizer.json, or vocab files)
     num_classes: int | None  # size of the source's classification head, if it has one
     vocab_size: int | None = None  # rows of the source's token embedding (text sources)
+    # What the weights table says beside a parameter group ("encoder.blocks"): a setting the file does not record.
+    notes: dict[str, str] = field(default_factory=dict)

@@ -60,11 +60,13 @@ class InitSource:
     data_options: dict[str, Any]
     state_dict: dict[str, Tensor]  # keys as the task's ``net.state_dict()`` names them
     tokenizer: Tokenizer | None
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # the weights table's, by parameter group
 
 
-def read_init_source(path: str) -> InitSource:
+def read_init_source(path: str, n_heads: int | None = None) -> InitSource:
     """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
-    source inside a run (``<run>/init``)."""
+    source inside a run (``<run>/init``). ``n_heads`` (``model.n_heads=``) states the head count of a
+    timm file, which does not record it."""
     location = Path(path)
     if not location.exists():
         raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
@@ -72,7 +74,7 @@ def read_init_source(path: str) -> InitSource:
     if (location / "source.json").is_file():
         return _read_copy(location)
     if (location / "config.json").is_file() or (location.is_file() and location.suffix != ".ckpt"):
-        return _from_outside(path)
+        return _from_outside(path, n_heads)
     if location.is_dir() and not any(location.glob("checkpoints/*.ckpt")) and not any(location.glob("*.ckpt")):
         raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
                         "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
@@ -101,15 +103,16 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
     )
 
 
-def _from_outside(path: str) -> InitSource:
+def _from_outside(path: str, n_heads: int | None) -> InitSource:
     """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.convert`."""
     from trident.convert import read_pretrained  # here: safetensors and the adapters load only when used
 
-    weights = read_pretrained(path)
+    weights = read_pretrained(path, n_heads=n_heads)
     return InitSource(
         source=path, format=weights.format, task=weights.task, model=dict(weights.model),
         pos_encoding=weights.pos_encoding, pos_encoding_options={}, task_options=dict(weights.task_options),
         data_options=dict(weights.data_options), state_dict=weights.state_dict, tokenizer=weights.tokenizer,
+        notes=dict(weights.notes),
     )
 
 
@@ -221,9 +224,11 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None) -> I
         raise ConfigError(f"init_from={cfg.init_from} starts a new run from weights, ckpt_path={cfg.ckpt_path} resumes one "
                           "(optimizer, step, data position): drop one of them")
     copy = run_dir / COPY_DIR
-    source = _read_copy(copy) if resume_from and (copy / "source.json").is_file() else read_init_source(str(cfg.init_from))
-    check_source_task(str(cfg.task.name), source)
     explicit = explicit_overrides()
+    n_heads = int(cfg.model.n_heads) if "model.n_heads" in explicit else None
+    resumed = bool(resume_from) and (copy / "source.json").is_file()
+    source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
+    check_source_task(str(cfg.task.name), source)
     apply_source(cfg, source, explicit)
     stage_tokenizer(cfg, source, explicit)
     return source

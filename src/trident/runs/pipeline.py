@@ -298,7 +298,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         check_resume_continues(saved[1], saved[0], cfg.data, vocabulary)
         check_checkpoint_fits(saved[1], task, saved[0])
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
-    transferred = transfer_weights(task.net, source.state_dict, source.source, new_head) if source and not resume_from else None
+    transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes)
+                   if source and not resume_from else None)
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))

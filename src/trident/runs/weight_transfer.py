@@ -84,9 +84,10 @@ def _heads_to_skip(target: dict[str, Tensor], source: str) -> set[str]:
     return head
 
 
-def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, new_head: bool = False) -> list[TransferRow]:
+def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, new_head: bool = False,
+                     notes: dict[str, str] | None = None) -> list[TransferRow]:
     """Load ``weights`` into ``net`` where name and shape match (the head too, unless ``new_head``);
-    returns the table's rows."""
+    returns the table's rows, a loaded group's note from ``notes`` (e.g. a head count the file does not record)."""
     target = net.state_dict()
     mismatched = {n: (tuple(weights[n].shape), tuple(t.shape)) for n, t in target.items()
                   if n in weights and weights[n].shape != t.shape}
@@ -114,7 +115,7 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
     new_notes |= {group_of(n): f"init_new_head=true: {target[n].shape[0]} outputs, initialised anew" for n in skipped}
     kept = {group_of(n): f"kept: {target[n].shape[0]} outputs there and here (init_new_head=true starts it anew)"
             for n in loaded.keys() & _classifier_head(target)}
-    rows = _rows("loaded", {n: target[n] for n in loaded}, kept)
+    rows = _rows("loaded", {n: target[n] for n in loaded}, (notes or {}) | kept)
     rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, new_notes)
     rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target}, {})
     return rows
