@@ -19,6 +19,7 @@ from trident.convert.hf_export import to_transformers
 from trident.convert.timm_vit import trident_to_timm
 from trident.errors import ConfigError, DataError
 from trident.models.vit import VisionTransformer, vit_geometry
+from trident.runs.weight_transfer import transfer_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,6 +113,24 @@ def test_timm_heads_nothing_states_are_refused_or_named(tmp_path: Path) -> None:
     (tmp_path / "stated" / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
     with pytest.raises(DataError, match="names vit_tiny_patch16_224, which is 192 wide; the weights are 320 wide"):
         read_pretrained(tmp_path / "stated")
+
+
+@pytest.mark.parametrize(("image_size", "grid"), [(64, "8x8"), (24, "3x3")])
+def test_a_timm_vit_at_another_image_size_gives_timms_logits(tmp_path: Path, image_size: int, grid: str) -> None:
+    save_file(timm_vit(160, 2).state_dict(), str(tmp_path / "vit.safetensors"))
+    weights = read_pretrained(tmp_path / "vit.safetensors", n_heads=2)
+    # timm's own fine-tuning at another size: its pretrained loader resamples the 4x4 table of the file.
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=True, img_size=image_size, patch_size=8,
+                                  embed_dim=160, depth=2, num_heads=2, num_classes=5,
+                                  pretrained_cfg_overlay={"file": str(tmp_path / "vit.safetensors"), "num_classes": 5}).eval()
+    cfg = TransformerConfig(**weights.model, pos_encoding="learned", dropout=0.0, **vit_geometry(image_size, 8, "cls"))
+    net = VisionTransformer(cfg, patch_size=8, in_channels=3, num_classes=5).eval()
+    rows = transfer_weights(net, weights.state_dict, "vit.safetensors")
+    notes = {r.group: r.note for r in rows if r.outcome == "loaded"}
+    assert notes["encoder.pos_encoding.embedding"] == f"resampled 4x4 -> {grid}" and {r.outcome for r in rows} == {"loaded"}
+    images = torch.randn(2, 3, image_size, image_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(net(images), reference(images), atol=1e-5, rtol=1e-5)
 
 
 def trident_vit(pool: str = "cls", **settings: object) -> VisionTransformer:

@@ -36,6 +36,7 @@ SMALL_MLM = ["task=mlm", *(o for o in SMALL if not o.startswith("task.sampling")
 VIT = ["task=vit", "model=nano", "data.batch_size=8", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
        "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "print_config=false",
        "callbacks.progress_bar=null", "callbacks.model_summary=null", "augment=none"]
+POSITIONS = "encoder.pos_encoding.embedding.weight"
 NEW_TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(400))
 
 
@@ -226,6 +227,40 @@ def test_model_n_heads_states_the_heads_of_a_timm_file(tmp_path: Path) -> None:
     assert rows[("loaded", "encoder.blocks")]["note"] == "heads: 3 (as given; the file does not record them)"
 
 
+@pytest.mark.parametrize("kind", ["timm", "hf", "run"])
+def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resampled(kind: str, vit_source: Path,
+                                                                              tmp_path: Path) -> None:
+    from timm.layers import resample_abs_pos_embed
+
+    source = {"timm": tmp_path / "vit.safetensors", "hf": tmp_path / "hf_vit", "run": vit_source}[kind]
+    if kind == "timm":
+        _timm_file(source, width=64, heads=1)
+    elif kind == "hf":
+        transformers = pytest.importorskip("transformers")
+        config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+                                        image_size=28, patch_size=7, num_channels=1, num_labels=3)
+        randomise(transformers.ViTForImageClassification(config), seed=6).save_pretrained(source)
+    run = tmp_path / "run"
+    overrides = [o for o in VIT if o != "model=nano"]
+    # 56x56 images in 7x7 patches: an 8x8 grid where the source has 4x4 (all three were trained at 28x28).
+    train(compose_config([*overrides, *FROZEN, *_image_run(_image_folder(tmp_path / "images", 3, 10)), "data.image_size=56",
+                          f"init_from={source}"], output_dir=run))
+    rows = {(r["outcome"], r["group"]): r for r in _table(run)}
+    assert rows[("loaded", "encoder.pos_encoding.embedding")]["note"] == "resampled 4x4 -> 8x8"
+    table = torch.load(run / "init" / "weights.pt", map_location="cpu", weights_only=True)[POSITIONS]  # the source's (17, D)
+    net = trident.load(run).net
+    torch.testing.assert_close(net.state_dict()[POSITIONS], resample_abs_pos_embed(table[None], new_size=[8, 8])[0])
+    if kind == "timm":  # timm itself at 56x56, loaded by its own pretrained loader (which resamples the same way)
+        import timm
+
+        timm_at_56 = timm.create_model("vit_tiny_patch16_224", pretrained=True, img_size=56, patch_size=7, in_chans=1,
+                                       embed_dim=64, depth=2, num_heads=1, num_classes=3,
+                                       pretrained_cfg_overlay={"file": str(source), "num_classes": 3}).eval()
+        images = torch.randn(2, 1, 56, 56, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(net(images), timm_at_56(images), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["missing", "not a model", "contradicting model", "contradicting group", "both tokenizers",
                                   "shapes", "with ckpt_path"])
 def test_bad_init_from_is_one_line_and_writes_nothing(case: str, lm_source: Path, vit_source: Path, tmp_path: Path) -> None:
@@ -240,8 +275,9 @@ def test_bad_init_from_is_one_line_and_writes_nothing(case: str, lm_source: Path
                                 "pos_encoding=alibi contradicts"),
         "both tokenizers": ([*SMALL, f"init_from={lm_source}", f"data.tokenizer={lm_source / 'tokenizer.json'}"],
                             ConfigError, "both name a tokenizer"),
-        "shapes": ([*VIT, *_image_run(_image_folder(tmp_path / "images", 2, 10, size=14)), "data.image_size=14",
-                    f"init_from={vit_source}"], ConfigError, "does not fit this model: net.encoder.pos_encoding"),
+        "shapes": ([*VIT, *_image_run(_image_folder(tmp_path / "images", 2, 10)), "data.in_channels=3",
+                    "data.mean=[0.5,0.5,0.5]", "data.std=[0.5,0.5,0.5]", f"init_from={vit_source}"], ConfigError,
+                   "does not fit this model: net.patch_embed.proj.weight is (64, 1, 7, 7) there, (64, 3, 7, 7) here"),
         "with ckpt_path": ([*SMALL, f"init_from={lm_source}", f"ckpt_path={lm_source / 'checkpoints' / 'last.ckpt'}"],
                            ConfigError, "drop one of them"),
     }

@@ -35,6 +35,9 @@ DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid
 SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool")
 # Data settings that shape the weights (the patch grid of an image model).
 SHAPING_DATA_OPTIONS = ("patch_size",)
+# Data settings of an outside source that the run may change: the weights follow (a ViT's position table is
+# resampled to another image size, see weight_transfer); the source's value is the default.
+ADAPTABLE_DATA_OPTIONS = ("image_size",)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
@@ -143,7 +146,8 @@ def apply_source(cfg: DictConfig, source: InitSource, explicit: list[str]) -> No
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
     wanted |= {f"task.{k}": v for k, v in source.task_options.items() if k in cfg.task}
-    wanted |= {f"data.{k}": v for k, v in source.data_options.items() if k in cfg.data}
+    wanted |= {f"data.{k}": v for k, v in source.data_options.items()
+               if k in cfg.data and not (k in ADAPTABLE_DATA_OPTIONS and f"data.{k}" in explicit)}
     for key, value in wanted.items():
         group = key.partition(".")[0]
         current = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)["v"]  # type: ignore[index]

@@ -5,14 +5,16 @@ Matching is by name, so any task whose ``net`` names its parts like the source's
 ``encoder.*``, ``decoder.*``, ``head``) takes them, whatever the task. A ``head`` whose output count
 differs (another number of classes) is rebuilt; one with the same count is kept, unless
 ``init_new_head=true`` says that the classes mean other things (MNIST digits -> Fashion-MNIST): then
-it keeps the task's own initialisation. A token table of another size is another vocabulary; any
-other shape that differs does not fit.
+it keeps the task's own initialisation. A ViT's learned position table of another grid (fine-tuning
+at another image size) is resampled as timm does. A token table of another size is another
+vocabulary; any other shape that differs does not fit.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,11 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor, nn
 
 from trident.errors import ConfigError
+from trident.models.vit import VisionTransformer
 
 log = logging.getLogger(__name__)
+
+POSITION_TABLE = "encoder.pos_encoding.embedding.weight"  # a learned table: (prefix + positions, D)
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,27 @@ def _heads_to_skip(target: dict[str, Tensor], source: str) -> set[str]:
     return head
 
 
+def _resampled_positions(net: nn.Module, weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``weights`` with a ViT's position table of another square grid resampled to ``net``'s grid (timm's
+    bicubic resampling; the class token's row kept), and the table's note; else ``weights`` as they are."""
+    table, here = weights.get(POSITION_TABLE), net.state_dict().get(POSITION_TABLE)
+    if not isinstance(net, VisionTransformer) or table is None or here is None or table.shape == here.shape:
+        return weights, {}
+    grid, prefix = net.encoder.cfg.grid, net.num_prefix_tokens
+    side = math.isqrt(max(table.shape[0] - prefix, 0))
+    if grid is None or side * side != table.shape[0] - prefix or table.shape[1] != here.shape[1]:
+        return weights, {}  # not a square grid of this width: refused as not fitting
+    from trident.convert.timm_vit import resample_position_table  # imports timm: only here
+
+    resampled = resample_position_table(table, grid, prefix)  # (prefix + h*w, D)
+    return weights | {POSITION_TABLE: resampled}, {group_of(POSITION_TABLE): f"resampled {side}x{side} -> {grid[0]}x{grid[1]}"}
+
+
 def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, new_head: bool = False,
                      notes: dict[str, str] | None = None) -> list[TransferRow]:
     """Load ``weights`` into ``net`` where name and shape match (the head too, unless ``new_head``);
     returns the table's rows, a loaded group's note from ``notes`` (e.g. a head count the file does not record)."""
+    weights, resampled = _resampled_positions(net, weights)
     target = net.state_dict()
     mismatched = {n: (tuple(weights[n].shape), tuple(t.shape)) for n, t in target.items()
                   if n in weights and weights[n].shape != t.shape}
@@ -115,7 +137,7 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
     new_notes |= {group_of(n): f"init_new_head=true: {target[n].shape[0]} outputs, initialised anew" for n in skipped}
     kept = {group_of(n): f"kept: {target[n].shape[0]} outputs there and here (init_new_head=true starts it anew)"
             for n in loaded.keys() & _classifier_head(target)}
-    rows = _rows("loaded", {n: target[n] for n in loaded}, (notes or {}) | kept)
+    rows = _rows("loaded", {n: target[n] for n in loaded}, (notes or {}) | resampled | kept)
     rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, new_notes)
     rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target}, {})
     return rows
