@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from tests.convert_helpers import assert_hf_round_trip, net_from
+from tests.convert_helpers import assert_hf_round_trip, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
-from trident.errors import ConfigError
+from trident.errors import ConfigError, DataError
 from trident.models import MaskedLM
 
 transformers = pytest.importorskip("transformers")
@@ -50,6 +51,43 @@ def test_bert_logits_equal_those_of_transformers_with_padding(tmp_path: Path) ->
     # Real tokens agree; padded positions are undefined in both models.
     torch.testing.assert_close(ours[attention], padded[attention], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(padded[1, :11], expected[1, :11], atol=1e-3)  # the mask did change something
+
+
+@pytest.mark.parametrize("weights_file", ["pytorch_model.bin", "model.safetensors"])
+def test_original_bert_names_read_as_transformers_reads_them(tmp_path: Path, weights_file: str) -> None:
+    """bert-base-uncased's layout: BertForPreTraining (bert. prefixes, cls.predictions with its decoder,
+    the NSP head and pooler trident has no use for) with Google's LayerNorm.gamma / LayerNorm.beta names."""
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=24, layer_norm_eps=1e-7)
+    model = randomise(transformers.BertForPreTraining(config), seed=5, std=0.3).eval()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    state = {name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): tensor.clone()
+             for name, tensor in model.state_dict().items()}
+    assert "bert.embeddings.LayerNorm.gamma" in state and "cls.predictions.transform.LayerNorm.beta" in state
+    if weights_file == "model.safetensors":
+        save_file(state, str(tmp_path / weights_file))
+    else:
+        torch.save(state, tmp_path / weights_file)
+    reference = transformers.BertForPreTraining.from_pretrained(tmp_path).eval()  # transformers' own reading
+    net = net_from(read_pretrained(tmp_path))
+    ids = torch.randint(0, VOCAB, (3, 19), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), reference(ids).prediction_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(net(ids), model(ids).prediction_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_of_no_known_layout_name_what_was_expected(tmp_path: Path) -> None:
+    save_bert(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    save_file({f"model.{name}": tensor for name, tensor in state.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(DataError) as caught:
+        read_pretrained(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path} lacks 'embeddings.word_embeddings.weight' that a bert (BertForMaskedLM, BertModel) has: its "
+        "weights (model.bert.embeddings.LayerNorm.bias, model.bert.embeddings.LayerNorm.weight, ...) match no layout "
+        "trident reads (Hugging Face's, with or without the model's prefix; original BERT's LayerNorm.gamma/beta): "
+        "save the model again with transformers")
 
 
 def test_bert_model_without_head_gives_the_encoder(tmp_path: Path) -> None:

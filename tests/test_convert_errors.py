@@ -51,6 +51,17 @@ def test_weights_that_lack_a_tensor_are_named(tmp_path: Path) -> None:
     assert "lacks 'ln_f.weight' that a gpt2 (GPT2LMHeadModel, GPT2Model) has" in message(tmp_path)
 
 
+def test_a_config_that_lacks_a_setting_is_named(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=8, vocab_size=11)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    settings = json.loads((tmp_path / "config.json").read_text())
+    del settings["n_head"]
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    assert message(tmp_path) == (f"{tmp_path}/config.json lacks 'n_head' that a gpt2 (GPT2LMHeadModel, GPT2Model) has: "
+                                 "save the model again with transformers")
+
+
 def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:
     (tmp_path / "weights.npz").write_text("")
     assert "is not a model file trident reads" in message(tmp_path / "weights.npz")

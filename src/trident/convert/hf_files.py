@@ -15,6 +15,9 @@ from torch import Tensor
 from trident.errors import DataError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# Names of older checkpoints that transformers renames on load, in every model (its "legacy" conversion):
+# the norms of Google's original BERT (bert-base-uncased on the Hub) and the models converted like it.
+LEGACY_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -28,15 +31,23 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 
 def read_state_dict(directory: Path) -> dict[str, Tensor]:
-    """The weights of ``directory``: the first of :data:`WEIGHT_FILES` present."""
+    """The weights of ``directory``: the first of :data:`WEIGHT_FILES` present, named as transformers
+    names them once loaded (:data:`LEGACY_NAMES`)."""
     for name in WEIGHT_FILES:
         path = directory / name
         if path.is_file():
             try:
-                return _read_weights(path)
+                state = _read_weights(path)
             except Exception as err:  # safetensors and torch raise many types for a damaged file
                 raise DataError(f"cannot read {path} ({type(err).__name__}): the file is damaged; download it again") from err
+            return {_current_name(key): tensor for key, tensor in state.items()}
     raise DataError(f"{directory} holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _current_name(name: str) -> str:
+    for old, new in LEGACY_NAMES.items():
+        name = name.replace(old, new)
+    return name
 
 
 def _read_weights(path: Path) -> dict[str, Tensor]:

@@ -74,9 +74,13 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
     try:
         return adapter.from_hf(config, state, read_tokenizer(path), source)
     except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
+        missing, kind = err.args[0], f"a {model_type} ({', '.join(adapter.ARCHITECTURES)})"
+        if "." not in str(missing):  # a config.json setting (tensor names always have a dot)
+            raise DataError(f"{source}/config.json lacks {err} that {kind} has: save the model again with transformers") from err
+        found = ", ".join([*sorted(state)[:2], "..."])
         raise DataError(
-            f"{source} lacks {err} that a {model_type} ({', '.join(adapter.ARCHITECTURES)}) has: "
-            "its config.json and weights do not match; save the model again with transformers"
+            f"{source} lacks {err} that {kind} has: its weights ({found}) match no layout trident reads (Hugging Face's, "
+            "with or without the model's prefix; original BERT's LayerNorm.gamma/beta): save the model again with transformers"
         ) from err
 
 
