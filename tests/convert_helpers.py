@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +25,19 @@ def randomise(model: nn.Module, seed: int, std: float = 0.2) -> nn.Module:
         for tensor in model.parameters():  # a tied tensor is listed once
             tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
     return model
+
+
+def drop_default_settings(directory: Path, config_class: Any) -> set[str]:
+    """``config.json`` without the settings at ``config_class``'s default, as the Hub's older files are
+    written (openai-community/gpt2 has no tie_word_embeddings): the reader's own defaults decide them.
+    Returns the settings dropped."""
+    path = directory / "config.json"
+    defaults = config_class().to_dict()
+    written = json.loads(path.read_text())
+    kept = {key: value for key, value in written.items()
+            if key == "model_type" or key not in defaults or defaults[key] != value}
+    path.write_text(json.dumps(kept))
+    return written.keys() - kept.keys()
 
 
 def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> nn.Module:
@@ -59,4 +74,6 @@ def assert_hf_round_trip(net: nn.Module, inputs: Tensor, directory: Path) -> Pre
     hf.save_pretrained(directory)
     back = read_pretrained(directory)
     assert_state_equal(back.state_dict, net)
+    cfg = net.encoder.cfg if isinstance(net, VisionTransformer) else net.cfg
+    assert {key: getattr(cfg, key) for key in back.model} == back.model, "the settings read back are the model's"
     return back

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.convert_helpers import assert_hf_round_trip, net_from, randomise
+from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -21,26 +21,28 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 53
 
 
-def save_bert(path: Path, architecture: str = "BertForMaskedLM") -> torch.nn.Module:
-    torch.manual_seed(0)
+def save_bert(path: Path, architecture: str = "BertForMaskedLM", defaults_dropped: bool = False,
+              **settings: object) -> torch.nn.Module:
     config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=48, max_position_embeddings=24)
-    model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():  # weights larger than BERT's initial ones (std 0.02), so that attention, the
-        for tensor in model.parameters():  # token-type vector, LayerNorms and biases all matter
-            tensor.normal_(std=0.3)
+                                     intermediate_size=48, max_position_embeddings=24, **settings)
+    # Weights larger than BERT's initial ones (std 0.02), so that attention, the token-type vector, the
+    # LayerNorms and the biases all matter.
+    model = randomise(getattr(transformers, architecture)(config), seed=0, std=0.3).eval()
     model.save_pretrained(path)
+    if defaults_dropped:
+        assert {"layer_norm_eps", "hidden_act", "tie_word_embeddings"} <= drop_default_settings(path, transformers.BertConfig)
     return model
 
 
-def test_bert_logits_equal_those_of_transformers_with_padding(tmp_path: Path) -> None:
-    reference = save_bert(tmp_path)
+@pytest.mark.parametrize("settings", [{}, {"defaults_dropped": True}, {"layer_norm_eps": 1e-3}])
+def test_bert_logits_equal_those_of_transformers_with_padding(tmp_path: Path, settings: dict[str, object]) -> None:
+    reference = save_bert(tmp_path, **settings)
     weights = read_pretrained(tmp_path)
     assert (weights.format, weights.task) == ("hf-bert", "mlm")
     assert weights.model["norm_first"] is False and weights.model["embedding_norm"] is True
-    assert weights.model["norm_eps"] == 1e-12
+    assert weights.model["norm_eps"] == reference.config.layer_norm_eps
     net = net_from(weights)
-    ids = torch.randint(0, VOCAB, (3, 19))
+    ids = torch.randint(0, VOCAB, (3, 19), generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor([19, 11, 4])
     attention = torch.arange(19)[None, :] < lengths[:, None]  # (B, T) True at real tokens
     with torch.no_grad():
@@ -95,7 +97,7 @@ def test_bert_model_without_head_gives_the_encoder(tmp_path: Path) -> None:
     weights = read_pretrained(tmp_path)
     assert not any(name.startswith(("transform.", "head.")) for name in weights.state_dict)
     net = net_from_encoder(weights)
-    ids = torch.randint(0, VOCAB, (2, 9))
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(net.encoder(net.embed(ids)), reference(ids).last_hidden_state, atol=1e-5, rtol=1e-5)
 
@@ -121,20 +123,15 @@ def test_bert_tokenizer_is_built_from_vocab_txt(tmp_path: Path) -> None:
 
 
 def trident_bert(**settings: object) -> MaskedLM:
-    torch.manual_seed(1)
     options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 40, "dropout": 0.0, "norm_first": False,
-               "embedding_norm": True, "norm_eps": 1e-12, "pos_encoding": "learned", "max_seq_len": 20}
+               "embedding_norm": True, "norm_eps": 1e-3, "pos_encoding": "learned", "max_seq_len": 20}
     net = MaskedLM(TransformerConfig(**(options | settings)), VOCAB).eval()
-    with torch.no_grad():
-        for name, tensor in net.named_parameters():
-            if "norm" in name or name.endswith("bias") or name.startswith("transform.2"):
-                tensor.normal_()
-    return net
+    return randomise(net, seed=1)  # type: ignore[return-value]
 
 
 def test_trident_mlm_to_bert_and_back_is_exact(tmp_path: Path) -> None:
     net = trident_bert()
-    ids = torch.randint(0, VOCAB, (2, 20))
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(2))
     assert_hf_round_trip(net, ids, tmp_path)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.convert_helpers import assert_hf_round_trip, net_from
+from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.convert import read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -21,24 +21,33 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 61
 
 
-def save_gpt2(path: Path, **settings: object) -> torch.nn.Module:
-    torch.manual_seed(0)
+def save_gpt2(path: Path, defaults_dropped: bool = False, **settings: object) -> torch.nn.Module:
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=24, vocab_size=VOCAB,
                                      bos_token_id=0, eos_token_id=0, **settings)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = randomise(transformers.GPT2LMHeadModel(config), seed=0).eval()
     model.save_pretrained(path)
+    if defaults_dropped:
+        dropped = drop_default_settings(path, transformers.GPT2Config)
+        assert {"tie_word_embeddings", "activation_function", "layer_norm_epsilon", "n_inner"} <= dropped
     return model
 
 
-@pytest.mark.parametrize("settings", [{}, {"tie_word_embeddings": False, "n_inner": 48, "activation_function": "relu"}])
-def test_gpt2_logits_equal_those_of_transformers(tmp_path: Path, settings: dict[str, object]) -> None:
+@pytest.mark.parametrize(("settings", "activation"), [
+    ({}, "gelu_tanh"),  # gelu_new is the tanh GELU
+    ({"defaults_dropped": True}, "gelu_tanh"),  # tied, gelu_new, eps 1e-5, 4x FFN: the reader's defaults
+    ({"tie_word_embeddings": False, "n_inner": 48, "activation_function": "relu", "layer_norm_epsilon": 1e-2}, "relu"),
+    ({"activation_function": "gelu", "layer_norm_epsilon": 1e-3}, "gelu"),
+    ({"activation_function": "gelu_pytorch_tanh"}, "gelu_tanh"),
+])
+def test_gpt2_logits_equal_those_of_transformers(tmp_path: Path, settings: dict[str, object], activation: str) -> None:
     reference = save_gpt2(tmp_path, **settings)
     weights = read_pretrained(tmp_path)
     assert (weights.format, weights.task, weights.pos_encoding) == ("hf-gpt2", "lm", "learned")
-    assert weights.model["activation"] == ("relu" if settings else "gelu_tanh")  # gelu_new is the tanh GELU
-    assert weights.task_options["tie_embeddings"] is not bool(settings)
+    assert weights.model["activation"] == activation
+    assert weights.model["norm_eps"] == reference.config.layer_norm_epsilon
+    assert weights.task_options["tie_embeddings"] is reference.config.tie_word_embeddings
     net = net_from(weights)
-    ids = torch.randint(0, VOCAB, (3, 17))
+    ids = torch.randint(0, VOCAB, (3, 17), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(net(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
 
@@ -70,22 +79,17 @@ def test_gpt2_tokenizer_is_built_from_vocab_and_merges(tmp_path: Path) -> None:
 
 
 def trident_lm(**settings: object) -> CausalLM:
-    torch.manual_seed(1)
     options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 40, "dropout": 0.0, "activation": "gelu_tanh",
-               "pos_encoding": "learned", "max_seq_len": 20}
+               "pos_encoding": "learned", "max_seq_len": 20, "norm_eps": 1e-3}
     tie = bool(settings.pop("tie_embeddings", True))
     net = CausalLM(TransformerConfig(**(options | settings)), VOCAB, tie_embeddings=tie).eval()
-    with torch.no_grad():  # biases and norms away from their initial 0 and 1, so a misplaced one shows
-        for name, tensor in net.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                tensor.normal_()
-    return net
+    return randomise(net, seed=1)  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_trident_lm_to_gpt2_and_back_is_exact(tmp_path: Path, tie: bool) -> None:
-    net = trident_lm(tie_embeddings=tie)
-    ids = torch.randint(0, VOCAB, (2, 20))
+@pytest.mark.parametrize(("tie", "activation"), [(True, "gelu_tanh"), (False, "gelu"), (True, "relu")])
+def test_trident_lm_to_gpt2_and_back_is_exact(tmp_path: Path, tie: bool, activation: str) -> None:
+    net = trident_lm(tie_embeddings=tie, activation=activation)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(2))
     back = assert_hf_round_trip(net, ids, tmp_path)
     assert back.task_options["tie_embeddings"] is tie
 

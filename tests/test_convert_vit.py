@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
-from tests.convert_helpers import assert_hf_round_trip, net_from, randomise
+from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.convert import PretrainedWeights, read_pretrained
 from trident.convert.hf_export import to_transformers
@@ -24,17 +24,29 @@ from trident.runs.weight_transfer import transfer_weights
 transformers = pytest.importorskip("transformers")
 
 
-def test_hf_vit_logits_equal_those_of_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("settings", "activation"), [
+    ({}, "gelu"),
+    ({"defaults_dropped": True}, "gelu"),  # gelu, eps 1e-12, qkv biases, 3 channels: the reader's defaults
+    ({"hidden_act": "gelu_new", "layer_norm_eps": 1e-3, "num_channels": 2}, "gelu_tanh"),
+    ({"hidden_act": "relu", "layer_norm_eps": 1e-2}, "relu"),
+])
+def test_hf_vit_logits_equal_those_of_transformers(tmp_path: Path, settings: dict[str, object], activation: str) -> None:
+    settings = dict(settings)  # the parameter is shared between runs
+    dropped = bool(settings.pop("defaults_dropped", False))
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
-                                    image_size=24, patch_size=6, num_channels=3, num_labels=7)
-    reference = transformers.ViTForImageClassification(config).eval()
-    randomise(reference, seed=1)
+                                    image_size=24, patch_size=6, num_labels=7, **settings)
+    reference = randomise(transformers.ViTForImageClassification(config), seed=1).eval()
     reference.save_pretrained(tmp_path)
+    if dropped:
+        assert {"hidden_act", "layer_norm_eps", "qkv_bias", "num_channels"} <= drop_default_settings(
+            tmp_path, transformers.ViTConfig)
     weights = read_pretrained(tmp_path)
     assert (weights.format, weights.task, weights.num_classes) == ("hf-vit", "vit", 7)
-    assert weights.data_options == {"image_size": 24, "patch_size": 6, "in_channels": 3}
+    channels = config.num_channels
+    assert weights.data_options == {"image_size": 24, "patch_size": 6, "in_channels": channels}
+    assert (weights.model["activation"], weights.model["norm_eps"]) == (activation, config.layer_norm_eps)
     net = net_from(weights)
-    images = torch.randn(2, 3, 24, 24)
+    images = torch.randn(2, channels, 24, 24, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(net(images), reference(images).logits, atol=1e-5, rtol=1e-5)
 
@@ -137,13 +149,13 @@ def trident_vit(pool: str = "cls", **settings: object) -> VisionTransformer:
     options = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 40, "dropout": 0.0, "pos_encoding": "learned"}
     cfg = TransformerConfig(**(options | settings), **vit_geometry(24, 6, pool))  # type: ignore[arg-type]
     net = VisionTransformer(cfg, patch_size=6, in_channels=3, num_classes=7, pool=pool).eval()
-    randomise(net, seed=4)
-    return net
+    return randomise(net, seed=4)  # type: ignore[return-value]
 
 
-def test_trident_vit_to_hf_and_back_is_exact(tmp_path: Path) -> None:
-    net = trident_vit(norm_eps=1e-12)
-    images = torch.randn(2, 3, 24, 24)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+def test_trident_vit_to_hf_and_back_is_exact(tmp_path: Path, activation: str) -> None:
+    net = trident_vit(norm_eps=1e-3, activation=activation)  # not Hugging Face's default eps (1e-12)
+    images = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(3))
     assert_hf_round_trip(net, images, tmp_path)
 
 
@@ -152,7 +164,7 @@ def test_trident_vit_to_timm_is_exact() -> None:
     reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=24, patch_size=6, embed_dim=32,
                                   depth=2, num_heads=4, mlp_ratio=40 / 32, num_classes=7).eval()
     reference.load_state_dict(trident_to_timm(net.state_dict()), strict=True)
-    images = torch.randn(2, 3, 24, 24)
+    images = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(reference(images), net(images), atol=1e-5, rtol=1e-5)
 
