@@ -71,6 +71,9 @@ def assert_hf_round_trip(net: nn.Module, inputs: Tensor, directory: Path) -> Pre
     hf = to_transformers(net)
     with torch.no_grad():
         torch.testing.assert_close(hf(inputs).logits, net(inputs), atol=1e-5, rtol=1e-5)
+    if isinstance(net, CausalLM | MaskedLM):  # a tied head stays tied: fine-tuning moves both as one tensor
+        tied = net.head.weight is net.embed.weight
+        assert (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight) is tied
     hf.save_pretrained(directory)
     back = read_pretrained(directory)
     assert_state_equal(back.state_dict, net)
