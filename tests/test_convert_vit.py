@@ -125,6 +125,9 @@ def test_timm_heads_nothing_states_are_refused_or_named(tmp_path: Path) -> None:
     (tmp_path / "stated" / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
     with pytest.raises(DataError, match="names vit_tiny_patch16_224, which is 192 wide; the weights are 320 wide"):
         read_pretrained(tmp_path / "stated")
+    (tmp_path / "stated" / "config.json").write_text(json.dumps({"architecture": "vit_not_in_timm"}))
+    with pytest.raises(DataError, match="names vit_not_in_timm, which timm .* cannot build"):
+        read_pretrained(tmp_path / "stated")
 
 
 @pytest.mark.parametrize(("image_size", "grid"), [(64, "8x8"), (24, "3x3")])

@@ -120,7 +120,7 @@ def _architecture_heads(config: dict[str, Any], d_model: int, source: str) -> in
     """The head count timm's ``config.json`` states: its ``model_args``, else its architecture's default
     (built on the meta device: no memory, no download), which must be as wide as the weights."""
     args = dict(config.get("model_args") or {})
-    if "num_heads" in args:
+    if "num_heads" in args and int(args.get("embed_dim", d_model)) == d_model:
         return int(args["num_heads"])
     import timm
     from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -131,7 +131,7 @@ def _architecture_heads(config: dict[str, Any], d_model: int, source: str) -> in
             model = timm.create_model(name, pretrained=False, **args)
     except Exception as err:  # an unknown name (RuntimeError) or arguments it does not take (TypeError)
         raise DataError(f"{source}: its config.json names {name}, which timm {timm.__version__} cannot build "
-                        f"({type(err).__name__}): give its model_args.num_heads, or set model.n_heads=") from err
+                        f"({type(err).__name__}): add model_args.num_heads to it, or remove it and set model.n_heads=") from err
     require_source(isinstance(model, TimmViT), source, f"a timm {type(model).__name__} ({name}), not a VisionTransformer")
     if model.embed_dim != d_model:
         raise DataError(f"{source}: its config.json names {name}, which is {model.embed_dim} wide; the weights are "

@@ -4,7 +4,9 @@ run directory of any task, or a Hugging Face / timm file read by :mod:`trident.c
 Only the weights (and the tokenizer) come from the source, never its optimizer, schedule, step or
 data position: the run is new. The architecture comes from the source too: the source's values
 replace the ``model``, ``pos_encoding``, ``task`` and ``data`` settings that shape the weights, and
-a value the user set on the command line that says otherwise is one error line.
+a value the user set on the command line that says otherwise is one error line. Two exceptions: a
+timm file does not record its head count, which ``model.n_heads=`` may state, and a ViT's image
+size may change (its position table is resampled).
 """
 
 from __future__ import annotations
