@@ -253,6 +253,9 @@ def test_a_vit_fine_tunes_at_another_image_size_with_its_positions_resampled(kin
     if kind == "timm":  # timm itself at 56x56, loaded by its own pretrained loader (which resamples the same way)
         import timm
 
+        assert rows[("loaded", "encoder.blocks")]["note"] == ("heads: 1 (assumed 64 channels each; set model.n_heads= if "
+                                                              "the source differs)")
+
         timm_at_56 = timm.create_model("vit_tiny_patch16_224", pretrained=True, img_size=56, patch_size=7, in_chans=1,
                                        embed_dim=64, depth=2, num_heads=1, num_classes=3,
                                        pretrained_cfg_overlay={"file": str(source), "num_classes": 3}).eval()
