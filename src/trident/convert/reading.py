@@ -28,7 +28,8 @@ NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
 def supported() -> str:
     """The formats ``read_pretrained`` takes, in the words of its error messages."""
     names = ", ".join(arch for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
-    return f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)})"
+    return (f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)}) or "
+            "directory (timm's config.json + weights)")
 
 
 def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> PretrainedWeights:
