@@ -12,7 +12,9 @@ plays, years, table numbers, which describe the set-up and are not measured.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .conftest import ROOT
@@ -25,8 +27,11 @@ HIDDEN = re.compile(r"```.*?```|`[^`\n]*`|\]\([^)\n]*\)|\b\d{4}-\d{2}-\d{2}\b", 
 NUMBER = re.compile(
     r"(?<![\w.])(?<!\w-)(?P<digits>\d{1,3}(?:,\d{3})+|\d+)(?P<fraction>\.\d+)?"
     r"(?P<exponent>e[-+]?\d+| × 10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+)?(?!\w|\.\d)")
-# An integer is a result when a count of jobs, seeds, seconds, minutes or points, or a percentage, follows.
-RESULT_UNIT = re.compile(r"(?: ?%| jobs?\b| completed\b| seeds?\b| s\b| min\b| minutes?\b| points?\b)")
+# An integer is a result when a count of jobs, seeds, seconds, minutes or points, or a percentage, follows;
+# its value then carries that unit ("4 seeds" is not "4 %"). The pattern's groups: the unit as written.
+RESULT_UNIT = re.compile(r" ?(%)| (jobs|completed|seeds?|s|min|minutes?|points?)\b")
+UNITS = {"%": "%", "jobs": "jobs", "completed": "jobs", "seed": "seeds", "seeds": "seeds", "s": "s", "min": "min",
+         "minute": "min", "minutes": "min", "point": "points", "points": "points"}
 SUPERSCRIPT = str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789")
 
 
@@ -35,6 +40,7 @@ class Number:
     """One result number of the page: its text as written and where it stands."""
 
     text: str
+    unit: str  # "jobs", "seeds", "s", "min", "points", "%" or "" (for an integer, what made it a result)
     section: str  # the "## " heading of its section ("" for the text above the first)
     line: int  # 0-based line number on the page
     start: int  # column on the line
@@ -51,32 +57,42 @@ def plain(number: str) -> str:
     return number.replace(",", "")
 
 
-def numbers_of(line: str) -> list[tuple[int, str]]:
-    """``[(column, text), ...]`` of the result numbers of one line of the page."""
+def value(text: str, unit: str) -> str:
+    """What a check compares: ``plain`` of a number, with its unit if an integer (``"4 seeds"``)."""
+    return f"{plain(text)} {unit}" if unit else plain(text)
+
+
+def numbers_of(line: str) -> list[tuple[int, str, str]]:
+    """``[(column, text, unit), ...]`` of the result numbers of one line of the page."""
     visible = HIDDEN.sub(lambda m: " " * len(m.group()), line)
     found = []
     for match in NUMBER.finditer(visible):
-        is_integer = not (match.group("fraction") or match.group("exponent"))
-        if is_integer and not RESULT_UNIT.match(visible, match.end()):
-            continue
-        found.append((match.start(), match.group()))
+        unit = RESULT_UNIT.match(visible, match.end())
+        if not (match.group("fraction") or match.group("exponent")):
+            if not unit:
+                continue
+            found.append((match.start(), match.group(), UNITS[unit.group(1) or unit.group(2)]))
+        else:
+            found.append((match.start(), match.group(), ""))
     return found
 
 
-def page_lines() -> list[str]:
+@functools.cache
+def page_lines() -> tuple[str, ...]:
     """The page's lines, each fenced code block blanked (its lines kept, so line numbers hold)."""
     text = DOC.read_text()
-    return re.sub(r"```.*?```", lambda m: "\n" * m.group().count("\n"), text, flags=re.DOTALL).splitlines()
+    return tuple(re.sub(r"```.*?```", lambda m: "\n" * m.group().count("\n"), text, flags=re.DOTALL).splitlines())
 
 
-def page_numbers() -> list[Number]:
+@functools.cache
+def page_numbers() -> tuple[Number, ...]:
     """Every result number of the page, in order."""
     found, section = [], ""
     for index, line in enumerate(page_lines()):
         if line.startswith("## "):
             section = line
-        found += [Number(text, section, index, column) for column, text in numbers_of(line)]
-    return found
+        found += [Number(text, unit, section, index, column) for column, text, unit in numbers_of(line)]
+    return tuple(found)
 
 
 def section_lines(heading_start: str) -> range:
@@ -98,6 +114,28 @@ def paragraphs(lines: range) -> list[range]:
         elif not blank and start is None:
             start = index
     return blocks
+
+
+@dataclass(frozen=True)
+class SetUp:
+    """A constant of the set-up, a result nowhere else: its value, and the words before and after it
+    (regular expressions; ``after`` starts with the number's unit, if any)."""
+
+    value: str
+    before: str = ""
+    after: str = ""
+
+    def names(self, number: Number) -> bool:
+        """Whether the number is this constant, in its words (which may begin on the line before)."""
+        if value(number.text, number.unit) != self.value:
+            return False
+        lines = page_lines()
+        previous = lines[number.line - 1] if number.line else ""
+        following = lines[number.line + 1] if number.line + 1 < len(lines) else ""
+        line = lines[number.line]
+        ahead = f"{previous} {line[:number.start]}"
+        behind = f"{line[number.start + len(number.text):]} {following}"
+        return bool(re.search(rf"(?:{self.before})\s*$", ahead) and re.match(rf"\s*(?:{self.after})", behind))
 
 
 @dataclass(frozen=True)
@@ -156,7 +194,7 @@ UNCHECKED = {
 }
 
 
-def claimed_by_phrase(numbers: list[Number], section: str, phrase: str) -> list[Number]:
+def claimed_by_phrase(numbers: Sequence[Number], section: str, phrase: str) -> list[Number]:
     """The numbers of a section that lie inside an occurrence of the phrase on their line."""
     lines = page_lines()
     claimed = []

@@ -244,16 +244,16 @@ def job_counts_and_times(jobs: pd.DataFrame) -> set[str]:
     job's wall time in seconds."""
     seeds = jobs.groupby("setting", sort=False).size()
     wall = jobs.job_wall_s
-    return {str(len(jobs)), *map(str, seeds), f"{wall.sum() / 60:.1f}", f"{wall.mean():.0f}",
-            *(f"{s:.{digits}f}" for s in wall for digits in (0, 1))}
+    return {f"{len(jobs)} jobs", *(f"{n} seeds" for n in seeds), f"{wall.sum() / 60:.1f}", f"{wall.mean():.0f} s",
+            *(f"{s:.0f} s" for s in wall), *(f"{s:.1f}" for s in wall)}
 
 
 def derived_numbers(table: Table) -> set[str]:
     """What the text may quote of one table's report, each value at its column's precision, as
-    ``results_page.plain`` writes it: job counts and wall times, the settings' values, and per setting
+    ``results_page.value`` writes it (an integer with its unit): job counts and wall times, the settings' values, and per setting
     and column the mean, standard deviation, extremes, differences of means and p-values."""
     jobs = jobs_of(table.report)
-    allowed = {str(len(pd.read_csv(RESULTS / table.report / "jobs.csv"))), *job_counts_and_times(jobs)}
+    allowed = {f"{len(pd.read_csv(RESULTS / table.report / 'jobs.csv'))} jobs", *job_counts_and_times(jobs)}
     allowed |= {value for setting in jobs.setting.unique() for value in re.findall(r"=(\d[\d.]*)", setting)}
     for part in task_split(jobs).values():
         allowed |= job_counts_and_times(part)
