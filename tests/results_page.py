@@ -1,4 +1,5 @@
-"""The numbers of docs/results.md, read the way its tests read them (parsing only; no statistics here).
+"""The numbers of docs/results.md, read the way its tests read them, and the few that no file of the
+repository holds (MEASURED, UNCHECKED). Parsing only: the statistics are tests/test_results_tables.py's.
 
 A number that is a result, and so must be checked or exempted by name (tests/test_results_numbers.py):
 every decimal (``1.941``), every number in scientific notation (``4.6e-06``, ``2e12``, ``4.6 × 10⁻⁶``),
@@ -7,7 +8,9 @@ minutes or points (``32 jobs``, ``at 8 seeds``, ``45 s``, ``7.4 minutes``, ``+2.
 of the page, tables included. Not read: fenced code blocks, inline code, link targets and dates (names
 and commands, not results), a number glued to a word or a hyphen (``avx512``, ``GPT-2``, ``8x8``, seeds
 ``1-3``), a version (``2.15.0``), and the other integers: sizes, steps, seed ids, counts of settings or
-plays, years, table numbers, which describe the set-up and are not measured.
+plays, years, table numbers, which describe the set-up and are not measured. An integer's value keeps
+its unit (``"4 seeds"`` is not ``"4 %"``), and a constant of the set-up counts only in its own words
+(``SetUp``: ``"[95 % CI"``, not any 95 %).
 """
 
 from __future__ import annotations
