@@ -8,12 +8,11 @@ Two kinds are checked cell for cell, every row and no other; a section has no ot
 - across the tasks: ``| setting | <task>: <metric> | ... |``, each cell ``mean ± std (verdict)``.
 
 Each ``Report:`` line states its jobs and their summed wall time; each ``Steps:`` line the steps of the
-table below it, in its row order. Every decimal number of the section's text must be one this file
-derives from the section's reports: a mean of a table metric or of EXTRA_COLUMNS at that column's
-precision, a difference of two settings' means of one task, a minimum or maximum, a p-value, a summed
-wall time; else a table cell, a number of the paper (in a paragraph that starts ``**The paper`` or
-``**Against the paper``) or a constant of the set-up (SET_UP). A commit the text names must have run
-the jobs.
+table below it, in its row order. A commit the text names must have run the jobs. The numbers of the
+text are checked by tests/test_results_numbers.py against ``derived_numbers`` below.
+
+The statistics (Welch's test, Holm's correction, the verdicts) are ``holm_by_hand`` and
+``against_the_best``, and nowhere else in the tests of the page.
 """
 
 from __future__ import annotations
@@ -30,20 +29,15 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from .conftest import ROOT, compose_config
+from .results_page import DOC, SECTION_MARK
 
-DOC = ROOT / "docs" / "results.md"
 RESULTS = ROOT / "docs" / "results"
 ALPHA = 0.05
-SECTION_MARK = "*(issue 28)*"
 REPORT_LINK = re.compile(r"\]\(results/([\w-]+)/report\.md\)")
 AXIS_HEADER = re.compile(r"^\| setting \| n \| (\S+) \| − best \[95 % CI\] \| p \| p \(Holm\) \| verdict \|$")
 TASKS_HEADER = re.compile(r"^\| setting( \| \w+: \S+)+ \|$")
-# A decimal, also at the end of a sentence ("0.052."), not part of a version ("2.15.0") or a word.
-DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?!\w|\.\d)")
-# Configuration values the text names (not results): the embedding tables' initial std.
-SET_UP = {"0.02"}
 # Columns the text may quote besides the tables' metrics, with their decimals.
-EXTRA_COLUMNS = {"job_wall_s": 1, "val/ppl": 1, "val/bleu": 3}
+EXTRA_COLUMNS = {"job_wall_s": 1, "val/ppl": 1, "test/ppl": 1, "val/bleu": 3}
 METRIC_DECIMALS = 3
 
 
@@ -53,6 +47,7 @@ class Table:
     header: str
     rows: list[str]
     steps_line: str | None  # the "Steps: ..." line above it, if any
+    first_row: int  # the line of its first row, counted from its section's heading
 
 
 @dataclass
@@ -87,7 +82,7 @@ def section_tables(section: str) -> list[Table]:
                 if not row.startswith("|"):
                     break
                 body.append(row)
-            tables.append(Table(report, line, body, steps_line))
+            tables.append(Table(report, line, body, steps_line, number + 2))
             steps_line = None
     return tables
 
@@ -244,36 +239,37 @@ def test_each_report_line_states_its_jobs_and_wall_time() -> None:
         assert claim in stated.get(report, ""), f"{report}: its Report: line should say {claim!r}"
 
 
+def job_counts_and_times(jobs: pd.DataFrame) -> set[str]:
+    """A group of jobs' count, its seeds per setting, its summed wall time in minutes, its mean and each
+    job's wall time in seconds."""
+    seeds = jobs.groupby("setting", sort=False).size()
+    wall = jobs.job_wall_s
+    return {f"{len(jobs)} jobs", *(f"{n} seeds" for n in seeds), f"{wall.sum() / 60:.1f}", f"{wall.mean():.0f} s",
+            *(f"{s:.0f} s" for s in wall), *(f"{s:.1f}" for s in wall)}
+
+
 def derived_numbers(table: Table) -> set[str]:
-    """What the text may quote of one table's report, each value at its column's precision."""
-    allowed: set[str] = set()
+    """What the text may quote of one table's report, each value at its column's precision, as
+    ``results_page.value`` writes it (an integer with its unit): job counts and wall times, the settings' values, and per setting
+    and column the mean, standard deviation, extremes, differences of means and p-values."""
     jobs = jobs_of(table.report)
-    allowed.add(f"{jobs.job_wall_s.sum() / 60:.1f}")
+    allowed = {f"{len(pd.read_csv(RESULTS / table.report / 'jobs.csv'))} jobs", *job_counts_and_times(jobs)}
+    allowed |= {value for setting in jobs.setting.unique() for value in re.findall(r"=(\d[\d.]*)", setting)}
     for part in task_split(jobs).values():
-        allowed.add(f"{part.job_wall_s.sum() / 60:.1f}")
-        decimals = {**dict.fromkeys(table_metrics(table), METRIC_DECIMALS), **EXTRA_COLUMNS}
-        for column, digits in decimals.items():
+        allowed |= job_counts_and_times(part)
+        for column, digits in [*((m, METRIC_DECIMALS) for m in table_metrics(table)), *EXTRA_COLUMNS.items()]:
             if column not in part or part[column].isna().all():
                 continue
-            means = part.groupby("setting", sort=False)[column].mean().to_numpy()
-            values = [*means, part[column].min(), part[column].max(), *(abs(a - b) for a in means for b in means)]
+            by_setting = part.groupby("setting", sort=False)[column]
+            means = by_setting.mean().to_numpy()
+            values = [*means, *by_setting.std(), part[column].min(), part[column].max(),
+                      *(abs(a - b) for a in means for b in means)]
             allowed |= {f"{v:.{digits}f}" for v in values}
         for metric in table_metrics(table):
             if metric in part and part[metric].notna().any():
                 rows = against_the_best(part, metric)[1].values()
                 allowed |= {f"{p:.2g}" for row in rows for p in (row.p, row.p_holm) if not math.isnan(p)}
     return allowed
-
-
-@pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s.splitlines()[0][3:40])
-def test_every_decimal_of_the_text_is_derived_from_the_jobs(section: str) -> None:
-    allowed = set(SET_UP)
-    for table in section_tables(section):
-        allowed |= derived_numbers(table) | set(DECIMAL.findall(" ".join(table.rows)))
-    paragraphs = [p for p in section.split("\n\n") if not p.startswith(("|", "**The paper", "**Against the paper"))]
-    quoted = DECIMAL.findall(re.sub(r"`[^`]*`|\]\([^)]*\)", "", " ".join(paragraphs)))
-    assert quoted, "the section quotes numbers"
-    assert [number for number in quoted if number not in allowed] == []
 
 
 def test_equal_compute_spends_the_budget_within_one_step_and_the_steps_lines_say_each_settings_steps() -> None:
