@@ -20,7 +20,8 @@ A job's wall time (the ``job_wall_s`` column) is read from its directory: Hydra 
 ``.hydra/config.yaml`` as the job starts and trident writes ``status.json`` as it ends, so it covers
 data preparation, training, the test and the W&B finish, but not the interpreter's start.
 
-The steps are importable (a notebook uses them; the adaptive-seed loop runs :mod:`trident.report.sequential`, whose looks are :func:`trident.report.statistics.look`).
+The steps are importable (a notebook uses them; the adaptive-seed loop runs
+:mod:`trident.report.sequential`, whose looks are :func:`trident.report.statistics.look`).
 """
 
 from trident.report.cross_task import cross_task_markdown, cross_task_table
