@@ -26,7 +26,7 @@ from trident.adaptive import (
 )
 from trident.errors import ConfigError
 from trident.report import main as report_main
-from trident.report.sequential import Design
+from trident.report.sequential import Design, replay
 
 from .conftest import SMALL
 
@@ -282,3 +282,18 @@ def test_a_record_the_jobs_do_not_give_is_one_error_line(tmp_path: Path, capsys:
         report_main([str(jobs_csv), "--out", str(tmp_path / "again")])
     error = capsys.readouterr().err
     assert "adaptive.json records verdicts that the sweep's jobs do not give" in error and error.count("\n") == 1
+
+
+def test_a_decided_setting_keeps_its_verdict_and_the_best_is_chosen_among_the_open_ones() -> None:
+    """Round 1: c within the noise of the best a (3 seeds). Round 2: a's 4th seed raises its mean above
+    c's frozen one; c stays within the noise (of a at round 1), and the best is a, the better of the open."""
+    table = {("a", 1): 0.0, ("a", 2): 1.0, ("a", 3): 2.0, ("a", 4): 5.0, ("b", 1): 1.5, ("b", 2): 2.5,
+             ("b", 3): 3.5, ("b", 4): 1.5, ("c", 1): 0.001, ("c", 2): 1.001, ("c", 3): 2.001}
+    record = replay(table, ["a", "b", "c"], "min", METRIC, Design(3, 4))
+    assert [r.verdicts for r in record.rounds] == [
+        {"a": "best", "b": "undecided at 3 seeds", "c": "within the noise"},
+        {"a": "best", "b": "undecided at 4 seeds"}]
+    assert np.mean([table["c", s] for s in (1, 2, 3)]) < np.mean([table["a", s] for s in (1, 2, 3, 4)])
+    frame = record.frame()
+    assert frame.attrs["best"] == "a" and list(frame["round"]) == [2, 2, 1] and list(frame["n"]) == [4, 4, 3]
+    assert frame.loc["c", "level"] == pytest.approx(Design(3, 4).level(1))
