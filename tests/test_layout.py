@@ -32,7 +32,7 @@ PUBLIC_API = {"trident": {"trident.runs.loading"}}
 # Every other top-level module or package is a command (python -m trident.<command>, console scripts).
 COMMAND_RANK = 6
 # Commands that build on another command's library: the adaptive-seed loop stops where the report's
-# statistics (compare_to_best) decide.
+# statistics (trident.report.sequential) decide.
 COMMAND_LIBRARIES = {"trident.adaptive": {"trident.report"}}
 
 

@@ -8,6 +8,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
@@ -63,45 +64,64 @@ def test_welch_interval_and_hedges_g_against_hand_computations_and_scipy() -> No
     assert row["hedges_g"] == pytest.approx(difference / pooled * (1 - 3 / 19))
 
 
-def test_the_verdict_comes_from_the_holm_corrected_p() -> None:
-    """Two settings each worse than the best at p ~ 0.02, one of three comparisons: significant alone,
-    not after Holm (3 x 0.021 = 0.064), so "undecided at 3 seeds", not "worse"."""
-    values = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0], "c": [1.1, 2.1, 3.2], "d": [4.1, 5.3, 5.5]}
+def test_the_verdict_comes_from_holm_over_every_pair_of_settings() -> None:
+    """a is worse than the best b at p = 0.0245: significant alone, and after Holm over the 2 comparisons
+    against the best (the old family, 2 x 0.0245 < 0.05), but not over the 3 pairs of the 3 settings, the
+    family that counts the best being chosen from the same seeds: "undecided at 3 seeds", not "worse"."""
+    values = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0], "c": [3.9, 5.2, 5.8]}
     comparison = compare_to_best(sweep_of(values), "test/bleu")
-    raw = {s: scipy_stats.ttest_ind(values[s], values["b"], equal_var=False).pvalue for s in "acd"}
-    assert raw["a"] < 0.05 and raw["c"] < 0.05
-    smallest = min(raw.values())
+    pairs = [("a", "b"), ("a", "c"), ("b", "c")]
+    raw = {pair: scipy_stats.ttest_ind(values[pair[0]], values[pair[1]], equal_var=False).pvalue for pair in pairs}
+    assert raw["a", "c"] < raw["a", "b"] < 0.05 < raw["b", "c"]
     assert comparison.attrs["family"] == 3 and comparison.attrs["best"] == "b"
-    assert comparison.loc["a", "p"] == pytest.approx(raw["a"])
-    assert comparison.loc["a", "p_holm"] == pytest.approx(max(3 * smallest, 2 * sorted(raw.values())[1]))
-    assert comparison.loc["a", "p_holm"] >= 0.05
-    assert list(comparison["verdict"]) == ["undecided at 3 seeds", "best", "undecided at 3 seeds", "undecided at 3 seeds"]
-    assert list(comparison["decided"]) == [False, True, False, False]
-    # The same gap with one comparison only: Holm changes nothing and the setting is worse.
+    assert comparison.loc["a", "p"] == pytest.approx(raw["a", "b"])
+    # Sorted: a-c x 3, then a-b x 2 raised to a-c's (the running maximum), then b-c x 1.
+    assert comparison.loc["a", "p_holm"] == pytest.approx(max(3 * raw["a", "c"], 2 * raw["a", "b"]))
+    assert comparison.loc["c", "p_holm"] == pytest.approx(raw["b", "c"]) and comparison.loc["a", "p_holm"] >= 0.05
+    assert 2 * raw["a", "b"] < 0.05, "Holm over the 2 comparisons against the best alone would call a worse"
+    assert list(comparison["verdict"]) == ["undecided at 3 seeds", "best", "within the noise"]
+    assert list(comparison["decided"]) == [False, True, True]
+    # The same gap with one pair only: Holm changes nothing and the setting is worse.
     alone = compare_to_best(sweep_of({"a": values["a"], "b": values["b"]}), "test/bleu")
-    assert alone.loc["a", "p_holm"] == pytest.approx(raw["a"]) and alone.loc["a", "verdict"] == "worse than the best"
+    assert alone.loc["a", "p_holm"] == pytest.approx(raw["a", "b"]) and alone.loc["a", "verdict"] == "worse than the best"
     table = comparison_table(comparison, "test/bleu")
-    assert f"| {raw['a']:.3g} | {comparison.loc['a', 'p_holm']:.3g} | undecided at 3 seeds |" in table
+    row = comparison.loc["a"]
+    assert f"| {raw['a', 'b']:.3g} | {row['p_holm']:.3g} | {row['p_equivalence_holm']:.3g} | undecided at 3 seeds |" in table
 
 
-def test_a_small_difference_measured_on_many_seeds_is_within_the_noise() -> None:
-    """Twenty seeds a side, 0.01 apart with a seed sd of 0.51: the interval (about ± 0.33) lies inside
-    ± one pooled sd, so the difference is smaller than the seed noise whatever the truth."""
-    best = [0.0, 1.0] * 10
-    close = [v + 0.01 for v in best]
+def wellek_by_hand(a: list[float], b: list[float], margin: float = 1.0) -> float:
+    """Wellek's equivalence p from the noncentral t (not the F of the module): P(|T| <= |t|) when the
+    true difference is ``margin`` standard deviations, T Student's pooled two-sample t."""
+    t = scipy_stats.ttest_ind(a, b, equal_var=True).statistic
+    shift = margin * math.sqrt(len(a) * len(b) / (len(a) + len(b)))
+    dof = len(a) + len(b) - 2
+    return scipy_stats.nct.cdf(abs(t), dof, shift) - scipy_stats.nct.cdf(-abs(t), dof, shift)
+
+
+def test_within_the_noise_is_wellek_equivalence_test_with_holm_over_every_pair() -> None:
+    """Twelve seeds a side, 0.1 seed sd apart: the equivalence test (margin one seed sd) decides it;
+    with three settings its p is corrected over the three pairs; 3 seeds of a 0.5 sd gap do not decide."""
+    rng = np.random.default_rng(2)  # a seed where close's mean is above best's
+    best, close, far = (rng.normal(shift, 1.0, 12).tolist() for shift in (0.0, 0.1, 3.0))
+    assert np.mean(best) < np.mean(close)
     row = compare_to_best(sweep_of({"best": best, "close": close}, "test/loss"), "test/loss").loc["close"]
-    sd = statistics.stdev(best)
-    assert -sd < row["ci_low"] < row["ci_high"] < sd
+    assert row["p_equivalence_holm"] == pytest.approx(wellek_by_hand(close, best), rel=1e-9)
     assert row["verdict"] == "within the noise" and row["decided"]
-    few = compare_to_best(sweep_of({"best": best[:3], "close": close[:3]}, "test/loss"), "test/loss").loc["close"]
-    assert few["verdict"] == "undecided at 3 seeds", "3 seeds: the interval is wider than the seed sd"
+    three = compare_to_best(sweep_of({"best": best, "close": close, "far": far}, "test/loss"), "test/loss")
+    p_equivalence = sorted(wellek_by_hand(x, y) for x, y in ((best, close), (best, far), (close, far)))
+    assert p_equivalence[0] == wellek_by_hand(close, best), "the closest pair ranks first"
+    assert three.loc["close", "p_equivalence_holm"] == pytest.approx(3 * p_equivalence[0], rel=1e-9)
+    assert three.loc["far", "verdict"] == "worse than the best"
+    few = compare_to_best(sweep_of({"best": [0.0, 1.0, 2.0], "close": [0.5, 1.5, 2.5]}, "test/loss"), "test/loss")
+    assert few.loc["close", "p_equivalence_holm"] == pytest.approx(wellek_by_hand([0.5, 1.5, 2.5], [0.0, 1.0, 2.0]))
+    assert few.loc["close", "p_equivalence_holm"] > 0.05 and few.loc["close", "verdict"] == "undecided at 3 seeds"
 
 
 def test_single_seeds_are_undecided_and_say_why() -> None:
     comparison = compare_to_best(sweep_of({"a": [1.0, 2.0], "b": [5.0]}), "test/bleu")
     assert comparison.loc["a", "verdict"] == "undecided at 1 seed" and math.isnan(comparison.loc["a", "p_holm"])
     assert comparison.attrs["family"] == 0
-    assert "| `a` | 2 | -3.5 | - | - | - | - | undecided at 1 seed (too few seeds) |" in comparison_table(comparison, "test/bleu")
+    assert "| `a` | 2 | -3.5 | - | - | - | - | - | undecided at 1 seed (too few seeds) |" in comparison_table(comparison, "test/bleu")
 
 
 def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> None:
@@ -124,7 +144,8 @@ def test_a_report_remade_from_jobs_csv_has_the_same_numbers(tmp_path: Path) -> N
     report = (tmp_path / "remade" / "report.md").read_text()
     p = scipy_stats.ttest_ind(values["a"], values["b"], equal_var=False).pvalue
     assert f"| `b` | 3 | {statistics.mean(values['b']):.4g} ± {statistics.stdev(values['b']):.2g} |" in report
-    assert f"| {p:.3g} | {p:.3g} | worse than the best |" in report
+    p_equivalence = wellek_by_hand(values["a"], values["b"])
+    assert f"| {p:.3g} | {p:.3g} | {p_equivalence:.3g} | worse than the best |" in report
     assert "- `6_c` (failed): out of memory, really" in report
     assert (tmp_path / "remade" / "jobs.csv").read_text() == (tmp_path / "jobs.csv").read_text()
 

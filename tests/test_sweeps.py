@@ -154,13 +154,15 @@ def test_compare_to_best_is_welchs_test_against_the_best_mean() -> None:
     assert bleu.loc["a", "t"] == pytest.approx(-3.6742346) and bleu.loc["a", "p"] == pytest.approx(0.0213116, rel=1e-5)
     table = comparison_table(bleu, "test/bleu")
     # One testable comparison (c has one seed): Holm's p is the raw p.
-    assert "| -3.67 | 0.0213 | 0.0213 | worse than the best |" in table and "| `b` | 3 | best | | | | | best |" in table
-    assert "| `c` | 1 | -1.5 | - | - | - | - | undecided at 1 seed (too few seeds) |" in table
+    equivalence = f"{bleu.loc['a', 'p_equivalence_holm']:.3g}"
+    assert f"| -3.67 | 0.0213 | 0.0213 | {equivalence} | worse than the best |" in table
+    assert "| `b` | 3 | best | | | | | | best |" in table
+    assert "| `c` | 1 | -1.5 | - | - | - | - | - | undecided at 1 seed (too few seeds) |" in table
     # Lower perplexity is better: a is the best.
     assert compare_to_best(sweep, "test/ppl").attrs["best"] == "a"
     # Seeds that all agree leave nothing to test: said so, not taken for too few seeds.
     flat = Sweep(dir=Path("sweep"), name="s", jobs=[job(s, v) for s, v in [("x", 1.0), ("x", 1.0), ("y", 2.0), ("y", 2.0)]])
-    assert "| `y` | 2 | +1 | - | - | - | - | undecided at 2 seeds (no spread over the seeds) |" in comparison_table(compare_to_best(flat, "test/ppl"), "test/ppl")
+    assert "| `y` | 2 | +1 | - | - | - | - | - | undecided at 2 seeds (no spread over the seeds) |" in comparison_table(compare_to_best(flat, "test/ppl"), "test/ppl")
 
 
 def test_welch_p_value_with_unequal_variances_and_seed_counts_against_a_hand_computation() -> None:
@@ -179,7 +181,8 @@ def test_welch_p_value_with_unequal_variances_and_seed_counts_against_a_hand_com
     assert comparison.loc["a", "t"] == pytest.approx(t, rel=1e-9)  # -2.064
     assert comparison.loc["a", "p"] == pytest.approx(2 * scipy_stats.t.sf(abs(t), df), rel=1e-9)  # 0.1305
     assert comparison.loc["a", "p"] > 0.05 > scipy_stats.ttest_ind(a, b, equal_var=True).pvalue, "Student's would differ"
-    assert "| -2.06 | 0.131 | 0.131 | undecided at 4 seeds |" in comparison_table(comparison, "test/bleu")
+    equivalence = f"{comparison.loc['a', 'p_equivalence_holm']:.3g}"
+    assert f"| -2.06 | 0.131 | 0.131 | {equivalence} | undecided at 4 seeds |" in comparison_table(comparison, "test/bleu")
 
 
 def test_summary_mean_and_std_over_seeds_are_the_sample_statistics() -> None:

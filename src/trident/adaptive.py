@@ -1,19 +1,27 @@
 """Seeds until the answer is clear: run a sweep preset with a few seeds, then add seeds only where a
-comparison against the best setting is still undecided, up to a maximum (issue #28).
+comparison against the best setting is still undecided, up to a maximum (issue #28), as a
+group-sequential design that keeps the overall error at alpha over its looks (issue #37).
 
 ``python -m trident.adaptive experiment=ablation_heads --metric best/val/loss --max-seeds 10
 --sweep-dir outputs/ablations/ablation_heads`` runs every setting of the preset (its swept values
-without ``seed``) with seeds 1 .. ``--first-seeds``; after each round it reads the sweep directory and
-asks a decision (:data:`Decide`: the values per setting -> decided or not) which comparisons are
-settled. The undecided settings, and the best one (its mean is the other side of every comparison),
-get ``--step`` more seeds, until every comparison is decided or they have ``--max-seeds`` seeds; those
-stay "undecided at N seeds". The report (``python -m trident.report``) is written at the end, into
-the sweep directory or ``--out``.
+without ``seed``) with seeds 1 .. ``--first-seeds``, then looks: the report's tests over every pair of
+settings at the level that round spends of alpha (:mod:`trident.report.sequential`: alpha spending,
+Lan & DeMets 1983, Pocock type). A setting decided worse or within the noise keeps that verdict and
+stops; the undecided settings, and the best one (its mean is the other side of every comparison), get
+``--step`` more seeds, until every comparison is decided or they have ``--max-seeds`` seeds; those
+stay "undecided at N seeds". The loop records its design and rounds in ``adaptive.json`` in the sweep
+directory (after each round), and the report (``python -m trident.report``, written at the end into the
+sweep directory or ``--out``) gives the loop's verdicts, each with its round and level.
 
 Every job is one ``train.py -m`` job into the same sweep directory, numbered after the jobs already
 there, so the directory stays one sweep for the report and for W&B. A (setting, seed) with a completed
 ``status.json`` is reused, never re-run; a failed one is tried once more, and after a second failure
 it counts as a missing seed (the report lists both failures) while the loop goes on.
+
+``python -m trident.adaptive --replay <report dir>/jobs.csv --metric best/val/loss --max-seeds 8`` runs
+the same loop over the values of a ``jobs.csv`` instead of jobs (a seed the table lacks is a missing
+one), writes ``adaptive.json`` beside it and the report (``--out``, default: the same directory): a
+sweep's verdicts re-decided with this design from its committed results.
 """
 
 from __future__ import annotations
@@ -21,11 +29,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import statistics
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +43,10 @@ from omegaconf import OmegaConf
 
 from trident.checks import is_int
 from trident.errors import ConfigError, run_with_clear_errors
+from trident.report import load_jobs_csv, load_sweep, write_report
+from trident.report.sequential import Design, Sequential, replay, run_loop, seed_table
+from trident.report.statistics import ALPHA, BEST
+from trident.report.sweep import better_is
 from trident.runs.compose import CONF_DIR
 from trident.runs.sweeps import REPEAT_KEYS, job_dirs, job_statuses, setting_of
 
@@ -45,9 +56,6 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 2
 SEED_KEY = REPEAT_KEYS[0]
 
-# values of the metric over the completed seeds of each setting, "min" or "max" (which is better)
-# -> whether each setting's comparison against the best is decided (the best itself: True).
-Decide = Callable[[Mapping[str, Sequence[float]], str], Mapping[str, bool]]
 # (setting, seed, job number): run one job into the sweep directory; its outcome is read from there.
 RunJob = Callable[["Setting", int, int], None]
 
@@ -74,6 +82,11 @@ class Plan:
     first_seeds: int = 3
     max_seeds: int = 10
     step: int = 1
+    alpha: float = ALPHA
+
+    @property
+    def design(self) -> Design:
+        return Design(self.first_seeds, self.max_seeds, self.step, self.alpha)
 
 
 @dataclass
@@ -82,6 +95,14 @@ class Outcome:
 
     seeds: dict[str, int]
     decided: dict[str, bool]
+
+    @classmethod
+    def of(cls, record: Sequential) -> Outcome:
+        """The best is decided (the other side of every decided comparison)."""
+        seeds = {s: len(record.looks[s][2][s]) if s in record.looks else 0 for s in record.settings}
+        verdicts = record.verdicts
+        return cls(seeds, {s: s in verdicts and (verdicts[s] == BEST or not verdicts[s].startswith("undecided"))
+                           for s in record.settings})
 
     @property
     def undecided(self) -> list[str]:
@@ -134,55 +155,26 @@ def ensure_job(plan: Plan, setting: Setting, seed: int, run_job: RunJob, started
         run_job(setting, seed, next_job_number(plan.sweep_dir))
 
 
-def seed_values(plan: Plan) -> dict[str, list[float]]:
-    """The metric over the completed seeds (1 .. max) of each setting that has one."""
-    values: dict[str, list[float]] = {}
-    for (label, seed), runs in read_jobs(plan.sweep_dir, plan.swept).items():
-        done = [metrics for status, metrics in runs if status == "completed" and plan.metric in metrics]
-        if done and seed <= plan.max_seeds:
-            values.setdefault(label, []).append(float(done[-1][plan.metric]))
-    return values
-
-
-def add_seeds(plan: Plan, run_job: RunJob, decide: Decide) -> Outcome:
-    """The loop of the module docstring; returns when every comparison is decided or the settings
-    still undecided have ``max_seeds`` seeds tried."""
-    if plan.first_seeds > plan.max_seeds:
-        raise ConfigError(f"--first-seeds {plan.first_seeds} is more than --max-seeds {plan.max_seeds}: "
-                          "lower --first-seeds or raise --max-seeds")
-    tried = {setting.label: plan.first_seeds for setting in plan.settings}
+def add_seeds(plan: Plan, run_job: RunJob) -> Outcome:
+    """The loop of the module docstring (:func:`trident.report.sequential.run_loop` over the jobs of the
+    sweep directory); ``adaptive.json`` is written there after each round."""
+    design = plan.design  # refuses first_seeds > max_seeds before any job
+    settings = {setting.label: setting for setting in plan.settings}
     started: Counter[tuple[str, int]] = Counter()
-    while True:
-        for setting in plan.settings:
-            for seed in range(1, tried[setting.label] + 1):
-                ensure_job(plan, setting, seed, run_job, started)
-        values = seed_values(plan)
-        verdicts = decide(values, plan.better) if values else {}
-        decided = {s.label: bool(verdicts.get(s.label, False)) for s in plan.settings}
-        growing = [label for label, done in decided.items() if not done and tried[label] < plan.max_seeds]
-        if growing and values:
-            means = {label: statistics.mean(v) for label, v in values.items()}
-            best = (min if plan.better == "min" else max)(means, key=means.__getitem__)
-            growing = list(dict.fromkeys([*growing, best] if tried[best] < plan.max_seeds else growing))
-        if not growing:
-            return Outcome({s.label: len(values.get(s.label, [])) for s in plan.settings}, decided)
-        log.info("undecided: %s; adding %d seed(s)", ", ".join(growing), plan.step)
-        for label in growing:
-            tried[label] = min(plan.max_seeds, tried[label] + plan.step)
 
+    def obtain(label: str, seed: int) -> float | None:
+        ensure_job(plan, settings[label], seed, run_job, started)
+        runs = read_jobs(plan.sweep_dir, plan.swept).get((label, seed), [])
+        done = [metrics for status, metrics in runs if status == "completed" and plan.metric in metrics]
+        return float(done[-1][plan.metric]) if done else None
 
-def decide_with_report(values: Mapping[str, Sequence[float]], better: str) -> dict[str, bool]:
-    """The report's own decision: :func:`trident.report.compare_to_best` (Welch's test, Holm's
-    correction over the settings, its ``decided`` column), so the loop stops where the report's
-    verdicts say it may."""
-    from trident.report import Job, Sweep, compare_to_best  # the report's pandas/scipy: only here
+    def after_round(record: Sequential) -> None:
+        last = record.rounds[-1]
+        log.info("round %d (level %.3g): %s", last.number, last.level,
+                 ", ".join(f"{s}: {v}" for s, v in last.verdicts.items()))
+        record.write(plan.sweep_dir)
 
-    metric = "value"
-    jobs = [Job(dir=Path(label), setting=label, status="completed", metrics={metric: value})
-            for label, seeds in values.items() for value in seeds]
-    comparison = compare_to_best(Sweep(dir=Path("."), name="adaptive", jobs=jobs, monitor=metric,
-                                       monitor_mode=better), metric)
-    return {str(label): bool(done) for label, done in comparison["decided"].items()}
+    return Outcome.of(run_loop(list(settings), plan.better, plan.metric, design, obtain, after_round))
 
 
 def axis_values(key: str, text: str) -> list[str]:
@@ -239,10 +231,22 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def replay_csv(jobs_csv: Path, metric: str, better: str | None, design: Design) -> Sequential:
+    """The loop over the values of a report's ``jobs.csv``; its ``adaptive.json`` written beside it."""
+    sweep = load_jobs_csv(jobs_csv)
+    record = replay(seed_table(sweep, metric), sweep.settings, better or better_is(sweep, metric), metric, design)
+    if not record.rounds:
+        raise ConfigError(f"--metric {metric}: no completed job of {jobs_csv} recorded it with its seed")
+    record.write(jobs_csv.parent)
+    return record
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("overrides", nargs="+", help="the preset and any overrides, e.g. experiment=ablation_heads")
-    parser.add_argument("--sweep-dir", type=Path, required=True, help="the sweep directory (reused when it exists)")
+    parser.add_argument("overrides", nargs="*", help="the preset and any overrides, e.g. experiment=ablation_heads")
+    parser.add_argument("--sweep-dir", type=Path, default=None, help="the sweep directory (reused when it exists)")
+    parser.add_argument("--replay", type=Path, default=None, metavar="JOBS_CSV",
+                        help="run the loop over the values of a report's jobs.csv instead of jobs (no preset)")
     parser.add_argument("--metric", default="best/val/loss", help="the final metric compared (default: best/val/loss)")
     parser.add_argument("--better", choices=("min", "max"), default=None,
                         help="which is better (default: the task's monitor_mode; needed for another metric)")
@@ -251,15 +255,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--step", type=positive, default=1, help="seeds added per round (default: 1)")
     parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: the sweep directory)")
     args = parser.parse_args(argv)
+    if (args.replay is None) == (args.sweep_dir is None) or (args.replay is None) != bool(args.overrides):
+        parser.error("give a preset with --sweep-dir, or --replay <jobs.csv> alone")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     def run() -> Path:
+        design = Design(args.first_seeds, args.max_seeds, args.step)
+        if args.replay is not None:
+            replay_csv(args.replay, args.metric, args.better, design)
+            return write_report(load_jobs_csv(args.replay), args.out or args.replay.parent, compare=[args.metric])
         plan = preset_plan(args.overrides, args.sweep_dir, args.metric, args.better)
-        plan.first_seeds, plan.max_seeds, plan.step = args.first_seeds, args.max_seeds, args.step
-        outcome = add_seeds(plan, train_job_runner(args.sweep_dir, args.overrides), decide_with_report)
+        plan.first_seeds, plan.max_seeds, plan.step = design.first_seeds, design.max_seeds, design.step
+        outcome = add_seeds(plan, train_job_runner(args.sweep_dir, args.overrides))
         print(outcome.summary())
-        from trident.report import load_sweep, write_report
-
         return write_report(load_sweep(plan.sweep_dir), args.out, compare=[plan.metric])
 
     print(run_with_clear_errors(run))

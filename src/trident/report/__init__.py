@@ -4,8 +4,10 @@
 writes into the sweep directory (or ``--out``):
 
 - ``report.md``: final metrics per setting (mean, standard deviation and number of seeds); each
-  setting against the best one (Welch's t-test over the seeds, Holm's correction over the settings,
-  the difference with its 95 % confidence interval, Hedges' g and a verdict); the failed jobs;
+  setting against the best one (Welch's t-test and Wellek's equivalence test over every pair of
+  settings, each with Holm's correction over the pairs, the difference with its 95 % confidence
+  interval, Hedges' g and a verdict; a sweep of the seeds-until-decided loop: the loop's verdicts,
+  each with the round that decided it); the failed jobs;
 - ``curves_<metric>.png`` (validation curves per setting, mean and spread over seeds) and
   ``final_<metric>.png`` (final value per setting with error bars);
 - ``jobs.csv``: one row per job (setting, seed, final metrics, wall time, git commit), from which
@@ -18,7 +20,8 @@ A job's wall time (the ``job_wall_s`` column) is read from its directory: Hydra 
 ``.hydra/config.yaml`` as the job starts and trident writes ``status.json`` as it ends, so it covers
 data preparation, training, the test and the W&B finish, but not the interpreter's start.
 
-The steps are importable (a notebook uses them; the adaptive-seed loop calls :func:`compare_to_best`).
+The steps are importable (a notebook uses them; the adaptive-seed loop runs
+:mod:`trident.report.sequential`, whose looks are :func:`trident.report.statistics.look`).
 """
 
 from trident.report.cross_task import cross_task_markdown, cross_task_table

@@ -3,7 +3,7 @@
 Rows: the axis's settings; columns: the tasks. A cell is the task's own final metric (the best value of
 its monitored metric: validation loss for lm and mlm, BLEU for translation, accuracy for vit), mean ± std
 over the seeds, and its verdict against that task's best setting (:func:`compare_to_best`, Holm's family:
-the settings of that task). A setting a task refuses (the preset excludes it from the sweep) is "not run".
+the pairs of that task's settings). A setting a task refuses (the preset excludes it from the sweep) is "not run".
 """
 
 from __future__ import annotations

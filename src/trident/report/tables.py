@@ -48,30 +48,39 @@ def markdown_table(summary: pd.DataFrame) -> str:
 
 
 def comparison_heading(comparison: pd.DataFrame) -> str:
-    """What the table below it tests, and the family Holm corrects for."""
+    """What the table below it tests, the families Holm corrects for, and the looks of an adaptive sweep."""
+    alpha, level = comparison.attrs["alpha"], comparison.attrs["level"]
+    looks = comparison.attrs.get("design") or (
+        f"One look at level {level:g} (a fixed-seed sweep)." if level == alpha else f"One look at level {level:g}.")
     return (
-        f"Welch's t-test over the seeds against the best setting, `{comparison.attrs.get('best')}`; p (Holm): "
-        f"corrected over the comparisons of this table (one sweep, one metric: m = {comparison.attrs['family']}), "
-        f"and the verdict is taken from it (alpha = {comparison.attrs['alpha']}). Difference: the setting's mean "
-        f"minus the best's, with Welch's {1 - comparison.attrs['alpha']:.0%} confidence interval; Hedges' g: the "
-        f"difference in pooled seed standard deviations. \"Within the noise\": the interval lies inside "
-        f"± {NOISE_MARGIN_SD:g} pooled seed standard deviation."
+        f"Each setting against the best setting by mean, `{comparison.attrs.get('best')}`. Welch's t-test and an "
+        f"equivalence test (Wellek's, margin ± {NOISE_MARGIN_SD:g} seed standard deviation) over every pair of settings; "
+        f"p (Holm), p equiv. (Holm): each corrected with Holm's method over all the tested pairs (one sweep, one "
+        f"metric: m = {comparison.attrs['family']} pairs), so that choosing the best from the same seeds keeps "
+        f"the family-wise error at {alpha:g}. \"Worse than the best\": p (Holm) of its pair with the best below "
+        f"the level; \"within the noise\": not worse and p equiv. (Holm) below the level. {looks} Difference: the "
+        f"setting's mean minus the best's, with Welch's {1 - alpha:.0%} confidence interval (not corrected); "
+        f"Hedges' g: the difference in pooled seed standard deviations."
     )
 
 
 def comparison_table(comparison: pd.DataFrame, metric: str) -> str:
-    """:func:`trident.report.statistics.compare_to_best` as markdown."""
-    lines = [f"| setting | n | {metric} − best [95 % CI] | Hedges' g | Welch t | p | p (Holm) | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """:func:`trident.report.statistics.compare_to_best` as markdown; the verdict of an adaptive sweep
+    names the round and the level that decided it."""
+    lines = [f"| setting | n | {metric} − best [95 % CI] | Hedges' g | Welch t | p | p (Holm) | p equiv. (Holm) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, row in comparison.iterrows():
         n = int(row["n"])
+        verdict = row["verdict"]
+        if comparison.attrs.get("design") and row["decided"] and verdict != "best":
+            verdict += f" (round {int(row['round'])}, level {row['level']:.3g})"
         if setting == comparison.attrs.get("best"):
-            lines.append(f"| `{setting}` | {n} | best | | | | | best |")
+            lines.append(f"| `{setting}` | {n} | best | | | | | | best |")
         elif math.isnan(row["p"]):
             reason = "too few seeds" if min(row["n"], row["n_best"]) < 2 else "no spread over the seeds"
-            lines.append(f"| `{setting}` | {n} | {row['difference']:+.4g} | - | - | - | - | {row['verdict']} ({reason}) |")
+            lines.append(f"| `{setting}` | {n} | {row['difference']:+.4g} | - | - | - | - | - | {verdict} ({reason}) |")
         else:
             difference = f"{row['difference']:+.4g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
             lines.append(f"| `{setting}` | {n} | {difference} | {row['hedges_g']:+.2f} | {row['t']:.2f} | "
-                         f"{row['p']:.3g} | {row['p_holm']:.3g} | {row['verdict']} |")
+                         f"{row['p']:.3g} | {row['p_holm']:.3g} | {row['p_equivalence_holm']:.3g} | {verdict} |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pandas as pd
 from trident.errors import DataError, run_with_clear_errors
 from trident.report.cross_task import cross_task_markdown, cross_task_table, task_metric, task_sweeps
 from trident.report.plots import plot_curves, plot_final
+from trident.report.sequential import ADAPTIVE_FILE, read_record
 from trident.report.statistics import compare_to_best
 from trident.report.sweep import JOBS_FILE, Sweep, final_metrics, load, write_jobs_csv
 from trident.report.tables import comparison_heading, comparison_table, markdown_table, summarize
@@ -45,7 +47,9 @@ def _length_line(sweep: Sweep) -> list[str]:
 
 
 def _comparison_section(sweep: Sweep, metric: str, title: str) -> list[str]:
-    comparison = compare_to_best(sweep, metric)
+    """The loop's verdicts when ``adaptive.json`` says it decided on ``metric``, else one look at alpha."""
+    record = read_record(sweep, metric)
+    comparison = record.frame() if record else compare_to_best(sweep, metric)
     return [f"## {title}", "", comparison_heading(comparison), "", comparison_table(comparison, metric), ""]
 
 
@@ -121,6 +125,9 @@ def write_report(
     jobs_csv = out_dir / JOBS_FILE
     if sweep.jobs_csv is None or sweep.jobs_csv.resolve() != jobs_csv.resolve():  # re-made from it: kept
         write_jobs_csv(sweep, jobs_csv)
+    record = sweep.dir / ADAPTIVE_FILE
+    if record.is_file() and record.resolve() != (out_dir / ADAPTIVE_FILE).resolve():  # a re-made report keeps it
+        shutil.copyfile(record, out_dir / ADAPTIVE_FILE)
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
