@@ -8,6 +8,7 @@ training process maps the same file: the operating system keeps one copy in its 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from itertools import islice
@@ -17,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer, models
 
 from trident.data.streams import Piece, Stream
-from trident.data.tokenization import END_OF_TEXT, UNK
+from trident.data.tokenization import END_OF_TEXT, every_character
 
 BATCH_PIECES = max(8, 4 * (os.cpu_count() or 1))  # enough pieces per batch to keep every core busy
 
@@ -27,21 +28,25 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class Encoder:
-    """``tokenizer`` as a function of a batch of texts -> one flat id array, ``END_OF_TEXT``
-    after each piece that ends a document."""
+    """``tokenizer`` as a function of a batch of texts -> one flat id array: each piece's ids are those
+    of ``tokenizer.encode(text, add_special_tokens=False)`` with the file's truncation and padding off (a
+    corpus is never cut to a model's length), ``END_OF_TEXT`` after each piece that ends a document."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: truncation and padding go below
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
         self.dtype = token_dtype(tokenizer.get_vocab_size())
         self.end_of_text = tokenizer.token_to_id(END_OF_TEXT)
-        self.unk = tokenizer.token_to_id(UNK) or 0
-        self.char_table = _char_table(tokenizer, self.unk)
+        self.char_table = _char_table(tokenizer) if is_character_tokenizer(tokenizer) else None
 
     def __call__(self, pieces: list[Piece]) -> np.ndarray:
         if self.char_table is not None:
             encoded = [self._chars(text) for text, _ in pieces]
         else:
-            encoded = [np.asarray(e.ids, dtype=self.dtype) for e in self.tokenizer.encode_batch_fast([t for t, _ in pieces])]
+            texts = [text for text, _ in pieces]
+            encoded = [np.asarray(e.ids, dtype=self.dtype)
+                       for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
         out: list[np.ndarray] = []
         for ids, (_, ends_document) in zip(encoded, pieces):
             out.append(ids)
@@ -53,17 +58,34 @@ class Encoder:
         table = self.char_table
         assert table is not None
         points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one code point per character
-        inside = points < len(table)
-        return np.where(inside, table[np.where(inside, points, 0)], self.unk).astype(self.dtype)
+        return table[np.where(points < len(table), points, -1)].astype(self.dtype)  # beyond the table: its last entry
 
 
-def _char_table(tokenizer: Tokenizer, unk: int) -> np.ndarray | None:
-    """code point -> id for a character tokenizer (``<unk>`` where absent), or None for others:
-    the same ids as ``tokenizer.encode``, at numpy speed."""
-    if not isinstance(tokenizer.model, models.WordLevel):
-        return None
+def is_character_tokenizer(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` is trident's character tokenizer (:mod:`trident.data.tokenization`), the one
+    case where a lookup per code point gives ``encode``'s ids: a word-level model whose every word is
+    one character (the pre-tokenizer isolates each), nothing that rewrites a character first (no
+    normalizer), no added tokens (matched in the text before pre-tokenizing) and no post-processor.
+    Any other file, word-level ones included, goes through ``tokenizers`` itself."""
+    config = json.loads(tokenizer.to_str())
+    probe = Tokenizer(models.WordLevel())  # how a tokenizer.json writes the character pre-tokenizer
+    probe.pre_tokenizer = every_character()
+    return (
+        isinstance(tokenizer.model, models.WordLevel)
+        and config["normalizer"] is None
+        and config["pre_tokenizer"] == json.loads(probe.to_str())["pre_tokenizer"]
+        and not config["added_tokens"]
+        and config["post_processor"] is None
+        and tokenizer.token_to_id(config["model"]["unk_token"]) is not None
+    )
+
+
+def _char_table(tokenizer: Tokenizer) -> np.ndarray:
+    """code point -> id of a character tokenizer, one entry past the largest known code point for
+    the unknown token (the id of every character the table does not hold)."""
+    unk = tokenizer.token_to_id(json.loads(tokenizer.to_str())["model"]["unk_token"])
     chars = {token: i for token, i in tokenizer.get_vocab().items() if len(token) == 1}
-    table = np.full(max(map(ord, chars), default=0) + 1, unk, dtype=np.int64)
+    table = np.full(max(map(ord, chars), default=-1) + 2, unk, dtype=np.int64)
     for char, index in chars.items():
         table[ord(char)] = index
     return table

@@ -1,0 +1,142 @@
+"""Outside tokenizer.json files on LM / MLM corpora: the ids of ``tokenizers``' own encode for every
+model, normalizer, pre-tokenizer and post-processor; the character fast path only where it is exact."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+from trident.data.token_files import Encoder
+from trident.data.tokenization import train_tokenizer
+
+# Upper and lower case, punctuation, line breaks, a tab, accents (composed and combining), an emoji
+# and characters no vocabulary below has.
+TEXT = "Hello World, the naïve CAFÉ sells 3 cakes!\nzebra\tdances e\u0301 🙂 ☃ 漢字\n\nThe end.\n"
+WORDS = ["hello", "world", "the", "naive", "cafe", "sells", "cakes", "dances", "end", "zebra"]
+CORPUS = [TEXT, "the cafe sells cakes to the zebra\n", "hello hello world\n"] * 20
+
+
+def word_level_whitespace() -> Tokenizer:
+    """A word per vocabulary entry, split at whitespace and punctuation: ``encode`` gives whole words."""
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["Hello", "World", ",", "the", "!", "The", "end", "."])}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+def word_level_lowercase() -> Tokenizer:
+    """The issue's case: padding first, a lowercasing normalizer (the old fast path made every id 0)."""
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+def word_level_single_characters() -> Tokenizer:
+    """Single characters as words, but split at whitespace: "ab" is one unknown word, not a, b."""
+    vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate(sorted(set("helo wrd")))}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer
+
+
+def bert_word_piece() -> Tokenizer:
+    """BERT's pipeline: BertNormalizer, BertPreTokenizer, WordPiece, [CLS] $A [SEP], and truncation on."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    pieces = sorted(set("abcdefghijklmnopqrstuvwxyz.,!")) + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    vocab = {token: i for i, token in enumerate(specials + WORDS + ["##s", "sell"] + pieces)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tokenizer.enable_truncation(max_length=8)  # as Hub files often say (512): a corpus is never cut to it
+    return tokenizer
+
+
+def byte_level_bpe() -> Tokenizer:
+    """GPT-2 style, as trident trains it (``<|endoftext|>`` in the vocabulary)."""
+    return train_tokenizer("bpe", iter(CORPUS), vocab_size=300, length=len(CORPUS))
+
+
+def roberta_bpe() -> Tokenizer:
+    """Byte-level BPE with RoBERTa's post-processor (<s> $A </s>) and no <|endoftext|>."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tokenizer
+
+
+def unigram() -> Tokenizer:
+    """SentencePiece style: NFKC, Metaspace, a Unigram model trained here, </s> after each text."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)
+    tokenizer.train_from_iterator([t.replace("漢字", "") for t in CORPUS], trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return tokenizer
+
+
+def trident_characters() -> Tokenizer:
+    """trident's own character tokenizer, trained without ☃, 漢, 字 or the tab."""
+    return train_tokenizer("char", [TEXT.replace("☃", "").replace("漢字", "").replace("\t", " ")], end_of_text=True)
+
+
+def split_characters_then_lowercase() -> Tokenizer:
+    """trident's character pipeline plus a lowercasing normalizer: not the fast path's case."""
+    tokenizer = trident_characters()
+    tokenizer.normalizer = normalizers.Lowercase()
+    return tokenizer
+
+
+def isolated_letters_only() -> Tokenizer:
+    """Character vocabulary, but a pre-tokenizer that isolates letters only (digits run together)."""
+    tokenizer = trident_characters()
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"\p{L}"), behavior="isolated")
+    return tokenizer
+
+
+BUILDERS: dict[str, Callable[[], Tokenizer]] = {
+    "word-level whitespace": word_level_whitespace,
+    "word-level lowercase": word_level_lowercase,
+    "word-level single characters": word_level_single_characters,
+    "bert word-piece": bert_word_piece,
+    "byte-level bpe": byte_level_bpe,
+    "roberta bpe": roberta_bpe,
+    "unigram": unigram,
+    "trident characters": trident_characters,
+    "characters lowercased": split_characters_then_lowercase,
+    "letters isolated": isolated_letters_only,
+}
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_every_tokenizer_gives_the_ids_of_its_own_encode(name: str) -> None:
+    tokenizer = BUILDERS[name]()
+    texts = [TEXT, "e\u0301 🙂\r\n", "", "ab 12 cafe\n"]
+    encoder = Encoder(tokenizer)
+    whole = Tokenizer.from_str(tokenizer.to_str())
+    whole.no_truncation()
+    expected = [i for text in texts for i in whole.encode(text, add_special_tokens=False).ids]
+    assert encoder([(text, False) for text in texts]).tolist() == expected
+    assert len(expected) > 8  # longer than the truncation some files carry: the corpus is never cut
+    # The numpy table is trident's character tokenizer only, where it is exact.
+    assert (encoder.char_table is not None) == (name == "trident characters")
+
+
+def test_the_character_fast_path_is_exact_on_unknown_and_astral_characters() -> None:
+    tokenizer = trident_characters()
+    text = "☃\t漢字 e\u0301🙂\n\r\n" + TEXT
+    ids = Encoder(tokenizer)([(text, False)])
+    assert ids.tolist() == tokenizer.encode(text).ids
+    unknown = sum(char not in tokenizer.get_vocab() for char in text)  # ☃, 漢, 字, the tab and \r, some twice
+    assert unknown == 9 and ids.tolist().count(tokenizer.token_to_id("<unk>")) == unknown
