@@ -4,12 +4,16 @@ model, normalizer, pre-tokenizer and post-processor; the character fast path onl
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
+from trident.data import streams
+from trident.data.lm import LMDataModule
 from trident.data.token_files import Encoder
-from trident.data.tokenization import train_tokenizer
+from trident.data.tokenization import END_OF_TEXT, train_tokenizer
 
 # Upper and lower case, punctuation, line breaks, a tab, accents (composed and combining), an emoji
 # and characters no vocabulary below has.
@@ -105,6 +109,12 @@ def isolated_letters_only() -> Tokenizer:
     return tokenizer
 
 
+def untruncated(tokenizer: Tokenizer) -> Tokenizer:
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    return copy
+
+
 BUILDERS: dict[str, Callable[[], Tokenizer]] = {
     "word-level whitespace": word_level_whitespace,
     "word-level lowercase": word_level_lowercase,
@@ -123,10 +133,8 @@ BUILDERS: dict[str, Callable[[], Tokenizer]] = {
 def test_every_tokenizer_gives_the_ids_of_its_own_encode(name: str) -> None:
     tokenizer = BUILDERS[name]()
     texts = [TEXT, "e\u0301 🙂\r\n", "", "ab 12 cafe\n"]
-    encoder = Encoder(tokenizer)
-    whole = Tokenizer.from_str(tokenizer.to_str())
-    whole.no_truncation()
-    expected = [i for text in texts for i in whole.encode(text, add_special_tokens=False).ids]
+    encoder = Encoder(tokenizer, separator=None)
+    expected = [i for text in texts for i in untruncated(tokenizer).encode(text, add_special_tokens=False).ids]
     assert encoder([(text, False) for text in texts]).tolist() == expected
     assert len(expected) > 8  # longer than the truncation some files carry: the corpus is never cut
     # The numpy table is trident's character tokenizer only, where it is exact.
@@ -136,7 +144,60 @@ def test_every_tokenizer_gives_the_ids_of_its_own_encode(name: str) -> None:
 def test_the_character_fast_path_is_exact_on_unknown_and_astral_characters() -> None:
     tokenizer = trident_characters()
     text = "☃\t漢字 e\u0301🙂\n\r\n" + TEXT
-    ids = Encoder(tokenizer)([(text, False)])
+    ids = Encoder(tokenizer, separator=None)([(text, False)])
     assert ids.tolist() == tokenizer.encode(text).ids
     unknown = sum(char not in tokenizer.get_vocab() for char in text)  # ☃, 漢, 字, the tab and \r, some twice
     assert unknown == 9 and ids.tolist().count(tokenizer.token_to_id("<unk>")) == unknown
+
+
+def documents(count: int, first: int = 0) -> list[str]:
+    """Documents of 12 lines (~650 characters), many pieces each at the test's piece size."""
+    return ["".join(f"Document {d} line {i}: the cafe sells cakes to the zebra.\n" for i in range(12))
+            for d in range(first, first + count)]
+
+
+SEPARATORS = {  # tokenizer -> the token that must end each document
+    "bert word-piece": "[SEP]",  # the post-processor's closing token ([CLS] $A [SEP])
+    "roberta bpe": "</s>",  # <s> $A </s>
+    "unigram": "</s>",  # $A </s>
+    "byte-level bpe": END_OF_TEXT,  # the vocabulary has it
+    "word-level whitespace": END_OF_TEXT,  # nothing to use: added to the tokenizer
+}
+WHOLE_DOCUMENT_IDS = {"bert word-piece", "byte-level bpe", "word-level whitespace"}  # see the README
+
+
+@pytest.mark.parametrize("name", SEPARATORS)
+def test_documents_not_pieces_get_special_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture, name: str) -> None:
+    # Pieces of 64 characters, not 256 K: each document is cut into about ten.
+    monkeypatch.setattr(streams, "text_file_pieces", partial(streams.text_file_pieces, chunk_chars=64))
+    given = BUILDERS[name]()
+    given.save(str(tmp_path / "tokenizer.json"))
+    splits = {"train": documents(3), "validation": documents(1, 3), "test": documents(1, 4)}
+    files: dict[str, list[str]] = {}
+    for split, docs in splits.items():
+        files[split] = []
+        for i, doc in enumerate(docs):
+            (tmp_path / f"{split}{i}.txt").write_text(doc)
+            files[split].append(str(tmp_path / f"{split}{i}.txt"))
+    module = LMDataModule(source="files", files=files, tokenizer=str(tmp_path / "tokenizer.json"), block_size=4,
+                          batch_size=2, cache_dir=str(tmp_path / "cache"))
+    with caplog.at_level("INFO"):
+        module.prepare_data()
+    module.setup()
+    tokenizer = module.tokenizer
+    assert tokenizer is not None
+    separator = tokenizer.token_to_id(SEPARATORS[name])
+    closing = given.encode("a")
+    specials = {i for i, seq in zip(closing.ids, closing.sequence_ids) if seq is None} | {separator}
+    for split, docs in splits.items():
+        ids = module.splits[split].tolist()
+        # Exactly one separator after each document, and no special token inside one.
+        ends = [i for i, token in enumerate(ids) if token == separator]
+        assert len(ends) == len(docs) and ends[-1] == len(ids) - 1
+        assert not specials & set(ids) - {separator}
+        if name in WHOLE_DOCUMENT_IDS:  # pieces cut at line breaks: the whole document's own ids
+            whole = untruncated(given)
+            expected = [i for doc in docs for i in whole.encode(doc, add_special_tokens=False).ids + [separator]]
+            assert ids == expected
+    assert f"each document ends in {SEPARATORS[name]} (id {separator}" in caplog.text  # said at preparation

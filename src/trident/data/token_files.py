@@ -9,16 +9,19 @@ training process maps the same file: the operating system keeps one copy in its 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, models
+from tokenizers import AddedToken, Tokenizer, models
 
 from trident.data.streams import Piece, Stream
 from trident.data.tokenization import END_OF_TEXT, every_character
+
+log = logging.getLogger(__name__)
 
 BATCH_PIECES = max(8, 4 * (os.cpu_count() or 1))  # enough pieces per batch to keep every core busy
 
@@ -27,17 +30,46 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
 
 
+def end_of_document(tokenizer: Tokenizer) -> int:
+    """The id that ends each document (logged): ``<|endoftext|>`` where the vocabulary has it; else the
+    special token the tokenizer's post-processor closes a text with (BERT's ``[SEP]``, RoBERTa's and
+    T5's ``</s>``); else ``<|endoftext|>`` added to ``tokenizer`` as a special token (one more id)."""
+    found = tokenizer.token_to_id(END_OF_TEXT)
+    if found is not None:
+        log.info("data: each document ends in %s (id %d)", END_OF_TEXT, found)
+        return found
+    closing = closing_special(tokenizer)
+    if closing is not None:
+        log.info("data: each document ends in %s (id %d, the token the tokenizer's post-processor puts after a text; "
+                 "it has no %s)", closing, tokenizer.token_to_id(closing), END_OF_TEXT)
+        return tokenizer.token_to_id(closing)
+    tokenizer.add_special_tokens([AddedToken(END_OF_TEXT, special=True)])
+    added = tokenizer.token_to_id(END_OF_TEXT)
+    log.info("data: each document ends in %s (id %d, added to the tokenizer: it had no end-of-document token)",
+             END_OF_TEXT, added)
+    return added
+
+
+def closing_special(tokenizer: Tokenizer) -> str | None:
+    """The last special token the post-processor puts after a single text, if any."""
+    encoding = tokenizer.encode("a")
+    texts = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
+    after = encoding.tokens[texts[-1] + 1 :] if texts else []
+    return after[-1] if after else None
+
+
 class Encoder:
     """``tokenizer`` as a function of a batch of texts -> one flat id array: each piece's ids are those
     of ``tokenizer.encode(text, add_special_tokens=False)`` with the file's truncation and padding off (a
-    corpus is never cut to a model's length), ``END_OF_TEXT`` after each piece that ends a document."""
+    corpus is never cut to a model's length; special tokens never sit inside a document), and
+    ``separator`` after each piece that ends a document (:func:`end_of_document`; None where none does)."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, separator: int | None) -> None:
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: truncation and padding go below
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.dtype = token_dtype(tokenizer.get_vocab_size())
-        self.end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+        self.separator = separator
         self.char_table = _char_table(tokenizer) if is_character_tokenizer(tokenizer) else None
 
     def __call__(self, pieces: list[Piece]) -> np.ndarray:
@@ -50,8 +82,9 @@ class Encoder:
         out: list[np.ndarray] = []
         for ids, (_, ends_document) in zip(encoded, pieces):
             out.append(ids)
-            if ends_document and self.end_of_text is not None:
-                out.append(np.array([self.end_of_text], dtype=self.dtype))
+            if ends_document:
+                assert self.separator is not None, "a document ends in a stream given no separator"
+                out.append(np.array([self.separator], dtype=self.dtype))
         return np.concatenate(out) if out else np.empty(0, dtype=self.dtype)
 
     def _chars(self, text: str) -> np.ndarray:
