@@ -91,7 +91,7 @@ class Encoder:
         table = self.char_table
         assert table is not None
         points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one code point per character
-        return table[np.where(points < len(table), points, -1)].astype(self.dtype)  # beyond the table: its last entry
+        return table[np.minimum(points, len(table) - 1)].astype(self.dtype)  # beyond the table: its last entry, <unk>
 
 
 def is_character_tokenizer(tokenizer: Tokenizer) -> bool:
