@@ -7,13 +7,15 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-from trident.data import streams
+from trident.data import streams, token_files
 from trident.data.lm import LMDataModule
 from trident.data.token_files import Encoder
 from trident.data.tokenization import END_OF_TEXT, train_tokenizer
+from trident.errors import DataError
 
 # Upper and lower case, punctuation, line breaks, a tab, accents (composed and combining), an emoji
 # and characters no vocabulary below has.
@@ -24,7 +26,8 @@ CORPUS = [TEXT, "the cafe sells cakes to the zebra\n", "hello hello world\n"] * 
 
 def word_level_whitespace() -> Tokenizer:
     """A word per vocabulary entry, split at whitespace and punctuation: ``encode`` gives whole words."""
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["Hello", "World", ",", "the", "!", "The", "end", "."])}}
+    words = ["Hello", "World", ",", "!", "The", ".", "Document", "line", ":", "to", *WORDS, *"0123456789"]
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     return tokenizer
@@ -109,6 +112,23 @@ def isolated_letters_only() -> Tokenizer:
     return tokenizer
 
 
+def documents(count: int, first: int = 0) -> list[str]:
+    """Documents of 12 lines (~650 characters), many pieces each at the test's piece size."""
+    return ["".join(f"Document {d} line {i}: the cafe sells cakes to the zebra.\n" for i in range(12))
+            for d in range(first, first + count)]
+
+
+def trident_characters_without_end() -> Tokenizer:
+    """trident's character tokenizer of a packaged corpus (no <|endoftext|>), as an LM run keeps it."""
+    return train_tokenizer("char", documents(5))
+
+
+def bert_without_post_processor() -> Tokenizer:
+    tokenizer = bert_word_piece()
+    tokenizer.post_processor = None
+    return tokenizer
+
+
 def untruncated(tokenizer: Tokenizer) -> Tokenizer:
     copy = Tokenizer.from_str(tokenizer.to_str())
     copy.no_truncation()
@@ -124,6 +144,8 @@ BUILDERS: dict[str, Callable[[], Tokenizer]] = {
     "roberta bpe": roberta_bpe,
     "unigram": unigram,
     "trident characters": trident_characters,
+    "trident characters without end": trident_characters_without_end,
+    "bert without post-processor": bert_without_post_processor,
     "characters lowercased": split_characters_then_lowercase,
     "letters isolated": isolated_letters_only,
 }
@@ -138,32 +160,28 @@ def test_every_tokenizer_gives_the_ids_of_its_own_encode(name: str) -> None:
     assert encoder([(text, False) for text in texts]).tolist() == expected
     assert len(expected) > 8  # longer than the truncation some files carry: the corpus is never cut
     # The numpy table is trident's character tokenizer only, where it is exact.
-    assert (encoder.char_table is not None) == (name == "trident characters")
+    assert (encoder.char_table is not None) == name.startswith("trident characters")
 
 
 def test_the_character_fast_path_is_exact_on_unknown_and_astral_characters() -> None:
     tokenizer = trident_characters()
-    text = "☃\t漢字 e\u0301🙂\n\r\n" + TEXT
+    text = "☃\t漢字 e\u0301🙂\n\r\n🚀" + TEXT  # 🚀: past the largest code point the tokenizer knows (🙂)
     ids = Encoder(tokenizer, separator=None)([(text, False)])
     assert ids.tolist() == tokenizer.encode(text).ids
-    unknown = sum(char not in tokenizer.get_vocab() for char in text)  # ☃, 漢, 字, the tab and \r, some twice
-    assert unknown == 9 and ids.tolist().count(tokenizer.token_to_id("<unk>")) == unknown
+    unknown = sum(char not in tokenizer.get_vocab() for char in text)  # ☃, 漢, 字, the tab, \r, 🚀; some twice
+    assert unknown == 10 and ids.tolist().count(tokenizer.token_to_id("<unk>")) == unknown
 
 
-def documents(count: int, first: int = 0) -> list[str]:
-    """Documents of 12 lines (~650 characters), many pieces each at the test's piece size."""
-    return ["".join(f"Document {d} line {i}: the cafe sells cakes to the zebra.\n" for i in range(12))
-            for d in range(first, first + count)]
-
-
-SEPARATORS = {  # tokenizer -> the token that must end each document
+SEPARATORS = {  # tokenizer -> what must end each document
     "bert word-piece": "[SEP]",  # the post-processor's closing token ([CLS] $A [SEP])
+    "bert without post-processor": "[SEP]",  # a vocab.txt tokenizer built without one
     "roberta bpe": "</s>",  # <s> $A </s>
     "unigram": "</s>",  # $A </s>
     "byte-level bpe": END_OF_TEXT,  # the vocabulary has it
     "word-level whitespace": END_OF_TEXT,  # nothing to use: added to the tokenizer
+    "trident characters without end": "\n\n",  # a blank line: the vocabulary stays as weights know it
 }
-WHOLE_DOCUMENT_IDS = {"bert word-piece", "byte-level bpe", "word-level whitespace"}  # see the README
+WHOLE_DOCUMENT_IDS = {"bert word-piece", "byte-level bpe", "word-level whitespace", "trident characters without end"}
 
 
 @pytest.mark.parametrize("name", SEPARATORS)
@@ -187,17 +205,34 @@ def test_documents_not_pieces_get_special_tokens(tmp_path: Path, monkeypatch: py
     module.setup()
     tokenizer = module.tokenizer
     assert tokenizer is not None
-    separator = tokenizer.token_to_id(SEPARATORS[name])
+    wanted = SEPARATORS[name]
+    separator = given.encode(wanted).ids if wanted == "\n\n" else [tokenizer.token_to_id(wanted)]
     closing = given.encode("a")
-    specials = {i for i, seq in zip(closing.ids, closing.sequence_ids) if seq is None} | {separator}
+    specials = {i for i, seq in zip(closing.ids, closing.sequence_ids) if seq is None} | {*separator}
     for split, docs in splits.items():
         ids = module.splits[split].tolist()
-        # Exactly one separator after each document, and no special token inside one.
-        ends = [i for i, token in enumerate(ids) if token == separator]
-        assert len(ends) == len(docs) and ends[-1] == len(ids) - 1
-        assert not specials & set(ids) - {separator}
         if name in WHOLE_DOCUMENT_IDS:  # pieces cut at line breaks: the whole document's own ids
             whole = untruncated(given)
-            expected = [i for doc in docs for i in whole.encode(doc, add_special_tokens=False).ids + [separator]]
-            assert ids == expected
-    assert f"each document ends in {SEPARATORS[name]} (id {separator}" in caplog.text  # said at preparation
+            assert ids == [i for doc in docs for i in whole.encode(doc, add_special_tokens=False).ids + separator]
+        # Exactly one separator after each document, and no special token inside one.
+        ends = [i for i, token in enumerate(ids) if token in specials]
+        assert ends[-1] == len(ids) - 1
+        assert len(ends) == len(docs) or wanted == "\n\n"
+    assert f"each document ends in {'a blank line' if wanted == chr(10) * 2 else wanted} (ids {separator}" in caplog.text
+
+
+@pytest.mark.parametrize("broken", ["the old fast path", "padding everywhere"])
+def test_a_split_of_mostly_unknown_or_padding_ids_stops_naming_the_tokenizer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
+    # The guard itself, whatever the cause: the issue's case (any word-level file down the character
+    # path, its lowercasing normalizer ignored), and an encoder that gives the padding id everywhere.
+    monkeypatch.setattr(token_files, "is_character_tokenizer", lambda t: isinstance(t.model, models.WordLevel))
+    if broken == "padding everywhere":
+        monkeypatch.setattr(Encoder, "_chars", lambda self, text: np.zeros(len(text), dtype=self.dtype))
+    word_level_lowercase().save(str(tmp_path / "words.json"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"The zebra sells cakes to the Cafe, line {i}.\n" for i in range(300)))
+    module = LMDataModule(source="files", files=str(corpus), tokenizer=str(tmp_path / "words.json"), block_size=4,
+                          batch_size=2, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=r"the train split is 100% unknown or padding ids .* data.tokenizer=\S*words.json"):
+        module.prepare_data()

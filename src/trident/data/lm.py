@@ -26,7 +26,7 @@ from trident.data.corpora import corpus_streams
 from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
-from trident.data.token_files import Encoder, end_of_document, read_tokens, write_tokens
+from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
 
@@ -145,13 +145,15 @@ class LMDataModule(TridentDataModule):
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
         encoder = Encoder(tokenizer, separator)
-        counts = {name: write_tokens(streams[name], encoder, staging / f"{name}.bin") for name in SPLITS}
-        for name, count in counts.items():
+        written = {name: write_tokens(streams[name], encoder, staging / f"{name}.bin") for name in SPLITS}
+        counts = {name: count for name, (count, _) in written.items()}
+        for name, (count, fillers) in written.items():
             if count == 0:
                 raise DataError(
                     f"the {name} split of data.source={self.source} is empty ({counts['train']} train tokens): "
                     "use a larger corpus, give the split in data.files, or change data.split"
                 )
+            check_informative(name, count, fillers, self.tokenizer_kind)
         origin = {name: "given" if name in given else "cut from the end of train" for name in SPLITS}
         if self.test_on_validation:
             origin["test"] = "the validation split (data.test_on_validation=true)"
