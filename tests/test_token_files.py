@@ -13,7 +13,7 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, pr
 
 from trident.data import streams, token_files
 from trident.data.lm import LMDataModule
-from trident.data.token_files import Encoder
+from trident.data.token_files import Encoder, check_informative
 from trident.data.tokenization import END_OF_TEXT, train_tokenizer
 from trident.errors import DataError
 
@@ -236,3 +236,11 @@ def test_a_split_of_mostly_unknown_or_padding_ids_stops_naming_the_tokenizer(
                           batch_size=2, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DataError, match=r"the train split is 100% unknown or padding ids .* data.tokenizer=\S*words.json"):
         module.prepare_data()
+
+
+def test_the_guard_stops_a_split_more_than_half_unknown_or_padding() -> None:
+    check_informative("validation", 1000, 500, "words.json")  # half passes: real text is far below
+    with pytest.raises(DataError, match=r"the validation split is 50% unknown or padding ids \(501 of 1,000\) with "
+                                        r"data.tokenizer=words.json: that tokenizer does not read this text") as caught:
+        check_informative("validation", 1000, 501, "words.json")
+    assert "\n" not in str(caught.value)
