@@ -66,8 +66,10 @@ def bert_word_piece() -> Tokenizer:
 
 
 def byte_level_bpe() -> Tokenizer:
-    """GPT-2 style, as trident trains it (``<|endoftext|>`` in the vocabulary)."""
-    return train_tokenizer("bpe", iter(CORPUS), vocab_size=300, length=len(CORPUS))
+    """GPT-2 style, as trident trains it (``<|endoftext|>`` in the vocabulary), with merges of line
+    breaks and the spaces around them."""
+    texts = CORPUS + documents(5)
+    return train_tokenizer("bpe", iter(texts), vocab_size=400, length=len(texts))
 
 
 def roberta_bpe() -> Tokenizer:
@@ -113,9 +115,10 @@ def isolated_letters_only() -> Tokenizer:
 
 
 def documents(count: int, first: int = 0) -> list[str]:
-    """Documents of 12 lines (~650 characters), many pieces each at the test's piece size."""
-    return ["".join(f"Document {d} line {i}: the cafe sells cakes to the zebra.\n" for i in range(12))
-            for d in range(first, first + count)]
+    """Documents of 24 lines (~750 characters), several pieces each at the test's piece size, with
+    trailing spaces and indented lines (GPT-2's BPE joins those spaces to the line break)."""
+    lines = ["Document {d} line {i}: the cafe sells cakes \n", "    to the zebra.\n", "The end {i}.\n"]
+    return ["".join(lines[i % 3].format(d=d, i=i) for i in range(24)) for d in range(first, first + count)]
 
 
 def trident_characters_without_end() -> Tokenizer:
@@ -187,8 +190,8 @@ WHOLE_DOCUMENT_IDS = {"bert word-piece", "byte-level bpe", "word-level whitespac
 @pytest.mark.parametrize("name", SEPARATORS)
 def test_documents_not_pieces_get_special_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  caplog: pytest.LogCaptureFixture, name: str) -> None:
-    # Pieces of 64 characters, not 256 K: each document is cut into about ten.
-    monkeypatch.setattr(streams, "text_file_pieces", partial(streams.text_file_pieces, chunk_chars=64))
+    # Pieces of 100 characters, not 256 K: each document is cut into about eight.
+    monkeypatch.setattr(streams, "text_file_pieces", partial(streams.text_file_pieces, chunk_chars=100))
     given = BUILDERS[name]()
     given.save(str(tmp_path / "tokenizer.json"))
     splits = {"train": documents(3), "validation": documents(1, 3), "test": documents(1, 4)}
