@@ -221,7 +221,8 @@ def test_documents_not_pieces_get_special_tokens(tmp_path: Path, monkeypatch: py
         ends = [i for i, token in enumerate(ids) if token in specials]
         assert ends[-1] == len(ids) - 1
         assert len(ends) == len(docs) or wanted == "\n\n"
-    assert f"each document ends in {'a blank line' if wanted == chr(10) * 2 else wanted} (ids {separator}" in caplog.text
+    said = "a blank line" if wanted == "\n\n" else wanted
+    assert f"each document ends in {said} (ids {separator}" in caplog.text
 
 
 @pytest.mark.parametrize("broken", ["the old fast path", "padding everywhere"])
