@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from trident.data.text_classification import LabelledSequences, TextClassificationDataModule, pad_batch
+from trident.errors import DataError
 from trident.tasks.classify import SequenceClassificationTask
 from trident.training.flops import stack_flops
 
@@ -121,12 +123,12 @@ def test_a_batch_is_right_padded_with_its_mask() -> None:
     assert labels.tolist() == [1, 0, 2]
 
 
-def labelled(tmp_path: Path, rows: dict[str, list[tuple[str, object]]]) -> TextClassificationDataModule:
+def labelled(tmp_path: Path, rows: dict[str, list[tuple[str, object]]], tokenizer: str = "char") -> TextClassificationDataModule:
     files = {}
     for split, pairs in rows.items():
         files[split] = str(tmp_path / f"{split}.jsonl")
         Path(files[split]).write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in pairs))
-    module = TextClassificationDataModule(source="files", files=files, cache_dir=str(tmp_path / "cache"))
+    module = TextClassificationDataModule(source="files", files=files, tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"))
     module.prepare_data()
     module.setup()
     return module
@@ -146,3 +148,13 @@ def test_labels_keep_their_names_in_numeric_order_through_the_cache(tmp_path: Pa
         assert texts == [t for t, _ in pairs]
     # The baseline answers the most frequent *training* class (10), not validation's (2).
     assert module.majority_accuracy() == {"validation": pytest.approx(1 / 3), "test": 0.5}
+
+
+def test_texts_a_tokenizer_cannot_read_stop_naming_it(tmp_path: Path) -> None:
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "fine": 1, "day": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "words.json"))
+    good = [("a fine day", "pos"), ("a dark night", "neg")] * 4
+    with pytest.raises(DataError, match=r"the train split is 67% unknown or padding ids \(16 of 24\) with "
+                                        r"data.tokenizer=\S*words.json"):
+        labelled(tmp_path, {"train": good, "validation": good, "test": good}, tokenizer=str(tmp_path / "words.json"))
