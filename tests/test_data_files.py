@@ -164,7 +164,7 @@ def test_a_split_too_small_names_the_numbers(tmp_path: Path) -> None:
 
 def test_the_character_fast_path_matches_the_tokenizer() -> None:
     tokenizer = train_tokenizer("char", ["hello world\n", "naïve café 🙂"], end_of_text=True)
-    encoder = Encoder(tokenizer)
+    encoder = Encoder(tokenizer, [tokenizer.token_to_id(END_OF_TEXT)])
     text = "hello\tnaïve 🙂 wörld ☃ café\n"  # a tab, ö and ☃ are unknown to this tokenizer
     ids = encoder([(text, True), ("ol", False)])
     expected = tokenizer.encode(text).ids + [tokenizer.token_to_id(END_OF_TEXT)] + tokenizer.encode("ol").ids
@@ -178,7 +178,7 @@ def test_byte_level_bpe_batches_match_one_by_one_encoding() -> None:
     pieces = [(t, i % 3 == 0) for i, t in enumerate(texts[:20])]
     eot = tokenizer.token_to_id(END_OF_TEXT)
     expected = [i for t, ends in pieces for i in tokenizer.encode(t).ids + ([eot] if ends else [])]
-    assert Encoder(tokenizer)(pieces).tolist() == expected
+    assert Encoder(tokenizer, [eot])(pieces).tolist() == expected
 
 
 def test_a_preparation_that_dies_leaves_nothing_a_later_run_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

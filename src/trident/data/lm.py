@@ -26,15 +26,16 @@ from trident.data.corpora import corpus_streams
 from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
-from trident.data.token_files import Encoder, read_tokens, write_tokens
+from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
 # Bump when the preparation below changes its output (2: no Arrow copy of the tokens; 3: streamed
-# into memory-mapped .bin files, documents of files / hub data end in <|endoftext|>).
-CACHE_VERSION = 3
+# into memory-mapped .bin files, documents of files / hub data end in <|endoftext|>; 4: a tokenizer.json's
+# own ids, no special tokens inside documents, a separator for every vocabulary).
+CACHE_VERSION = 4
 
 
 class PackedBlocks(Dataset[tuple[Tensor, Tensor]]):
@@ -134,21 +135,25 @@ class LMDataModule(TridentDataModule):
         given = corpus_streams(self.source, self.source_options)
         streams = split_streams(given, self.split, self.test_on_validation)
         pieces = sum(1 for _ in streams["train"]())
-        # Documents of the user's data end in <|endoftext|>; the packaged corpora are one text each.
+        # Documents of the user's data end in a separator; the packaged corpora are one text each.
+        documents = self.source in ("files", "hub")
         tokenizer = tokenizer_for(
             self.tokenizer_kind, (text for text, _ in streams["train"]()), vocab_size=self.vocab_size_target,
-            length=pieces, end_of_text=self.source in ("files", "hub"),
+            length=pieces, end_of_text=documents,
         )
+        separator = end_of_document(tokenizer) if documents else None  # may add <|endoftext|> to the tokenizer
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
-        encoder = Encoder(tokenizer)
-        counts = {name: write_tokens(streams[name], encoder, staging / f"{name}.bin") for name in SPLITS}
-        for name, count in counts.items():
+        encoder = Encoder(tokenizer, separator)
+        written = {name: write_tokens(streams[name], encoder, staging / f"{name}.bin") for name in SPLITS}
+        counts = {name: count for name, (count, _) in written.items()}
+        for name, (count, fillers) in written.items():
             if count == 0:
                 raise DataError(
                     f"the {name} split of data.source={self.source} is empty ({counts['train']} train tokens): "
                     "use a larger corpus, give the split in data.files, or change data.split"
                 )
+            check_informative(name, count, fillers, self.tokenizer_kind)
         origin = {name: "given" if name in given else "cut from the end of train" for name in SPLITS}
         if self.test_on_validation:
             origin["test"] = "the validation split (data.test_on_validation=true)"

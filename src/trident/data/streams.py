@@ -34,7 +34,7 @@ def text_file_pieces(path: Path, chunk_chars: int = CHUNK_CHARS) -> Iterator[Pie
         with path.open(encoding="utf-8", newline="") as handle:  # newline="": \r\n stays as written
             while block := handle.read(chunk_chars):
                 text = carry + block
-                cut = text.rfind("\n") + 1
+                cut = piece_end(text)
                 if cut == 0 and len(text) < 16 * chunk_chars:  # no line break yet: read on
                     carry = text
                     continue
@@ -44,6 +44,19 @@ def text_file_pieces(path: Path, chunk_chars: int = CHUNK_CHARS) -> Iterator[Pie
     except UnicodeDecodeError as err:
         raise DataError(f"{path} is not UTF-8 text (byte {err.start} of a chunk: {err.reason}): convert it to UTF-8") from None
     yield carry, True
+
+
+def piece_end(text: str) -> int:
+    """Where a piece of ``text`` ends: after its last line break between two characters that are not
+    whitespace, so the pieces tokenize as the whole text does for tokenizers that split at whitespace
+    (GPT-2's byte-level BPE joins a line break to the spaces around it); else after its last line
+    break; 0 without one."""
+    end = len(text) - 1  # the character after the break must be there to look at
+    while (newline := text.rfind("\n", 0, end)) > 0:
+        if not text[newline - 1].isspace() and not text[newline + 1].isspace():
+            return newline + 1
+        end = newline
+    return text.rfind("\n") + 1
 
 
 def table_pieces(table: datasets.Dataset, column: str) -> Iterator[Piece]:

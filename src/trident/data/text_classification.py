@@ -31,6 +31,7 @@ from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import package_path, play_to_text
 from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS, read_splits
+from trident.data.token_files import check_informative, filler_ids
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError, choose
 
@@ -203,7 +204,9 @@ class TextClassificationDataModule(TridentDataModule):
         staging.mkdir(parents=True)
         for split in SPLITS:
             encoded = [e.ids for e in tokenizer.encode_batch([str(t) for t in corpus[split][self.text_column]])]
-            np.save(staging / f"{split}_ids.npy", np.fromiter((i for row in encoded for i in row), dtype=np.int32))
+            ids = np.fromiter((i for row in encoded for i in row), dtype=np.int32)
+            check_informative(split, ids.size, int(np.isin(ids, filler_ids(tokenizer)).sum()), self.tokenizer_kind)
+            np.save(staging / f"{split}_ids.npy", ids)
             np.save(staging / f"{split}_offsets.npy", np.cumsum([0, *map(len, encoded)]))
             np.save(staging / f"{split}_labels.npy", np.array([index[str(x)] for x in corpus[split][self.label_column]]))
         publish_cache(staging, self.cache_path, tokenizer, {"class_names": class_names})

@@ -93,9 +93,14 @@ def _char_tokenizer(texts: Iterable[str], end_of_text: bool) -> Tokenizer:
     if end_of_text:  # a vocabulary entry of its own (never produced from text), after the characters
         vocab[END_OF_TEXT] = len(vocab)
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character
+    tokenizer.pre_tokenizer = every_character()
     tokenizer.decoder = decoders.Fuse()  # join characters back without separators
     return tokenizer
+
+
+def every_character() -> pre_tokenizers.PreTokenizer:
+    """The character tokenizer's pre-tokenizer: each character (code point) a word of its own."""
+    return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
 
 
 def decode(tokenizer: Tokenizer, ids: list[int]) -> str:
