@@ -1,5 +1,5 @@
 """The sections of docs/results.md marked *(issue 28)*, recomputed from the committed jobs.csv files
-with pandas and scipy (Holm's correction by hand), not with trident.report, whose reports they quote.
+with pandas and scipy (the tests and Holm's correction by hand), not with trident.report.
 
 A table belongs to the report linked last above it in its section (`Report: [...](results/<name>/report.md)`).
 Two kinds are checked cell for cell, every row and no other; a section has no other `| setting` table:
@@ -11,8 +11,17 @@ Each ``Report:`` line states its jobs and their summed wall time; each ``Steps:`
 table below it, in its row order. A commit the text names must have run the jobs. The numbers of the
 text are checked by tests/test_results_numbers.py against ``derived_numbers`` below.
 
-The statistics (Welch's test, Holm's correction, the verdicts) are ``holm_by_hand`` and
-``against_the_best``, and nowhere else in the tests of the page.
+The statistics are the corrected procedure of issue 37, and nowhere else in the tests of the page:
+``look_by_hand`` (Welch's test and Wellek's equivalence test, ``wellek_by_hand``, over every pair of
+settings, each corrected with ``holm_by_hand`` over all the pairs; the verdicts at a level) and
+``against_the_best``. Recomputed by hand: a fixed-seed sweep, one look at ALPHA; and each round of a
+sweep with seeds until decided, from its committed ``adaptive.json`` (which seeds each setting had, which
+settings were open, the round's level from the spending function, ``spent_by_hand``): ``rounds_by_hand``
+looks at each round again and must find the file's best and verdicts; each row of that metric's table is
+the look of the round that decided it. Not by hand: that the loop would have run exactly those rounds is
+trident's replay (``test_the_verdicts_agree_with_trident_report``, through
+``trident.report.sequential.read_record``, which replays the jobs and refuses a file whose verdicts they do
+not give); the by-hand check still requires each open setting to have every seed of its round.
 """
 
 from __future__ import annotations
