@@ -1,5 +1,5 @@
 """The sections of docs/results.md marked *(issue 28)*, recomputed from the committed jobs.csv files
-with pandas and scipy (Holm's correction by hand), not with trident.report, whose reports they quote.
+with pandas and scipy (the tests and Holm's correction by hand), not with trident.report.
 
 A table belongs to the report linked last above it in its section (`Report: [...](results/<name>/report.md)`).
 Two kinds are checked cell for cell, every row and no other; a section has no other `| setting` table:
@@ -11,15 +11,26 @@ Each ``Report:`` line states its jobs and their summed wall time; each ``Steps:`
 table below it, in its row order. A commit the text names must have run the jobs. The numbers of the
 text are checked by tests/test_results_numbers.py against ``derived_numbers`` below.
 
-The statistics (Welch's test, Holm's correction, the verdicts) are ``holm_by_hand`` and
-``against_the_best``, and nowhere else in the tests of the page.
+The statistics are the corrected procedure of issue 37, and nowhere else in the tests of the page:
+``look_by_hand`` (Welch's test and Wellek's equivalence test, ``wellek_by_hand``, over every pair of
+settings, each corrected with ``holm_by_hand`` over all the pairs; the verdicts at a level) and
+``against_the_best``. Recomputed by hand: a fixed-seed sweep, one look at ALPHA; and each round of a
+sweep with seeds until decided, from its committed ``adaptive.json`` (which seeds each setting had, which
+settings were open, the round's level from the spending function, ``spent_by_hand``): ``rounds_by_hand``
+looks at each round again and must find the file's best and verdicts; each row of that metric's table is
+the look of the round that decided it. Not by hand: that the loop would have run exactly those rounds is
+trident's replay (``test_the_verdicts_agree_with_trident_report``, through
+``trident.report.sequential.read_record``, which replays the jobs and refuses a file whose verdicts they do
+not give); the by-hand check still requires each open setting to have every seed of its round.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -33,6 +44,8 @@ from .results_page import DOC, SECTION_MARK
 
 RESULTS = ROOT / "docs" / "results"
 ALPHA = 0.05
+# "Within the noise": the equivalence margin, in seed standard deviations.
+NOISE_MARGIN_SD = 1.0
 REPORT_LINK = re.compile(r"\]\(results/([\w-]+)/report\.md\)")
 AXIS_HEADER = re.compile(r"^\| setting \| n \| (\S+) \| − best \[95 % CI\] \| p \| p \(Holm\) \| verdict \|$")
 TASKS_HEADER = re.compile(r"^\| setting( \| \w+: \S+)+ \|$")
@@ -60,6 +73,7 @@ class Comparison:
     high: float = math.nan
     p: float = math.nan
     p_holm: float = math.nan
+    p_equivalence_holm: float = math.nan
     verdict: str = "best"
 
 
@@ -101,6 +115,8 @@ def lower_is_better(jobs: pd.DataFrame, metric: str) -> bool:
 
 def holm_by_hand(p: list[float]) -> list[float]:
     """Holm's step-down: the k-th smallest of m p-values times (m - k + 1), never below an earlier one."""
+    if not p:
+        return []
     order = np.argsort(p, kind="stable")
     scaled = np.minimum(1.0, np.array(p)[order] * (len(p) - np.arange(len(p))))
     adjusted = np.empty(len(p))
@@ -108,29 +124,93 @@ def holm_by_hand(p: list[float]) -> list[float]:
     return adjusted.tolist()
 
 
-def against_the_best(jobs: pd.DataFrame, metric: str) -> tuple[str, dict[str, Comparison]]:
-    """The best setting by mean, and every setting's comparison with it (Welch, Holm, the verdict)."""
-    rows = {s: Comparison(group[metric].dropna().to_numpy()) for s, group in jobs.groupby("setting", sort=False)}
-    best = (min if lower_is_better(jobs, metric) else max)(rows, key=lambda s: rows[s].values.mean())
-    others = [s for s in rows if s != best]
-    b = rows[best].values
-    for setting in others:
-        a = rows[setting].values
-        welch = stats.ttest_ind(a, b, equal_var=False)
-        interval = welch.confidence_interval(1 - ALPHA)
-        rows[setting].difference, rows[setting].p = a.mean() - b.mean(), welch.pvalue
-        rows[setting].low, rows[setting].high = interval.low, interval.high
-    for setting, p_holm in zip(others, holm_by_hand([rows[s].p for s in others]), strict=True):
-        row, a = rows[setting], rows[setting].values
-        pooled_sd = np.sqrt(((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / (len(a) + len(b) - 2))
-        row.p_holm = p_holm
-        if p_holm < ALPHA:
+def wellek_by_hand(a: np.ndarray, b: np.ndarray) -> float:
+    """Wellek's equivalence p within ± NOISE_MARGIN_SD: Student's pooled T^2 under the noncentral F(1, n_a + n_b - 2)
+    of a true difference of that many standard deviations."""
+    dof = len(a) + len(b) - 2
+    pooled_var = ((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / dof
+    t2 = (a.mean() - b.mean()) ** 2 / (pooled_var * (1 / len(a) + 1 / len(b)))
+    return float(stats.ncf.cdf(t2, 1, dof, NOISE_MARGIN_SD**2 * len(a) * len(b) / (len(a) + len(b))))
+
+
+def look_by_hand(values: dict[str, np.ndarray], lower: bool, level: float,
+                 candidates: list[str] | None = None) -> tuple[str, dict[str, Comparison]]:
+    """The best setting by mean (among ``candidates``), and every setting's comparison with it: Welch's and
+    Wellek's tests over every pair of settings, each corrected with Holm over all the pairs, the verdicts at
+    ``level``."""
+    means = {s: v.mean() for s, v in values.items() if candidates is None or s in candidates}
+    best = (min if lower else max)(means, key=means.__getitem__)
+    pairs = [pair for pair in combinations(values, 2)
+             if min(len(values[s]) for s in pair) >= 2 and any(values[s].var() > 0 for s in pair)]
+    welch = holm_by_hand([stats.ttest_ind(values[a], values[b], equal_var=False).pvalue for a, b in pairs])
+    wellek = holm_by_hand([wellek_by_hand(values[a], values[b]) for a, b in pairs])
+    corrected = {frozenset(pair): (w, e) for pair, w, e in zip(pairs, welch, wellek, strict=True)}
+    rows = {s: Comparison(v) for s, v in values.items()}
+    b = values[best]
+    for setting in (s for s in values if s != best):
+        row, a = rows[setting], values[setting]
+        row.difference = a.mean() - b.mean()
+        row.verdict = f"undecided at {min(len(a), len(b))} seeds"
+        if frozenset((setting, best)) not in corrected:
+            continue
+        test = stats.ttest_ind(a, b, equal_var=False)
+        interval = test.confidence_interval(1 - ALPHA)
+        row.low, row.high, row.p = interval.low, interval.high, test.pvalue
+        row.p_holm, row.p_equivalence_holm = corrected[frozenset((setting, best))]
+        if row.p_holm < level:
             row.verdict = "worse than the best"
-        elif -pooled_sd < row.low and row.high < pooled_sd:
+        elif row.p_equivalence_holm < level:
             row.verdict = "within the noise"
-        else:
-            row.verdict = f"undecided at {min(len(a), len(b))} seeds"
     return best, rows
+
+
+def adaptive_record(report: str, metric: str) -> dict | None:
+    """The committed ``adaptive.json`` of a sweep run with seeds until decided on ``metric``, else None."""
+    path = RESULTS / report / "adaptive.json"
+    record = json.loads(path.read_text()) if path.is_file() else None
+    return record if record and record["metric"] == metric else None
+
+
+def spent_by_hand(design: dict, seeds: int) -> float:
+    """The Pocock-type spending function alpha ln(1 + (e - 1) t) at t = seeds / max_seeds."""
+    return design["alpha"] * math.log(1 + (math.e - 1) * seeds / design["max_seeds"])
+
+
+def rounds_by_hand(jobs: pd.DataFrame, metric: str, record: dict) -> tuple[str, dict[str, Comparison]]:
+    """The rounds of ``adaptive.json`` looked at again by hand, each at its level of the design: every setting
+    open at a round has its seeds up to that round's count; the open ones are the best and the undecided of
+    the round before; each row comes from the round that decided it (the best and the undecided: the last)."""
+    design, lower = record["design"], record["better"] == "min"
+    by_seed = {s: group.sort_values("seed")[["seed", metric]].dropna() for s, group in jobs.groupby("setting")}
+    rows: dict[str, Comparison] = {}
+    open_settings = list(record["settings"])
+    for number, seen in enumerate(record["rounds"], start=1):
+        seeds = min(design["max_seeds"], design["first_seeds"] + (number - 1) * design["step"])
+        level = spent_by_hand(design, seeds) - spent_by_hand(design, seeds - design["step"] if number > 1 else 0)
+        assert (seen["number"], seen["seeds"], seen["level"]) == (number, seeds, pytest.approx(level, rel=1e-12))
+        assert list(seen["verdicts"]) == [s for s in open_settings if s in seen["completed"]]
+        for setting in seen["verdicts"]:
+            assert seen["completed"][setting] == (by_seed[setting].seed <= seeds).sum(), (number, setting)
+        values = {s: by_seed[s][metric].to_numpy()[:n] for s, n in seen["completed"].items()}
+        best, compared = look_by_hand(values, lower, level, list(seen["verdicts"]))
+        assert (best, {s: compared[s].verdict for s in seen["verdicts"]}) == (seen["best"], seen["verdicts"])
+        for setting in seen["verdicts"]:
+            rows[setting] = compared[setting]
+            if compared[setting].verdict in ("worse than the best", "within the noise"):
+                compared[setting].verdict += f" (round {number}, level {level:.3g})"
+        open_settings = [s for s in open_settings if s == best or seen["verdicts"].get(s, "undecided").startswith("undecided")]
+    assert open_settings == [best] or len(record["rounds"]) == 1 + math.ceil(
+        (design["max_seeds"] - design["first_seeds"]) / design["step"]), "the loop ran until decided or the last round"
+    return best, {s: rows[s] for s in record["settings"] if s in rows}
+
+
+def against_the_best(jobs: pd.DataFrame, metric: str, report: str | None = None) -> tuple[str, dict[str, Comparison]]:
+    """The best setting, and every setting's comparison with it: the rounds of ``report``'s ``adaptive.json``
+    when the loop decided on ``metric``, else one look at ALPHA over all the completed seeds."""
+    if report and (record := adaptive_record(report, metric)):
+        return rounds_by_hand(jobs, metric, record)
+    values = {s: group[metric].dropna().to_numpy() for s, group in jobs.groupby("setting", sort=False)}
+    return look_by_hand(values, lower_is_better(jobs, metric), ALPHA)
 
 
 def mean_std(values: np.ndarray) -> str:
@@ -139,7 +219,7 @@ def mean_std(values: np.ndarray) -> str:
 
 def axis_rows(report: str, metric: str) -> list[str]:
     lines = []
-    for setting, row in against_the_best(jobs_of(report), metric)[1].items():
+    for setting, row in against_the_best(jobs_of(report), metric, report)[1].items():
         cells = [f"`{setting}`", str(len(row.values)), mean_std(row.values)]
         if row.verdict == "best":
             cells += ["best", "", "", "best"]
@@ -187,6 +267,10 @@ def table_metrics(table: Table) -> list[str]:
 
 
 SECTIONS = sections()
+# The sweeps the page ran with seeds until decided (MAX_SEEDS=8 or 6, or `python -m trident.adaptive`).
+ADAPTIVE = ["ablation_heads", "ablation_width", "ablation_depth", "ablation_ffn", "ablation_dropout",
+            "ablation_label_smoothing", "ablation_pos_encoding", "ablation_pos_encoding_scaled", "ablation_norm",
+            "pretrain_pays_vision_adaptive"]
 TABLES = [table for section in SECTIONS for table in section_tables(section)]
 AXIS_TABLES = [table for table in TABLES if AXIS_HEADER.match(table.header)]
 
@@ -217,15 +301,36 @@ def test_every_row_is_recomputed_from_jobs_csv(table: Table) -> None:
 
 @pytest.mark.parametrize("table", AXIS_TABLES, ids=table_id)
 def test_the_verdicts_agree_with_trident_report(table: Table) -> None:
-    """Two implementations of the same statistics, on real data: this file's and the report's."""
+    """Two implementations of the same statistics, on real data: this file's and the report's (for a sweep
+    with seeds until decided, trident's replay of the committed ``adaptive.json``, which also checks that the
+    file's verdicts are the ones its jobs give)."""
     from trident.report import compare_to_best, load_jobs_csv
+    from trident.report.sequential import read_record
 
     metric = table_metrics(table)[0]
-    rows = against_the_best(jobs_of(table.report), metric)[1]
-    report = compare_to_best(load_jobs_csv(RESULTS / table.report / "jobs.csv"), metric)
-    assert report["verdict"].to_dict() == {setting: row.verdict for setting, row in rows.items()}
-    assert report["p_holm"].dropna().to_dict() == pytest.approx(
-        {setting: row.p_holm for setting, row in rows.items() if row.verdict != "best"}, rel=1e-9)
+    rows = against_the_best(jobs_of(table.report), metric, table.report)[1]
+    sweep = load_jobs_csv(RESULTS / table.report / "jobs.csv")
+    record = read_record(sweep, metric)
+    assert (record is None) == (adaptive_record(table.report, metric) is None)
+    report = record.frame() if record else compare_to_best(sweep, metric)
+    verdicts = {s: v + (f" (round {r:.0f}, level {level:.3g})" if record and v in ("worse than the best", "within the noise")
+                        else "") for s, v, r, level in zip(report.index, report.verdict, report["round"], report.level)}
+    assert verdicts == {setting: row.verdict for setting, row in rows.items()}
+    for column in ("p", "p_holm", "p_equivalence_holm"):
+        assert report[column].dropna().to_dict() == pytest.approx(
+            {setting: getattr(row, column) for setting, row in rows.items() if row.verdict != "best"}, rel=1e-9), column
+
+
+@pytest.mark.parametrize("report", ADAPTIVE)
+def test_each_sweep_with_seeds_until_decided_has_the_record_of_its_command(report: str) -> None:
+    """Its ``adaptive.json`` is the design and metric of the command the page gives (seeds 1, 2, 3, then one
+    more a round, up to its ``--max-seeds``); a fixed-seed sweep has none."""
+    record = json.loads((RESULTS / report / "adaptive.json").read_text())
+    section = next(s for s in SECTIONS + [DOC.read_text()] if f"results/{report}/report.md" in s)
+    command = re.search(rf"--metric {re.escape(record['metric'])} (--better \w+ )?--max-seeds (\d+)", section)
+    assert command, f"{report}: the page's command decides on {record['metric']}"
+    assert record["design"] == {"first_seeds": 3, "max_seeds": int(command.group(2)), "step": 1, "alpha": ALPHA}
+    assert {path.parent.name for path in RESULTS.glob("*/adaptive.json")} == set(ADAPTIVE)
 
 
 def test_each_report_line_states_its_jobs_and_wall_time() -> None:
@@ -255,7 +360,8 @@ def derived_numbers(table: Table) -> set[str]:
     jobs = jobs_of(table.report)
     allowed = {f"{len(pd.read_csv(RESULTS / table.report / 'jobs.csv'))} jobs", *job_counts_and_times(jobs)}
     allowed |= {value for setting in jobs.setting.unique() for value in re.findall(r"=(\d[\d.]*)", setting)}
-    for part in task_split(jobs).values():
+    parts = task_split(jobs)
+    for part in parts.values():
         allowed |= job_counts_and_times(part)
         for column, digits in [*((m, METRIC_DECIMALS) for m in table_metrics(table)), *EXTRA_COLUMNS.items()]:
             if column not in part or part[column].isna().all():
@@ -267,8 +373,10 @@ def derived_numbers(table: Table) -> set[str]:
             allowed |= {f"{v:.{digits}f}" for v in values}
         for metric in table_metrics(table):
             if metric in part and part[metric].notna().any():
-                rows = against_the_best(part, metric)[1].values()
+                rows = against_the_best(part, metric, table.report if len(parts) == 1 else None)[1].values()
                 allowed |= {f"{p:.2g}" for row in rows for p in (row.p, row.p_holm) if not math.isnan(p)}
+            if record := adaptive_record(table.report, metric):  # the levels of its looks
+                allowed |= {f"{r['level']:.2g}" for r in record["rounds"]} | {f"{r['level']:.3g}" for r in record["rounds"]}
     return allowed
 
 
