@@ -85,8 +85,12 @@ def test_the_cross_task_report_has_a_row_per_encoding_and_a_column_per_task(cros
     mlm_rope = best_val_loss(cross_task_sweep, "mlm", "rope")
     assert len(mlm_rope) == 2 and not best_val_loss(cross_task_sweep, "mlm", "alibi")
     winner, loser = sorted(lm, key=lambda pe: statistics.mean(lm[pe]))
-    p = scipy_stats.ttest_ind(lm[loser], lm[winner], equal_var=False).pvalue  # one comparison: Holm's p is p
-    loser_verdict = "worse than the best" if p < 0.05 else "undecided at 2 seeds"
+    p = scipy_stats.ttest_ind(lm[loser], lm[winner], equal_var=False).pvalue  # one pair: Holm's p is p
+    # Wellek's equivalence test at one seed SD: Student's t squared against a noncentral F(1, 2, 2 * 2 / 4).
+    t2 = scipy_stats.ttest_ind(lm[loser], lm[winner]).statistic ** 2
+    p_equivalence = scipy_stats.ncf.cdf(t2, 1, 2, 1.0)
+    loser_verdict = ("worse than the best" if p < 0.05 else "within the noise" if p_equivalence < 0.05
+                     else "undecided at 2 seeds")
 
     def cell(values: list[float], verdict: str) -> str:
         return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g} ({verdict}, n = 2)"
@@ -96,7 +100,7 @@ def test_the_cross_task_report_has_a_row_per_encoding_and_a_column_per_task(cros
     rows["alibi"].append("not run")
     for pe, cells in rows.items():
         assert f"| `pos_encoding={pe}` | " + " | ".join(cells) + " |" in report
-    assert f"| {p:.3g} | {p:.3g} | {loser_verdict} |" in report
+    assert f"| {p:.3g} | {p:.3g} | {p_equivalence:.3g} | {loser_verdict} |" in report
     table = cross_task_table(load_sweep(cross_task_sweep))
     assert list(table.index) == ["pos_encoding=rope", "pos_encoding=alibi"]
     assert list(dict.fromkeys(task for task, _ in table.columns)) == ["lm", "mlm"]

@@ -125,7 +125,7 @@ def test_report_command_writes_table_and_plots(lm_sweep: Path, tmp_path: Path, c
     assert "## best/val/loss: each setting against the best" in report
     loser = max(best, key=lambda setting: statistics.mean(best[setting]))
     winner = min(best, key=lambda setting: statistics.mean(best[setting]))
-    assert f"| `{winner}` | 2 | best | | | | | best |" in report
+    assert f"| `{winner}` | 2 | best | | | | | | best |" in report
     assert f"| `{loser}` | 2 | {statistics.mean(best[loser]) - statistics.mean(best[winner]):+.4g} [" in report
     assert "each job's results: [jobs.csv](jobs.csv)" in report and (tmp_path / "jobs.csv").is_file()
     assert "Wall time of a completed job: mean " in report
