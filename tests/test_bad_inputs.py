@@ -184,3 +184,21 @@ def test_full_error_shows_the_traceback(workspace: Path) -> None:
     result = run_subprocess("train.py", ["model.d_model=0", "paths.output_root=outputs"], workspace, HYDRA_FULL_ERROR="1")
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "ConfigError: model.d_model must be a positive integer" in result.stderr
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resume=<run> data.files=[other.txt]`` is refused before Hydra rewrites the run's ``.hydra/``
+    (or its train.log): the same ``resume=<run>`` without the change is not refused afterwards."""
+    run_dir = workspace / "outputs" / "runs/2000-01-01/00-00-02_resumable"
+    shutil.copytree(workspace / "outputs" / PREVIOUS_RUN, run_dir)
+    saved = [*SMALL, "data=text_files", f"data.files=[{workspace / 'corpus.txt'}]", "data.tokenizer=char",
+             "logger=none", "test=false", "trainer.max_steps=2"]
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in saved))
+    before = snapshot(run_dir)
+    refused = run_in_process("train.py", [f"resume={run_dir}", "data.files=[other.txt]"], workspace, monkeypatch)
+    assert refused.returncode == 2 and refused.last_line.startswith("error: "), refused.stderr
+    assert snapshot(run_dir) == before, "the refused command changed the run directory"
+    again = run_in_process("train.py", [f"resume={run_dir}", "print_config=false"], workspace, monkeypatch)
+    assert again.returncode == 0, again.stderr
+    shutil.rmtree(run_dir)

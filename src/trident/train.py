@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from hydra_plugins.trident_sweeper import register_sweeper
 from trident.runs.command_line import prepare_command_line
 from trident.runs.compose import CONF_DIR
+from trident.runs.resume import kept_on_refusal
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
@@ -31,7 +32,8 @@ def train_job(cfg: DictConfig) -> float | None:
 def main() -> None:
     sys.argv[1:] = prepare_command_line(sys.argv[1:])
     register_sweeper()  # hydra/sweeper=excluding, whichever way trident was installed
-    train_job()
+    with kept_on_refusal(sys.argv[1:]):
+        train_job()
 
 
 if __name__ == "__main__":

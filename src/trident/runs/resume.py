@@ -11,10 +11,11 @@ job); with none, it starts a new run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,46 @@ def resume_arguments(argv: Sequence[str], cfg: DictConfig | None, conf_dir: Path
             merged[_key(override)] = override  # a later value for the same key wins
     run_dir = run_dir.resolve()
     return [*merged.values(), f"hydra.run.dir={run_dir}", f"resume={run_dir}"]
+
+
+# What Hydra writes into a run directory as the job starts, before train.py can check anything.
+_HYDRA_WRITES = (".hydra/overrides.yaml", ".hydra/config.yaml", ".hydra/hydra.yaml", "train.log")
+
+
+@contextlib.contextmanager
+def kept_on_refusal(arguments: Sequence[str]) -> Iterator[None]:
+    """For a ``resume=<run dir>`` command line (as :func:`resume_arguments` writes it): when the job
+    is refused (exit status 2), put back the files Hydra rewrote in the run directory as it started,
+    so a refused resume changes nothing on disk and later resumes see the run's own overrides."""
+    resumed = [a.partition("=")[2] for a in arguments if _key(a) == "resume"]
+    run_dir = Path(resumed[-1]) if resumed and resumed[-1] not in ("null", "", "auto") else None
+    saved = {} if run_dir is None else {name: _read(run_dir / name) for name in _HYDRA_WRITES}
+    try:
+        yield
+    except SystemExit as stop:
+        if run_dir is not None and stop.code == 2:
+            _put_back(run_dir, saved)
+        raise
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
+def _put_back(run_dir: Path, saved: dict[str, bytes | None]) -> None:
+    # Hydra's handler for train.log stays on the root logger: closed first, or it writes on.
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == (run_dir / "train.log").absolute():
+            root.removeHandler(handler)
+            handler.close()
+    for name, content in saved.items():
+        if content is not None:
+            (run_dir / name).write_bytes(content)
+        else:
+            (run_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # kept when the run had it or it holds other files
+        (run_dir / ".hydra").rmdir()
 
 
 def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) -> Path | None:
