@@ -316,6 +316,25 @@ def test_resume_on_other_data_is_refused_and_names_init_from(lm_source: Path, ne
     assert "another tokenizer" in message or "other data" in message
 
 
+def test_resume_auto_finds_a_run_whose_source_fixed_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The source has learned positions, the command line's default is rope: the run directory is
+    named with the command line's run_name, the run's config with the source's; resume=auto finds it."""
+    source = tmp_path / "source"
+    train(compose_config([*SMALL, *PRETRAIN, "pos_encoding=learned"], output_dir=source))
+    args = [*SMALL, "logger=none", "test=false", "trainer.max_steps=2", f"init_from={source}", "paths.output_root=outputs"]
+    first = run_in_process("train.py", args, tmp_path, monkeypatch)
+    assert first.returncode == 0, first.stderr
+    runs = list((tmp_path / "outputs").glob("runs/*/*"))
+    assert len(runs) == 1 and "-rope-" in runs[0].name
+    assert "-learned-" in OmegaConf.load(runs[0] / "config_resolved.yaml").run_name
+    again = run_in_process("train.py", [*args, "resume=auto"], tmp_path, monkeypatch)
+    assert again.returncode == 0, again.stderr
+    assert f"resume=auto: continuing outputs/runs/{runs[0].parent.name}/{runs[0].name}" in again.stdout
+    assert list((tmp_path / "outputs").glob("runs/*/*")) == runs
+    other = run_in_process("train.py", [*args, "seed=7", "trainer.max_steps=0", "resume=auto"], tmp_path, monkeypatch)
+    assert "resume=auto: no run of lm-shakespeare-nano-rope-seed7 under outputs/runs: starting a new run" in other.stdout
+
+
 def test_data_tokenizer_takes_a_tokenizer_file(lm_source: Path, new_corpus: Path, tmp_path: Path) -> None:
     tokenizer = lm_source / "tokenizer.json"
     run = tmp_path / "run"

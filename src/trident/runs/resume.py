@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError
 from trident.runs.compose import compose_train_config
@@ -64,12 +65,8 @@ def run_config_of(checkpoint: Path) -> Path | None:
 
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
     """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None."""
-    runs = []
-    for config in output_root.glob("runs/*/*/config_resolved.yaml"):
-        run_dir = config.parent
-        saved = OmegaConf.load(config)
-        if isinstance(saved, DictConfig) and saved.get("run_name") == run_name and latest_checkpoint(run_dir) is not None:
-            runs.append(run_dir)
+    runs = [config.parent for config in output_root.glob("runs/*/*/config_resolved.yaml")
+            if run_name in run_names(config.parent) and latest_checkpoint(config.parent) is not None]
     if not runs:
         return None
     job = slurm_job()
@@ -80,6 +77,19 @@ def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
 
     # Directory names are <date>/<time>_<run_name>: the path order is the start order.
     return max(runs, key=lambda d: (same_job(d), str(d.relative_to(output_root))))
+
+
+def run_names(run_dir: Path) -> set[str]:
+    """The names a run answers to: its own (``config_resolved.yaml``: an ``init_from`` source may have
+    fixed its settings, e.g. learned positions) and the command line's that named its directory
+    (Hydra's ``.hydra/config.yaml``, composed before the source was read)."""
+    names = set()
+    for config in (run_dir / "config_resolved.yaml", run_dir / ".hydra" / "config.yaml"):
+        saved = OmegaConf.load(config) if config.is_file() else None
+        if isinstance(saved, DictConfig):
+            with contextlib.suppress(OmegaConfBaseException):  # a run_name that needs Hydra's resolvers
+                names.add(str(saved.get("run_name")))
+    return names
 
 
 def _key(override: str) -> str:
@@ -165,7 +175,10 @@ def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) 
     output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
     run_dir = find_run_to_resume(output_root, run_name)
     if run_dir is None:
-        print(f"resume=auto: no run of {run_name} with a checkpoint under {output_root}/runs: starting a new run")
+        named = [c.parent for c in output_root.glob("runs/*/*/config_resolved.yaml") if run_name in run_names(c.parent)]
+        why = (f"{len(named)} run(s) of {run_name} under {output_root}/runs, none with a checkpoint yet" if named
+               else f"no run of {run_name} under {output_root}/runs")
+        print(f"resume=auto: {why}: starting a new run")
     else:
         print(f"resume=auto: continuing {run_dir}")
     return run_dir
