@@ -121,6 +121,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("missing-corpus-file", "train.py", ["data=text_files", "data.files=[missing.txt]"], ["missing.txt", "not found", "data.files"]),
     ("empty-corpus", "train.py", ["data=text_files", "data.files=[empty.txt]"], ["empty.txt is empty", "data.files"]),
     ("unknown-tokenizer", "train.py", [*TEXT, "data.tokenizer=word"], ["data.tokenizer", "bpe"]),
+    # About 10,900 characters, 90 % for training: 307 blocks of 32, fewer than one batch of 400
+    ("train-split-smaller-than-a-batch", "train.py", [*TEXT, "model=nano", "data.block_size=32", "data.batch_size=400"],
+     ["no training batch", "307 training examples", "data.batch_size=400", "at most 307"]),
+    ("train-batches-limited-to-none", "train.py", [*TEXT, "model=nano", "data.block_size=32", "data.batch_size=200",
+                                                   "trainer.limit_train_batches=0.1"], ["no training batch", "limit_train_batches"]),
     # Checkpoints
     ("resume-missing-checkpoint", "train.py", [*TEXT, "ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found", "ckpt_path"]),
     ("resume-corrupt-checkpoint", "train.py", [*TEXT, "ckpt_path=corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),

@@ -97,3 +97,37 @@ def comparison_basis(job_dirs: Sequence[Path]) -> str | None:
         return (f"Equal compute: every job trained on {budgets.pop():.4g} model FLOPs (budget.flops; its steps are "
                 "budget.steps in its config_resolved.yaml).")
     return f"Unequal training: FLOP budgets {', '.join(map(str, budgets))} (budget.flops)."
+
+
+def check_training_batches(cfg: DictConfig, train_loader: Any) -> None:
+    """Refuse, in one line, a train split that gives a process no training batch (its loaders drop
+    the last, partial batch): Lightning would train 0 steps and end as if the run had succeeded.
+
+    With ``trainer.max_epochs`` null (every task's default but vit's) Lightning runs epochs until
+    ``trainer.max_steps``, so one batch per epoch is enough to reach it; with an epoch limit the run
+    ends at whichever comes first, as Lightning documents. ``max_steps=0`` or
+    ``limit_train_batches=0`` ask for no training and are left alone.
+    """
+    trainer = cfg.trainer
+    limit = trainer.get("limit_train_batches", 1.0)
+    if trainer.get("max_steps") == 0 or limit in (0, None):
+        return
+    processes = (device_count(trainer.devices) or 1) * int(trainer.get("num_nodes") or 1)
+    # Samplers deal whole batches to the processes: floor(examples / (batch x processes)) each.
+    batches = len(train_loader) // processes
+    limited = min(batches, int(limit)) if isinstance(limit, int) else int(batches * float(limit))
+    if limited > 0:
+        return
+    examples, batch_size = len(train_loader.dataset), train_loader.batch_size
+    what = f"{examples} training examples" + (
+        f" (blocks of data.block_size={cfg.data.block_size} tokens)" if cfg.data.get("block_size") else "")
+    if batches > 0:
+        raise ConfigError(f"the train split gives no training batch: trainer.limit_train_batches={limit} of its {batches} "
+                          f"batches is none: raise trainer.limit_train_batches")
+    if batch_size is None:  # batches of a token budget (translation)
+        raise ConfigError(f"the train split gives no training batch: {what} on {processes} process(es) fill no batch of "
+                          f"data.max_tokens={cfg.data.get('max_tokens')}: lower data.max_tokens or train on more data")
+    most = examples // processes
+    fix = f"set data.batch_size to at most {most}, or train on more data" if most > 0 else "train on more data"
+    raise ConfigError(f"the train split gives no training batch: {what} for batches of data.batch_size={batch_size} on "
+                      f"{processes} process(es) (the last, partial batch is dropped): {fix}")

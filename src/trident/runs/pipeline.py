@@ -27,7 +27,7 @@ from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error
 from trident.extras import require_package
-from trident.runs.budget import apply_flops_budget, check_budget, first_batch_flops
+from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
@@ -291,6 +291,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule, task = build_data_and_task(cfg, backbone, "fit")
+    check_training_batches(cfg, datamodule.split_loader("train", train=True))
     if flops_budget is not None:  # equal compute: the steps follow from the FLOPs of a step
         apply_flops_budget(cfg, first_batch_flops(task, datamodule))
     if saved is not None:
