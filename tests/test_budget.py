@@ -16,7 +16,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError, run_with_clear_errors
-from trident.runs.budget import apply_flops_budget, check_budget, comparison_basis, first_batch_flops
+from trident.runs.budget import (
+    apply_flops_budget,
+    check_budget,
+    check_training_batches,
+    comparison_basis,
+    first_batch_flops,
+)
 from trident.runs.pipeline import build_data_and_task, check_config, train
 from trident.training.optim import build_scheduler, check_scheduler_config
 
@@ -166,3 +172,23 @@ def test_the_report_says_equal_steps_or_equal_compute(tmp_path: Path) -> None:
     assert comparison_basis(flops).startswith("Equal compute: every job trained on 2e+12 model FLOPs")
     assert comparison_basis([steps[0], flops[0]]).startswith("Unequal training")
     assert comparison_basis([tmp_path / "missing"]) is None
+
+
+@pytest.mark.parametrize(("trainer", "refused"), [
+    ({"devices": 2}, False),  # 10 examples, batches of 4: 2 batches, one a process
+    ({"devices": 3}, True),  # floor(10 / (4 x 3)) = 0 batches a process
+    ({"devices": 1, "num_nodes": 3}, True),
+    ({"devices": 3, "max_steps": 0}, False),  # no training asked for
+    ({"devices": 1, "limit_train_batches": 1}, False),
+    ({"devices": 1, "limit_train_batches": 0.4}, True),  # int(2 x 0.4) = 0
+])
+def test_a_split_with_no_batch_per_process_is_refused(trainer: dict[str, float], refused: bool) -> None:
+    cfg = OmegaConf.create({"trainer": {"max_steps": 5, "num_nodes": 1, **trainer}, "data": {"batch_size": 4}})
+    loader = torch.utils.data.DataLoader(list(range(10)), batch_size=4, drop_last=True)
+    if not refused:
+        check_training_batches(cfg, loader)
+        return
+    with pytest.raises(ConfigError, match="no training batch") as caught:
+        check_training_batches(cfg, loader)
+    fix = "limit_train_batches" if "limit_train_batches" in trainer else f"at most {10 // (trainer['devices'] * trainer.get('num_nodes', 1))}"
+    assert fix in str(caught.value)
