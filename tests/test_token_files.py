@@ -248,3 +248,16 @@ def test_the_guard_stops_a_split_more_than_half_unknown_or_padding() -> None:
                                         r"data.tokenizer=words.json: that tokenizer does not read this text") as caught:
         check_informative("validation", 1000, 501, "words.json")
     assert "\n" not in str(caught.value)
+
+
+def test_the_separator_is_the_last_special_the_post_processor_puts_after_a_text() -> None:
+    """A template that closes a text with two specials ("$A [SEP] </s>"): documents end in the last one,
+    the token that ends the text, not the one between; none after a text: no closing special."""
+    vocabulary = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "</s>": 3, "a": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert token_files.closing_special(tokenizer) is None
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP] </s>", special_tokens=[("[CLS]", 1), ("[SEP]", 2), ("</s>", 3)])
+    assert token_files.closing_special(tokenizer) == "</s>"
+    assert token_files.end_of_document(tokenizer) == [3]
