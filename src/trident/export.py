@@ -10,13 +10,15 @@
 - ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``; batch and length dynamic).
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
-existing non-empty ``--out`` is refused, so earlier outputs are never damaged.
+existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and
+directories get the permissions of any file the user writes (0644 / 0755 under umask 022).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from trident.tasks.base import TridentTask
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
-    write_hf(task.net, task.tokenizer, directory)
+    write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory)
 
 
 def export_safetensors(task: TridentTask, directory: Path) -> None:
@@ -85,6 +87,20 @@ def check_out(out: Path) -> None:
         raise ConfigError(f"--out {out} exists and is not an empty directory: choose a new directory (nothing was written)")
 
 
+def current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def give_user_permissions(directory: Path) -> None:
+    """The modes ``open`` and ``mkdir`` give under the user's umask, for ``directory`` and all it holds:
+    ``mkdtemp`` creates 0700 and safetensors writes 0600, private whatever the umask."""
+    mask = current_umask()
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def export(checkpoint: Path, fmt: str, out: Path) -> None:
     """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically)."""
     writer = choose(FORMATS, fmt, "--format")
@@ -97,6 +113,7 @@ def export(checkpoint: Path, fmt: str, out: Path) -> None:
     try:
         with torch.no_grad():
             writer(task, scratch)
+        give_user_permissions(scratch)
         check_out(out)  # still free after the (possibly long) export
         if out.exists():
             out.rmdir()

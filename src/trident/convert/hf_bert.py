@@ -25,12 +25,16 @@ from trident.convert.common import (
     strip_prefix,
 )
 from trident.convert.weights import PretrainedWeights
+from trident.data.masking import MASK_TOKEN, PAD_TOKEN
 from trident.models import MaskedLM
 
 FORMAT = "hf-bert"
 ARCHITECTURES = ("BertForMaskedLM", "BertModel")
 TARGET = "BERT (hf export)"
 TOKEN_TYPES = 2  # BERT's sentence A / sentence B
+# Tokenizer attribute -> token, where the run's vocabulary has it (trident's MLM appends [MASK] and [PAD]).
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": PAD_TOKEN, "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": MASK_TOKEN}
 
 _LAYER = {
     "attention.output.dense.weight": "self_attn.out_proj.weight",

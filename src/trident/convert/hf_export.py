@@ -1,9 +1,15 @@
 """A trident model as a ``transformers`` model: the adapter of its kind writes the config and
-the state dict, ``transformers`` builds the model and checks that every tensor found its place."""
+the state dict, ``transformers`` builds the model and checks that every tensor found its place.
+
+What the weights do not say comes from the run (:func:`run_settings`): the special-token ids of its
+own tokenizer and its class names. Hugging Face's config defaults (GPT-2's ``bos/eos_token_id=50256``,
+BERT's ``pad_token_id=0``, ViT's ``LABEL_0``...) describe Hugging Face's published models, not the run.
+"""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,8 +26,8 @@ from trident.models.vit import VisionTransformer
 
 # The trident model class -> the adapter that writes it in Hugging Face's terms.
 HF_EXPORTS: dict[type[nn.Module], ModuleType] = {CausalLM: hf_gpt2, MaskedLM: hf_bert, VisionTransformer: hf_vit}
-# Special tokens a Hugging Face tokenizer names (PreTrainedTokenizerFast attributes), where the vocabulary has them.
-SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
+# The special tokens whose ids a Hugging Face config holds (``<name>_id``); each adapter's SPECIAL_TOKENS says which it has.
+CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
 
 
 def adapter_for(net: nn.Module) -> ModuleType:
@@ -32,12 +38,26 @@ def adapter_for(net: nn.Module) -> ModuleType:
     return adapter
 
 
-def to_transformers(net: nn.Module) -> Any:
-    """``net`` as the ``transformers`` model of :data:`HF_EXPORTS` (eval mode), with the same weights."""
+def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None) -> dict[str, Any]:
+    """The config entries of ``net``'s run: each special-token id the family's config holds, the id of that
+    token in the run's own tokenizer (None where it lacks the token), and ``id2label`` / ``label2id``."""
+    settings: dict[str, Any] = {}
+    if tokenizer is not None:
+        specials = adapter_for(net).SPECIAL_TOKENS
+        settings |= {f"{name}_id": tokenizer.token_to_id(specials[name]) if name in specials else None for name in CONFIG_TOKENS}
+    if class_names:
+        settings |= {"id2label": dict(enumerate(class_names)), "label2id": {name: i for i, name in enumerate(class_names)}}
+    return settings
+
+
+def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
+    """``net`` as the ``transformers`` model of :data:`HF_EXPORTS` (eval mode), with the same weights;
+    ``run``: further config entries (:func:`run_settings`)."""
     require_package("transformers")
     import transformers
 
     architecture, settings, state = adapter_for(net).to_hf(net)
+    settings |= run or {}
     model_class = getattr(transformers, architecture)
     # The adapters write the checkpoint names Hugging Face publishes; transformers renames them to its
     # modules' (which change between versions) in from_pretrained, so the model is read from a directory.
@@ -53,11 +73,12 @@ def to_transformers(net: nn.Module) -> Any:
     return model.eval()
 
 
-def write_hf(net: nn.Module, tokenizer: Tokenizer | None, directory: Path) -> None:
+def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None, directory: Path) -> None:
     """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it)."""
-    to_transformers(net).save_pretrained(directory)
+    to_transformers(net, run_settings(net, tokenizer, class_names)).save_pretrained(directory)
     if tokenizer is not None:
         from transformers import PreTrainedTokenizerFast
 
-        specials = {name: token for name, token in SPECIAL_TOKENS.items() if tokenizer.token_to_id(token) is not None}
+        known = adapter_for(net).SPECIAL_TOKENS
+        specials = {name: token for name, token in known.items() if tokenizer.token_to_id(token) is not None}
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials).save_pretrained(directory)

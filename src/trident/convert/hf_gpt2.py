@@ -23,11 +23,15 @@ from trident.convert.common import (
     strip_prefix,
 )
 from trident.convert.weights import PretrainedWeights
+from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
 
 FORMAT = "hf-gpt2"
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 TARGET = "GPT-2 (hf export)"
+# Tokenizer attribute -> token, where the run's vocabulary has it: GPT-2 begins and ends a text with
+# <|endoftext|> and has no padding token; trident's character vocabularies have <unk>.
+SPECIAL_TOKENS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": UNK}
 
 # GPT-2 block tensor -> trident block tensor, and whether it is a Conv1D weight (stored transposed).
 _BLOCK = {

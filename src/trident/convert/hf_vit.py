@@ -30,6 +30,7 @@ from trident.models.vit import VisionTransformer
 FORMAT = "hf-vit"
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 TARGET = "ViT (hf export)"
+SPECIAL_TOKENS: dict[str, str] = {}  # images: no tokenizer
 
 _LAYER = {
     "layernorm_before.weight": "self_attn_norm.weight",
