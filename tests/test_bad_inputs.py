@@ -150,6 +150,13 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("mlm-corpus-smaller-than-a-block", "train.py", ["task=mlm", *TEXT, "data.block_size=4000"], ["fewer than one block", "data.block_size"]),
     ("fill-mask-corrupt-checkpoint", "trident.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
     ("fill-mask-lm-checkpoint", "trident.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),
+    # Issue 38: exports and commands
+    ("sample-directory-not-a-run", "trident.sample", ["outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("fill-mask-directory-not-a-run", "trident.fill_mask", ["outputs", "To be or not to [MASK]"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("translate-directory-not-a-run", "trident.translate", ["outputs", "Hello."], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("eval-directory-not-a-run", "eval.py", ["ckpt_path=outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("eval-damaged-run-directory", "eval.py", ["ckpt_path=outputs/runs/2000-01-01/00-00-01_damaged"], ["corrupt", "last.ckpt"]),
+    ("export-directory-not-a-run", "trident.export", ["outputs", "--format", "hf", "--out", "exported"], ["'outputs' holds no checkpoint", "train.py run"]),
 ]
 
 

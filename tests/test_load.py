@@ -3,6 +3,7 @@ tokenizer, on CPU in eval mode; checkpoints of earlier versions; bad paths in on
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from trident.runs.pipeline import train
 from trident.tasks.checkpointing import TASK_KEY
 
 from .conftest import SMALL, compose_config
+from .entry_points import run_in_process
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,6 +86,30 @@ def test_a_legacy_vit_checkpoint_with_the_retired_pretrained_setting_loads(tmp_p
     checkpoint["hyper_parameters"]["pretrained"] = "/gone/vit.pth"  # what task=vit saved before init_from
     torch.save(checkpoint, tmp_path / "old.ckpt")
     assert type(trident.load(tmp_path / "old.ckpt")).__name__ == "ImageClassificationTask"
+
+
+# task= -> the command that uses a checkpoint of that task, with its other arguments.
+COMMANDS = {
+    "lm": ("trident.sample", ["--prompt", "ROMEO:", "--max-new-tokens", "4"]),
+    "mlm": ("trident.fill_mask", ["To be or not to [MASK]"]),
+    "translation": ("trident.translate", ["In the beginning", "--beam-size", "1"]),
+    "vit": None,
+}
+
+
+def test_the_commands_take_a_run_directory_as_trident_load_does(run_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command reads the run directory's best checkpoint, the one trident.load reads."""
+    best = next((run_dir / "checkpoints").glob("best-*.ckpt"))
+    command = COMMANDS[run_dir.parent.name.rstrip("0123456789")]
+    if command is not None:
+        entry, args = command
+        result = run_in_process(entry, [str(run_dir), *args], tmp_path, monkeypatch)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == run_in_process(entry, [str(best), *args], tmp_path, monkeypatch).stdout != ""
+    result = run_in_process("eval.py", [f"ckpt_path={run_dir}", "trainer.limit_test_batches=1"], tmp_path, monkeypatch)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "eval" / f"{best.stem}.json").read_text())["ckpt_path"] == str(best)
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty dir", "not a checkpoint", "no weights"])

@@ -1,5 +1,5 @@
 """Score a checkpoint on the test split: ``trident-eval ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt``
-(``python eval.py ...`` in a checkout).
+(``python eval.py ...`` in a checkout); ``ckpt_path=<run dir>`` scores its best, else last checkpoint.
 
 The model and data are rebuilt from the run's `config_resolved.yaml` (found in the checkpoint's
 run directory), then `trainer.test` runs, for any task (lm, translation, vit, mlm). Further `key=value`
@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.resume import run_config_of
 
-# torch and Lightning (~8 s) are imported once the arguments and the checkpoint's path are checked,
+# torch and Lightning (~8 s) are imported once the arguments are checked and the checkpoint's path exists,
 # so that a mistake in them is one error line at once.
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
@@ -49,10 +49,14 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     overrides = OmegaConf.from_dotlist(arguments)
     ckpt = overrides.pop("ckpt_path", None)
     if not ckpt:
-        raise ConfigError("eval.py needs ckpt_path=<path of a .ckpt file>: e.g. ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt")
+        raise ConfigError("eval.py needs ckpt_path=<a .ckpt file or a run directory>: e.g. "
+                          "ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt")
     checkpoint = Path(str(ckpt))
-    if not checkpoint.is_file():
+    if not checkpoint.exists():
         raise DataError(f"checkpoint {str(checkpoint)!r} not found: fix ckpt_path (paths are relative to the directory you run from)")
+    from trident.runs.checkpoint_io import checkpoint_of
+
+    checkpoint = checkpoint_of(checkpoint)  # a run directory: its best, else last checkpoint (as trident.load)
     cfg = OmegaConf.merge(OmegaConf.load(find_run_config(checkpoint)), overrides)
     if not isinstance(cfg, DictConfig):
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")

@@ -1,4 +1,5 @@
-"""Predict the [MASK] tokens of texts with a trained masked-LM checkpoint (the tokenizer is inside it).
+"""Predict the [MASK] tokens of texts with a trained masked-LM checkpoint (the tokenizer is inside it),
+or a run directory (its best, else last checkpoint, as ``trident.load`` reads it).
 
     python -m trident.fill_mask outputs/runs/.../checkpoints/last.ckpt "To be or not to [MASK]"
     echo "Now is the winter of our [MASK]" | python -m trident.fill_mask CKPT --top-k 3
@@ -21,7 +22,7 @@ from trident.tasks.mlm import MaskedLanguageModelTask
 
 
 def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:
-    """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file."""
+    """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
     return load_task_checkpoint(MaskedLanguageModelTask, path, "mlm")
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trident.fill_mask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("texts", nargs="*", help="texts holding [MASK] (default: read lines from stdin)")
     parser.add_argument("--top-k", type=int, default=5, help="candidates shown per [MASK]")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Sample text from a trained language-model checkpoint.
+"""Sample text from a trained language-model checkpoint, or a run directory (its best, else last
+checkpoint, as ``trident.load`` reads it).
 
     python -m trident.sample outputs/runs/.../checkpoints/last.ckpt --prompt "ROMEO:" --max-new-tokens 500
 """
@@ -18,7 +19,7 @@ from trident.tasks.lm import LanguageModelTask
 
 
 def load_lm_checkpoint(path: Path) -> LanguageModelTask:
-    """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file."""
+    """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
     return load_task_checkpoint(LanguageModelTask, path, "lm")
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trident.sample", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=300)

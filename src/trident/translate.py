@@ -1,4 +1,5 @@
-"""Translate free text with a trained translation checkpoint (the tokenizer is stored inside it).
+"""Translate free text with a trained translation checkpoint (the tokenizer is stored inside it), or a
+run directory (its best, else last checkpoint, as ``trident.load`` reads it).
 
     python -m trident.translate outputs/runs/.../checkpoints/best-step3000.ckpt "In the beginning was the Word."
     echo "And God said, Let there be light." | python -m trident.translate CKPT --beam-size 1
@@ -21,13 +22,13 @@ from trident.tasks.translation import TranslationTask
 
 
 def load_translation_checkpoint(path: Path) -> TranslationTask:
-    """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint."""
+    """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint or run directory."""
     return load_task_checkpoint(TranslationTask, path, "translation")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("texts", nargs="*", help="sentences to translate (default: read lines from stdin)")
     parser.add_argument("--beam-size", type=int, default=None, help="1 = greedy (default: the run's task.beam_size)")
     parser.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: the run's)")

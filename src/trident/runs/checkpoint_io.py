@@ -83,9 +83,9 @@ RETIRED_SETTINGS = frozenset({"pretrained"})
 
 
 def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) -> TaskT:
-    """Rebuild ``task_class`` from ``path`` on the CPU, in eval mode, with its tokenizer (text tasks)."""
-    if not path.is_file():
-        raise DataError(f"checkpoint {str(path)!r} not found: pass the path of a .ckpt file (e.g. <run dir>/checkpoints/last.ckpt)")
+    """Rebuild ``task_class`` from ``path`` (a checkpoint or a run directory: :func:`checkpoint_of`) on the
+    CPU, in eval mode, with its tokenizer (text tasks)."""
+    path = checkpoint_of(path)
     # Another task's checkpoint has settings this task's constructor does not take.
     settings = read_checkpoint(path, "the checkpoint argument").get("hyper_parameters") or {}
     foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters) - RETIRED_SETTINGS)
@@ -104,6 +104,35 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) ->
     if task.NEEDS_TOKENIZER and task.tokenizer is None:
         raise DataError(f"checkpoint {str(path)!r} holds no tokenizer: it was not written by trident's {task_name} task")
     return task.eval()
+
+
+def checkpoint_of(path: Path) -> Path:
+    """``path`` itself when it is a file, else the run directory's best checkpoint, else its last."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise DataError(f"{str(path)!r} not found: pass a trident checkpoint (.ckpt) or a train.py run directory")
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    best = sorted(p for p in folder.glob("best-*.ckpt") if p.is_file())
+    if len(best) > 1:  # save_top_k > 1: the one the last checkpoint's ModelCheckpoint calls best
+        best = [p for p in best if p.name == _recorded_best(folder / "last.ckpt")] or best[-1:]
+    if best:
+        return best[0]
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    raise DataError(
+        f"{str(path)!r} holds no checkpoint (no checkpoints/best-*.ckpt or last.ckpt): pass a .ckpt file or the "
+        "directory of a train.py run that saved one"
+    )
+
+
+def _recorded_best(last: Path) -> str | None:
+    if not last.is_file():
+        return None
+    for state in (read_checkpoint(last, "the path").get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("best_model_path"):
+            return Path(state["best_model_path"]).name
+    return None
 
 
 def read_checkpoint(path: Path, setting: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import hydra.utils
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import DataError
-from trident.runs.checkpoint_io import RETIRED_SETTINGS, load_task_checkpoint, read_checkpoint
+from trident.runs.checkpoint_io import RETIRED_SETTINGS, checkpoint_of, load_task_checkpoint, read_checkpoint
 from trident.runs.resume import run_config_of
 from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
@@ -36,35 +36,6 @@ def load(path: str | Path) -> TridentTask:
     checkpoint = checkpoint_of(Path(path))
     task_class = task_class_of(read_checkpoint(checkpoint, "the path"), checkpoint)
     return load_task_checkpoint(task_class, checkpoint, task_name_of(task_class))
-
-
-def checkpoint_of(path: Path) -> Path:
-    """``path`` itself when it is a file, else the run directory's best checkpoint, else its last."""
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise DataError(f"{str(path)!r} not found: pass a trident checkpoint (.ckpt) or a train.py run directory")
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    best = sorted(p for p in folder.glob("best-*.ckpt") if p.is_file())
-    if len(best) > 1:  # save_top_k > 1: the one the last checkpoint's ModelCheckpoint calls best
-        best = [p for p in best if p.name == _recorded_best(folder / "last.ckpt")] or best[-1:]
-    if best:
-        return best[0]
-    if (folder / "last.ckpt").is_file():
-        return folder / "last.ckpt"
-    raise DataError(
-        f"{str(path)!r} holds no checkpoint (no checkpoints/best-*.ckpt or last.ckpt): pass a .ckpt file or the "
-        "directory of a train.py run that saved one"
-    )
-
-
-def _recorded_best(last: Path) -> str | None:
-    if not last.is_file():
-        return None
-    for state in (read_checkpoint(last, "the path").get("callbacks") or {}).values():
-        if isinstance(state, dict) and state.get("best_model_path"):
-            return Path(state["best_model_path"]).name
-    return None
 
 
 def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
