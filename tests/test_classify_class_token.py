@@ -51,7 +51,8 @@ def write_splits(folder: Path) -> dict[str, str]:
 
 
 def bert_tokenizer() -> Tokenizer:
-    """BERT's pipeline ([CLS] $A [SEP]), with padding on as some Hub files have it: the data pad, not the file."""
+    """BERT's pipeline ([CLS] $A [SEP]), with padding and truncation of its own, as Hub files have them:
+    data.max_length cuts and the batch pads, not the file."""
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -61,8 +62,8 @@ def bert_tokenizer() -> Tokenizer:
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))])
     tokenizer.decoder = decoders.WordPiece()
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-    tokenizer.enable_truncation(max_length=512)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=16)
+    tokenizer.enable_truncation(max_length=MAX_LENGTH - 4)
     return tokenizer
 
 
@@ -111,10 +112,12 @@ def test_the_data_are_the_tokenizers_ids_cut_keeping_the_closing_token(tmp_path:
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     module = prepared(tmp_path, str(tmp_path / "tokenizer.json"))
     module.setup()
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     cut = 0
     for split in SIZES:
         for i, text in enumerate(texts_of(split)):
-            ids = tokenizer.encode(text).ids  # one text: the file's padding (to the longest) adds nothing
+            ids = tokenizer.encode(text).ids
             expected = ids if len(ids) <= MAX_LENGTH else ids[: MAX_LENGTH - 1] + ids[-1:]
             cut += len(ids) > MAX_LENGTH
             assert module.splits[split][i][0].tolist() == expected, (split, i)
