@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,7 @@ def write_splits(folder: Path) -> dict[str, str]:
 
 
 def bert_tokenizer() -> Tokenizer:
-    """BERT's pipeline ([CLS] $A [SEP]), with padding and truncation of its own, as Hub files have them:
-    data.max_length cuts and the batch pads, not the file."""
+    """BERT's pipeline: BertNormalizer, BertPreTokenizer, WordPiece, [CLS] $A [SEP]."""
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -62,6 +62,13 @@ def bert_tokenizer() -> Tokenizer:
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))])
     tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def bert_tokenizer_with_limits() -> Tokenizer:
+    """BERT's, with padding and truncation of its own, as some Hub files have them: data.max_length
+    cuts and the batch pads, not the file."""
+    tokenizer = bert_tokenizer()
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=16)
     tokenizer.enable_truncation(max_length=MAX_LENGTH - 4)
     return tokenizer
@@ -106,9 +113,9 @@ def classify_from(bert: Path, files: dict[str, str]) -> list[str]:
             f"data.files={{train: {files['train']}, validation: {files['validation']}, test: {files['test']}}}"]
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_the_data_are_the_tokenizers_ids_cut_keeping_the_closing_token(tmp_path: Path, kind: str) -> None:
-    tokenizer = bert_tokenizer() if kind == "bert" else roberta_tokenizer()
+@pytest.mark.parametrize("make_tokenizer", [bert_tokenizer, bert_tokenizer_with_limits, roberta_tokenizer])
+def test_the_data_are_the_tokenizers_ids_cut_keeping_the_closing_token(tmp_path: Path, make_tokenizer: Callable[[], Tokenizer]) -> None:
+    tokenizer = make_tokenizer()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     module = prepared(tmp_path, str(tmp_path / "tokenizer.json"))
     module.setup()
