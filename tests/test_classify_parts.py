@@ -108,12 +108,15 @@ def test_the_tasks_groups_decay_from_the_head_down_to_the_embedding() -> None:
     assert {name: lr_of[id(params[name])] for name in expected} == pytest.approx(expected)
 
 
-def test_an_example_keeps_room_for_the_class_token() -> None:
+def test_an_example_is_cut_to_its_length_keeping_the_tokens_that_close_it() -> None:
     ids = np.arange(1, 21)
-    examples = LabelledSequences(ids, np.array([0, 12, 15, 20]), np.array([2, 0, 1]), max_length=8)
+    examples = LabelledSequences(ids, np.array([0, 12, 15, 20]), np.array([2, 0, 1]), length=7, closing=0)
     tokens, label = examples[0]
-    assert tokens.tolist() == list(range(1, 8)) and label == 2  # max_length 8: [CLS] and 7 tokens
+    assert tokens.tolist() == list(range(1, 8)) and label == 2
     assert examples[1][0].tolist() == [13, 14, 15] and examples[2][0].tolist() == [16, 17, 18, 19, 20]
+    closed = LabelledSequences(ids, np.array([0, 12, 15, 20]), np.array([2, 0, 1]), length=5, closing=2)
+    assert closed[0][0].tolist() == [1, 2, 3, 11, 12], "the beginning, then the last two ([SEP] and the like)"
+    assert closed[2][0].tolist() == [16, 17, 18, 19, 20], "as long as the length: kept whole"
 
 
 def test_a_batch_is_right_padded_with_its_mask() -> None:

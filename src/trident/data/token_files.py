@@ -69,10 +69,21 @@ def _ends_in(ids: list[int], name: str, why: str) -> list[int]:
 
 def closing_special(tokenizer: Tokenizer) -> str | None:
     """The last special token the post-processor puts after a single text, if any."""
-    encoding = tokenizer.encode("a")
-    texts = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
-    after = encoding.tokens[texts[-1] + 1 :] if texts else []
+    after = special_tokens_around(tokenizer)[1]
     return after[-1] if after else None
+
+
+def special_tokens_around(tokenizer: Tokenizer) -> tuple[list[str], list[str]]:
+    """The special tokens the post-processor puts before and after a single text: ``[CLS]`` and
+    ``[SEP]`` for BERT, ``<s>`` and ``</s>`` for RoBERTa, none for trident's own tokenizers."""
+    probe = Tokenizer.from_str(tokenizer.to_str())  # a copy: the file's padding would add tokens after the text
+    probe.no_padding()
+    probe.no_truncation()
+    encoding = probe.encode("a")
+    texts = [i for i, sequence in enumerate(encoding.sequence_ids) if sequence is not None]
+    if not texts:
+        return [], []
+    return encoding.tokens[: texts[0]], encoding.tokens[texts[-1] + 1 :]
 
 
 class Encoder:

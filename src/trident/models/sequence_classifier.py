@@ -14,13 +14,15 @@ POOLS = {"encoder": ("cls", "mean"), "decoder": ("last", "mean")}
 
 
 class SequenceClassifier(nn.Module):
-    """``pool``: ``cls`` the output at a learned ``[CLS]`` vector prepended to the embeddings (BERT's
-    first token; a parameter, not a vocabulary entry, so a pre-trained embedding fits), ``mean``
-    the mean over non-padding positions, ``last`` the last non-padding position (GPT). The stack
-    is named ``encoder`` or ``decoder`` as in the MLM and LM models, so their weights load by name."""
+    """``pool``: ``cls`` the output at position 0: the text's own class token where its tokenizer
+    starts every text with one (``class_token_in_text``: BERT's ``[CLS]``, RoBERTa's ``<s>``; the
+    tokens then sit at the positions of pre-training), else at a learned ``[CLS]`` vector prepended
+    to the embeddings (a parameter, not a vocabulary entry, so a pre-trained embedding fits);
+    ``mean`` the mean over non-padding positions, ``last`` the last non-padding position (GPT). The
+    stack is named ``encoder`` or ``decoder`` as in the MLM and LM models, so their weights load by name."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, num_classes: int, *, stack: str = "encoder",
-                 pool: str = "cls", scale_embeddings: bool = False) -> None:
+                 pool: str = "cls", scale_embeddings: bool = False, class_token_in_text: bool = False) -> None:
         super().__init__()
         if pool not in POOLS.get(stack, ()):
             raise ValueError(f"pool={pool!r} does not fit stack={stack!r}")
@@ -30,7 +32,8 @@ class SequenceClassifier(nn.Module):
             self.encoder = Encoder(cfg)
         else:
             self.decoder = Decoder(cfg)
-        if pool == "cls":
+        self.prepends_cls = pool == "cls" and not class_token_in_text
+        if self.prepends_cls:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
             nn.init.normal_(self.cls_token, std=0.02)
         self.head = nn.Linear(cfg.d_model, num_classes)
@@ -44,7 +47,7 @@ class SequenceClassifier(nn.Module):
     def forward(self, ids: Tensor, *, key_padding_mask: Tensor | None = None) -> Tensor:
         """``ids``: (B, T) right-padded; ``key_padding_mask``: (B, T) True at padding. Returns (B, C)."""
         x = self.embed(ids)  # (B, T, D)
-        if self.pool == "cls":
+        if self.prepends_cls:
             x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + T, D)
             if key_padding_mask is not None:
                 key_padding_mask = F.pad(key_padding_mask, (1, 0), value=False)  # (B, 1 + T)

@@ -44,13 +44,14 @@ class SequenceClassificationTask(TridentTask):
         layer_decay: float = 1.0,
         head_lr: float | None = None,
         tokenizer_json: str | None = None,
+        class_token_in_text: bool = False,
     ) -> None:
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
         super().__init__(backbone, optimizer, scheduler, tokenizer_json)
         num_classes = len(class_names)
         self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
-                                      scale_embeddings=scale_embeddings)
+                                      scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:
