@@ -23,6 +23,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error
@@ -53,6 +54,10 @@ warnings.filterwarnings("ignore", message=r".*AMP with fp16 is not supported on 
 warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
 # On a SLURM login node (or this project's one-machine test cluster) a local run is intended.
 warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
+
+# The data setting that sets a sequence's length: LM and MLM blocks, classify texts ([CLS] included),
+# translation sentences.
+SEQUENCE_LENGTH_KEYS = ("block_size", "max_length", "max_len")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -134,14 +139,20 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     backbone = TransformerConfig(**backbone_options(cfg))
     encoding = pos_encoding_class(backbone.pos_encoding)
-    block_size = cfg.data.get("block_size")
-    if block_size is not None and block_size > backbone.max_seq_len:
-        kind = "the learned table" if encoding.bounded_length else "the configured context"
-        raise ConfigError(
-            f"data.block_size={block_size} is longer than data.max_seq_len={backbone.max_seq_len} ({kind}): "
-            f"raise data.max_seq_len or lower data.block_size"
-        )
+    check_sequence_length(cfg, backbone, encoding.bounded_length)
     return backbone
+
+
+def check_sequence_length(cfg: DictConfig, backbone: TransformerConfig, bounded: bool) -> None:
+    """The data's sequences fit the context; the fix names keys that work: ``init_from`` a source with
+    a learned table fixes ``data.max_seq_len`` to the table's length."""
+    length, key = next(((cfg.data[k], k) for k in SEQUENCE_LENGTH_KEYS if k in cfg.data), (None, ""))
+    if not is_int(length) or length <= backbone.max_seq_len:
+        return
+    kind = "the learned table" if bounded else "the configured context"
+    fix = (f"init_from={cfg.init_from} fixes data.max_seq_len with its learned table: lower data.{key} to at most "
+           f"{backbone.max_seq_len}" if cfg.get("init_from") and bounded else f"raise data.max_seq_len or lower data.{key}")
+    raise ConfigError(f"data.{key}={length} is longer than data.max_seq_len={backbone.max_seq_len} ({kind}): {fix}")
 
 
 def print_config_tree(cfg: DictConfig) -> None:
