@@ -209,6 +209,16 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-block-longer-than-its-table", "train.py", ["data=text_files", "data.files=[corpus.txt]", "init_from=learned",
                                                           "data.block_size=64"],
      ["data.block_size=64 is longer than data.max_seq_len=32", "init_from=learned fixes", "lower data.block_size to at most 32"]),
+    # A rope source fixes no table length: data.max_seq_len stays the user's to raise.
+    ("init-from-rope-block-longer-than-context", "train.py", ["data=text_files", "data.files=[corpus.txt]",
+                                                             f"init_from=outputs/{PREVIOUS_RUN}", "data.block_size=64", "data.max_seq_len=32"],
+     ["data.block_size=64 is longer than data.max_seq_len=32 (the configured context): raise data.max_seq_len or lower"]),
+    # The context and the sequence length are data settings (model.max_seq_len is not a key).
+    ("classify-max-length-not-a-number", "train.py", ["task=classify", "data.max_length=abc"],
+     ["data.max_length must be a positive integer, got 'abc'", "set e.g. data.max_length="]),
+    ("lm-block-size-not-a-number", "train.py", ["data.block_size=abc"],
+     ["data.block_size must be a positive integer, got 'abc'", "set e.g. data.block_size="]),
+    ("context-negative", "train.py", ["data.max_seq_len=-3"], ["data.max_seq_len must be a positive integer", "set e.g. data.max_seq_len="]),
 ]
 
 

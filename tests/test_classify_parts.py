@@ -230,3 +230,23 @@ def test_a_cut_that_leaves_a_split_empty_names_data_split(tmp_path: Path) -> Non
     with pytest.raises(DataError, match=r"cutting validation and test from the 4 training examples \(data.split=\[0.9, 0.05, "
                                         r"0.05\]\) left .*empty: give it in data.files or raise its data.split fraction"):
         module_on(tmp_path, write_rows(tmp_path / "train.jsonl", ROWS[:4]))
+
+
+def test_an_empty_cell_of_an_integer_label_column_is_a_missing_label(tmp_path: Path) -> None:
+    """pandas reads an integer column with an empty cell as floats with a NaN: one line, not a class "nan"."""
+    rows = [(f"text {i}", i % 2) for i in range(6)]
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"{t},{'' if i == 4 else y}\n" for i, (t, y) in enumerate(rows)))
+    with pytest.raises(DataError, match=r"row 4 of the train split \(\S*train.csv\) has no label \(data.label_column=label\)"):
+        module_on(tmp_path, {"train": str(path), "validation": str(path), "test": str(path)})
+
+
+def test_another_data_split_cuts_the_files_again(tmp_path: Path) -> None:
+    files = {"train": write_rows(tmp_path / "train.jsonl", ROWS)}
+    sizes = []
+    for split in ([0.9, 0.05, 0.05], [0.5, 0.25, 0.25]):
+        module = TextClassificationDataModule(source="files", files=files, split=split, cache_dir=str(tmp_path / "cache"))  # type: ignore[arg-type]
+        module.prepare_data()
+        module.setup()
+        sizes.append(len(module.splits["validation"]))
+    assert sizes[1] > 2 * sizes[0] > 0

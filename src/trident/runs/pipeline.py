@@ -54,9 +54,7 @@ warnings.filterwarnings("ignore", message=r".*AMP with fp16 is not supported on 
 warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
 # On a SLURM login node (or this project's one-machine test cluster) a local run is intended.
 warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
-
-# The data setting that sets a sequence's length: LM and MLM blocks, classify texts ([CLS] included),
-# translation sentences.
+# The data setting of a sequence's length: LM / MLM blocks, classify texts ([CLS] included), translation sentences.
 SEQUENCE_LENGTH_KEYS = ("block_size", "max_length", "max_len")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
@@ -137,22 +135,25 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_scheduler_config(_plain(cfg.scheduler))
     if "tensorboard" in (cfg.get("logger") or {}):
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
+    key = next((k for k in SEQUENCE_LENGTH_KEYS if cfg.data.get(k) is not None), None)
+    if key is not None and (not is_int(cfg.data[key]) or cfg.data[key] <= 0):  # before data.max_seq_len follows it
+        raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
-    encoding = pos_encoding_class(backbone.pos_encoding)
-    check_sequence_length(cfg, backbone, encoding.bounded_length)
+    if key is not None:
+        check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone
 
 
-def check_sequence_length(cfg: DictConfig, backbone: TransformerConfig, bounded: bool) -> None:
-    """The data's sequences fit the context; the fix names keys that work: ``init_from`` a source with
-    a learned table fixes ``data.max_seq_len`` to the table's length."""
-    length, key = next(((cfg.data[k], k) for k in SEQUENCE_LENGTH_KEYS if k in cfg.data), (None, ""))
-    if not is_int(length) or length <= backbone.max_seq_len:
+def check_sequence_length(cfg: DictConfig, key: str, max_seq_len: int, bounded: bool) -> None:
+    """``data.<key>`` fits the context; the fix names keys that work: ``init_from`` a source with a
+    learned table fixes ``data.max_seq_len`` to the table's length."""
+    length = cfg.data[key]
+    if length <= max_seq_len:
         return
     kind = "the learned table" if bounded else "the configured context"
     fix = (f"init_from={cfg.init_from} fixes data.max_seq_len with its learned table: lower data.{key} to at most "
-           f"{backbone.max_seq_len}" if cfg.get("init_from") and bounded else f"raise data.max_seq_len or lower data.{key}")
-    raise ConfigError(f"data.{key}={length} is longer than data.max_seq_len={backbone.max_seq_len} ({kind}): {fix}")
+           f"{max_seq_len}" if cfg.get("init_from") and bounded else f"raise data.max_seq_len or lower data.{key}")
+    raise ConfigError(f"data.{key}={length} is longer than data.max_seq_len={max_seq_len} ({kind}): {fix}")
 
 
 def print_config_tree(cfg: DictConfig) -> None:
