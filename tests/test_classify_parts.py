@@ -233,7 +233,8 @@ def test_a_cut_that_leaves_a_split_empty_names_data_split(tmp_path: Path) -> Non
 
 
 def test_an_empty_cell_of_an_integer_label_column_is_a_missing_label(tmp_path: Path) -> None:
-    """pandas reads an integer column with an empty cell as floats with a NaN: one line, not a class "nan"."""
+    """pandas reads an integer column with an empty cell as floats with a NaN, which `datasets` keeps as
+    a missing value: one line, not a class "nan"."""
     rows = [(f"text {i}", i % 2) for i in range(6)]
     path = tmp_path / "train.csv"
     path.write_text("text,label\n" + "".join(f"{t},{'' if i == 4 else y}\n" for i, (t, y) in enumerate(rows)))

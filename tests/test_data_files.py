@@ -142,6 +142,15 @@ def test_a_directory_of_files_reads_them_all_as_documents(tmp_path: Path) -> Non
     assert decoded(module, "train") == expected + "".join(f"row {i}{END_OF_TEXT}" for i in range(30))
 
 
+def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) -> None:
+    text = "first line\nsecond line\n" * 20
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "b.txt").write_text(text)
+    module = prepared(tmp_path, {"train": str(tmp_path / "a.txt.gz"), "validation": str(tmp_path / "b.txt"),
+                                 "test": str(tmp_path / "a.txt.gz")})
+    assert decoded(module, "train") == decoded(module, "validation") == text + END_OF_TEXT
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [

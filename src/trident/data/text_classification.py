@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import random
 from collections import Counter
 from pathlib import Path
@@ -125,8 +124,8 @@ def class_names_of(corpus: datasets.DatasetDict, label_column: str) -> list[str]
 
 
 def is_blank(value: Any) -> bool:
-    """No value: missing (None), NaN (an empty cell of a numeric CSV column) or only whitespace."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
+    """No value: missing (None, also an empty CSV cell) or only whitespace."""
+    return value is None or not str(value).strip()
 
 
 def check_rows(table: datasets.Dataset, split: str, source: str, text_column: str, label_column: str) -> None:
