@@ -280,6 +280,27 @@ def test_two_line_aligned_files_are_a_parallel_corpus(tmp_path: Path) -> None:
         load_pairs("files", {"files": files}, "en", "de", SPLIT)
 
 
+def test_gzip_parallel_files_are_read_and_latin1_ones_are_one_line(tmp_path: Path) -> None:
+    english = [f"house number {i}" for i in range(20)]
+    german = [f"Haus Nummer {i} \u00e4" for i in range(20)]
+    for language, rows in (("en", english), ("de", german)):
+        (tmp_path / f"train.{language}.gz").write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress(b"hello\thallo\n"))
+    (tmp_path / "test.jsonl.gz").write_bytes(gzip.compress((json.dumps({"en": "yes", "de": "ja"}) + "\n").encode()))
+    files = {"train": [str(tmp_path / "train.en.gz"), str(tmp_path / "train.de.gz")],
+             "validation": str(tmp_path / "dev.tsv.gz"), "test": str(tmp_path / "test.jsonl.gz")}
+    pairs, _ = load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    assert pairs["train"]["src"] == english and pairs["train"]["tgt"] == german
+    assert (pairs["validation"]["tgt"], pairs["test"]["tgt"]) == (["hallo"], ["ja"])
+    (tmp_path / "train.de.gz").write_bytes(gzip.compress(("\n".join(german) + "\n").encode("latin-1")))
+    with pytest.raises(DataError, match=r"train.de.gz is not UTF-8 text \(line 1, byte 0xe4: "):
+        load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    (tmp_path / "train.de.gz").write_bytes(gzip.compress(("\n".join(german) + "\n").encode()))
+    (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress("bye\ttsch\u00fcss\n".encode("latin-1")))
+    with pytest.raises(DataError, match=r"dev.tsv.gz is not UTF-8 text \(line 1, byte 0xfc: "):
+        load_pairs("files", {"files": files}, "en", "de", SPLIT)
+
+
 def test_given_parallel_splits_are_kept_and_only_missing_ones_cut(tmp_path: Path) -> None:
     train = [f"sentence {i}\tSatz {i}" for i in range(300)]
     (tmp_path / "train.tsv").write_text("\n".join(train) + "\n")
