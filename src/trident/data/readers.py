@@ -92,8 +92,9 @@ def open_bytes(path: Path) -> IO[bytes]:
 
 def open_text(path: Path, errors: str = "strict") -> IO[str]:
     """A data file as UTF-8 text with its line ends as written, decompressed when it is gzip."""
-    return gzip.open(path, "rt", encoding="utf-8", errors=errors, newline="") if is_gzip(path) else \
-        path.open(encoding="utf-8", errors=errors, newline="")
+    if is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8", errors=errors, newline="")
+    return path.open(encoding="utf-8", errors=errors, newline="")
 
 
 def is_saved_dataset(path: Path) -> bool:
