@@ -8,7 +8,9 @@ subprocess gives the same result.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -54,12 +56,51 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(previous / "config_resolved.yaml", damaged)
     last = (previous / "checkpoints" / "last.ckpt").read_bytes()
     (damaged / "checkpoints" / "last.ckpt").write_bytes(last[: len(last) // 2])
+    write_classify_files(root)
     return root
+
+
+def write_classify_files(root: Path) -> None:
+    """``classify/``: labelled CSV files for task=classify, files with a bad row or encoding, and
+    ``learned/``, a one-step LM run with a 32-row learned position table to start from (init_from)."""
+    folder = root / "classify"
+    folder.mkdir()
+    rows = [{"text": f"passage {i} of the {kind} kind", "label": kind} for i in range(24) for kind in ("comic", "tragic")]
+
+    def write_csv(name: str, table: list[dict[str, object]], encoding: str = "utf-8") -> None:
+        with (folder / name).open("w", newline="", encoding=encoding) as handle:
+            writer = csv.DictWriter(handle, ["text", "label"])
+            writer.writeheader()
+            writer.writerows(table)
+
+    def write_jsonl(name: str, table: list[dict[str, object]], encoding: str = "utf-8") -> None:
+        (folder / name).write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in table).encode(encoding))
+
+    for name in ("train", "validation", "test"):
+        write_csv(f"{name}.csv", rows)
+    write_csv("empty_label.csv", [*rows[:5], {"text": "a passage with no label", "label": ""}, *rows[5:]])
+    write_jsonl("null_label.jsonl", [*rows[:7], {"text": "a passage with a null label", "label": None}, *rows[7:]])
+    write_jsonl("missing_label.jsonl", [*rows[:3], {"text": "a passage without the key"}, *rows[3:]])
+    accented = [*rows[:9], {"text": "a café passage", "label": "comic"}, *rows[9:]]
+    write_csv("latin1.csv", accented, encoding="latin-1")
+    write_jsonl("latin1.jsonl", accented, encoding="latin-1")
+    train(compose_train_config(
+        [*SMALL, "pos_encoding=learned", "data=text_files", f"data.files=[{root / 'corpus.txt'}]", "data.tokenizer=char",
+         "logger=none", "test=false", "trainer.max_steps=1"],
+        output_dir=root / "learned",
+    ))
 
 
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+
+
+def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
+    """task=classify on files of the workspace's ``classify/`` folder."""
+    return ["task=classify", "data.source=files",
+            f"data.files={{train: classify/{train}, validation: classify/{validation}, test: classify/{test}}}"]
+
 
 # (case id, entry point, arguments, words the error line must contain)
 CASES: list[tuple[str, str, list[str], list[str]]] = [
@@ -157,6 +198,34 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("eval-directory-not-a-run", "eval.py", ["ckpt_path=outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
     ("eval-damaged-run-directory", "eval.py", ["ckpt_path=outputs/runs/2000-01-01/00-00-01_damaged"], ["corrupt", "last.ckpt"]),
     ("export-directory-not-a-run", "trident.export", ["outputs", "--format", "hf", "--out", "exported"], ["'outputs' holds no checkpoint", "train.py run"]),
+    # Issue 38: classify files
+    ("classify-empty-label-csv", "train.py", classify_files("empty_label.csv"),
+     ["row 5 of the train split", "classify/empty_label.csv", "no label", "data.label_column=label"]),
+    ("classify-null-label-jsonl", "train.py", classify_files("train.csv", validation="null_label.jsonl"),
+     ["row 7 of the validation split", "null_label.jsonl", "no label", "data.label_column=label"]),
+    ("classify-missing-label-key-jsonl", "train.py", classify_files("train.csv", test="missing_label.jsonl"),
+     ["row 3 of the test split", "missing_label.jsonl", "no label", "data.label_column=label"]),
+    ("classify-latin1-csv", "train.py", classify_files("latin1.csv"), ["latin1.csv is not UTF-8 text", "convert it to UTF-8"]),
+    ("classify-latin1-jsonl", "train.py", classify_files("latin1.jsonl"), ["latin1.jsonl is not UTF-8 text", "convert it to UTF-8"]),
+    ("classify-max-length-longer-than-table", "train.py",
+     [*classify_files("train.csv"), "pos_encoding=learned", "data.max_length=64", "data.max_seq_len=32"],
+     ["data.max_length=64 is longer than data.max_seq_len=32", "raise data.max_seq_len or lower data.max_length"]),
+    ("classify-init-from-max-length-longer-than-its-table", "train.py",
+     [*classify_files("train.csv"), "init_from=learned", "task.stack=decoder", "task.pool=last", "data.max_length=64"],
+     ["data.max_length=64 is longer than data.max_seq_len=32", "init_from=learned fixes", "lower data.max_length to at most 32"]),
+    ("init-from-block-longer-than-its-table", "train.py", ["data=text_files", "data.files=[corpus.txt]", "init_from=learned",
+                                                          "data.block_size=64"],
+     ["data.block_size=64 is longer than data.max_seq_len=32", "init_from=learned fixes", "lower data.block_size to at most 32"]),
+    # A rope source fixes no table length: data.max_seq_len stays the user's to raise.
+    ("init-from-rope-block-longer-than-context", "train.py", ["data=text_files", "data.files=[corpus.txt]",
+                                                             f"init_from=outputs/{PREVIOUS_RUN}", "data.block_size=64", "data.max_seq_len=32"],
+     ["data.block_size=64 is longer than data.max_seq_len=32 (the configured context): raise data.max_seq_len or lower"]),
+    # The context and the sequence length are data settings (model.max_seq_len is not a key).
+    ("classify-max-length-not-a-number", "train.py", ["task=classify", "data.max_length=abc"],
+     ["data.max_length must be a positive integer, got 'abc'", "set e.g. data.max_length="]),
+    ("lm-block-size-not-a-number", "train.py", ["data.block_size=abc"],
+     ["data.block_size must be a positive integer, got 'abc'", "set e.g. data.block_size="]),
+    ("context-negative", "train.py", ["data.max_seq_len=-3"], ["data.max_seq_len must be a positive integer", "set e.g. data.max_seq_len="]),
 ]
 
 

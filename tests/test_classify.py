@@ -179,7 +179,8 @@ GOOD = [{"text": "a fine day", "label": "pos"}, {"text": "a dark night", "label"
         ("missing label column", {"train": [{"text": "x", "category": "a"}] * 4}, "has no column 'label' (its columns: text, category)"),
         ("one class", {"train": [{"text": "x", "label": "a"}] * 4}, "one class only"),
         ("unseen label", {"validation": [*GOOD, {"text": "y", "label": "meh"}]}, "labels not in the train split: ['meh']"),
-        ("empty text", {"test": [*GOOD, {"text": "  ", "label": "pos"}]}, "row 8 of the test split has an empty text"),
+        ("empty text", {"test": [*GOOD, {"text": "  ", "label": "pos"}]},
+         "row 8 of the test split ({test}) has an empty text (data.text_column=text)"),
     ],
 )
 def test_bad_labelled_data_is_one_line_with_status_2(name: str, splits: dict[str, list[dict[str, object]]],
@@ -190,7 +191,8 @@ def test_bad_labelled_data_is_one_line_with_status_2(name: str, splits: dict[str
     result = run_in_process("train.py", [*CLASSIFY_SMALL, "data.source=files", f"data.files={spec}",
                                          f"paths.cache_dir={tmp_path / 'cache'}"], tmp_path, monkeypatch)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and result.last_line.startswith("error: ") and expected in result.last_line
+    assert "Traceback" not in result.stderr and result.last_line.startswith("error: ")
+    assert expected.format(**files) in result.last_line
 
 
 def test_cls_pool_on_a_decoder_is_one_line_with_status_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,9 +4,12 @@ class order, label mapping, offsets and majority baseline (each one a bug a muta
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -14,6 +17,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from trident.data.text_classification import LabelledSequences, TextClassificationDataModule, pad_batch
+from trident.data.translation import split_of
 from trident.errors import DataError
 from trident.tasks.classify import SequenceClassificationTask
 from trident.training.flops import stack_flops
@@ -161,3 +165,92 @@ def test_texts_a_tokenizer_cannot_read_stop_naming_it(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"the train split is 67% unknown or padding ids \(16 of 24\) with "
                                         r"data.tokenizer=\S*words.json"):
         labelled(tmp_path, {"train": good, "validation": good, "test": good}, tokenizer=str(tmp_path / "words.json"))
+
+
+def write_rows(path: Path, rows: list[tuple[str, object]]) -> str:
+    """``rows`` as JSON lines, or as a CSV file with a header row (by ``path``'s suffix, through a ``.gz``)."""
+    if ".csv" in path.suffixes:
+        text = "text,label\n" + "".join(f"{t},{y}\n" for t, y in rows)
+    else:
+        text = "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows)
+    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
+    return str(path)
+
+
+def module_on(tmp_path: Path, files: object) -> TextClassificationDataModule:
+    module = TextClassificationDataModule(source="files", files=files, cache_dir=str(tmp_path / "cache"))  # type: ignore[arg-type]
+    module.prepare_data()
+    module.setup()
+    return module
+
+
+def decoded_texts(module: TextClassificationDataModule, split: str) -> list[str]:
+    assert module.tokenizer is not None
+    examples = module.splits[split]
+    return [module.tokenizer.decode(examples.ids[examples.offsets[i]:examples.offsets[i + 1]].tolist())
+            for i in range(len(examples))]
+
+
+ROWS = [(f"text {i} {'xy'[i % 2] * (i % 5)}", "ab"[i % 2]) for i in range(200)]
+
+
+def test_gzip_compressed_json_lines_and_csv_are_read(tmp_path: Path) -> None:
+    files = {"train": write_rows(tmp_path / "train.jsonl.gz", ROWS[:40]),
+             "validation": write_rows(tmp_path / "validation.csv.gz", ROWS[40:50]),
+             "test": write_rows(tmp_path / "test.jsonl", ROWS[50:60])}
+    module = module_on(tmp_path, files)
+    for split, rows in (("train", ROWS[:40]), ("validation", ROWS[40:50]), ("test", ROWS[50:60])):
+        assert decoded_texts(module, split) == [t for t, _ in rows]
+        assert [module.class_names[i] for i in module.splits[split].labels] == [y for _, y in rows]
+
+
+@pytest.mark.parametrize("given", ["saved train and test", "train file only"])
+def test_a_split_the_files_do_not_give_is_cut_from_train_by_a_hash_of_the_text(
+    given: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if given == "saved train and test":
+        table = {"train": ROWS[:180], "test": ROWS[180:]}
+        datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [y for _, y in rows]})
+                              for s, rows in table.items()}).save_to_disk(tmp_path / "saved")
+        files: object = str(tmp_path / "saved")
+        cut = ["validation"]
+    else:
+        files = {"train": write_rows(tmp_path / "train.csv", ROWS[:180])}
+        cut = ["validation", "test"]
+    with caplog.at_level(logging.INFO, logger="trident.data.text_classification"):
+        module = module_on(tmp_path, files)
+    texts = {split: decoded_texts(module, split) for split in ("train", "validation", "test")}
+    expected = {split: [t for t, _ in ROWS[:180] if split_of(t, [0.9, 0.05, 0.05]) == split] for split in cut}
+    assert {split: texts[split] for split in cut} == expected and all(expected.values())
+    assert texts["train"] == [t for t, _ in ROWS[:180] if t not in {t for split in cut for t in texts[split]}]
+    if given == "saved train and test":
+        assert texts["test"] == [t for t, _ in ROWS[180:]]
+    assert f"{cut[0]} cut from train by a hash of the text (data.split=[0.9, 0.05, 0.05]) ({len(expected[cut[0]])} examples)" \
+        in caplog.text
+
+
+def test_a_cut_that_leaves_a_split_empty_names_data_split(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"cutting validation and test from the 4 training examples \(data.split=\[0.9, 0.05, "
+                                        r"0.05\]\) left .*empty: give it in data.files or raise its data.split fraction"):
+        module_on(tmp_path, write_rows(tmp_path / "train.jsonl", ROWS[:4]))
+
+
+def test_an_empty_cell_of_an_integer_label_column_is_a_missing_label(tmp_path: Path) -> None:
+    """pandas reads an integer column with an empty cell as floats with a NaN, which `datasets` keeps as
+    a missing value: one line, not a class "nan"."""
+    rows = [(f"text {i}", i % 2) for i in range(6)]
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"{t},{'' if i == 4 else y}\n" for i, (t, y) in enumerate(rows)))
+    with pytest.raises(DataError, match=r"row 4 of the train split \(\S*train.csv\) has no label \(data.label_column=label\)"):
+        module_on(tmp_path, {"train": str(path), "validation": str(path), "test": str(path)})
+
+
+def test_another_data_split_cuts_the_files_again(tmp_path: Path) -> None:
+    files = {"train": write_rows(tmp_path / "train.jsonl", ROWS)}
+    sizes = []
+    for split in ([0.9, 0.05, 0.05], [0.5, 0.25, 0.25]):
+        module = TextClassificationDataModule(source="files", files=files, split=split, cache_dir=str(tmp_path / "cache"))  # type: ignore[arg-type]
+        module.prepare_data()
+        module.setup()
+        sizes.append(len(module.splits["validation"]))
+    assert sizes[1] > 2 * sizes[0] > 0

@@ -3,7 +3,9 @@ atomic preparation and the shared memory map (LM), two-file parallel text, small
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +28,14 @@ SPLIT = [0.8, 0.1, 0.1]
 
 
 def write_format(folder: Path, fmt: str, docs: list[str]) -> Path:
-    """``docs`` written in format ``fmt``, one document per row (for txt: per file, in a folder)."""
+    """``docs`` written in format ``fmt``, one document per row (for txt: per file, in a folder);
+    ``jsonl.gz`` and the like: the same, gzip-compressed."""
+    if fmt.endswith(".gz"):
+        written = write_format(folder, fmt.removesuffix(".gz"), docs)
+        for plain in sorted(written.iterdir()) if written.is_dir() else [written]:
+            plain.with_name(plain.name + ".gz").write_bytes(gzip.compress(plain.read_bytes()))
+            plain.unlink()
+        return written if written.is_dir() else written.with_name(written.name + ".gz")
     folder.mkdir(parents=True, exist_ok=True)
     if fmt == "txt":
         for i, doc in enumerate(docs):
@@ -64,7 +73,7 @@ def decoded(module: LMDataModule, split: str) -> str:
     return module.tokenizer.decode(module.splits[split].tolist(), skip_special_tokens=False)
 
 
-@pytest.mark.parametrize("fmt", ["txt", "jsonl", "json", "csv", "tsv", "parquet", "save_to_disk"])
+@pytest.mark.parametrize("fmt", ["txt", "jsonl", "json", "csv", "tsv", "parquet", "save_to_disk", "txt.gz", "jsonl.gz", "csv.gz"])
 def test_each_format_gives_its_documents_separated_and_nothing_else(tmp_path: Path, fmt: str) -> None:
     train = write_format(tmp_path / "train", fmt, DOCS[:50])
     validation = write_format(tmp_path / "validation", fmt, DOCS[50:55])
@@ -133,6 +142,15 @@ def test_a_directory_of_files_reads_them_all_as_documents(tmp_path: Path) -> Non
     assert decoded(module, "train") == expected + "".join(f"row {i}{END_OF_TEXT}" for i in range(30))
 
 
+def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) -> None:
+    text = "first line\nsecond line\n" * 20
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (tmp_path / "b.txt").write_text(text)
+    module = prepared(tmp_path, {"train": str(tmp_path / "a.txt.gz"), "validation": str(tmp_path / "b.txt"),
+                                 "test": str(tmp_path / "a.txt.gz")})
+    assert decoded(module, "train") == decoded(module, "validation") == text + END_OF_TEXT
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
@@ -145,6 +163,14 @@ def test_a_directory_of_files_reads_them_all_as_documents(tmp_path: Path) -> Non
         ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), r"latin1.txt is not UTF-8 text"),
         ("fake.parquet", "a,b\n1,2\n", r"fake.parquet is not a parquet file \(no PAR1 header\)"),
         ("data.xlsx", "x", r"data.xlsx has suffix '.xlsx', which trident cannot read"),
+        ("latin1.csv", "text,id\ncaf\xe9,1\n".encode("latin-1"), r"latin1.csv is not UTF-8 text \(line 2, byte 0xe9: "),
+        ("latin1.jsonl", ('{"text": "a"}\n' * 3 + '{"text": "caf\xe9"}\n').encode("latin-1"),
+         r"latin1.jsonl is not UTF-8 text \(line 4, byte 0xe9: .*\): convert it to UTF-8"),
+        ("latin1.txt.gz", gzip.compress("ok\ncaf\xe9\n".encode("latin-1")), r"latin1.txt.gz is not UTF-8 text \(line 2"),
+        ("plain.jsonl.gz", '{"text": "a"}\n', r"plain.jsonl.gz is not gzip data .*: decompress it with gunzip, or drop the .gz"),
+        ("docs.parquet.gz", gzip.compress(b"PAR1"),
+         r"docs.parquet.gz is gzip-compressed .parquet, which trident reads only uncompressed: decompress it with gunzip"),
+        ("docs.xlsx.gz", gzip.compress(b"x"), r"docs.xlsx.gz has suffix '.xlsx.gz', which trident cannot read"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path: Path, name: str, content: str | bytes, message: str) -> None:
@@ -153,6 +179,19 @@ def test_bad_files_are_one_line_errors(tmp_path: Path, name: str, content: str |
     with pytest.raises(DataError, match=message) as caught:
         prepared(tmp_path, str(path))
     assert "\n" not in str(caught.value)
+
+
+def test_a_file_datasets_cannot_parse_is_one_line_without_its_logged_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The csv builder logs the file it cannot read at ERROR, on its own stderr handler and the root
+    logger's, then raises: only trident's one line is left."""
+    path = tmp_path / "ragged.csv"
+    path.write_text("text,id\na,1\nb,2,3,4\n")
+    with caplog.at_level(logging.INFO), pytest.raises(DataError, match=r"could not read \S*ragged.csv as csv"):
+        prepared(tmp_path, str(path))
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert "Failed to read" not in capfd.readouterr().err
 
 
 def test_a_split_too_small_names_the_numbers(tmp_path: Path) -> None:
@@ -238,6 +277,27 @@ def test_two_line_aligned_files_are_a_parallel_corpus(tmp_path: Path) -> None:
     assert pairs["validation"]["src"] == english[30:35] and pairs["test"]["tgt"] == german[35:]
     (tmp_path / "train.de").write_text("\n".join(german[:29]) + "\n")
     with pytest.raises(DataError, match=r"train.en has 30 lines but .*train.de has 29"):
+        load_pairs("files", {"files": files}, "en", "de", SPLIT)
+
+
+def test_gzip_parallel_files_are_read_and_latin1_ones_are_one_line(tmp_path: Path) -> None:
+    english = [f"house number {i}" for i in range(20)]
+    german = [f"Haus Nummer {i} \u00e4" for i in range(20)]
+    for language, rows in (("en", english), ("de", german)):
+        (tmp_path / f"train.{language}.gz").write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress(b"hello\thallo\n"))
+    (tmp_path / "test.jsonl.gz").write_bytes(gzip.compress((json.dumps({"en": "yes", "de": "ja"}) + "\n").encode()))
+    files = {"train": [str(tmp_path / "train.en.gz"), str(tmp_path / "train.de.gz")],
+             "validation": str(tmp_path / "dev.tsv.gz"), "test": str(tmp_path / "test.jsonl.gz")}
+    pairs, _ = load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    assert pairs["train"]["src"] == english and pairs["train"]["tgt"] == german
+    assert (pairs["validation"]["tgt"], pairs["test"]["tgt"]) == (["hallo"], ["ja"])
+    (tmp_path / "train.de.gz").write_bytes(gzip.compress(("\n".join(german) + "\n").encode("latin-1")))
+    with pytest.raises(DataError, match=r"train.de.gz is not UTF-8 text \(line 1, byte 0xe4: "):
+        load_pairs("files", {"files": files}, "en", "de", SPLIT)
+    (tmp_path / "train.de.gz").write_bytes(gzip.compress(("\n".join(german) + "\n").encode()))
+    (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress("bye\ttsch\u00fcss\n".encode("latin-1")))
+    with pytest.raises(DataError, match=r"dev.tsv.gz is not UTF-8 text \(line 1, byte 0xfc: "):
         load_pairs("files", {"files": files}, "en", "de", SPLIT)
 
 

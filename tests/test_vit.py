@@ -67,7 +67,11 @@ def test_patch_embedding_shapes(image_size: int, patch: int, channels: int) -> N
 
 
 def test_patch_size_must_divide_the_image() -> None:
-    with pytest.raises(ConfigError, match=r"patch size 5 does not divide image size 28: choose data.patch_size among \[1, 2, 4, 7, 14, 28\]"):
+    """The fix names data.image_size too: init_from fixes the patch size (a hint naming only
+    data.patch_size would be refused there)."""
+    with pytest.raises(ConfigError, match=r"patch size 5 does not divide image size 28: choose data.patch_size among "
+                                          r"\[1, 2, 4, 7, 14, 28\], or a data.image_size that is a multiple of 5 \(init_from "
+                                          r"fixes the patch size\)"):
         vit_geometry(28, 5, "cls")
 
 

@@ -53,7 +53,8 @@ class TransformerConfig:
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
                 example = TransformerConfig.__dataclass_fields__[name].default
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}: set e.g. model.{name}={example}")
+                key = f"data.{name}" if name == "max_seq_len" else f"model.{name}"  # the context comes with the data
+                raise ConfigError(f"{key} must be a positive integer, got {value!r}: set e.g. {key}={example}")
         if self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "

@@ -1,4 +1,5 @@
-"""Your own parallel text for translation: TSV, JSON lines, or two line-aligned files per split."""
+"""Your own parallel text for translation: TSV, JSON lines, or two line-aligned files per split (each
+also gzip-compressed: ``train.tsv.gz``, ``train.en.gz``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import datasets
 
 from trident.data.corpora import load_dataset_or_explain
-from trident.data.readers import check_file, expand, files_by_split
+from trident.data.readers import check_file, check_utf8, expand, files_by_split, format_suffix, open_bytes, open_text
 from trident.errors import ConfigError, DataError
 
 
@@ -25,7 +26,9 @@ def load_parallel_files(files: Any, src_lang: str, tgt_lang: str) -> datasets.Da
         data_files = [str(p) for given in paths for p in expand(given)]
         for path in data_files:
             check_file(Path(path))
-        suffixes = {Path(p).suffix.lower() for p in data_files}
+        suffixes = {format_suffix(Path(p)) for p in data_files}
+        for path in data_files:
+            check_utf8(Path(path))
         if suffixes <= {".jsonl", ".json"}:
             builder, kwargs = "json", {}
         elif suffixes <= {".tsv", ".txt"}:
@@ -49,7 +52,7 @@ def line_aligned_files(paths: list[Path], src_lang: str, tgt_lang: str) -> tuple
         pair = paths[0].with_name(f"{paths[0].name}.{src_lang}"), paths[0].with_name(f"{paths[0].name}.{tgt_lang}")
         return pair if all(p.is_file() for p in pair) else None
     if len(paths) == 2:
-        by_suffix = {p.suffix.lstrip("."): p for p in paths}
+        by_suffix = {format_suffix(p).lstrip("."): p for p in paths}
         if set(by_suffix) == {src_lang, tgt_lang}:
             return by_suffix[src_lang], by_suffix[tgt_lang]
     return None
@@ -60,7 +63,8 @@ def aligned_pairs(src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str) 
     counts = []
     for path in (src_path, tgt_path):
         check_file(path)
-        with path.open("rb") as handle:
+        check_utf8(path)
+        with open_bytes(path) as handle:
             counts.append(sum(1 for _ in handle))
     if counts[0] != counts[1]:
         raise DataError(
@@ -72,6 +76,6 @@ def aligned_pairs(src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str) 
     # would be keyed by the path, not the content).
     columns = {}
     for language, path in ((src_lang, src_path), (tgt_lang, tgt_path)):
-        with path.open(encoding="utf-8") as handle:
+        with open_text(path) as handle:
             columns[language] = [line.rstrip("\r\n") for line in handle]
     return datasets.Dataset.from_dict(columns)

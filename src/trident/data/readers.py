@@ -1,17 +1,21 @@
 """Your own data files -> Hugging Face ``datasets`` tables, whatever the task.
 
 ``data.files`` is one path, a list of paths, or ``{train: ..., validation: ..., test: ...}``; a
-path is a file (``.txt``, ``.jsonl``/``.json``, ``.csv``/``.tsv``, ``.parquet``), a directory
-written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, or a directory of such files.
-Every problem with a file (missing, empty, binary, a malformed JSON line, a missing column) is one
-:class:`DataError` line that names the file and the fix.
+path is a file (``.txt``, ``.jsonl``/``.json``, ``.csv``/``.tsv``, ``.parquet``; the text formats
+also gzip-compressed, ``docs.jsonl.gz``), a directory written by ``Dataset.save_to_disk`` /
+``DatasetDict.save_to_disk``, or a directory of such files. Every problem with a file (missing, empty,
+binary, not UTF-8, a malformed JSON line, a missing column) is one :class:`DataError` line that names
+the file and the fix.
 """
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import json
+import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, DataError
 
@@ -31,6 +35,22 @@ TABLE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
     ".parquet": ("parquet", {}),
 }
 DATA_SUFFIXES = (*TEXT_SUFFIXES, *TABLE_BUILDERS)
+# A text format may come gzip-compressed (`datasets` decompresses json and csv itself); parquet compresses
+# its own columns.
+GZIP_SUFFIX = ".gz"
+GZIP_FORMATS = (*TEXT_SUFFIXES, ".jsonl", ".json", ".csv", ".tsv")
+
+
+class _DropBuilderErrors(logging.Filter):
+    """A `datasets` builder logs a file it cannot read at ERROR, then raises: trident reports the raise
+    as one line naming the file and the fix, so the builder's own lines would only repeat it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+for _builder in ("json", "csv", "parquet"):
+    logging.getLogger(f"datasets.packaged_modules.{_builder}.{_builder}").addFilter(_DropBuilderErrors())
 
 
 def split_name(name: str) -> str:
@@ -56,6 +76,27 @@ def files_by_split(files: Any) -> dict[str, list[Path]]:
     return by_split
 
 
+def is_gzip(path: Path) -> bool:
+    return path.name.lower().endswith(GZIP_SUFFIX)
+
+
+def format_suffix(path: Path) -> str:
+    """The suffix that names a file's format, through a ``.gz``: ``docs.jsonl.gz`` -> ``.jsonl``."""
+    return Path(path.name[: -len(GZIP_SUFFIX)]).suffix.lower() if is_gzip(path) else path.suffix.lower()
+
+
+def open_bytes(path: Path) -> IO[bytes]:
+    """A data file's bytes, decompressed when it is gzip."""
+    return gzip.open(path, "rb") if is_gzip(path) else path.open("rb")
+
+
+def open_text(path: Path, errors: str = "strict") -> IO[str]:
+    """A data file as UTF-8 text with its line ends as written, decompressed when it is gzip."""
+    if is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8", errors=errors, newline="")
+    return path.open(encoding="utf-8", errors=errors, newline="")
+
+
 def is_saved_dataset(path: Path) -> bool:
     """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
     return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
@@ -67,21 +108,27 @@ def expand(path: Path) -> list[Path]:
         return [path.resolve()]
     if not path.is_dir():
         raise DataError(f"data file {str(path)!r} not found: fix data.files (paths are relative to the directory you run from)")
-    found = sorted(p.resolve() for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+    found = sorted(p.resolve() for p in path.rglob("*") if p.is_file() and format_suffix(p) in DATA_SUFFIXES)
     if not found:
         raise DataError(f"directory {str(path)!r} holds no data files: put {', '.join(DATA_SUFFIXES)} files in it")
     return found
 
 
 def check_file(path: Path) -> None:
-    """Refuse an empty or binary file before a parser chokes on it with a traceback."""
+    """Refuse an empty, binary or wrongly compressed file before a parser chokes on it with a traceback."""
     if path.is_dir():
         return
-    with path.open("rb") as handle:
-        head = handle.read(8192)
+    if is_gzip(path) and format_suffix(path) in DATA_SUFFIXES and format_suffix(path) not in GZIP_FORMATS:
+        raise DataError(f"{path} is gzip-compressed {format_suffix(path)}, which trident reads only uncompressed: "
+                        "decompress it with gunzip")
+    try:
+        with open_bytes(path) as handle:
+            head = handle.read(8192)
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise DataError(f"{path} is not gzip data ({err}): decompress it with gunzip, or drop the .gz from its name") from None
     if not head.strip():
         raise DataError(f"{path} is empty: put data in it or remove it from data.files")
-    if path.suffix.lower() == ".parquet":
+    if format_suffix(path) == ".parquet":
         if not head.startswith(b"PAR1"):
             raise DataError(f"{path} is not a parquet file (no PAR1 header): re-export it, or give it its real suffix")
     elif b"\0" in head:
@@ -94,16 +141,19 @@ def load_table(path: Path, columns: list[str]) -> datasets.Dataset | datasets.Da
     import datasets
 
     check_file(path)
-    suffix = path.suffix.lower()
+    suffix = format_suffix(path)
     if path.is_dir():
         loaded: datasets.Dataset | datasets.DatasetDict = datasets.load_from_disk(str(path))
     elif suffix in TEXT_SUFFIXES:
         loaded = _load(path, "text", {"sample_by": "line", "keep_linebreaks": True})
     elif suffix in TABLE_BUILDERS:
         builder, options = TABLE_BUILDERS[suffix]
+        if builder != "parquet":
+            check_utf8(path)
         loaded = _load(path, builder, options)
     else:
-        raise DataError(f"{path} has suffix {suffix!r}, which trident cannot read: use one of {', '.join(DATA_SUFFIXES)}")
+        shown = suffix + (GZIP_SUFFIX if is_gzip(path) else "")
+        raise DataError(f"{path} has suffix {shown!r}, which trident cannot read: use one of {', '.join(DATA_SUFFIXES)}")
     for table in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         missing = [c for c in columns if c not in table.column_names]
         if missing:
@@ -126,9 +176,28 @@ def _load(path: Path, builder: str, options: dict[str, Any]) -> datasets.Dataset
         raise DataError(f"could not read {path} as {builder} ({first}): check the file's format and suffix") from err
 
 
+def check_utf8(path: Path) -> None:
+    """A text file that is not UTF-8 (e.g. Latin-1 or Windows-1252 text) is one error naming its first
+    such line. pyarrow's JSON reader lets such bytes through to a traceback when the rows are read."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with open_bytes(path) as handle:
+            while chunk := handle.read(1 << 20):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        with open_bytes(path) as handle:  # again, line by line, for the message
+            for number, line in enumerate(handle, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path} is not UTF-8 text (line {number}, byte {line[err.start]:#04x}: "
+                                    f"{err.reason}): convert it to UTF-8, e.g. with iconv -f latin1 -t utf-8") from None
+
+
 def _raise_bad_json_line(path: Path) -> None:
     """Name the first line of a JSON lines file that is not one JSON object."""
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    with open_text(path, errors="replace") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

@@ -8,12 +8,23 @@ reading the files again rather than keeping them.
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trident.data.readers import TEXT_SUFFIXES, check_file, expand, files_by_split, load_table, split_name
+from trident.data.readers import (
+    TEXT_SUFFIXES,
+    check_file,
+    check_utf8,
+    expand,
+    files_by_split,
+    format_suffix,
+    load_table,
+    open_text,
+    split_name,
+)
 from trident.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -28,10 +39,10 @@ CHUNK_CHARS = 1 << 18
 
 
 def text_file_pieces(path: Path, chunk_chars: int = CHUNK_CHARS) -> Iterator[Piece]:
-    """A UTF-8 text file (one document) in chunks that end at a line break."""
+    """A UTF-8 text file (one document, gzip-compressed or not) in chunks that end at a line break."""
     carry = ""
     try:
-        with path.open(encoding="utf-8", newline="") as handle:  # newline="": \r\n stays as written
+        with open_text(path) as handle:  # \r\n stays as written
             while block := handle.read(chunk_chars):
                 text = carry + block
                 cut = piece_end(text)
@@ -41,8 +52,11 @@ def text_file_pieces(path: Path, chunk_chars: int = CHUNK_CHARS) -> Iterator[Pie
                 cut = cut or len(text)
                 yield text[:cut], False
                 carry = text[cut:]
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path} is not UTF-8 text (byte {err.start} of a chunk: {err.reason}): convert it to UTF-8") from None
+    except UnicodeDecodeError:
+        check_utf8(path)  # names the line that is not UTF-8
+        raise
+    except (gzip.BadGzipFile, EOFError) as err:  # check_file read only its first block
+        raise DataError(f"{path} is damaged gzip data ({err}): compress it again, or decompress what is left") from None
     yield carry, True
 
 
@@ -74,7 +88,7 @@ def file_stream(paths: list[Path], column: str) -> Stream:
 
     parts: list[Path | datasets.Dataset] = []
     for path in (p for given in paths for p in expand(given)):
-        if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
+        if path.is_file() and format_suffix(path) in TEXT_SUFFIXES:
             check_file(path)
             parts.append(path)
         else:

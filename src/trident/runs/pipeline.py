@@ -23,6 +23,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error
@@ -53,6 +54,8 @@ warnings.filterwarnings("ignore", message=r".*AMP with fp16 is not supported on 
 warnings.filterwarnings("ignore", message=r".*is not supported by the model summary.*")
 # On a SLURM login node (or this project's one-machine test cluster) a local run is intended.
 warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system but is not used.*")
+# The data setting of a sequence's length: LM / MLM blocks, classify texts ([CLS] included), translation sentences.
+SEQUENCE_LENGTH_KEYS = ("block_size", "max_length", "max_len")
 _NOTICES = ("litlogger", "Skipping setting a default `ModelSummary`")
 
 
@@ -132,16 +135,25 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_scheduler_config(_plain(cfg.scheduler))
     if "tensorboard" in (cfg.get("logger") or {}):
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
+    key = next((k for k in SEQUENCE_LENGTH_KEYS if cfg.data.get(k) is not None), None)
+    if key is not None and (not is_int(cfg.data[key]) or cfg.data[key] <= 0):  # before data.max_seq_len follows it
+        raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
-    encoding = pos_encoding_class(backbone.pos_encoding)
-    block_size = cfg.data.get("block_size")
-    if block_size is not None and block_size > backbone.max_seq_len:
-        kind = "the learned table" if encoding.bounded_length else "the configured context"
-        raise ConfigError(
-            f"data.block_size={block_size} is longer than data.max_seq_len={backbone.max_seq_len} ({kind}): "
-            f"raise data.max_seq_len or lower data.block_size"
-        )
+    if key is not None:
+        check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone
+
+
+def check_sequence_length(cfg: DictConfig, key: str, max_seq_len: int, bounded: bool) -> None:
+    """``data.<key>`` fits the context; the fix names keys that work: ``init_from`` a source with a
+    learned table fixes ``data.max_seq_len`` to the table's length."""
+    length = cfg.data[key]
+    if length <= max_seq_len:
+        return
+    kind = "the learned table" if bounded else "the configured context"
+    fix = (f"init_from={cfg.init_from} fixes data.max_seq_len with its learned table: lower data.{key} to at most "
+           f"{max_seq_len}" if cfg.get("init_from") and bounded else f"raise data.max_seq_len or lower data.{key}")
+    raise ConfigError(f"data.{key}={length} is longer than data.max_seq_len={max_seq_len} ({kind}): {fix}")
 
 
 def print_config_tree(cfg: DictConfig) -> None:
