@@ -19,6 +19,8 @@ from .ci_skips import ALLOWED_CI_SKIPS, GPU_SKIP_REASON, pytest_sessionfinish, p
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
+# The docs page whose tables state each sweep preset's command, jobs and measured wall time.
+SWEEPS_PAGE = ROOT / "docs" / "sweeps.md"
 
 # Small and fast: the nano model on short blocks, a few batches of everything.
 SMALL = [

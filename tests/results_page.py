@@ -144,12 +144,12 @@ class SetUp:
 @dataclass(frozen=True)
 class Measured:
     """A sweep's wall time from its command's start to its end: measured outside its jobs, so in no
-    jobs.csv; it must exceed the sum of its jobs' wall times, and agree with the README's table."""
+    jobs.csv; it must exceed the sum of its jobs' wall times, and agree with docs/sweeps.md's table."""
 
     section: str  # the start of its section's heading
     phrase: str  # the words on the page that state it: "1 h 39 min", "7.4 minutes", "(5,940 s)"
     reports: tuple[str, ...]  # the reports of the jobs it ran
-    readme_preset: str | None = None  # the README table's row that states it too
+    sweeps_page_preset: str | None = None  # the row of docs/sweeps.md's table that states it too
 
     @property
     def seconds(self) -> float:

@@ -1,4 +1,4 @@
-"""The ablation presets' sweeps (``hydra.sweeper.params``): the job counts the README states, and
+"""The ablation presets' sweeps (``hydra.sweeper.params``): the job counts docs/sweeps.md states, and
 every swept setting composes into a valid config."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from trident.errors import ConfigError
 from trident.runs.pipeline import check_config
 
-from .conftest import CONF_DIR, ROOT, compose_config
+from .conftest import CONF_DIR, ROOT, SWEEPS_PAGE, compose_config
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("ablation_*.yaml"))
 # | command | axis | jobs | (measured wall time) |
-README_ROW = re.compile(
+PRESET_ROW = re.compile(
     r"^\| `python train\.py -m experiment=(ablation_\w+)` \| (.+?) \| (\d+) \|(?: [^|]+ \|)?$", re.MULTILINE
 )
 
@@ -52,23 +52,23 @@ def swept_settings(preset: str) -> tuple[list[list[str]], list[list[str]]]:
     return [c for c in combinations if c not in excluded], excluded
 
 
-def readme_rows() -> dict[str, tuple[str, int]]:
-    return {name: (axis, int(jobs)) for name, axis, jobs in README_ROW.findall((ROOT / "README.md").read_text())}
+def stated_rows() -> dict[str, tuple[str, int]]:
+    return {name: (axis, int(jobs)) for name, axis, jobs in PRESET_ROW.findall(SWEEPS_PAGE.read_text())}
 
 
-def test_every_preset_is_in_the_readme_table() -> None:
-    assert PRESETS and sorted(readme_rows()) == PRESETS
+def test_every_preset_is_in_the_sweeps_page_table() -> None:
+    assert PRESETS and sorted(stated_rows()) == PRESETS
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_the_sweep_has_the_jobs_the_readme_states(preset: str) -> None:
+def test_the_sweep_has_the_jobs_the_sweeps_page_states(preset: str) -> None:
     params = sweeper_params(preset)
-    axis, jobs = readme_rows()[preset]
+    axis, jobs = stated_rows()[preset]
     assert params.get("seed") == ["1", "2", "3"], "every ablation runs seeds 1, 2, 3"
     run, _ = swept_settings(preset)
     assert len(run) * len(params["seed"]) == jobs
     swept = [key for key in params if key != "seed"]
-    assert all(f"`{key}`" in axis for key in swept), f"the README names the swept key(s) {swept}"
+    assert all(f"`{key}`" in axis for key in swept), f"docs/sweeps.md names the swept key(s) {swept}"
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -1,5 +1,5 @@
 """The pretrain_pays presets (issue 25: does pre-training pay?): the two starts differ in their first
-weights only, the README states their jobs, and ``scripts/pretrain_pays.sh`` pre-trains, sweeps and
+weights only, docs/sweeps.md states their jobs, and ``scripts/pretrain_pays.sh`` pre-trains, sweeps and
 reports end to end at tiny sizes."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tokenizers.models import WordLevel
 from trident.errors import ConfigError
 from trident.runs.pipeline import check_config, train
 
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, SWEEPS_PAGE, compose_config
 from .test_ablation_presets import sweeper_params
 
 PRESETS = ["pretrain_pays_text", "pretrain_pays_vision"]
@@ -49,12 +49,12 @@ def test_a_missing_pretrained_run_is_one_line(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_the_readme_states_each_presets_jobs() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_sweeps_page_states_each_presets_jobs() -> None:
+    page = SWEEPS_PAGE.read_text()
     for preset in PRESETS:
         row = re.search(rf"^\| `python train\.py -m experiment={preset} [^`]*` \| (.+?) \| (\d+) \| \d+ min \d+ s \(pre-training \d+ min \d+ s\) \|$",
-                        readme, re.MULTILINE)
-        assert row, f"README: a row for {preset}"
+                        page, re.MULTILINE)
+        assert row, f"docs/sweeps.md: a row for {preset}"
         assert int(row.group(2)) == math.prod(len(v) for v in sweeper_params(preset).values())
 
 

@@ -26,7 +26,7 @@ import yaml
 from scipy import stats
 
 from . import test_results_pretrain_pays as pretrain
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, SWEEPS_PAGE, compose_config
 from .results_page import (
     AMD_EPYC_LM,
     MEASURED,
@@ -67,8 +67,7 @@ PAPER_PARAGRAPH = ("**The paper:", "**The paper** ", "**Against the paper")
 # The power calculation of the label smoothing section: the chance to find the paper's gain from smoothing.
 POWER = 0.8
 EFFECT_SIZE_PARAGRAPH = "**Against the paper's effect size"
-README = ROOT / "README.md"
-README_SWEEP_TIME = re.compile(r"^\| `python train\.py -m experiment=(\w+)` \|.*\| \d+[^|]*?, ([\d.]+) min \(", re.MULTILINE)
+STATED_SWEEP_TIME = re.compile(r"^\| `python train\.py -m experiment=(\w+)` \|.*\| \d+[^|]*?, ([\d.]+) min \(", re.MULTILINE)
 
 
 def set_up() -> list[SetUp]:
@@ -225,14 +224,14 @@ def test_each_summary_row_quotes_its_section() -> None:
 
 
 @pytest.mark.parametrize("measured", MEASURED, ids=lambda m: m.phrase)
-def test_each_measured_sweep_time_exceeds_its_jobs_and_agrees_with_the_readme(measured: Measured) -> None:
+def test_each_measured_sweep_time_exceeds_its_jobs_and_agrees_with_the_sweeps_page(measured: Measured) -> None:
     assert claimed_by_phrase(page_numbers(), measured.section, measured.phrase), "the page says it"
     jobs = pd.concat([pd.read_csv(RESULTS / report / "jobs.csv") for report in measured.reports])
     assert measured.seconds > jobs.job_wall_s.sum(), "a sweep takes longer than its jobs"
     assert measured.seconds < 1.5 * jobs.job_wall_s.sum() + 120, "a sweep's overhead is its processes' starts"
-    if measured.readme_preset:
-        stated = dict(README_SWEEP_TIME.findall(README.read_text()))
-        assert f"{measured.seconds / 60:.1f}" == stated[measured.readme_preset], "the README's table says"
+    if measured.sweeps_page_preset:
+        stated = dict(STATED_SWEEP_TIME.findall(SWEEPS_PAGE.read_text()))
+        assert f"{measured.seconds / 60:.1f}" == stated[measured.sweeps_page_preset], "docs/sweeps.md's table says"
     same = [m.seconds for m in MEASURED if m.reports == measured.reports and m.section == measured.section]
     assert len(set(same)) == 1, f"one sweep, one time: {same}"
 

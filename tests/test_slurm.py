@@ -1,6 +1,6 @@
 """trident on a real SLURM cluster: two nodes on this machine (``scripts/slurm_cluster.sh``).
 
-Every job goes through the README's launcher command with the default logger (W&B, offline):
+Every job goes through the launcher command of docs/scaling.md with the default logger (W&B, offline):
 2-node DDP jobs of each task train step for step like 2 processes on one node; a 2-seed sweep is
 2 SLURM jobs that ``python -m trident.report`` reads; a job requeued mid-run twice (at its time
 limit's signal, then by a preemption) and one cancelled with ``scancel`` each end exactly like the
@@ -45,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(not _cluster_ready(), reason="no SLURM cluster here: start one with `sudo scripts/slurm_cluster.sh start`"),
 ]
 
-# The README's command for a CPU cluster: one rank per node on two nodes.
+# docs/scaling.md's command for a CPU cluster: one rank per node on two nodes.
 SLURM = ["-m", "hydra/launcher=slurm", "trainer=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2",
          "hydra.launcher.cpus_per_task=1"]
 LM = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.val_check_interval", "callbacks."))]
