@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the ablation presets (README, "Sweeps and ablations") one after another, then write each one's
+# Run the ablation presets (docs/sweeps.md) one after another, then write each one's
 # report where docs/results.md reads it:
 #
 #   scripts/ablations.sh                          # every ablation preset, 3 seeds each

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does pre-training pay? (README, "Sweeps and ablations"): pre-train once, then fine-tune from
+# Does pre-training pay? (docs/sweeps.md): pre-train once, then fine-tune from
 # scratch and from the pre-trained run, seeds 1, 2, 3, and write the report:
 #
 #   scripts/pretrain_pays.sh text      # task=mlm on Shakespeare, then experiment=pretrain_pays_text

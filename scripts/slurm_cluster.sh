@@ -5,7 +5,7 @@
 #   sudo scripts/slurm_cluster.sh stop      # cancels the jobs, stops the daemons
 # Two slurmd daemons (nodes n1 and n2, one CPU each, ports 17001 and 17002 on 127.0.0.1) share this
 # host with slurmctld and munge. Every command is idempotent: start leaves a running cluster alone.
-# There is no accounting database (slurmdbd): `sacct` fails on this cluster (README, Scaling out).
+# There is no accounting database (slurmdbd): `sacct` fails on this cluster (docs/scaling.md).
 set -euo pipefail
 
 CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
