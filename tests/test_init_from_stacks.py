@@ -215,6 +215,14 @@ def test_an_lm_run_fine_tunes_a_decoder_classifier_with_its_decoder(sources: dic
     rows = _table(run)
     assert {group for outcome, group in rows if outcome == "loaded"} >= {"embed", "decoder.blocks"}
     assert {group for outcome, group in rows if outcome == "new"} == {"head"}
+    # init_only=embeddings holds the matching decoder back: the table says so.
+    embedding_only = tmp_path / "embedding_only"
+    train(compose_config([*CLASSIFY_SMALL, *labelled, *ONE_STEP, *DECODER, f"init_from={sources['lm run']}",
+                          "init_only=embeddings"], output_dir=embedding_only))
+    rows = _table(embedding_only)
+    assert {group for outcome, group in rows if outcome == "loaded"} == {"embed"}
+    assert rows[("new", "decoder.blocks")]["note"] == rows[("dropped", "decoder.blocks")]["note"] == (
+        "init_only=embeddings: not loaded")
 
 
 class TiedLM(torch.nn.Module):
