@@ -8,18 +8,23 @@ subprocess gives the same result.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
 
 from trident.runs.compose import compose_train_config
 from trident.runs.pipeline import train
 
-from .conftest import SMALL
+from .conftest import ROOT, SMALL
 from .entry_points import run_in_process, run_subprocess
 
 # A small corpus for the earlier run and the vocabulary cases (fast to prepare).
@@ -57,6 +62,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     last = (previous / "checkpoints" / "last.ckpt").read_bytes()
     (damaged / "checkpoints" / "last.ckpt").write_bytes(last[: len(last) // 2])
     write_classify_files(root)
+    readme_error_files(root)
     return root
 
 
@@ -89,6 +95,38 @@ def write_classify_files(root: Path) -> None:
          "logger=none", "test=false", "trainer.max_steps=1"],
         output_dir=root / "learned",
     ))
+
+
+def readme_error_files(root: Path) -> None:
+    """The bad files and sources of the README's error list (issue 38): data files, outside model
+    directories, a pickled checkpoint, a few images."""
+    (root / "docs.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": three}\n')
+    (root / "body.jsonl").write_text("".join(f'{{"body": "line {i}", "id": {i}}}\n' for i in range(20)))
+    (root / "binary.txt").write_bytes(bytes(range(256)) * 8)
+    (root / "latin1.txt").write_bytes(("Caf\xe9 cr\xe8me, d\xe9j\xe0 vu.\n" * 200).encode("latin-1"))
+    lines = [f"line {i} of a verse" for i in range(30)]
+    (root / "train.en").write_text("\n".join(lines) + "\n")
+    (root / "train.de").write_text("\n".join(lines[:29]) + "\n")
+    (root / "pairs.en").write_text("\n".join(lines) + "\n")
+    (root / "pairs.de").write_text("\n".join(lines) + "\n")
+    (root / "no_model").mkdir()
+    for name, config in (("t5_dir", {"model_type": "t5"}), ("llama_dir", {"model_type": "llama"}),
+                         ("gpt2_without_weights", {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4})):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+    (root / "gpt2_other_names").mkdir()
+    shutil.copy(root / "gpt2_without_weights" / "config.json", root / "gpt2_other_names")
+    save_file({"encoder.layer.0.weight": torch.zeros(2, 2)}, str(root / "gpt2_other_names" / "model.safetensors"))
+    import timm  # a grey-image ViT: 7x7 patches of 1 channel
+
+    one_channel = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=1,
+                                    embed_dim=64, depth=1, num_heads=1, num_classes=2)
+    torch.save(one_channel.state_dict(), root / "vit_one_channel.pth")
+    torch.save(argparse.Namespace(step=1), root / "pickled.ckpt")  # a pickled object, not tensors and plain values
+    for label in ("a", "b"):
+        (root / "few_images" / label).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (28, 28), color=40 * i).save(root / "few_images" / label / f"{i}.png")
 
 
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
@@ -226,6 +264,61 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lm-block-size-not-a-number", "train.py", ["data.block_size=abc"],
      ["data.block_size must be a positive integer, got 'abc'", "set e.g. data.block_size="]),
     ("context-negative", "train.py", ["data.max_seq_len=-3"], ["data.max_seq_len must be a positive integer", "set e.g. data.max_seq_len="]),
+    # Issue 38: README error list (each refusal the README states that no case above runs; files: readme_error_files)
+    # Errors (and the README's examples: test_every_documented_error_example_is_a_case)
+    ("readme-top-k-example", "train.py", ["task.sampling.top_k=-1"], ["top_k must be an integer >= 0"]),
+    ("readme-heads-example", "train.py", ["model.n_heads=5"], ["model.d_model=128 is not divisible by model.n_heads=5: choose n_heads among the divisors of d_model (e.g. 1, 2, 4, 8, 16, 32, 64)"]),
+    ("nodes-zero", "train.py", ["trainer.num_nodes=0"], ["trainer.num_nodes"]),
+    ("steps-boolean", "train.py", ["trainer.max_steps=true"], ["trainer.max_steps"]),
+    ("value-left-unset", "train.py", ["task=vit", "data=imagefolder"], ["data.data_dir not set: add data.data_dir=<a folder of"]),
+    ("pretrained-run-unset", "train.py", ["experiment=pretrain_pays_text"], ["pretrained_run not set: add pretrained_run=<value> to the command line"]),
+    # Your own data
+    ("corpus-bad-json-line", "train.py", ["data=text_files", "data.files=[docs.jsonl]", "data.tokenizer=char"], ["docs.jsonl line 3 is not valid JSON"]),
+    ("corpus-missing-column", "train.py", ["data=text_files", "data.files=[body.jsonl]", "data.tokenizer=char"], ["has no column 'text' (its columns: body, id)"]),
+    ("corpus-binary-file", "train.py", ["data=text_files", "data.files=[binary.txt]", "data.tokenizer=char"], ["binary.txt is a binary file"]),
+    ("corpus-not-utf-8", "train.py", ["data=text_files", "data.files=[latin1.txt]", "data.tokenizer=char"], ["latin1.txt is not UTF-8 text"]),
+    ("corpus-mostly-unknown", "train.py", ["data=text_files", "data.files=[other.txt]", f"data.tokenizer=outputs/{PREVIOUS_RUN}/tokenizer.json"], ["unknown", "tokenizer"]),
+    ("parallel-lines-differ", "train.py", ["task=translation", "data=parallel_files", "data.files={train:[train.en,train.de]}"], ["train.en has 30 lines but train.de has 29"]),
+    ("images-too-few-to-cut", "train.py", ["task=vit", "data=imagefolder", "data.data_dir=few_images", "data.validation_size=150", "data.test_size=100"], ["the train split has 6 images, too few to cut"]),
+    # Translation, vit, classify
+    ("translation-tokenizer-without-specials", "train.py", ["task=translation", "data=parallel_files", "data.files={train:[pairs.en,pairs.de]}", f"data.tokenizer=outputs/{PREVIOUS_RUN}/tokenizer.json"], ["<s>"]),
+    ("relative-on-images", "train.py", ["task=vit", "pos_encoding=relative"], ["pos_encoding=relative"]),
+    ("classify-freeze-below-minus-one", "train.py", ["task=classify", "task.freeze_backbone_steps=-2"], ["task.freeze_backbone_steps"]),
+    ("classify-layer-decay-zero", "train.py", ["task=classify", "task.layer_decay=0"], ["task.layer_decay"]),
+    ("classify-head-lr-negative", "train.py", ["task=classify", "task.head_lr=-1"], ["task.head_lr"]),
+    # Pretrained weights: in and out (the earlier run is an LM: a decoder, character tokenizer, tied head)
+    ("init-from-missing", "train.py", ["init_from=nowhere"], ["init_from=nowhere not found"]),
+    ("init-from-no-model", "train.py", ["init_from=no_model"], ["init_from=no_model is a directory that holds no model"]),
+    ("init-from-contradicting-width", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "model.d_model=128"], ["model.d_model=128 contradicts init_from=", "drop that override"]),
+    ("init-from-and-tokenizer", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "data.tokenizer=char"], ["both name a tokenizer", "drop data.tokenizer"]),
+    ("init-from-and-ckpt-path", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", f"ckpt_path={LAST}"], ["drop one of them"]),
+    ("init-from-lm-into-translation", "train.py", ["task=translation", f"init_from=outputs/{PREVIOUS_RUN}"], ["task=translation starts only from"]),
+    ("init-from-decoder-into-encoder", "train.py", ["task=classify", f"init_from=outputs/{PREVIOUS_RUN}"], ["a decoder (causal)", "set task.stack=decoder task.pool=last", "init_only=embeddings"]),
+    ("init-from-text-into-vit", "train.py", ["task=vit", f"init_from=outputs/{PREVIOUS_RUN}"], ["reads text", "task=vit reads images"]),
+    ("init-only-unknown", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "init_only=everything"], ["init_only='everything' is not supported", "embeddings"]),
+    ("init-new-head-not-boolean", "train.py", ["init_new_head=yes"], ["init_new_head must be true or false, got 'yes'"]),
+    ("init-new-head-on-a-tied-lm", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "init_new_head=true", "data=text_files", "data.files=[corpus.txt]"], ["no head of its own", "drop init_new_head"]),
+    ("init-from-vocabulary-does-not-fit", "train.py", ["task=mlm", f"init_from=outputs/{PREVIOUS_RUN}", "init_only=embeddings", "data=text_files", "data.files=[corpus.txt]"], ["has a vocabulary of", "tokens"]),
+    # Outside formats
+    ("init-from-t5", "train.py", ["init_from=t5_dir"], ["T5"]),
+    ("init-from-other-architecture", "train.py", ["init_from=llama_dir"], ["llama"]),
+    ("init-from-hf-without-weights", "train.py", ["init_from=gpt2_without_weights"], ["gpt2_without_weights"]),
+    ("init-from-hf-other-names", "train.py", ["init_from=gpt2_other_names"], ["gpt2_other_names", "encoder.layer.0.weight"]),
+    # The timm file's grey images (data.in_channels=1) against imagefolder's three means and deviations
+    ("init-from-grey-vit-colour-statistics", "train.py", ["task=vit", "data=imagefolder", "data.data_dir=few_images", "init_from=vit_one_channel.pth"], ["data.mean and data.std need 1 values", "data.mean=[0.5] data.std=[0.5]"]),
+    # Resume
+    ("resume-other-task", "train.py", [*TEXT, "task=mlm", f"ckpt_path={LAST}"], ["last.ckpt"]),
+    ("eval-group-choice", "eval.py", [f"ckpt_path={LAST}", "task=vit"], ["task=vit", "not config groups", "task.<key>="]),
+    ("sample-missing-checkpoint", "trident.sample", ["nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
+    ("resume-missing-run", "train.py", ["resume=outputs/runs/nowhere"], ["outputs/runs/nowhere"]),
+    ("resume-auto-in-a-sweep", "train.py", ["-m", "resume=auto"], ["drop -m/--multirun"]),
+    ("resume-run-in-a-sweep", "train.py", ["-m", f"resume=outputs/{PREVIOUS_RUN}"], ["drop -m/--multirun"]),
+    ("resume-pickled-checkpoint", "train.py", [*TEXT, "ckpt_path=pickled.ckpt"], ["cannot read checkpoint 'pickled.ckpt'", "weights_only=True"]),
+    # Sweeps and budgets
+    ("budget-with-max-steps", "train.py", ["budget=equal_compute", "trainer.max_steps=100"], ["trainer.max_steps"]),
+    ("budget-negative", "train.py", ["budget=equal_compute", "budget.flops=-1"], ["budget.flops"]),
+    ("sweep-exclusion-names-no-swept-key", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=[['task=vit','pos_encoding=alibi']]"], ["hydra.sweeper.exclude names task, which this sweep does not set"]),
+    ("sweep-exclusion-not-a-list", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=['pos_encoding=alibi']"], ["is not a list of key=value overrides"]),
 ]
 
 
@@ -283,3 +376,51 @@ def test_a_refused_resume_leaves_the_run_as_it_was(workspace: Path, monkeypatch:
     again = run_in_process("train.py", [f"resume={run_dir}", "print_config=false"], workspace, monkeypatch)
     assert again.returncode == 0, again.stderr
     shutil.rmtree(run_dir)
+
+
+@pytest.mark.parametrize("how", ["resume=auto", "-m resume=<run>"])
+def test_a_refused_resume_auto_or_sweep_changes_nothing(how: str, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: ``resume=auto`` that finds a run and refuses it (other data), and ``-m resume=<run>``
+    (refused before Hydra starts a sweep), leave every file and directory under outputs as it was."""
+    outputs = workspace / "outputs"
+    run_dir = outputs / "runs/2000-01-01/00-00-03_resumable"  # the newest run of its name: resume=auto's choice
+    shutil.copytree(outputs / PREVIOUS_RUN, run_dir)
+    try:
+        saved = [*SMALL, "data=text_files", f"data.files=[{workspace / 'corpus.txt'}]", "data.tokenizer=char",
+                 "logger=none", "test=false", "trainer.max_steps=2"]
+        (run_dir / ".hydra").mkdir()
+        (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in saved))
+        before = snapshot(outputs) | {str(p.relative_to(outputs)): "dir" for p in outputs.rglob("*") if p.is_dir()}
+        args = (["resume=auto", "data=text_files", "model=nano", "data.files=[other.txt]"] if how == "resume=auto"
+                else ["-m", f"resume={run_dir}"])
+        refused = run_in_process("train.py", [*args, "paths.output_root=outputs"], workspace, monkeypatch)
+        assert refused.returncode == 2 and refused.last_line.startswith("error: "), refused.stderr
+        assert ("00-00-03_resumable" if how == "resume=auto" else "drop -m/--multirun") in refused.last_line
+        after = snapshot(outputs) | {str(p.relative_to(outputs)): "dir" for p in outputs.rglob("*") if p.is_dir()}
+        assert after == before, "the refused command changed or left something under outputs"
+    finally:
+        shutil.rmtree(run_dir)
+
+
+# The docs' error examples that are not bad input a command refuses, with the test that checks each.
+NOT_IN_THE_TABLE = {
+    "logger=tensorboard needs": "a package that is not installed: tests/test_extras.py",
+    "DDP rank": "a rank that fails while training: tests/test_ddp_signals.py",
+    "non-finite training loss": "a training that diverges: tests/test_resume.py",
+}
+
+
+def documented_error_examples() -> list[str]:
+    """Every ``error: ...`` the README and the docs pages show (in inline code, maybe across a line break,
+    or a line of a code block), up to a first ``...``: the words some case's error line must hold."""
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+    shown = re.findall(r"`error: ([^`]*)`", text) + re.findall(r"^error: (.*)$", text, flags=re.MULTILINE)
+    return [" ".join(e.split()).split("...")[0].rstrip(" (") for e in shown]
+
+
+def test_every_documented_error_example_is_a_case() -> None:
+    examples = documented_error_examples()
+    assert len(examples) >= 8, examples
+    keywords = [keyword for case in CASES for keyword in case[3]]
+    unchecked = [e for e in examples if not any(e in k for k in keywords) and not e.startswith(tuple(NOT_IN_THE_TABLE))]
+    assert not unchecked, f"error examples of the README or docs/ that no case of CASES checks: {unchecked}"

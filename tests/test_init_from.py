@@ -293,9 +293,11 @@ def test_bad_init_from_is_one_line_and_writes_nothing(case: str, lm_source: Path
 
 
 def test_a_vocabulary_that_does_not_fit_is_one_line(lm_source: Path, tmp_path: Path) -> None:
-    # An LM's tokenizer lacks [MASK] and [PAD]: the masked LM's data adds two tokens, the embedding has none.
+    # An LM's tokenizer lacks [MASK] and [PAD]: the masked LM's data adds two tokens, the embedding has none
+    # (init_only=embeddings: a decoder's weights into an encoder are refused otherwise).
     with pytest.raises(ConfigError, match="has a vocabulary of .* tokens") as caught:
-        train(compose_config([*SMALL_MLM, "logger=none", f"init_from={lm_source}"], output_dir=tmp_path / "run"))
+        train(compose_config([*SMALL_MLM, "logger=none", f"init_from={lm_source}", "init_only=embeddings"],
+                             output_dir=tmp_path / "run"))
     assert "\n" not in str(caught.value)
 
 

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.resume import run_config_of
@@ -41,6 +41,16 @@ def find_run_config(checkpoint: Path) -> Path:
     )
 
 
+def check_no_group_choice(saved: DictConfig | ListConfig, overrides: DictConfig) -> None:
+    """``task=vit`` or ``model=small`` would replace a group of the run's settings by a word: the
+    checkpoint is tested as it was trained; only the keys inside a group can change."""
+    for key, value in overrides.items():
+        if isinstance(saved, DictConfig) and isinstance(saved.get(key), DictConfig) and not isinstance(value, DictConfig):
+            raise ConfigError(f"eval.py overrides keys of the run's config, not config groups: {key}={value} would replace "
+                              f"the run's {key} settings; drop it (the checkpoint is tested as it was trained) or set one "
+                              f"of its keys, {key}.<key>=<value>")
+
+
 def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     """The run's saved config with the command-line ``key=value`` overrides applied."""
     bad = [a for a in arguments if "=" not in a]
@@ -57,7 +67,9 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     from trident.runs.checkpoint_io import checkpoint_of
 
     checkpoint = checkpoint_of(checkpoint)  # a run directory: its best, else last checkpoint (as trident.load)
-    cfg = OmegaConf.merge(OmegaConf.load(find_run_config(checkpoint)), overrides)
+    saved = OmegaConf.load(find_run_config(checkpoint))
+    check_no_group_choice(saved, overrides)
+    cfg = OmegaConf.merge(saved, overrides)
     if not isinstance(cfg, DictConfig):
         raise DataError("config_resolved.yaml is not a mapping: it was not written by train.py")
     if "optimizer" in cfg:  # a run saved before the optimizer was chosen by name still loads

@@ -226,7 +226,10 @@ def _load_splits(source: str, options: dict[str, Any]) -> ImageSplits:
         return from_datasets(str(options["hub_path"]), kwargs, *columns, sizes, seed, test_on_validation)
     if source == "imagefolder":
         data_dir = options.get("data_dir")
-        if not data_dir or not Path(data_dir).is_dir():
+        # imagefolder.yaml's data_dir ??? does not survive the merge over mnist.yaml's null: unset reads as None.
+        if not data_dir:
+            raise ConfigError("data.data_dir not set: add data.data_dir=<a folder of <class>/<image> files> to the command line")
+        if not Path(data_dir).is_dir():
             raise DataError(f"image folder {data_dir!r} not found: set data.data_dir to a folder of <class>/<image> files")
         return from_datasets("imagefolder", {"data_dir": str(data_dir)}, *columns, sizes, seed, test_on_validation)
     raise ConfigError(f"unknown data.source {source!r}: choose one of mnist_5k, digits, fashion_mnist, hub, imagefolder")

@@ -127,7 +127,9 @@ class ImageDataModule(TridentDataModule):
         self.seed = seed  # the training order of epoch e is a function of (seed, e)
         mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
         if len(mean) != in_channels or len(std) != in_channels:
-            raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}")
+            example = ",".join(["0.5"] * in_channels)
+            raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}: "
+                              f"give one a channel, e.g. data.mean=[{example}] data.std=[{example}]")
         self.source = source
         self.options = {
             "data_dir": data_dir, "hub_path": hub_path, "hub_config": hub_config, "image_column": image_column,

@@ -34,7 +34,7 @@ TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "ac
 # TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
 DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
 # Task settings that change what the weights compute (the other task settings are the run's own).
-SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool")
+SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
 # Data settings that shape the weights (the patch grid of an image model).
 SHAPING_DATA_OPTIONS = ("patch_size",)
 # Data settings of an outside source that the run may change: the weights follow (a ViT's position table is
@@ -49,6 +49,13 @@ COPY_DIR = "init"
 # LM or MLM network has no cross-attention and its tokenizer no <s> / </s>, so matching parameter
 # names would load a fraction of the model and call it a fine-tuning.
 ENCODER_DECODER_TASK = "translation"
+# The task whose network reads images (a patch embedding); the others read text (a token embedding).
+IMAGE_TASK = "vit"
+# The stack each task's network runs (classify: its task.stack). A source of the other stack shares only its
+# token embedding (and an LM's output layer) with the run's network: its blocks would be dropped and the
+# stack trained from scratch, which only ``init_only=embeddings`` asks for.
+TASK_STACKS = {"lm": "decoder", "mlm": "encoder", IMAGE_TASK: "encoder"}
+STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,36 @@ def check_source_task(task: str, source: InitSource) -> None:
         raise ConfigError(f"init_from={source.source} holds a task=translation model, which task={task} cannot start "
                           "from (at most its encoder blocks match this network, without their token embedding): run it "
                           "with task=translation")
+    reads, source_reads = (("images" if name == IMAGE_TASK else "text") for name in (task, source.task))
+    if reads != source_reads:
+        wanted = ("an image model (a trident vit run, a Hugging Face ViT directory, a timm ViT file)" if reads == "images"
+                  else "a text model (a trident lm, mlm or classify run, a GPT-2 or BERT directory)")
+        raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which reads {source_reads}; "
+                          f"task={task} reads {reads}, so only its blocks would fit, without their embedding: pass the "
+                          f"weights of {wanted}, or train from scratch")
+
+
+def check_source_stack(task: DictConfig, source: InitSource, embeddings_only: bool) -> None:
+    """One line when ``source``'s stack is not the task's (a decoder into an encoder or the reverse),
+    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_source`, which
+    gives a classify run a classify source's ``task.stack``."""
+    stack = str(task.stack) if "stack" in task else TASK_STACKS.get(str(task.name))
+    source_stacks = {name.split(".")[0] for name in source.state_dict} & set(STACK_KINDS)
+    if embeddings_only or stack is None or len(source_stacks) != 1 or stack in source_stacks:
+        return
+    source_stack = source_stacks.pop()
+    tensors = sum(name.startswith(f"{source_stack}.") for name in source.state_dict)
+    if task.name == "classify":
+        pool = "last" if source_stack == "decoder" else "cls"
+        here, fix = f"task=classify with task.stack={stack}", f"set task.stack={source_stack} task.pool={pool}"
+    else:
+        same = next(name for name, kind in TASK_STACKS.items() if kind == source_stack and name != IMAGE_TASK)
+        here, fix = f"task={task.name}", f"fine-tune it with task={same} or task=classify task.stack={source_stack}"
+    raise ConfigError(
+        f"init_from={source.source} holds a task={source.task} model, {STACK_KINDS[source_stack]}: its {tensors} "
+        f"{source_stack} tensors have no place in {here}, {STACK_KINDS[stack]} that would train from scratch with only "
+        f"the embedding loaded: {fix}, or add init_only=embeddings to load the embedding alone"
+    )
 
 
 def explicit_overrides() -> list[str]:
@@ -221,9 +258,10 @@ def _read_copy(folder: Path) -> InitSource:
 
 
 
-def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None) -> InitSource | None:
+def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embeddings_only: bool) -> InitSource | None:
     """The run's ``init_from`` source with its architecture put into ``cfg``; a resumed run reads
-    the copy in its own directory (the original may have moved)."""
+    the copy in its own directory (the original may have moved). ``embeddings_only``
+    (``init_only=embeddings``) lets a source of another stack in."""
     if not cfg.get("init_from"):
         return None
     if cfg.get("ckpt_path"):
@@ -236,5 +274,6 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None) -> I
     source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
     check_source_task(str(cfg.task.name), source)
     apply_source(cfg, source, explicit)
+    check_source_stack(cfg.task, source, embeddings_only)
     stage_tokenizer(cfg, source, explicit)
     return source

@@ -34,7 +34,7 @@ from trident.runs.distributed import WorkerProcesses, check_workers_can_start, i
 from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
-from trident.runs.weight_transfer import new_head_option, report_transfer, transfer_weights
+from trident.runs.weight_transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
@@ -290,7 +290,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     check_values_given(cfg)
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
     # Before the config is checked: the source's architecture replaces the model settings.
-    source = source_for_run(cfg, run_dir, resume_from)
+    embeddings_only = embeddings_only_option(cfg.get("init_only"))
+    source = source_for_run(cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
     flops_budget = check_budget(cfg)
@@ -311,7 +312,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         check_resume_continues(saved[1], saved[0], cfg.data, vocabulary)
         check_checkpoint_fits(saved[1], task, saved[0])
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
-    transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes)
+    transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes, embeddings_only)
                    if source and not resume_from else None)
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -83,6 +84,12 @@ class SacctNotice(logging.Filter):
             "sweep waiting; further sacct warnings are not shown"
         ), ()
         return True
+
+
+def discard_refused_sweep(sweep_dir: Path) -> None:
+    """Remove the directory of a sweep refused before its first job: it holds only ``sweep.json``."""
+    if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {SWEEP_FILE}:
+        shutil.rmtree(sweep_dir)
 
 
 class SweepCallback(Callback):

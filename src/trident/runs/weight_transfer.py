@@ -5,7 +5,7 @@ Matching is by name, so any task whose ``net`` names its parts like the source's
 ``encoder.*``, ``decoder.*``, ``head``) takes them, whatever the task. A ``head`` whose output count
 differs (another number of classes) is rebuilt; one with the same count is kept, unless
 ``init_new_head=true`` says that the classes mean other things (MNIST digits -> Fashion-MNIST): then
-it keeps the task's own initialisation. A ViT's learned position table of another grid (fine-tuning
+it keeps the task's own initialisation. ``init_only=embeddings`` loads the embedding tables alone. A ViT's learned position table of another grid (fine-tuning
 at another image size) is resampled as timm does. A token table of another size is another
 vocabulary; any other shape that differs does not fit.
 """
@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor, nn
 
-from trident.errors import ConfigError
+from trident.errors import ConfigError, choose
 from trident.models.vit import VisionTransformer
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,19 @@ def new_head_option(value: object) -> bool:
     return value
 
 
+def embeddings_only_option(value: object) -> bool:
+    """``init_only``: null (every parameter that fits) or embeddings (the embedding tables alone)."""
+    return choose({"null": False, "embeddings": True}, "null" if value is None else str(value), "init_only")
+
+
+def _embedding_tables(target: dict[str, Tensor]) -> set[str]:
+    """The token or patch embeddings (``embed``, ``src_embed``, ``patch_embed``...) and what is tied to
+    them (an LM's output layer): what ``init_only=embeddings`` loads."""
+    tables = {n for n in target if n.split(".")[0].endswith("embed")}
+    storage = {target[n].data_ptr() for n in tables}
+    return {n for n, t in target.items() if t.data_ptr() in storage}
+
+
 def _classifier_head(target: dict[str, Tensor]) -> set[str]:
     """The ``head`` tensors, when they are the network's own: an LM's output layer tied to its token
     table (tie_embeddings) is not, and cannot start anew alone."""
@@ -106,13 +119,15 @@ def _resampled_positions(net: nn.Module, weights: dict[str, Tensor]) -> tuple[di
 
 
 def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, new_head: bool = False,
-                     notes: dict[str, str] | None = None) -> list[TransferRow]:
-    """Load ``weights`` into ``net`` where name and shape match (the head too, unless ``new_head``);
-    returns the table's rows, a loaded group's note from ``notes`` (e.g. a head count the file does not record)."""
+                     notes: dict[str, str] | None = None, embeddings_only: bool = False) -> list[TransferRow]:
+    """Load ``weights`` into ``net`` where name and shape match (the head too, unless ``new_head``; the
+    embeddings alone if ``embeddings_only``); returns the table's rows, a loaded group's note from
+    ``notes`` (e.g. a head count the file does not record)."""
     weights, resampled = _resampled_positions(net, weights)
     target = net.state_dict()
+    held_back = (weights.keys() & target.keys()) - _embedding_tables(target) if embeddings_only else set()
     mismatched = {n: (tuple(weights[n].shape), tuple(t.shape)) for n, t in target.items()
-                  if n in weights and weights[n].shape != t.shape}
+                  if n in weights and n not in held_back and weights[n].shape != t.shape}
     for name, (there, here) in mismatched.items():
         if _is_token_table(name, target[name], weights[name]):
             raise ConfigError(
@@ -126,7 +141,8 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
                 "the same architecture and data geometry (image size, channels, context length)"
             )
     skipped = _heads_to_skip(target, source) - set(mismatched) if new_head else set()
-    loaded = {n: w for n, w in weights.items() if n in target and n not in mismatched and n not in skipped}
+    not_loaded = mismatched.keys() | skipped | held_back
+    loaded = {n: w for n, w in weights.items() if n in target and n not in not_loaded}
     if not loaded:
         raise ConfigError(f"init_from={source} shares no parameter with this task's network (it names none of "
                           f"{', '.join(sorted({group_of(n) for n in target})[:4])}...): use weights of a task with this backbone")
@@ -135,11 +151,12 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
             target[name].copy_(value)
     new_notes = {group_of(n): f"rebuilt: {mismatched[n][0][0]} outputs there, {mismatched[n][1][0]} here" for n in mismatched}
     new_notes |= {group_of(n): f"init_new_head=true: {target[n].shape[0]} outputs, initialised anew" for n in skipped}
+    held_back_notes = {group_of(n): "init_only=embeddings: not loaded" for n in held_back}
     kept = {group_of(n): f"kept: {target[n].shape[0]} outputs there and here (init_new_head=true starts it anew)"
             for n in loaded.keys() & _classifier_head(target)}
     rows = _rows("loaded", {n: target[n] for n in loaded}, (notes or {}) | resampled | kept)
-    rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, new_notes)
-    rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target}, {})
+    rows += _rows("new", {n: t for n, t in target.items() if n not in loaded}, new_notes | held_back_notes)
+    rows += _rows("dropped", {n: w for n, w in weights.items() if n not in target or n in held_back}, held_back_notes)
     return rows
 
 
