@@ -159,6 +159,8 @@ def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) ->
         ("other.jsonl", '{"body": "a", "id": 1}\n', r"has no column 'text' \(its columns: body, id\): set the data"),
         ("empty.txt", "", r"empty.txt is empty: put data in it"),
         ("blank.jsonl", "\n\n  \n", r"blank.jsonl is empty"),
+        ("header.csv", "text,id\n", r"header.csv has no rows \(a header only\): put data in it or remove it from data.files"),
+        ("header.tsv.gz", gzip.compress(b"text\tid\n\n", mtime=0), r"header.tsv.gz has no rows \(a header only\)"),
         ("binary.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00", r"binary.txt is a binary file, not text"),
         ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), r"latin1.txt is not UTF-8 text"),
         ("fake.parquet", "a,b\n1,2\n", r"fake.parquet is not a parquet file \(no PAR1 header\)"),

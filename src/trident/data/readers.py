@@ -172,6 +172,9 @@ def _load(path: Path, builder: str, options: dict[str, Any]) -> datasets.Dataset
     except Exception as err:  # datasets wraps parser errors in its own types: find the cause
         if builder == "json":
             _raise_bad_json_line(path)
+        if "corresponds to no data" in str(err):  # datasets' words for a table of no rows
+            header = " (a header only)" if builder == "csv" else ""
+            raise DataError(f"{path} has no rows{header}: put data in it or remove it from data.files") from None
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"could not read {path} as {builder} ({first}): check the file's format and suffix") from err
 
