@@ -283,3 +283,11 @@ def test_a_refused_resume_leaves_the_run_as_it_was(workspace: Path, monkeypatch:
     again = run_in_process("train.py", [f"resume={run_dir}", "print_config=false"], workspace, monkeypatch)
     assert again.returncode == 0, again.stderr
     shutil.rmtree(run_dir)
+
+
+def test_a_refused_first_run_of_the_day_leaves_no_empty_run_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra makes <output_root>/runs/<date>/ for the run: a refused first run leaves neither behind."""
+    (tmp_path / "empty.txt").write_text("")
+    result = run_in_process("train.py", ["data=text_files", "data.files=[empty.txt]", "paths.output_root=outputs"], tmp_path, monkeypatch)
+    assert result.returncode == 2 and result.last_line.startswith("error: "), result.stderr
+    assert not (tmp_path / "outputs" / "runs").exists()
