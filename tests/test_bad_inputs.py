@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from trident.runs.compose import compose_train_config
+from trident.runs.jobs import discard_failed_run_dir
 from trident.runs.pipeline import train
 
 from .conftest import SMALL
@@ -291,3 +292,11 @@ def test_a_refused_first_run_of_the_day_leaves_no_empty_run_folders(tmp_path: Pa
     result = run_in_process("train.py", ["data=text_files", "data.files=[empty.txt]", "paths.output_root=outputs"], tmp_path, monkeypatch)
     assert result.returncode == 2 and result.last_line.startswith("error: "), result.stderr
     assert not (tmp_path / "outputs" / "runs").exists()
+
+
+def test_a_failed_run_directory_outside_hydras_layout_leaves_its_parent(tmp_path: Path) -> None:
+    """Only Hydra's <output_root>/runs/<date>/ goes with the run: a folder the user named stays, empty or not."""
+    run_dir = tmp_path / "mine" / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    discard_failed_run_dir(run_dir)
+    assert not run_dir.exists() and (tmp_path / "mine").is_dir()

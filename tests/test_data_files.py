@@ -144,12 +144,22 @@ def test_a_directory_of_files_reads_them_all_as_documents(tmp_path: Path) -> Non
 
 
 def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) -> None:
-    text = "first line\nsecond line\n" * 20
+    text = "first line\r\nsecond line\n" * 20  # line ends as written, Windows' too
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
     (tmp_path / "b.txt").write_text(text)
     module = prepared(tmp_path, {"train": str(tmp_path / "a.txt.gz"), "validation": str(tmp_path / "b.txt"),
                                  "test": str(tmp_path / "a.txt.gz")})
     assert decoded(module, "train") == decoded(module, "validation") == text + END_OF_TEXT
+
+
+def test_a_gzip_text_file_cut_short_is_one_line(tmp_path: Path) -> None:
+    """Its first block reads (check_file), its end does not: a copy or download cut short."""
+    text = "".join(f"line {i}: {i * 7919 % 104729}\n" for i in range(40_000)).encode()
+    compressed = gzip.compress(text, mtime=0)
+    path = tmp_path / "cut.txt.gz"
+    path.write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(DataError, match=r"cut.txt.gz is damaged gzip data \(.*\): compress it again"):
+        prepared(tmp_path, str(path))
 
 
 @pytest.mark.parametrize(
