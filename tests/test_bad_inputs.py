@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from trident.runs.compose import compose_train_config
+from trident.runs.jobs import discard_failed_run_dir
 from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL
@@ -424,3 +425,19 @@ def test_every_documented_error_example_is_a_case() -> None:
     keywords = [keyword for case in CASES for keyword in case[3]]
     unchecked = [e for e in examples if not any(e in k for k in keywords) and not e.startswith(tuple(NOT_IN_THE_TABLE))]
     assert not unchecked, f"error examples of the README or docs/ that no case of CASES checks: {unchecked}"
+
+
+def test_a_refused_first_run_of_the_day_leaves_no_empty_run_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra makes <output_root>/runs/<date>/ for the run: a refused first run leaves neither behind."""
+    (tmp_path / "empty.txt").write_text("")
+    result = run_in_process("train.py", ["data=text_files", "data.files=[empty.txt]", "paths.output_root=outputs"], tmp_path, monkeypatch)
+    assert result.returncode == 2 and result.last_line.startswith("error: "), result.stderr
+    assert not (tmp_path / "outputs" / "runs").exists()
+
+
+def test_a_failed_run_directory_outside_hydras_layout_leaves_its_parent(tmp_path: Path) -> None:
+    """Only Hydra's <output_root>/runs/<date>/ goes with the run: a folder the user named stays, empty or not."""
+    run_dir = tmp_path / "mine" / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    discard_failed_run_dir(run_dir)
+    assert not run_dir.exists() and (tmp_path / "mine").is_dir()

@@ -181,6 +181,12 @@ GOOD = [{"text": "a fine day", "label": "pos"}, {"text": "a dark night", "label"
         ("unseen label", {"validation": [*GOOD, {"text": "y", "label": "meh"}]}, "labels not in the train split: ['meh']"),
         ("empty text", {"test": [*GOOD, {"text": "  ", "label": "pos"}]},
          "row 8 of the test split ({test}) has an empty text (data.text_column=text)"),
+        # JSON lines keep each label's type: numbers and strings do not sort, and 1 and "1" would print alike.
+        ("numbers and strings", {"train": [*GOOD, {"text": "z", "label": 0}]},
+         "data.label_column=label holds numbers and strings (0 in the train split, 'pos' in the train split)"),
+        ("number labels, string labels", {"train": [{"text": f"t{i}", "label": i % 2} for i in range(8)],
+                                          "validation": [{"text": "u", "label": "1"}], "test": [{"text": "v", "label": 0}]},
+         "(0 in the train split, '1' in the validation split): write every label as a string or every label as a number"),
     ],
 )
 def test_bad_labelled_data_is_one_line_with_status_2(name: str, splits: dict[str, list[dict[str, object]]],

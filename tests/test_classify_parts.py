@@ -204,6 +204,28 @@ def test_gzip_compressed_json_lines_and_csv_are_read(tmp_path: Path) -> None:
         assert [module.class_names[i] for i in module.splits[split].labels] == [y for _, y in rows]
 
 
+def save_splits(folder: Path, table: dict[str, list[tuple[str, object]]]) -> str:
+    datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [y for _, y in rows]})
+                          for s, rows in table.items()}).save_to_disk(folder)
+    return str(folder)
+
+
+def test_a_saved_split_of_another_name_is_left_out_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """IMDB's save_to_disk holds train, test and "unsupervised" (label -1): the last is not a split of the run."""
+    files = save_splits(tmp_path / "imdb", {"train": ROWS[:180], "test": ROWS[180:], "unsupervised": [("free text", -1)] * 5})
+    with caplog.at_level(logging.INFO, logger="trident.data.readers"):
+        module = module_on(tmp_path, files)
+    assert decoded_texts(module, "test") == [t for t, _ in ROWS[180:]] and module.class_names == ["a", "b"]
+    assert "split 'unsupervised' of" in caplog.text and "is not used (not train, validation or test)" in caplog.text
+
+
+def test_a_saved_dataset_without_a_train_split_is_one_line(tmp_path: Path) -> None:
+    files = save_splits(tmp_path / "saved", {"validation": ROWS[:10], "test": ROWS[10:20]})
+    with pytest.raises(DataError, match=r"saved has no train split \(it has validation, test\): save one with it, or "
+                                        r"give data.files=\{train: ..., validation: ..., test: ...\}"):
+        module_on(tmp_path, files)
+
+
 @pytest.mark.parametrize("given", ["saved train and test", "train file only"])
 def test_a_split_the_files_do_not_give_is_cut_from_train_by_a_hash_of_the_text(
     given: str, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -92,7 +92,8 @@ def test_each_format_gives_its_documents_separated_and_nothing_else(tmp_path: Pa
 
 def test_a_saved_dataset_dict_brings_its_splits(tmp_path: Path) -> None:
     splits = {"train": DOCS[:40], "validation": DOCS[40:50], "test": DOCS[50:]}
-    datasets.DatasetDict({k: datasets.Dataset.from_dict({"body": v}) for k, v in splits.items()}).save_to_disk(str(tmp_path / "dd"))
+    saved = splits | {"unsupervised": DOCS[:3]}  # as IMDB's: a split of another name is left out
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"body": v}) for k, v in saved.items()}).save_to_disk(str(tmp_path / "dd"))
     module = prepared(tmp_path, str(tmp_path / "dd"), text_column="body")
     for name, docs in splits.items():
         assert decoded(module, name) == "".join(d + END_OF_TEXT for d in docs)
@@ -143,12 +144,22 @@ def test_a_directory_of_files_reads_them_all_as_documents(tmp_path: Path) -> Non
 
 
 def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) -> None:
-    text = "first line\nsecond line\n" * 20
+    text = "first line\r\nsecond line\n" * 20  # line ends as written, Windows' too
     (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
     (tmp_path / "b.txt").write_text(text)
     module = prepared(tmp_path, {"train": str(tmp_path / "a.txt.gz"), "validation": str(tmp_path / "b.txt"),
                                  "test": str(tmp_path / "a.txt.gz")})
     assert decoded(module, "train") == decoded(module, "validation") == text + END_OF_TEXT
+
+
+def test_a_gzip_text_file_cut_short_is_one_line(tmp_path: Path) -> None:
+    """Its first block reads (check_file), its end does not: a copy or download cut short."""
+    text = "".join(f"line {i}: {i * 7919 % 104729}\n" for i in range(40_000)).encode()
+    compressed = gzip.compress(text, mtime=0)
+    path = tmp_path / "cut.txt.gz"
+    path.write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(DataError, match=r"cut.txt.gz is damaged gzip data \(.*\): compress it again"):
+        prepared(tmp_path, str(path))
 
 
 @pytest.mark.parametrize(
@@ -159,6 +170,8 @@ def test_a_gzip_text_file_is_one_document_like_its_plain_copy(tmp_path: Path) ->
         ("other.jsonl", '{"body": "a", "id": 1}\n', r"has no column 'text' \(its columns: body, id\): set the data"),
         ("empty.txt", "", r"empty.txt is empty: put data in it"),
         ("blank.jsonl", "\n\n  \n", r"blank.jsonl is empty"),
+        ("header.csv", "text,id\n", r"header.csv has no rows \(a header only\): put data in it or remove it from data.files"),
+        ("header.tsv.gz", gzip.compress(b"text\tid\n\n", mtime=0), r"header.tsv.gz has no rows \(a header only\)"),
         ("binary.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00", r"binary.txt is a binary file, not text"),
         ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), r"latin1.txt is not UTF-8 text"),
         ("fake.parquet", "a,b\n1,2\n", r"fake.parquet is not a parquet file \(no PAR1 header\)"),

@@ -12,6 +12,7 @@ import torch
 
 import trident
 from trident.errors import DataError
+from trident.runs.checkpoint_io import checkpoint_of
 from trident.runs.pipeline import train
 from trident.tasks.checkpointing import TASK_KEY
 
@@ -127,6 +128,33 @@ def test_bad_paths_are_one_line(kind: str, tmp_path: Path) -> None:
     assert "\n" not in message and str(path) in message
     assert {"missing": "not found", "empty dir": "holds no checkpoint", "not a checkpoint": "cannot read checkpoint",
             "no weights": "holds no model weights"}[kind] in message
+
+
+def fake_checkpoint(path: Path, recorded_best: str | None = None) -> None:
+    """A checkpoint file with no weights; ``recorded_best``: the best checkpoint its ModelCheckpoint state names."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"best_model_path": f"/where/it/ran/checkpoints/{recorded_best}"} if recorded_best else {}
+    torch.save({"state_dict": {}, "callbacks": {"ModelCheckpoint{'monitor': 'val/loss'}": state}}, path)
+
+
+@pytest.mark.parametrize(
+    ("files", "recorded_best", "expected"),
+    [
+        (["checkpoints/last.ckpt"], None, "checkpoints/last.ckpt"),
+        (["checkpoints/best-step4.ckpt", "checkpoints/last.ckpt"], None, "checkpoints/best-step4.ckpt"),
+        # save_top_k > 1: the one last.ckpt's ModelCheckpoint calls best, not the first or last name
+        ([f"checkpoints/best-step{s}.ckpt" for s in (10, 8, 9)] + ["checkpoints/last.ckpt"], "best-step8.ckpt",
+         "checkpoints/best-step8.ckpt"),
+        (["checkpoints/best-step2.ckpt", "checkpoints/best-step3.ckpt"], None, "checkpoints/best-step3.ckpt"),
+        (["last.ckpt"], None, "last.ckpt"),  # a folder of checkpoints
+    ],
+)
+def test_a_run_directory_reads_its_best_checkpoint_else_its_last(files: list[str], recorded_best: str | None,
+                                                               expected: str, tmp_path: Path) -> None:
+    for name in files:
+        fake_checkpoint(tmp_path / name, recorded_best if name.endswith("last.ckpt") else None)
+    assert checkpoint_of(tmp_path) == tmp_path / expected
+    assert checkpoint_of(tmp_path / expected) == tmp_path / expected
 
 
 @pytest.mark.slow

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     # `datasets` (with pandas and pyarrow) takes a second to import: imported where a table is read.
     import datasets
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 TEXT_SUFFIXES = (".txt", ".text")
@@ -59,6 +61,21 @@ def split_name(name: str) -> str:
         if name in aliases:
             return split
     raise ConfigError(f"unknown split {name!r} in data.files: use train, validation and test")
+
+
+def saved_splits(loaded: datasets.DatasetDict, path: Path) -> dict[str, datasets.Dataset]:
+    """The splits of a saved ``DatasetDict`` whose names trident knows (train, validation / valid / dev,
+    test); any other (IMDB's ``unsupervised``) is left out, and the log says so. It needs a train split."""
+    splits = {}
+    for name, table in loaded.items():
+        try:
+            splits[split_name(name)] = table
+        except ConfigError:
+            log.info("data: split %r of %s is not used (not train, validation or test)", name, path)
+    if "train" not in splits:
+        raise DataError(f"{path} has no train split (it has {', '.join(loaded)}): save one with it, or give "
+                        "data.files={train: ..., validation: ..., test: ...}")
+    return splits
 
 
 def files_by_split(files: Any) -> dict[str, list[Path]]:
@@ -172,6 +189,9 @@ def _load(path: Path, builder: str, options: dict[str, Any]) -> datasets.Dataset
     except Exception as err:  # datasets wraps parser errors in its own types: find the cause
         if builder == "json":
             _raise_bad_json_line(path)
+        if "corresponds to no data" in str(err):  # datasets' words for a table of no rows
+            header = " (a header only)" if builder == "csv" else ""
+            raise DataError(f"{path} has no rows{header}: put data in it or remove it from data.files") from None
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"could not read {path} as {builder} ({first}): check the file's format and suffix") from err
 
@@ -220,7 +240,7 @@ def read_splits(files: Any, columns: list[str]) -> dict[str, datasets.Dataset]:
         if len(only) == 1 and only[0].is_dir():
             loaded = load_table(only[0], columns)
             if isinstance(loaded, datasets.DatasetDict):
-                return {split_name(name): table.select_columns(columns) for name, table in loaded.items()}
+                return {split: table.select_columns(columns) for split, table in saved_splits(loaded, only[0]).items()}
     tables: dict[str, datasets.Dataset] = {}
     for split, paths in by_split.items():
         parts = []

@@ -23,6 +23,7 @@ from trident.data.readers import (
     format_suffix,
     load_table,
     open_text,
+    saved_splits,
     split_name,
 )
 from trident.errors import ConfigError, DataError
@@ -183,7 +184,7 @@ def local_streams(files: object, column: str) -> dict[str, Stream]:
         if only[0].is_dir():
             loaded = load_table(only[0], [column])
             if isinstance(loaded, datasets.DatasetDict):
-                return {split_name(n): _table_stream(t, column) for n, t in loaded.items()}
+                return {split: _table_stream(t, column) for split, t in saved_splits(loaded, only[0]).items()}
     return {name: file_stream(paths, column) for name, paths in by_split.items()}
 
 

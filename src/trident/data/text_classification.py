@@ -110,9 +110,24 @@ def shakespeare_genres(seed: int, passage_chars: int) -> datasets.DatasetDict:
     return datasets.DatasetDict(splits)
 
 
+def check_label_types(corpus: datasets.DatasetDict, label_column: str) -> None:
+    """Labels are all numbers or all strings (JSON lines keep each one's type): numbers and strings
+    do not sort, and 1 and "1" would be two classes that print alike."""
+    first: dict[bool, tuple[str, Any]] = {}  # is a string -> (split, label) of the first such label
+    for split in SPLITS:
+        for label in corpus[split][label_column]:
+            first.setdefault(isinstance(label, str), (split, label))
+    if len(first) > 1:
+        (number_split, number), (string_split, string) = first[False], first[True]
+        raise DataError(f"data.label_column={label_column} holds numbers and strings ({number!r} in the {number_split} "
+                        f"split, {string!r} in the {string_split} split): write every label as a string or every label "
+                        "as a number")
+
+
 def class_names_of(corpus: datasets.DatasetDict, label_column: str) -> list[str]:
     """The training labels as class names (integers in numeric order, strings sorted), after
-    checking that every split's labels were seen in training."""
+    checking that every split's labels are of one kind and were seen in training."""
+    check_label_types(corpus, label_column)
     train_labels = set(corpus["train"][label_column])
     if len(train_labels) < 2:
         raise DataError(f"the train split has one class only ({next(iter(train_labels), None)!r}): "

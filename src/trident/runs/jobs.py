@@ -8,6 +8,7 @@ or, when a signal stopped it, ``requeued`` (until the next attempt rewrites it),
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -44,6 +45,11 @@ def discard_failed_run_dir(run_dir: Path) -> None:
                 root.removeHandler(handler)
                 handler.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+        date_dir = run_dir.parent
+        if date_dir.parent.name == "runs":  # Hydra's <output_root>/runs/<date>/, made for this run
+            for folder in (date_dir, date_dir.parent):
+                with contextlib.suppress(OSError):  # not empty: other runs are there
+                    folder.rmdir()
 
 
 def objective(cfg: DictConfig, metrics: Mapping[str, float]) -> float | None:
