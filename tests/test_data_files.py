@@ -179,11 +179,11 @@ def test_a_gzip_text_file_cut_short_is_one_line(tmp_path: Path) -> None:
         ("latin1.csv", "text,id\ncaf\xe9,1\n".encode("latin-1"), r"latin1.csv is not UTF-8 text \(line 2, byte 0xe9: "),
         ("latin1.jsonl", ('{"text": "a"}\n' * 3 + '{"text": "caf\xe9"}\n').encode("latin-1"),
          r"latin1.jsonl is not UTF-8 text \(line 4, byte 0xe9: .*\): convert it to UTF-8"),
-        ("latin1.txt.gz", gzip.compress("ok\ncaf\xe9\n".encode("latin-1")), r"latin1.txt.gz is not UTF-8 text \(line 2"),
+        ("latin1.txt.gz", gzip.compress("ok\ncaf\xe9\n".encode("latin-1"), mtime=0), r"latin1.txt.gz is not UTF-8 text \(line 2"),
         ("plain.jsonl.gz", '{"text": "a"}\n', r"plain.jsonl.gz is not gzip data .*: decompress it with gunzip, or drop the .gz"),
-        ("docs.parquet.gz", gzip.compress(b"PAR1"),
+        ("docs.parquet.gz", gzip.compress(b"PAR1", mtime=0),
          r"docs.parquet.gz is gzip-compressed .parquet, which trident reads only uncompressed: decompress it with gunzip"),
-        ("docs.xlsx.gz", gzip.compress(b"x"), r"docs.xlsx.gz has suffix '.xlsx.gz', which trident cannot read"),
+        ("docs.xlsx.gz", gzip.compress(b"x", mtime=0), r"docs.xlsx.gz has suffix '.xlsx.gz', which trident cannot read"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path: Path, name: str, content: str | bytes, message: str) -> None:
