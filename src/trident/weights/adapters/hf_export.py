@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import nn
 
-from trident.convert import hf_bert, hf_gpt2, hf_vit
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit
 
 # The trident model class -> the adapter that writes it in Hugging Face's terms.
 HF_EXPORTS: dict[type[nn.Module], ModuleType] = {CausalLM: hf_gpt2, MaskedLM: hf_bert, VisionTransformer: hf_vit}

@@ -12,7 +12,8 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.models.vit import VisionTransformer
+from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     encoder_settings,
@@ -24,8 +25,7 @@ from trident.convert.common import (
     square_size,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.models.vit import VisionTransformer
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-vit"
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")

@@ -15,7 +15,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.data.masking import MASK_TOKEN, PAD_TOKEN
+from trident.models import MaskedLM
+from trident.weights.adapters.common import (
     encoder_settings,
     layer_from_hf,
     layer_to_hf,
@@ -24,9 +26,7 @@ from trident.convert.common import (
     require_source,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.data.masking import MASK_TOKEN, PAD_TOKEN
-from trident.models import MaskedLM
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-bert"
 ARCHITECTURES = ("BertForMaskedLM", "BertModel")

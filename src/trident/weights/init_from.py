@@ -1,5 +1,5 @@
 """``init_from=<source>``: a run that starts from another model's weights (a trident checkpoint or
-run directory of any task, or a Hugging Face / timm file read by :mod:`trident.convert`).
+run directory of any task, or a Hugging Face / timm file read by :mod:`trident.weights.adapters`).
 
 Only the weights (and the tokenizer) come from the source, never its optimizer, schedule, step or
 data position: the run is new. The architecture comes from the source too: the source's values
@@ -26,8 +26,8 @@ from torch import Tensor
 
 from trident.backbone import pos_encoding_class
 from trident.errors import ConfigError, DataError
-from trident.runs.checkpoint_io import read_checkpoint
-from trident.runs.loading import checkpoint_of, task_class_of, task_name_of
+from trident.weights.checkpoints import read_checkpoint
+from trident.weights.load import checkpoint_of, task_class_of, task_name_of
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
@@ -116,8 +116,10 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
 
 
 def _from_outside(path: str, n_heads: int | None) -> InitSource:
-    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.convert`."""
-    from trident.convert import read_pretrained  # here: safetensors and the adapters load only when used
+    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
+    from trident.weights.adapters.registry import (
+        read_pretrained,  # here: safetensors and the adapters load only when used
+    )
 
     weights = read_pretrained(path, n_heads=n_heads)
     return InitSource(

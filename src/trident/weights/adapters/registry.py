@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-# Imported by module path: `from trident.convert import ...` would import this package's __init__ (a cycle).
-import trident.convert.hf_bert as hf_bert  # noqa: PLR0402
-import trident.convert.hf_gpt2 as hf_gpt2  # noqa: PLR0402
-import trident.convert.hf_vit as hf_vit  # noqa: PLR0402
-from trident.convert.hf_files import read_config, read_state_dict, read_tokenizer
-from trident.convert.timm_vit import from_timm, read_timm_file, timm_config
-from trident.convert.weights import PretrainedWeights
 from trident.errors import ConfigError, DataError
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit
+from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer
+from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_config
+from trident.weights.pretrained import PretrainedWeights
 
 # Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
 HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}

@@ -13,7 +13,9 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.data.tokenization import END_OF_TEXT, UNK
+from trident.models import CausalLM
+from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     hf_model_settings,
@@ -22,9 +24,7 @@ from trident.convert.common import (
     require_source,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.data.tokenization import END_OF_TEXT, UNK
-from trident.models import CausalLM
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-gpt2"
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
