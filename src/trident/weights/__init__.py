@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
 
         return PretrainedWeights
     if name in ("read_pretrained", "supported"):
-        from trident.weights.adapters import registry
+        from trident.weights.adapters import reading
 
-        return getattr(registry, name)
+        return getattr(reading, name)
     raise AttributeError(f"module 'trident.weights' has no attribute {name!r}")

@@ -117,9 +117,8 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
 
 def _from_outside(path: str, n_heads: int | None) -> InitSource:
     """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
-    from trident.weights.adapters.registry import (
-        read_pretrained,  # here: safetensors and the adapters load only when used
-    )
+    # Imported here: safetensors and the adapters load only when a source needs them.
+    from trident.weights.adapters.reading import read_pretrained
 
     weights = read_pretrained(path, n_heads=n_heads)
     return InitSource(

@@ -1,97 +1,31 @@
-"""``read_pretrained``: which outside format a path holds, and the adapter that reads it."""
+"""The one registry of Hugging Face adapters, read by ``read_pretrained`` (by ``config.json``'s
+``model_type``) and by the hf export (by the trident network's class). A new family: one line here."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from types import ModuleType
+from torch import nn
 
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError
 from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit
-from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer
-from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_config
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.base import Adapter
 
-# Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
-HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}
-TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
-# Encoder-decoders the backbone cannot express exactly (README, "Not converted"): model_type -> what it lacks.
-NOT_EXPRESSIBLE = {
-    "marian": "Marian's sinusoidal table layout (all sines, then all cosines), a plain SiLU and final_logits_bias",
-    "t5": "T5's unscaled attention logits (trident always divides by sqrt(head size))",
-}
-NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
+ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit)
 
 
-def supported() -> str:
-    """The formats ``read_pretrained`` takes, in the words of its error messages."""
-    names = ", ".join(arch for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
-    return (f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)}) or "
-            "directory (timm's config.json + weights)")
+def adapter_for_model_type(model_type: str) -> Adapter | None:
+    """The adapter that reads a ``config.json`` of ``model_type``, or None where trident has none."""
+    return next((adapter for adapter in ADAPTERS if adapter.MODEL_TYPE == model_type), None)
 
 
-def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> PretrainedWeights:
-    """A Hugging Face model directory (config.json + model.safetensors | pytorch_model.bin), a timm ViT
-    state-dict file (.pth/.bin/.safetensors; timm's config.json beside it, if any, gives the heads) or a
-    timm directory (timm's config.json + weights). Anything else: one-line DataError naming what it is
-    not and the supported architectures. ``n_heads``: the head count of a timm ViT that nothing beside
-    its file states; a source that states another is one ConfigError line."""
-    weights = _read(str(path), Path(path), n_heads)
-    if n_heads is not None and weights.model["n_heads"] != n_heads:
-        raise ConfigError(f"model.n_heads={n_heads} contradicts {path}, which has model.n_heads={weights.model['n_heads']}: "
-                          "drop that override (the architecture comes from the weights)")
-    return weights
-
-
-def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
-    if not path.exists():
-        path = _hub_snapshot(source)
-    if path.is_file():
-        if path.suffix not in TIMM_SUFFIXES:
-            raise DataError(f"{source} is not a model file trident reads: supported are {supported()}")
-        return from_timm(read_timm_file(path), source, timm_config(path.parent), n_heads)
-    if not (path / "config.json").is_file():
-        raise DataError(f"{source} is not a model directory (no config.json): supported are {supported()}")
-    if (timm := timm_config(path)) is not None:
-        return from_timm(read_state_dict(path), source, timm, n_heads)
-    config = read_config(path)
-    model_type = config.get("model_type")
-    adapter = HF_ADAPTERS.get(str(model_type))
-    architectures = config.get("architectures") or []
-    if model_type in NOT_EXPRESSIBLE:
-        raise DataError(
-            f"{source} holds a {model_type} ({', '.join(architectures) or 'no architectures'}), which the backbone cannot "
-            f"express exactly (it lacks {NOT_EXPRESSIBLE[model_type]}): task=translation starts from a trident "
-            f"translation checkpoint or run directory; Hugging Face models trident reads are {supported()}"
-        )
+def adapter_for_network(net: nn.Module) -> Adapter:
+    """The adapter that writes ``net``; a network of no registered family is one ConfigError line."""
+    adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK), None)
     if adapter is None:
-        raise DataError(
-            f"{source} holds a {model_type or 'model of unknown type'} ({', '.join(architectures) or 'no architectures'}), "
-            f"which trident does not convert: supported are {supported()}"
-        )
-    state = read_state_dict(path)
-    try:
-        return adapter.from_hf(config, state, read_tokenizer(path), source)
-    except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
-        missing, kind = err.args[0], f"a {model_type} ({', '.join(adapter.ARCHITECTURES)})"
-        if "." not in str(missing):  # a config.json setting (tensor names always have a dot)
-            raise DataError(f"{source}/config.json lacks {err} that {kind} has: save the model again with transformers") from err
-        found = ", ".join([*sorted(state)[:2], "..."])
-        raise DataError(
-            f"{source} lacks {err} that {kind} has: its weights ({found}) match no layout trident reads (Hugging Face's, "
-            "with or without the model's prefix; original BERT's LayerNorm.gamma/beta): save the model again with transformers"
-        ) from err
+        kinds = ", ".join(f"{adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]})" for adapter in ADAPTERS)
+        raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")
+    return adapter
 
 
-def _hub_snapshot(name: str) -> Path:
-    """A Hub model name (``gpt2``, ``google/vit-base-patch16-224``) downloaded by ``huggingface_hub``."""
-    if name.count("/") > 1 or name.startswith((".", "/", "~")) or Path(name).suffix in TIMM_SUFFIXES:
-        raise DataError(f"{name} not found: give a Hugging Face model directory or a timm ViT state-dict file")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
-    except Exception as err:  # offline, unknown repository, gated model: all end the same way
-        raise DataError(
-            f"{name} is not a local path and cannot be downloaded from the Hugging Face Hub ({type(err).__name__}; "
-            "offline?): download it elsewhere and give its directory"
-        ) from err
+def architectures() -> list[str]:
+    """Every transformers class the adapters read, in registry order."""
+    return [name for adapter in ADAPTERS for name in adapter.ARCHITECTURES]
