@@ -153,7 +153,7 @@ def test_bert_into_classify_feeds_the_first_layer_and_pools_cls_as_transformers_
     reference = save_bert(tmp_path / "bert")
     run = tmp_path / "run"
     cfg = compose_config(classify_from(tmp_path / "bert", write_splits(tmp_path)), output_dir=run)
-    source = source_for_run(cfg, run, None)  # the pipeline's steps up to the first batch
+    source = source_for_run(cfg, run, None, False)  # the pipeline's steps up to the first batch
     assert source is not None
     datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
     transfer_weights(task.net, source.state_dict, source.source)
