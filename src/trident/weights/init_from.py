@@ -126,7 +126,7 @@ def check_source_task(task: str, source: PretrainedWeights) -> None:
 
 def check_source_stack(task: DictConfig, source: PretrainedWeights, embeddings_only: bool) -> None:
     """One line when ``source``'s stack is not the task's (a decoder into an encoder or the reverse),
-    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_source`, which
+    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_settings`, which
     gives a classify run a classify source's ``task.stack``."""
     stack = str(task.stack) if "stack" in task else TASK_STACKS.get(str(task.name))
     source_stacks = {name.split(".")[0] for name in source.state_dict} & set(STACK_KINDS)
@@ -155,9 +155,10 @@ def explicit_overrides() -> list[str]:
     return [o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
 
 
-def apply_source(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> None:
-    """Put the source's architecture into ``cfg`` (before the config is checked and the data prepared);
-    a value the user set that contradicts it is one error line naming both."""
+def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> dict[str, Any]:
+    """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture and,
+    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes); a value the
+    user set that contradicts it is one error line naming both."""
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
@@ -177,8 +178,21 @@ def apply_source(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]
                 f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "
                 "override (the architecture comes from the weights)"
             )
+    if source.tokenizer is not None and "tokenizer" in cfg.data:
+        if "data.tokenizer" in explicit:
+            raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
+                              "drop data.tokenizer (the weights come with theirs)")
+        # Text data reads the source's tokenizer (never a retrained one) from a file named by its content.
+        digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
+        wanted["data.tokenizer"] = str(Path(cfg.data.cache_dir) / "tokenizers" / f"{digest}.json")
+    return wanted
+
+
+def apply_settings(cfg: DictConfig, fixed: dict[str, Any]) -> None:
+    """The one place the weights room writes ``cfg`` before the config is checked: the settings of
+    :func:`settings_fixed_by`."""
     with open_dict(cfg):
-        for key, value in wanted.items():
+        for key, value in fixed.items():
             OmegaConf.update(cfg, key, value, merge=False)
 
 
@@ -188,23 +202,17 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def stage_tokenizer(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> None:
-    """Text data reads the source's tokenizer (never a retrained one) from a file named by its content
-    under the data cache; the run directory gets its own copy once the run starts."""
-    if source.tokenizer is None or "tokenizer" not in cfg.data:
+def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
+    """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), where
+    :func:`settings_fixed_by` named one; the run directory gets its own copy once the run starts."""
+    if "data.tokenizer" not in fixed or source.tokenizer is None:
         return
-    if "data.tokenizer" in explicit:
-        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
-                          "drop data.tokenizer (the weights come with theirs)")
-    text = source.tokenizer.to_str()
-    staged = Path(cfg.data.cache_dir) / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    staged = Path(fixed["data.tokenizer"])
     if not staged.is_file():
         staged.parent.mkdir(parents=True, exist_ok=True)
         temporary = staged.with_suffix(".tmp")
-        temporary.write_text(text)
+        temporary.write_text(source.tokenizer.to_str())
         temporary.replace(staged)
-    with open_dict(cfg):
-        cfg.data.tokenizer = str(staged)
 
 
 def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> None:
@@ -234,9 +242,9 @@ def _read_copy(folder: Path) -> PretrainedWeights:
     )
 
 
-
 def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embeddings_only: bool) -> PretrainedWeights | None:
-    """The run's ``init_from`` source with its architecture put into ``cfg``; a resumed run reads
+    """The run's ``init_from`` source, with what it fixes (its architecture, its tokenizer) written into
+    ``cfg`` in one step (:func:`apply_settings`) before the config is checked; a resumed run reads
     the copy in its own directory (the original may have moved). ``embeddings_only``
     (``init_only=embeddings``) lets a source of another stack in."""
     if not cfg.get("init_from"):
@@ -250,7 +258,8 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embe
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
     check_source_task(str(cfg.task.name), source)
-    apply_source(cfg, source, explicit)
+    fixed = settings_fixed_by(cfg, source, explicit)
+    apply_settings(cfg, fixed)
     check_source_stack(cfg.task, source, embeddings_only)
-    stage_tokenizer(cfg, source, explicit)
+    stage_tokenizer(source, fixed)
     return source
