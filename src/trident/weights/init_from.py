@@ -37,7 +37,7 @@ SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
 # Data settings that shape the weights (the patch grid of an image model).
 SHAPING_DATA_OPTIONS = ("patch_size",)
 # Data settings of an outside source that the run may change: the weights follow (a ViT's position table is
-# resampled to another image size, see weight_transfer); the source's value is the default.
+# resampled to another image size, see transfer.py); the source's value is the default.
 ADAPTABLE_DATA_OPTIONS = ("image_size",)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
