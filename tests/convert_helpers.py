@@ -10,10 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
-from trident.convert import PretrainedWeights, read_pretrained
-from trident.convert.hf_export import to_transformers
 from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer, vit_geometry
+from trident.weights import PretrainedWeights, read_pretrained
+from trident.weights.adapters.hf_export import to_transformers
 
 
 def randomise(model: nn.Module, seed: int, std: float = 0.2) -> nn.Module:

@@ -17,9 +17,9 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 import trident
 from trident.data.text_classification import TextClassificationDataModule, pad_batch
 from trident.errors import ConfigError
-from trident.runs.init_from import source_for_run
 from trident.runs.pipeline import build_data_and_task, check_config, train
-from trident.runs.weight_transfer import transfer_weights
+from trident.weights.init_from import source_for_run
+from trident.weights.transfer import transfer_weights
 
 from .conftest import compose_config
 from .convert_helpers import randomise

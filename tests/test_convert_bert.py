@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
-from trident.convert import read_pretrained
-from trident.convert.hf_export import to_transformers
 from trident.errors import ConfigError, DataError
 from trident.models import MaskedLM
+from trident.weights import read_pretrained
+from trident.weights.adapters.hf_export import to_transformers
 
 transformers = pytest.importorskip("transformers")
 

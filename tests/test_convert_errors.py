@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from trident.convert import read_pretrained
 from trident.errors import DataError
+from trident.weights import read_pretrained
 
 SUPPORTED = ("GPT2LMHeadModel", "BertForMaskedLM", "ViTForImageClassification", "timm ViT")
 

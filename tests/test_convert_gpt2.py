@@ -11,10 +11,10 @@ import torch
 
 from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
-from trident.convert import read_pretrained
-from trident.convert.hf_export import to_transformers
 from trident.errors import ConfigError
 from trident.models import CausalLM, generate
+from trident.weights import read_pretrained
+from trident.weights.adapters.hf_export import to_transformers
 
 transformers = pytest.importorskip("transformers")
 

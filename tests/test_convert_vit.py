@@ -14,12 +14,12 @@ from timm.models._hub import save_for_hf
 
 from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
-from trident.convert import PretrainedWeights, read_pretrained
-from trident.convert.hf_export import to_transformers
-from trident.convert.timm_vit import trident_to_timm
 from trident.errors import ConfigError, DataError
 from trident.models.vit import VisionTransformer, vit_geometry
-from trident.runs.weight_transfer import transfer_weights
+from trident.weights import PretrainedWeights, read_pretrained
+from trident.weights.adapters.hf_export import to_transformers
+from trident.weights.adapters.timm_vit import trident_to_timm
+from trident.weights.transfer import transfer_weights
 
 transformers = pytest.importorskip("transformers")
 

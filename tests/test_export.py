@@ -19,10 +19,10 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 import trident
-from trident.convert import read_pretrained
 from trident.data.tokenization import END_OF_TEXT, every_character
 from trident.export import main
 from trident.runs.pipeline import train
+from trident.weights import read_pretrained
 
 from .conftest import SMALL, compose_config
 from .convert_helpers import assert_state_equal

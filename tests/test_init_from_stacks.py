@@ -14,9 +14,9 @@ from omegaconf import DictConfig, open_dict
 
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError
-from trident.runs.init_from import source_for_run
 from trident.runs.pipeline import train
-from trident.runs.weight_transfer import transfer_weights
+from trident.weights.init_from import source_for_run
+from trident.weights.transfer import transfer_weights
 
 from .conftest import SMALL, compose_config
 from .entry_points import run_in_process
@@ -164,7 +164,7 @@ def test_a_source_of_another_stack_is_refused_unless_init_only_embeddings(
 
 
 def _source_names(path: Path) -> list[str]:
-    from trident.runs.init_from import read_init_source
+    from trident.weights.init_from import read_init_source
 
     return list(read_init_source(str(path)).state_dict)
 

@@ -14,7 +14,7 @@ from torch import nn
 import trident
 from trident.errors import ConfigError
 from trident.runs.pipeline import train
-from trident.runs.weight_transfer import transfer_weights
+from trident.weights.transfer import transfer_weights
 
 from .conftest import compose_config
 from .test_init_from import FROZEN, VIT, _first_val_batch, _history, _table, vit_source  # noqa: F401 (a fixture)

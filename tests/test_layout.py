@@ -1,6 +1,6 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, training, convert <- tasks <- runs <- commands (train, evaluate, sample, ...)
+errors <- backbone <- models <- data, training <- tasks <- weights <- runs <- commands (train, evaluate, sample, ...)
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ RANKS = {
     "trident.models": 2,
     "trident.data": 3,
     "trident.training": 3,
-    "trident.convert": 3,  # outside formats (Hugging Face, timm) <-> models
     "trident.tasks": 4,
-    "trident.runs": 5,
+    "trident.weights": 5,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
+    "trident.runs": 6,
 }
 # The package's public face re-exports, on first use, what the layers above offer (``trident.load``).
-PUBLIC_API = {"trident": {"trident.runs.loading"}}
+PUBLIC_API = {"trident": {"trident.weights.load"}}
 # Every other top-level module or package is a command (python -m trident.<command>, console scripts).
-COMMAND_RANK = 6
+COMMAND_RANK = 7
 # Commands that build on another command's library: the adaptive-seed loop stops where the report's
 # statistics (trident.report.sequential) decide.
 COMMAND_LIBRARIES = {"trident.adaptive": {"trident.report"}}

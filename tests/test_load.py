@@ -12,9 +12,9 @@ import torch
 
 import trident
 from trident.errors import DataError
-from trident.runs.checkpoint_io import checkpoint_of
 from trident.runs.pipeline import train
 from trident.tasks.checkpointing import TASK_KEY
+from trident.weights.checkpoints import checkpoint_of
 
 from .conftest import SMALL, compose_config
 from .entry_points import run_in_process

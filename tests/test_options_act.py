@@ -17,8 +17,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import trident.runs.pipeline
 import trident.tasks.translation
-from trident.convert.timm_vit import timm_to_trident
 from trident.runs.pipeline import train
+from trident.weights.adapters.timm_vit import timm_to_trident
 
 from .conftest import SMALL, compose_config
 from .test_translation_train import SMALL_MT

@@ -8,9 +8,9 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from trident.backbone import TransformerConfig
-from trident.convert.timm_vit import timm_to_trident
 from trident.errors import ConfigError
 from trident.models.vit import PatchEmbedding, VisionTransformer, attention_rollout, vit_geometry
+from trident.weights.adapters.timm_vit import timm_to_trident
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.runs.checkpoint_io import READ_ERRORS, unreadable_checkpoint
+from trident.weights.checkpoints import READ_ERRORS, unreadable_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 

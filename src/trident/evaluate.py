@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.runs.resume import run_config_of
+from trident.weights.checkpoints import run_config_of
 
 # torch and Lightning (~8 s) are imported once the arguments are checked and the checkpoint's path exists,
 # so that a mistake in them is one error line at once.
@@ -64,7 +64,7 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     checkpoint = Path(str(ckpt))
     if not checkpoint.exists():
         raise DataError(f"checkpoint {str(checkpoint)!r} not found: fix ckpt_path (paths are relative to the directory you run from)")
-    from trident.runs.checkpoint_io import checkpoint_of
+    from trident.weights.checkpoints import checkpoint_of
 
     checkpoint = checkpoint_of(checkpoint)  # a run directory: its best, else last checkpoint (as trident.load)
     saved = OmegaConf.load(find_run_config(checkpoint))
@@ -91,8 +91,8 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     cfg, checkpoint = load_config(arguments)
     import lightning as L
 
-    from trident.runs.checkpoint_io import check_checkpoint_fits, read_checkpoint
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+    from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
 
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared

@@ -28,12 +28,12 @@ import torch
 from safetensors.torch import save_model
 from torch import Tensor, nn
 
-from trident.convert.hf_export import write_hf
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer
 from trident.tasks.base import TridentTask
+from trident.weights.adapters.hf_export import write_hf
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
@@ -105,7 +105,7 @@ def export(checkpoint: Path, fmt: str, out: Path) -> None:
     """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically)."""
     writer = choose(FORMATS, fmt, "--format")
     check_out(out)
-    from trident.runs.loading import load
+    from trident.weights.load import load
 
     task = load(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)

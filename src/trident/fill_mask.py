@@ -17,8 +17,8 @@ from pathlib import Path
 
 from trident.data.masking import MASK_TOKEN
 from trident.errors import ConfigError, run_with_clear_errors
-from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.mlm import MaskedLanguageModelTask
+from trident.weights.checkpoints import load_task_checkpoint
 
 
 def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:

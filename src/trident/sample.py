@@ -14,8 +14,8 @@ import torch
 
 from trident.errors import run_with_clear_errors
 from trident.models import generate
-from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.lm import LanguageModelTask
+from trident.weights.checkpoints import load_task_checkpoint
 
 
 def load_lm_checkpoint(path: Path) -> LanguageModelTask:

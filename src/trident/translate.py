@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from trident.errors import ConfigError, run_with_clear_errors
-from trident.runs.checkpoint_io import load_task_checkpoint
 from trident.tasks.translation import TranslationTask
+from trident.weights.checkpoints import load_task_checkpoint
 
 
 def load_translation_checkpoint(path: Path) -> TranslationTask:

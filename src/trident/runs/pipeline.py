@@ -29,12 +29,9 @@ from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error
 from trident.extras import require_package
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
-from trident.runs.checkpoint_io import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
-from trident.runs.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.runs.preemption import PreemptionCheckpoint
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
-from trident.runs.weight_transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
@@ -42,6 +39,9 @@ from trident.training.optim import check_optimizer_config, check_scheduler_confi
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
+from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
+from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
+from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 
 log = logging.getLogger(__name__)
 

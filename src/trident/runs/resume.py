@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trident.errors import ConfigError
 from trident.runs.compose import compose_train_config
 from trident.runs.requeue import RUN_INFO, requeued_attempt, slurm_job
+from trident.weights.checkpoints import run_config_of
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,6 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if p.is_file() and not p.name.startswith(".")]
     # On equal times (same save), last.ckpt: it is the name users expect.
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
-
-
-def run_config_of(checkpoint: Path) -> Path | None:
-    """``config_resolved.yaml`` of the train.py run that wrote ``checkpoint`` (the nearest parent that has one)."""
-    for parent in checkpoint.resolve().parents:
-        if (parent / "config_resolved.yaml").is_file():
-            return parent / "config_resolved.yaml"
-    return None
 
 
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:

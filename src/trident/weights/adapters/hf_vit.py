@@ -12,7 +12,8 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.models.vit import VisionTransformer
+from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     encoder_settings,
@@ -24,11 +25,12 @@ from trident.convert.common import (
     square_size,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.models.vit import VisionTransformer
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-vit"
+MODEL_TYPE = "vit"
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+NETWORK = VisionTransformer
 TARGET = "ViT (hf export)"
 SPECIAL_TOKENS: dict[str, str] = {}  # images: no tokenizer
 
@@ -55,7 +57,7 @@ _POSITIONS = "embeddings.position_embeddings"
 _HEAD = {"classifier.weight": "head.weight", "classifier.bias": "head.bias"}
 
 
-def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
     require_source(config.get("qkv_bias", True), source, "attention without biases next to biased layers (qkv_bias=false)")
     n_layers = int(config["num_hidden_layers"])
     backbone = strip_prefix(state, "vit.")
@@ -85,7 +87,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
     )
 
 
-def to_hf(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+def from_trident(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``ViTConfig`` arguments and ``ViTForImageClassification`` state dict of ``net``."""
     cfg = net.encoder.cfg
     require_equivalent(net.pool == "cls", "task.pool", net.pool, TARGET, "Hugging Face's ViT classifies from the class token")

@@ -1,5 +1,5 @@
 """``init_from=<source>``: a run that starts from another model's weights (a trident checkpoint or
-run directory of any task, or a Hugging Face / timm file read by :mod:`trident.convert`).
+run directory of any task, or a Hugging Face / timm file read by :mod:`trident.weights.adapters`).
 
 Only the weights (and the tokenizer) come from the source, never its optimizer, schedule, step or
 data position: the run is new. The architecture comes from the source too: the source's values
@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
-from torch import Tensor
 
 from trident.backbone import pos_encoding_class
 from trident.errors import ConfigError, DataError
-from trident.runs.checkpoint_io import read_checkpoint
-from trident.runs.loading import checkpoint_of, task_class_of, task_name_of
+from trident.weights.checkpoints import read_checkpoint
+from trident.weights.load import checkpoint_of, task_class_of, task_name_of
+from trident.weights.pretrained import PretrainedWeights
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
@@ -38,7 +37,7 @@ SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
 # Data settings that shape the weights (the patch grid of an image model).
 SHAPING_DATA_OPTIONS = ("patch_size",)
 # Data settings of an outside source that the run may change: the weights follow (a ViT's position table is
-# resampled to another image size, see weight_transfer); the source's value is the default.
+# resampled to another image size, see transfer.py); the source's value is the default.
 ADAPTABLE_DATA_OPTIONS = ("image_size",)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
@@ -58,24 +57,7 @@ TASK_STACKS = {"lm": "decoder", "mlm": "encoder", IMAGE_TASK: "encoder"}
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
 
 
-@dataclass(frozen=True)
-class InitSource:
-    """The weights ``init_from`` names, in trident's terms (the fields of ``PretrainedWeights``)."""
-
-    source: str
-    format: str
-    task: str
-    model: dict[str, Any]
-    pos_encoding: str
-    pos_encoding_options: dict[str, Any]
-    task_options: dict[str, Any]
-    data_options: dict[str, Any]
-    state_dict: dict[str, Tensor]  # keys as the task's ``net.state_dict()`` names them
-    tokenizer: Tokenizer | None
-    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # the weights table's, by parameter group
-
-
-def read_init_source(path: str, n_heads: int | None = None) -> InitSource:
+def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
     """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
     source inside a run (``<run>/init``). ``n_heads`` (``model.n_heads=``) states the head count of a
     timm file, which does not record it."""
@@ -93,7 +75,7 @@ def read_init_source(path: str, n_heads: int | None = None) -> InitSource:
     return _from_trident_checkpoint(path, checkpoint_of(location))
 
 
-def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
+def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeights:
     checkpoint = read_checkpoint(checkpoint_path, "init_from")
     task_class = task_class_of(checkpoint, checkpoint_path)
     settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
@@ -106,7 +88,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
     if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
         data_options["max_seq_len"] = backbone["max_seq_len"]
     tokenizer_json = checkpoint.get("tokenizer_json")
-    return InitSource(
+    return PretrainedWeights(
         source=str(path), format="trident", task=task_name_of(task_class), model=model,
         pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
         task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
@@ -115,20 +97,15 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> InitSource:
     )
 
 
-def _from_outside(path: str, n_heads: int | None) -> InitSource:
-    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.convert`."""
-    from trident.convert import read_pretrained  # here: safetensors and the adapters load only when used
+def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
+    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
+    # Imported here: safetensors and the adapters load only when a source needs them.
+    from trident.weights.adapters.reading import read_pretrained
 
-    weights = read_pretrained(path, n_heads=n_heads)
-    return InitSource(
-        source=path, format=weights.format, task=weights.task, model=dict(weights.model),
-        pos_encoding=weights.pos_encoding, pos_encoding_options={}, task_options=dict(weights.task_options),
-        data_options=dict(weights.data_options), state_dict=weights.state_dict, tokenizer=weights.tokenizer,
-        notes=dict(weights.notes),
-    )
+    return read_pretrained(path, n_heads=n_heads)
 
 
-def check_source_task(task: str, source: InitSource) -> None:
+def check_source_task(task: str, source: PretrainedWeights) -> None:
     """One line when ``task`` cannot start from ``source``'s network (see ENCODER_DECODER_TASK)."""
     if task == ENCODER_DECODER_TASK and source.task != ENCODER_DECODER_TASK:
         raise ConfigError(f"init_from={source.source} holds a task={source.task} model; task=translation starts only from a "
@@ -147,9 +124,9 @@ def check_source_task(task: str, source: InitSource) -> None:
                           f"weights of {wanted}, or train from scratch")
 
 
-def check_source_stack(task: DictConfig, source: InitSource, embeddings_only: bool) -> None:
+def check_source_stack(task: DictConfig, source: PretrainedWeights, embeddings_only: bool) -> None:
     """One line when ``source``'s stack is not the task's (a decoder into an encoder or the reverse),
-    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_source`, which
+    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_settings`, which
     gives a classify run a classify source's ``task.stack``."""
     stack = str(task.stack) if "stack" in task else TASK_STACKS.get(str(task.name))
     source_stacks = {name.split(".")[0] for name in source.state_dict} & set(STACK_KINDS)
@@ -178,9 +155,10 @@ def explicit_overrides() -> list[str]:
     return [o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]
 
 
-def apply_source(cfg: DictConfig, source: InitSource, explicit: list[str]) -> None:
-    """Put the source's architecture into ``cfg`` (before the config is checked and the data prepared);
-    a value the user set that contradicts it is one error line naming both."""
+def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> dict[str, Any]:
+    """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture and,
+    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes); a value the
+    user set that contradicts it is one error line naming both."""
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
@@ -200,8 +178,21 @@ def apply_source(cfg: DictConfig, source: InitSource, explicit: list[str]) -> No
                 f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "
                 "override (the architecture comes from the weights)"
             )
+    if source.tokenizer is not None and "tokenizer" in cfg.data:
+        if "data.tokenizer" in explicit:
+            raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
+                              "drop data.tokenizer (the weights come with theirs)")
+        # Text data reads the source's tokenizer (never a retrained one) from a file named by its content.
+        digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
+        wanted["data.tokenizer"] = str(Path(cfg.data.cache_dir) / "tokenizers" / f"{digest}.json")
+    return wanted
+
+
+def apply_settings(cfg: DictConfig, fixed: dict[str, Any]) -> None:
+    """The one place the weights room writes ``cfg`` before the config is checked: the settings of
+    :func:`settings_fixed_by`."""
     with open_dict(cfg):
-        for key, value in wanted.items():
+        for key, value in fixed.items():
             OmegaConf.update(cfg, key, value, merge=False)
 
 
@@ -211,26 +202,20 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def stage_tokenizer(cfg: DictConfig, source: InitSource, explicit: list[str]) -> None:
-    """Text data reads the source's tokenizer (never a retrained one) from a file named by its content
-    under the data cache; the run directory gets its own copy once the run starts."""
-    if source.tokenizer is None or "tokenizer" not in cfg.data:
+def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
+    """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), where
+    :func:`settings_fixed_by` named one; the run directory gets its own copy once the run starts."""
+    if "data.tokenizer" not in fixed or source.tokenizer is None:
         return
-    if "data.tokenizer" in explicit:
-        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
-                          "drop data.tokenizer (the weights come with theirs)")
-    text = source.tokenizer.to_str()
-    staged = Path(cfg.data.cache_dir) / "tokenizers" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    staged = Path(fixed["data.tokenizer"])
     if not staged.is_file():
         staged.parent.mkdir(parents=True, exist_ok=True)
         temporary = staged.with_suffix(".tmp")
-        temporary.write_text(text)
+        temporary.write_text(source.tokenizer.to_str())
         temporary.replace(staged)
-    with open_dict(cfg):
-        cfg.data.tokenizer = str(staged)
 
 
-def copy_source(cfg: DictConfig, source: InitSource, run_dir: Path) -> None:
+def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> None:
     """``<run>/init/``: the source's weights, tokenizer and settings, so that the run (eval.py, resume,
     trident.load) never needs the source again; ``data.tokenizer`` then names the run's copy."""
     folder = run_dir / COPY_DIR
@@ -246,20 +231,20 @@ def copy_source(cfg: DictConfig, source: InitSource, run_dir: Path) -> None:
                 cfg.data.tokenizer = str(folder / "tokenizer.json")
 
 
-def _read_copy(folder: Path) -> InitSource:
+def _read_copy(folder: Path) -> PretrainedWeights:
     """A source as :func:`copy_source` left it in a run directory."""
     described = json.loads((folder / "source.json").read_text())
     tokenizer = folder / "tokenizer.json"
-    return InitSource(
+    return PretrainedWeights(
         **described,
         state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True),
         tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer.is_file() else None,
     )
 
 
-
-def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embeddings_only: bool) -> InitSource | None:
-    """The run's ``init_from`` source with its architecture put into ``cfg``; a resumed run reads
+def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embeddings_only: bool) -> PretrainedWeights | None:
+    """The run's ``init_from`` source, with what it fixes (its architecture, its tokenizer) written into
+    ``cfg`` in one step (:func:`apply_settings`) before the config is checked; a resumed run reads
     the copy in its own directory (the original may have moved). ``embeddings_only``
     (``init_only=embeddings``) lets a source of another stack in."""
     if not cfg.get("init_from"):
@@ -273,7 +258,8 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embe
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
     check_source_task(str(cfg.task.name), source)
-    apply_source(cfg, source, explicit)
+    fixed = settings_fixed_by(cfg, source, explicit)
+    apply_settings(cfg, fixed)
     check_source_stack(cfg.task, source, embeddings_only)
-    stage_tokenizer(cfg, source, explicit)
+    stage_tokenizer(source, fixed)
     return source

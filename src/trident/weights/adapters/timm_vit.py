@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trident.convert.common import require_source
-from trident.convert.weights import PretrainedWeights
 from trident.errors import ConfigError, DataError
+from trident.weights.adapters.common import require_source
+from trident.weights.pretrained import PretrainedWeights
 
 log = logging.getLogger(__name__)
 

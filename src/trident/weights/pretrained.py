@@ -1,4 +1,5 @@
-"""What every reader of an outside format returns: weights and settings in trident's terms."""
+"""What every source of weights gives (a trident run or checkpoint, a Hugging Face or timm file, the copy
+in a run's ``init/``): weights and settings in trident's terms."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class PretrainedWeights:
-    """Weights from outside trident, expressed in trident's terms."""
+    """Weights from a trident run or from outside trident, expressed in trident's terms."""
 
     source: str  # the path or name it was read from
-    format: str  # "hf-gpt2" | "hf-bert" | "hf-vit" | "timm-vit"
-    task: str  # the trident task whose `net` these weights fit: "lm" | "mlm" | "vit"
+    format: str  # "trident" | "hf-gpt2" | "hf-bert" | "hf-vit" | "timm-vit"
+    task: str  # the trident task whose `net` these weights fit: "lm" | "mlm" | "vit" | "translation" | "classify"
     model: dict[str, Any]  # `model` group values the source fixes (TransformerConfig field names)
     pos_encoding: str  # `pos_encoding` group choice (e.g. "learned")
     task_options: dict[str, Any]  # `task` group values the source fixes (e.g. tie_embeddings, scale_embeddings)
     data_options: dict[str, Any]  # `data` group values the source fixes (e.g. max_seq_len, image_size, patch_size)
     state_dict: dict[str, Tensor]  # keys exactly as the trident task's `net.state_dict()` names them
     tokenizer: Tokenizer | None  # tokenizers.Tokenizer for text sources (from tokenizer.json, or vocab files)
-    num_classes: int | None  # size of the source's classification head, if it has one
-    vocab_size: int | None = None  # rows of the source's token embedding (text sources)
+    num_classes: int | None = None  # size of the source's classification head, if it has one (outside sources)
+    vocab_size: int | None = None  # rows of the source's token embedding (outside text sources)
+    pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # `pos_encoding.options` (trident sources)
     # What the weights table says beside a parameter group ("encoder.blocks"): a setting the file does not record.
     notes: dict[str, str] = field(default_factory=dict)

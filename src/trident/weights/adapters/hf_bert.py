@@ -15,7 +15,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.data.masking import MASK_TOKEN, PAD_TOKEN
+from trident.models import MaskedLM
+from trident.weights.adapters.common import (
     encoder_settings,
     layer_from_hf,
     layer_to_hf,
@@ -24,12 +26,12 @@ from trident.convert.common import (
     require_source,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.data.masking import MASK_TOKEN, PAD_TOKEN
-from trident.models import MaskedLM
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-bert"
+MODEL_TYPE = "bert"
 ARCHITECTURES = ("BertForMaskedLM", "BertModel")
+NETWORK = MaskedLM
 TARGET = "BERT (hf export)"
 TOKEN_TYPES = 2  # BERT's sentence A / sentence B
 # Tokenizer attribute -> token, where the run's vocabulary has it (trident's MLM appends [MASK] and [PAD]).
@@ -63,7 +65,7 @@ _HEAD = {
 _POSITIONS, _TYPES = "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight"
 
 
-def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
     require_source(config.get("position_embedding_type", "absolute") == "absolute", source,
                    f"position_embedding_type={config.get('position_embedding_type')}")
     require_source(not config.get("is_decoder", False), source, "a causal BERT (is_decoder=true)")
@@ -95,7 +97,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
     )
 
 
-def to_hf(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``BertConfig`` arguments and ``BertForMaskedLM`` state dict of ``net``."""
     cfg = net.cfg
     require_hf_block(cfg, TARGET, norm_first=False, embedding_norm=True)

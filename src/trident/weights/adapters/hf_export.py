@@ -11,31 +11,17 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import nn
 
-from trident.convert import hf_bert, hf_gpt2, hf_vit
-from trident.errors import ConfigError
 from trident.extras import require_package
-from trident.models import CausalLM, MaskedLM
-from trident.models.vit import VisionTransformer
+from trident.weights.adapters.registry import adapter_for_network
 
-# The trident model class -> the adapter that writes it in Hugging Face's terms.
-HF_EXPORTS: dict[type[nn.Module], ModuleType] = {CausalLM: hf_gpt2, MaskedLM: hf_bert, VisionTransformer: hf_vit}
 # The special tokens whose ids a Hugging Face config holds (``<name>_id``); each adapter's SPECIAL_TOKENS says which it has.
 CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
-
-
-def adapter_for(net: nn.Module) -> ModuleType:
-    adapter = HF_EXPORTS.get(type(net))
-    if adapter is None:
-        kinds = ", ".join(f"{cls.__name__} ({module.ARCHITECTURES[0]})" for cls, module in HF_EXPORTS.items())
-        raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")
-    return adapter
 
 
 def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None) -> dict[str, Any]:
@@ -43,7 +29,7 @@ def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Seque
     token in the run's own tokenizer (None where it lacks the token), and ``id2label`` / ``label2id``."""
     settings: dict[str, Any] = {}
     if tokenizer is not None:
-        specials = adapter_for(net).SPECIAL_TOKENS
+        specials = adapter_for_network(net).SPECIAL_TOKENS
         settings |= {f"{name}_id": tokenizer.token_to_id(specials[name]) if name in specials else None for name in CONFIG_TOKENS}
     if class_names:
         settings |= {"id2label": dict(enumerate(class_names)), "label2id": {name: i for i, name in enumerate(class_names)}}
@@ -51,12 +37,12 @@ def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Seque
 
 
 def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
-    """``net`` as the ``transformers`` model of :data:`HF_EXPORTS` (eval mode), with the same weights;
+    """``net`` as the ``transformers`` model of :data:`~trident.weights.adapters.registry.ADAPTERS` (eval mode), with the same weights;
     ``run``: further config entries (:func:`run_settings`)."""
     require_package("transformers")
     import transformers
 
-    architecture, settings, state = adapter_for(net).to_hf(net)
+    architecture, settings, state = adapter_for_network(net).from_trident(net)
     settings |= run or {}
     model_class = getattr(transformers, architecture)
     # The adapters write the checkpoint names Hugging Face publishes; transformers renames them to its
@@ -79,6 +65,6 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     if tokenizer is not None:
         from transformers import PreTrainedTokenizerFast
 
-        known = adapter_for(net).SPECIAL_TOKENS
+        known = adapter_for_network(net).SPECIAL_TOKENS
         specials = {name: token for name, token in known.items() if tokenizer.token_to_id(token) is not None}
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials).save_pretrained(directory)

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
-# Imported by module path: `from trident.convert import ...` would import this package's __init__ (a cycle).
-import trident.convert.hf_bert as hf_bert  # noqa: PLR0402
-import trident.convert.hf_gpt2 as hf_gpt2  # noqa: PLR0402
-import trident.convert.hf_vit as hf_vit  # noqa: PLR0402
-from trident.convert.hf_files import read_config, read_state_dict, read_tokenizer
-from trident.convert.timm_vit import from_timm, read_timm_file, timm_config
-from trident.convert.weights import PretrainedWeights
 from trident.errors import ConfigError, DataError
+from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer
+from trident.weights.adapters.registry import adapter_for_model_type, architectures
+from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_config
+from trident.weights.pretrained import PretrainedWeights
 
-# Hugging Face config.json "model_type" -> the adapter module (from_hf, to_hf, ARCHITECTURES).
-HF_ADAPTERS: dict[str, ModuleType] = {"gpt2": hf_gpt2, "bert": hf_bert, "vit": hf_vit}
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 # Encoder-decoders the backbone cannot express exactly (README, "Not converted"): model_type -> what it lacks.
 NOT_EXPRESSIBLE = {
@@ -27,7 +21,7 @@ NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
 
 def supported() -> str:
     """The formats ``read_pretrained`` takes, in the words of its error messages."""
-    names = ", ".join(arch for adapter in HF_ADAPTERS.values() for arch in adapter.ARCHITECTURES)
+    names = ", ".join(architectures())
     return (f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)}) or "
             "directory (timm's config.json + weights)")
 
@@ -58,7 +52,7 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
         return from_timm(read_state_dict(path), source, timm, n_heads)
     config = read_config(path)
     model_type = config.get("model_type")
-    adapter = HF_ADAPTERS.get(str(model_type))
+    adapter = adapter_for_model_type(str(model_type))
     architectures = config.get("architectures") or []
     if model_type in NOT_EXPRESSIBLE:
         raise DataError(
@@ -73,7 +67,7 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
         )
     state = read_state_dict(path)
     try:
-        return adapter.from_hf(config, state, read_tokenizer(path), source)
+        return adapter.to_trident(config, state, read_tokenizer(path), source)
     except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
         missing, kind = err.args[0], f"a {model_type} ({', '.join(adapter.ARCHITECTURES)})"
         if "." not in str(missing):  # a config.json setting (tensor names always have a dot)

@@ -16,10 +16,15 @@ import hydra.utils
 from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import DataError
-from trident.runs.checkpoint_io import RETIRED_SETTINGS, checkpoint_of, load_task_checkpoint, read_checkpoint
-from trident.runs.resume import run_config_of
 from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
+from trident.weights.checkpoints import (
+    RETIRED_SETTINGS,
+    checkpoint_of,
+    load_task_checkpoint,
+    read_checkpoint,
+    run_config_of,
+)
 
 # The tasks whose checkpoints predate TASK_KEY (every later task records itself).
 EARLIER_TASKS = {

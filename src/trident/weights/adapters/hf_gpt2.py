@@ -13,7 +13,9 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.convert.common import (
+from trident.data.tokenization import END_OF_TEXT, UNK
+from trident.models import CausalLM
+from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     hf_model_settings,
@@ -22,12 +24,12 @@ from trident.convert.common import (
     require_source,
     strip_prefix,
 )
-from trident.convert.weights import PretrainedWeights
-from trident.data.tokenization import END_OF_TEXT, UNK
-from trident.models import CausalLM
+from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-gpt2"
+MODEL_TYPE = "gpt2"
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
+NETWORK = CausalLM
 TARGET = "GPT-2 (hf export)"
 # Tokenizer attribute -> token, where the run's vocabulary has it: GPT-2 begins and ends a text with
 # <|endoftext|> and has no padding token; trident's character vocabularies have <unk>.
@@ -52,7 +54,18 @@ _TOP = {"wte.weight": "embed.weight", "wpe.weight": "decoder.pos_encoding.embedd
         "ln_f.weight": "decoder.final_norm.weight", "ln_f.bias": "decoder.final_norm.bias"}
 
 
-def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def _blocks(state: dict[str, Tensor], n_layers: int, *, to_trident: bool) -> dict[str, Tensor]:
+    """The blocks' tensors of ``state`` in the other naming: GPT-2's ``h.<i>.*`` (without ``transformer.``)
+    -> trident's ``decoder.blocks.<i>.*``, or back; a Conv1D weight is transposed either way."""
+    out: dict[str, Tensor] = {}
+    for i in range(n_layers):
+        for name, (target, transposed) in _BLOCK.items():
+            read, write = (f"h.{i}.{name}", f"decoder.blocks.{i}.{target}")[:: 1 if to_trident else -1]
+            out[write] = state[read].t().contiguous() if transposed else state[read]
+    return out
+
+
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
     require_source(not config.get("add_cross_attention", False), source, "cross-attention layers")
     require_source(config.get("scale_attn_weights", True), source, "unscaled attention (scale_attn_weights=false)")
     require_source(not config.get("scale_attn_by_inverse_layer_idx", False), source,
@@ -60,11 +73,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
     d_model, n_layers = int(config["n_embd"]), int(config["n_layer"])
     tied = bool(config.get("tie_word_embeddings", True))
     backbone = strip_prefix(state, "transformer.")
-    out = {_TOP[name]: backbone[name] for name in _TOP}
-    for i in range(n_layers):
-        for name, (target, transposed) in _BLOCK.items():
-            tensor = backbone[f"h.{i}.{name}"]
-            out[f"decoder.blocks.{i}.{target}"] = tensor.t().contiguous() if transposed else tensor
+    out = {_TOP[name]: backbone[name] for name in _TOP} | _blocks(backbone, n_layers, to_trident=True)
     head = state.get("lm_head.weight")
     out["head.weight"] = out["embed.weight"] if tied or head is None else head
     return PretrainedWeights(
@@ -91,7 +100,7 @@ def from_hf(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokeniz
     )
 
 
-def to_hf(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+def from_trident(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``GPT2Config`` arguments and ``GPT2LMHeadModel`` state dict of ``net``."""
     cfg = net.cfg
     tied = net.head.weight is net.embed.weight
@@ -113,9 +122,6 @@ def to_hf(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     }
     own = net.state_dict()
     state = {f"transformer.{name}": own[target] for name, target in _TOP.items()}
-    for i in range(cfg.n_layers):
-        for name, (target, transposed) in _BLOCK.items():
-            tensor = own[f"decoder.blocks.{i}.{target}"]
-            state[f"transformer.h.{i}.{name}"] = tensor.t().contiguous() if transposed else tensor
+    state |= {f"transformer.{name}": tensor for name, tensor in _blocks(own, cfg.n_layers, to_trident=False).items()}
     state["lm_head.weight"] = own["head.weight"]
     return "GPT2LMHeadModel", config, state

@@ -112,7 +112,7 @@ def _resampled_positions(net: nn.Module, weights: dict[str, Tensor]) -> tuple[di
     side = math.isqrt(max(table.shape[0] - prefix, 0))
     if grid is None or side * side != table.shape[0] - prefix or table.shape[1] != here.shape[1]:
         return weights, {}  # not a square grid of this width: refused as not fitting
-    from trident.convert.timm_vit import resample_position_table  # imports timm: only here
+    from trident.weights.adapters.timm_vit import resample_position_table  # imports timm: only here
 
     resampled = resample_position_table(table, grid, prefix)  # (prefix + h*w, D)
     return weights | {POSITION_TABLE: resampled}, {group_of(POSITION_TABLE): f"resampled {side}x{side} -> {grid[0]}x{grid[1]}"}

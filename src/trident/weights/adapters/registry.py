@@ -1,0 +1,31 @@
+"""The one registry of Hugging Face adapters, read by ``read_pretrained`` (by ``config.json``'s
+``model_type``) and by the hf export (by the trident network's class). A new family: one line here."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from trident.errors import ConfigError
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit
+from trident.weights.adapters.base import Adapter
+
+ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit)
+
+
+def adapter_for_model_type(model_type: str) -> Adapter | None:
+    """The adapter that reads a ``config.json`` of ``model_type``, or None where trident has none."""
+    return next((adapter for adapter in ADAPTERS if adapter.MODEL_TYPE == model_type), None)
+
+
+def adapter_for_network(net: nn.Module) -> Adapter:
+    """The adapter that writes ``net``; a network of no registered family is one ConfigError line."""
+    adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK), None)
+    if adapter is None:
+        kinds = ", ".join(f"{adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]})" for adapter in ADAPTERS)
+        raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")
+    return adapter
+
+
+def architectures() -> list[str]:
+    """Every transformers class the adapters read, in registry order."""
+    return [name for adapter in ADAPTERS for name in adapter.ARCHITECTURES]
