@@ -24,6 +24,7 @@ from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.registry import TASKS
 
 from .conftest import CONF_DIR, ROOT
 
@@ -45,6 +46,13 @@ def test_every_task_option_builds_a_trident_task(option: str) -> None:
     assert issubclass(task_class, TridentTask), target
     assert not inspect.isabstract(task_class), f"{target} leaves {sorted(task_class.__abstractmethods__)} abstract"
     assert task_class.configure_optimizers is TridentTask.configure_optimizers, "one configure_optimizers for all tasks"
+    # The task's name is its yaml's, and the registry finds the class by it: one name, whoever asks.
+    assert task_class.NAME == OmegaConf.load(CONF_DIR / "task" / f"{option}.yaml").task.name
+    assert TASKS[task_class.NAME] is task_class
+
+
+def test_the_registry_holds_every_task_option() -> None:
+    assert sorted(TASKS) == sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
 
 
 def _probes(path: Path) -> list[str]:
@@ -66,6 +74,44 @@ def test_the_pipeline_calls_the_contract_instead_of_probing() -> None:
     assert [probe for caller in TASK_CALLERS for probe in _probes(SRC / caller)] == []
 
 
+def _class_switches(path: Path) -> list[str]:
+    """``isinstance`` / ``issubclass`` calls and ``type(x) is / ==`` comparisons in ``path`` that test a class
+    imported from trident.models or trident.tasks, other than the contract base ``TridentTask`` (asking whether
+    a class a config or checkpoint names is a task at all is no switch between tasks)."""
+    tree = ast.parse(path.read_text())
+    network_or_task = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and (node.module or "").startswith(("trident.models", "trident.tasks"))
+                       for alias in node.names} - {"TridentTask"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+            tested = node.args[1:]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and ast.unparse(node.left.func) == "type":
+            tested = node.comparators
+        else:
+            continue
+        if {n.id for arg in tested for n in ast.walk(arg) if isinstance(n, ast.Name)} & network_or_task:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_switch_on_network_or_task_classes_outside_their_rooms() -> None:
+    """What differs between tasks is asked of the task (TridentTask: NAME, READS, ENCODER_DECODER, stack,
+    example_input) or of its network's module, never switched on outside trident.tasks and trident.models."""
+    outside = [path for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] not in ("tasks", "models")]
+    assert [switch for path in outside for switch in _class_switches(path)] == []
+
+
+def test_the_scan_finds_a_switch(tmp_path: Path) -> None:
+    switching = tmp_path / "switching.py"
+    switching.write_text("from trident.models import CausalLM as LM, MaskedLM\nfrom trident.tasks.base import TridentTask\n"
+                         "from trident.tasks.vit import ImageClassificationTask\n"
+                         "def f(net, task, cls):\n    if isinstance(net, LM | MaskedLM) or type(task) is ImageClassificationTask:\n"
+                         "        return issubclass(cls, (TridentTask, ImageClassificationTask))\n"
+                         "    return isinstance(task, TridentTask)\n")
+    assert len(_class_switches(switching)) == 3
+
+
 def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
     probing = tmp_path / "probing.py"
     probing.write_text("def f(task, pl_module):\n    return getattr(task, 'tokenizer', None), hasattr(pl_module, 'net')\n")
@@ -73,6 +119,7 @@ def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
 
 
 class _LanguageModelWithoutFlops(TridentTask):
+    NAME = "lm_without_flops"
     DATA_MODULE = LMDataModule
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
@@ -80,13 +127,19 @@ class _LanguageModelWithoutFlops(TridentTask):
 
 
 def test_a_task_without_a_hook_is_not_built() -> None:
-    with pytest.raises(TypeError, match="abstract class _LanguageModelWithoutFlops with abstract method flops_per_batch"):
+    with pytest.raises(TypeError, match="abstract class _LanguageModelWithoutFlops with abstract methods example_input, "
+                                        "flops_per_batch"):
         _LanguageModelWithoutFlops(BACKBONE, OPTIMIZER, SCHEDULER)
 
 
 def test_a_task_without_a_data_module_fails_where_it_is_defined() -> None:
     with pytest.raises(TypeError, match="must set DATA_MODULE to the TridentDataModule subclass"):
         type("Orphan", (TridentTask,), {})
+
+
+def test_a_task_without_a_name_fails_where_it_is_defined() -> None:
+    with pytest.raises(TypeError, match="Nameless must set NAME to its task= option"):
+        type("Nameless", (TridentTask,), {"DATA_MODULE": LMDataModule})
 
 
 def test_the_default_geometry_is_the_data_context() -> None:
