@@ -24,7 +24,10 @@ from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.registry import TASKS
+from trident.tasks.translation import TranslationTask
+from trident.tasks.vit import ImageClassificationTask
 
 from .conftest import CONF_DIR, ROOT
 
@@ -210,3 +213,32 @@ def test_a_backbone_frozen_for_good_leaves_only_the_head_to_the_optimizer() -> N
     assert _groups(_classifier(freeze_backbone_steps=-1)) == {
         "head": ({"head.weight"}, 1.0, 0.1), "head_no_decay": ({"head.bias"}, 1.0, 0.0),
     }
+
+
+def _every_task() -> list[TridentTask]:
+    """One small instance of each task, the text tasks on 11 tokens, positions learned (a bounded context)."""
+    images = {"num_classes": 3, "image_size": 8, "in_channels": 1, "patch_size": 4, "class_names": ["a", "b", "c"],
+              "mean": [0.5], "std": [0.5]}
+    grid = ImageClassificationTask.backbone_geometry({"image_size": 8, "patch_size": 4}, {})
+    return [LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER),
+            MaskedLanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, mask_id=9, pad_id=10, num_regular_tokens=9),
+            TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER),
+            _classifier(), _classifier(pool="mean"),
+            ImageClassificationTask({**BACKBONE, **grid}, OPTIMIZER, SCHEDULER, **images)]
+
+
+@pytest.mark.parametrize("task", _every_task(), ids=lambda task: f"{task.NAME}-{task.hparams.get('pool', '')}")
+def test_every_example_input_runs_its_network_at_the_bounds_of_its_axes(task: TridentTask) -> None:
+    """The ONNX export traces ``net`` on these inputs and lets each dynamic axis take any size in its Dim's
+    range: the network runs on the example, and on every axis at its longest (a bounded position table)."""
+    torch.manual_seed(0)
+    inputs = task.example_input()
+    assert len({i.onnx_name for i in inputs}) == len(inputs)
+    for i in inputs:
+        assert all(dim.min <= i.example.shape[axis] <= dim.max for axis, dim in i.dynamic.items()), i.onnx_name
+    longest = {i.parameter: tuple(min(i.dynamic[a].max, 64) if a in i.dynamic else n for a, n in enumerate(i.example.shape))
+               for i in inputs}
+    with torch.no_grad():
+        for values in ({i.parameter: i.example for i in inputs},
+                       {i.parameter: torch.zeros(longest[i.parameter], dtype=i.example.dtype) for i in inputs}):
+            assert task.net.eval()(**values).shape[0] == len(next(iter(values.values())))
