@@ -157,6 +157,15 @@ def test_a_run_directory_reads_its_best_checkpoint_else_its_last(files: list[str
     assert checkpoint_of(tmp_path / expected) == tmp_path / expected
 
 
+def test_a_checkpoint_with_another_tasks_settings_names_the_task_it_claims(tmp_path: Path) -> None:
+    # The task's name in the line is its task= option (the class's NAME), whatever module it lives in.
+    torch.save({"state_dict": {}, TASK_KEY: "trident.tasks.mlm.MaskedLanguageModelTask",
+                "hyper_parameters": {"tie_embeddings": True}}, tmp_path / "mixed.ckpt")
+    with pytest.raises(DataError, match=r"is not a trident mlm checkpoint \(it has the setting 'tie_embeddings'\): "
+                                        r"use a checkpoint of a task=mlm run"):
+        trident.load(tmp_path / "mixed.ckpt")
+
+
 @pytest.mark.slow
 def test_import_trident_stays_light() -> None:
     import subprocess

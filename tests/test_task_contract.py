@@ -24,6 +24,10 @@ from trident.tasks.base import TridentTask
 from trident.tasks.checkpointing import TASK_KEY
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.mlm import MaskedLanguageModelTask
+from trident.tasks.registry import TASKS
+from trident.tasks.translation import TranslationTask
+from trident.tasks.vit import ImageClassificationTask
 
 from .conftest import CONF_DIR, ROOT
 
@@ -45,6 +49,13 @@ def test_every_task_option_builds_a_trident_task(option: str) -> None:
     assert issubclass(task_class, TridentTask), target
     assert not inspect.isabstract(task_class), f"{target} leaves {sorted(task_class.__abstractmethods__)} abstract"
     assert task_class.configure_optimizers is TridentTask.configure_optimizers, "one configure_optimizers for all tasks"
+    # The task's name is its yaml's, and the registry finds the class by it: one name, whoever asks.
+    assert task_class.NAME == OmegaConf.load(CONF_DIR / "task" / f"{option}.yaml").task.name
+    assert TASKS[task_class.NAME] is task_class
+
+
+def test_the_registry_holds_every_task_option() -> None:
+    assert sorted(TASKS) == sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
 
 
 def _probes(path: Path) -> list[str]:
@@ -66,6 +77,44 @@ def test_the_pipeline_calls_the_contract_instead_of_probing() -> None:
     assert [probe for caller in TASK_CALLERS for probe in _probes(SRC / caller)] == []
 
 
+def _class_switches(path: Path) -> list[str]:
+    """``isinstance`` / ``issubclass`` calls and ``type(x) is / ==`` comparisons in ``path`` that test a class
+    imported from trident.models or trident.tasks, other than the contract base ``TridentTask`` (asking whether
+    a class a config or checkpoint names is a task at all is no switch between tasks)."""
+    tree = ast.parse(path.read_text())
+    network_or_task = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and (node.module or "").startswith(("trident.models", "trident.tasks"))
+                       for alias in node.names} - {"TridentTask"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+            tested = node.args[1:]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and ast.unparse(node.left.func) == "type":
+            tested = node.comparators
+        else:
+            continue
+        if {n.id for arg in tested for n in ast.walk(arg) if isinstance(n, ast.Name)} & network_or_task:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_switch_on_network_or_task_classes_outside_their_rooms() -> None:
+    """What differs between tasks is asked of the task (TridentTask: NAME, READS, ENCODER_DECODER, stack,
+    example_input) or of its network's module, never switched on outside trident.tasks and trident.models."""
+    outside = [path for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] not in ("tasks", "models")]
+    assert [switch for path in outside for switch in _class_switches(path)] == []
+
+
+def test_the_scan_finds_a_switch(tmp_path: Path) -> None:
+    switching = tmp_path / "switching.py"
+    switching.write_text("from trident.models import CausalLM as LM, MaskedLM\nfrom trident.tasks.base import TridentTask\n"
+                         "from trident.tasks.vit import ImageClassificationTask\n"
+                         "def f(net, task, cls):\n    if isinstance(net, LM | MaskedLM) or type(task) is ImageClassificationTask:\n"
+                         "        return issubclass(cls, (TridentTask, ImageClassificationTask))\n"
+                         "    return isinstance(task, TridentTask)\n")
+    assert len(_class_switches(switching)) == 3
+
+
 def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
     probing = tmp_path / "probing.py"
     probing.write_text("def f(task, pl_module):\n    return getattr(task, 'tokenizer', None), hasattr(pl_module, 'net')\n")
@@ -73,6 +122,7 @@ def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
 
 
 class _LanguageModelWithoutFlops(TridentTask):
+    NAME = "lm_without_flops"
     DATA_MODULE = LMDataModule
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
@@ -80,13 +130,19 @@ class _LanguageModelWithoutFlops(TridentTask):
 
 
 def test_a_task_without_a_hook_is_not_built() -> None:
-    with pytest.raises(TypeError, match="abstract class _LanguageModelWithoutFlops with abstract method flops_per_batch"):
+    with pytest.raises(TypeError, match="abstract class _LanguageModelWithoutFlops with abstract methods example_input, "
+                                        "flops_per_batch"):
         _LanguageModelWithoutFlops(BACKBONE, OPTIMIZER, SCHEDULER)
 
 
 def test_a_task_without_a_data_module_fails_where_it_is_defined() -> None:
     with pytest.raises(TypeError, match="must set DATA_MODULE to the TridentDataModule subclass"):
         type("Orphan", (TridentTask,), {})
+
+
+def test_a_task_without_a_name_fails_where_it_is_defined() -> None:
+    with pytest.raises(TypeError, match="Nameless must set NAME to its task= option"):
+        type("Nameless", (TridentTask,), {"DATA_MODULE": LMDataModule})
 
 
 def test_the_default_geometry_is_the_data_context() -> None:
@@ -157,3 +213,32 @@ def test_a_backbone_frozen_for_good_leaves_only_the_head_to_the_optimizer() -> N
     assert _groups(_classifier(freeze_backbone_steps=-1)) == {
         "head": ({"head.weight"}, 1.0, 0.1), "head_no_decay": ({"head.bias"}, 1.0, 0.0),
     }
+
+
+def _every_task() -> list[TridentTask]:
+    """One small instance of each task, the text tasks on 11 tokens, positions learned (a bounded context)."""
+    images = {"num_classes": 3, "image_size": 8, "in_channels": 1, "patch_size": 4, "class_names": ["a", "b", "c"],
+              "mean": [0.5], "std": [0.5]}
+    grid = ImageClassificationTask.backbone_geometry({"image_size": 8, "patch_size": 4}, {})
+    return [LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER),
+            MaskedLanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, mask_id=9, pad_id=10, num_regular_tokens=9),
+            TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER),
+            _classifier(), _classifier(pool="mean"),
+            ImageClassificationTask({**BACKBONE, **grid}, OPTIMIZER, SCHEDULER, **images)]
+
+
+@pytest.mark.parametrize("task", _every_task(), ids=lambda task: f"{task.NAME}-{task.hparams.get('pool', '')}")
+def test_every_example_input_runs_its_network_at_the_bounds_of_its_axes(task: TridentTask) -> None:
+    """The ONNX export traces ``net`` on these inputs and lets each dynamic axis take any size in its Dim's
+    range: the network runs on the example, and on every axis at its longest (a bounded position table)."""
+    torch.manual_seed(0)
+    inputs = task.example_input()
+    assert len({i.onnx_name for i in inputs}) == len(inputs)
+    for i in inputs:
+        assert all(dim.min <= i.example.shape[axis] <= dim.max for axis, dim in i.dynamic.items()), i.onnx_name
+    longest = {i.parameter: tuple(min(i.dynamic[a].max, 64) if a in i.dynamic else n for a, n in enumerate(i.example.shape))
+               for i in inputs}
+    with torch.no_grad():
+        for values in ({i.parameter: i.example for i in inputs},
+                       {i.parameter: torch.zeros(longest[i.parameter], dtype=i.example.dtype) for i in inputs}):
+            assert task.net.eval()(**values).shape[0] == len(next(iter(values.values())))

@@ -7,7 +7,9 @@
   with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it.
 - ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
   (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
-- ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``; batch and length dynamic).
+- ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``) of every task, on the inputs its
+  ``example_input`` names (``input_ids``; classify also ``padding_mask``; translation ``source_ids`` and
+  ``target_ids``; vit ``pixel_values``), batch and text lengths dynamic.
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
 existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and
@@ -26,12 +28,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_model
-from torch import Tensor, nn
 
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
-from trident.models import CausalLM, MaskedLM
-from trident.models.vit import VisionTransformer
 from trident.tasks.base import TridentTask
 from trident.weights.adapters.hf_export import write_hf
 
@@ -44,7 +43,7 @@ def export_safetensors(task: TridentTask, directory: Path) -> None:
     # save_model keeps one name of each group of shared tensors (the tied head); load_model ties them again.
     save_model(task.net, str(directory / "model.safetensors"))
     config = {
-        "task": type(task).__module__.rsplit(".", 1)[-1],
+        "task": task.NAME,
         "task_class": f"{type(task).__module__}.{type(task).__qualname__}",
         "hyper_parameters": dict(task.hparams),
     }
@@ -53,26 +52,13 @@ def export_safetensors(task: TridentTask, directory: Path) -> None:
         task.tokenizer.save(str(directory / "tokenizer.json"))
 
 
-def example_input(net: nn.Module) -> Tensor:
-    """A batch the export traces with: token ids for the text models, images for the ViT."""
-    if isinstance(net, VisionTransformer):
-        conv = net.patch_embed.proj
-        side = net.encoder.cfg.grid[0] * conv.kernel_size[0] if net.encoder.cfg.grid else 0
-        return torch.randn(2, conv.in_channels, side, side)  # (B, C, H, W)
-    if isinstance(net, CausalLM | MaskedLM):
-        return torch.randint(0, net.vocab_size, (2, min(8, net.cfg.max_seq_len)))  # (B, T)
-    raise ConfigError(f"the onnx export writes CausalLM, MaskedLM and VisionTransformer models, not {type(net).__name__}")
-
-
 def export_onnx(task: TridentTask, directory: Path) -> None:
     require_package("onnxscript")
-    example = example_input(task.net)
-    batch = torch.export.Dim("batch", min=1)
-    # Images have a fixed size (the position table's); token sequences any length up to the context.
-    dims = {0: batch} if example.is_floating_point() else {0: batch, 1: torch.export.Dim("length", min=1, max=task.net.cfg.max_seq_len)}
-    torch.onnx.export(task.net, (example,), str(directory / "model.onnx"), dynamo=True, dynamic_shapes=(dims,),
-                      input_names=["pixel_values" if example.is_floating_point() else "input_ids"],
-                      output_names=["logits"], optimize=True, external_data=False)
+    inputs = task.example_input()  # the task's network inputs, with which of their axes are free
+    torch.onnx.export(task.net, (), str(directory / "model.onnx"), kwargs={i.parameter: i.example for i in inputs},
+                      dynamo=True, dynamic_shapes={i.parameter: i.dynamic for i in inputs},
+                      input_names=[i.onnx_name for i in inputs], output_names=["logits"], optimize=True,
+                      external_data=False)
 
 
 FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {

@@ -100,3 +100,11 @@ def attention_rollout(weights: list[Tensor]) -> Tensor:
     if rollout is None:
         raise ValueError("attention_rollout needs at least one layer of weights")
     return rollout
+
+
+def patch_grid(net: nn.Module) -> tuple[tuple[int, int], int] | None:
+    """The patch grid and class-token prefix of ``net`` if it is a :class:`VisionTransformer` (a source's
+    position table of another image size is resampled to them), else None."""
+    if not isinstance(net, VisionTransformer) or net.encoder.cfg.grid is None:
+        return None
+    return net.encoder.cfg.grid, net.num_prefix_tokens

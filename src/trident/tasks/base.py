@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import hydra.utils
 import lightning as L
+import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
-from torch import nn
+from torch import Tensor, nn
+from torch.export import Dim
 
 from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.tasks.checkpointing import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
+
+# What a network's stack is, in the words of the error lines.
+STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
+
+
+@dataclass(frozen=True)
+class NetInput:
+    """One input of a task's ``net.forward`` as the ONNX export traces it."""
+
+    parameter: str  # the name ``net.forward`` takes it by
+    onnx_name: str  # the exported graph's input name
+    example: Tensor
+    dynamic: dict[int, Dim]  # axis -> its size, free at run time (inputs that share one Dim share the size)
+
+
+def token_ids(vocab_size: int, longest: int, length: int = 8) -> tuple[Tensor, dict[int, Dim]]:
+    """Example token ids (B=2, T=``length`` or ``longest`` if shorter) and their dynamic axes: any batch size,
+    any length up to ``longest``."""
+    ids = torch.randint(0, vocab_size, (2, min(length, longest)))  # (B, T)
+    return ids, {0: Dim("batch", min=1), 1: Dim("length", min=1, max=longest)}
 
 
 class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
@@ -35,21 +58,32 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     vocabulary is large): it travels in the checkpoint itself (:class:`TaskInCheckpoint`).
     """
 
+    #: The ``task=`` option (its yaml's ``task.name``; tests/test_task_contract.py holds them equal).
+    NAME: ClassVar[str]
     #: The data module this task trains on (checked before any work).
     DATA_MODULE: ClassVar[type[TridentDataModule]]
     #: Whether a checkpoint of this task must hold a tokenizer (text tasks) to be usable.
     NEEDS_TOKENIZER: ClassVar[bool] = True
+    #: What the network reads, ``"text"`` or ``"images"``: ``init_from`` takes only sources that read the same.
+    READS: ClassVar[str] = "text"
+    #: Whether the network is an encoder-decoder, which starts only from (and gives weights only to) another one:
+    #: an LM or MLM network has no cross-attention and its tokenizer no <s> / </s>.
+    ENCODER_DECODER: ClassVar[bool] = False
+    #: The stack a single-stack network runs, ``"decoder"`` or ``"encoder"`` (see :meth:`stack`).
+    STACK: ClassVar[str | None] = None
 
     #: The task's network: all its weights, and the module ``compile=true`` and the exports use.
     net: nn.Module
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A task class that names no data module fails where it is defined, not in its first run."""
+        """A task class that names no data module or no ``task=`` name fails where it is defined, not in its first run."""
         super().__init_subclass__(**kwargs)
         data_module = getattr(cls, "DATA_MODULE", None)
         if not (isinstance(data_module, type) and issubclass(data_module, TridentDataModule)):
             raise TypeError(f"{cls.__qualname__} must set DATA_MODULE to the TridentDataModule subclass it trains on, "
                             f"got {data_module!r}")
+        if not isinstance(getattr(cls, "NAME", None), str):
+            raise TypeError(f"{cls.__qualname__} must set NAME to its task= option (its conf/task yaml's task.name)")
 
     def __init__(
         self,
@@ -82,6 +116,21 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
                 f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
                 f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (README, config groups)"
             )
+
+    @classmethod
+    def stack(cls, task: DictConfig) -> str | None:
+        """The stack the network of a run with the ``task`` settings runs (None: not a single stack)."""
+        return cls.STACK
+
+    @classmethod
+    def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
+        """How the error line names this run (``task`` settings) when ``init_from`` holds the other stack,
+        ``source_stack``, and the fix it proposes."""
+        return f"task={cls.NAME}", f"pass the weights of {STACK_KINDS[str(cls.stack(task))]}"
+
+    @abstractmethod
+    def example_input(self) -> list[NetInput]:
+        """A batch ``net`` runs on, as the ONNX export traces it: its inputs in ``net.forward``'s order."""
 
     @abstractmethod
     def throughput_units(self, batch: Any) -> dict[str, int]:

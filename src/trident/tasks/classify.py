@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
@@ -16,7 +17,7 @@ from trident.data.base import TridentDataModule
 from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
-from trident.tasks.base import TridentTask
+from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
@@ -26,6 +27,7 @@ Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels
 
 
 class SequenceClassificationTask(TridentTask):
+    NAME = "classify"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
     net: SequenceClassifier
 
@@ -73,6 +75,23 @@ class SequenceClassificationTask(TridentTask):
         if task.stack == "encoder" and not pos_encoding_class(name).supports_bidirectional:
             raise ConfigError(f"pos_encoding={name} cannot serve the bidirectional encoder of task=classify: "
                               f"choose one of {', '.join(bidirectional_pos_encodings())}, or task.stack=decoder")
+
+    @classmethod
+    def stack(cls, task: DictConfig) -> str | None:
+        return str(task.stack)
+
+    @classmethod
+    def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
+        pool = "last" if source_stack == "decoder" else "cls"
+        return f"task={cls.NAME} with task.stack={task.stack}", f"set task.stack={source_stack} task.pool={pool}"
+
+    def example_input(self) -> list[NetInput]:
+        """Right-padded token ids and their padding mask (True at padding), which share batch and length."""
+        longest = self.net.cfg.max_seq_len - int(self.net.prepends_cls)  # the class token takes a position
+        ids, dynamic = token_ids(self.net.embed.num_embeddings, longest)
+        padding = torch.zeros_like(ids, dtype=torch.bool)  # (B, T)
+        padding[0, ids.shape[1] // 2:] = True
+        return [NetInput("ids", "input_ids", ids, dynamic), NetInput("key_padding_mask", "padding_mask", padding, dynamic)]
 
     def forward(self, ids: Tensor, padding: Tensor) -> Tensor:
         """``ids``: (B, T) right-padded, ``padding``: (B, T) True at padding -> class logits (B, C)."""

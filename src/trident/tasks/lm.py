@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import Tensor
 from torchmetrics.text import Perplexity
 
@@ -13,13 +14,15 @@ from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
-from trident.tasks.base import TridentTask
+from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
 from trident.training.text_logging import log_text_table
 
 
 class LanguageModelTask(TridentTask):
+    NAME = "lm"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
+    STACK = "decoder"
     net: CausalLM
 
     def __init__(
@@ -46,6 +49,14 @@ class LanguageModelTask(TridentTask):
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.net(ids)
+
+    @classmethod
+    def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
+        return f"task={cls.NAME}", f"fine-tune it with task=mlm or task=classify task.stack={source_stack}"
+
+    def example_input(self) -> list[NetInput]:
+        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
+        return [NetInput("ids", "input_ids", ids, dynamic)]
 
     def throughput_units(self, batch: tuple[Tensor, Tensor]) -> dict[str, int]:
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}

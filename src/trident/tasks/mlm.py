@@ -20,7 +20,7 @@ from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_gen
 from trident.data.mlm import MLMDataModule
 from trident.errors import ConfigError
 from trident.models import MaskedLM
-from trident.tasks.base import TridentTask
+from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
 from trident.training.text_logging import log_text_table
@@ -32,7 +32,9 @@ STAGES = {"train": 0, "val": 1, "test": 2}
 
 
 class MaskedLanguageModelTask(TridentTask):
+    NAME = "mlm"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
+    STACK = "encoder"
     net: MaskedLM
 
     def __init__(
@@ -98,6 +100,14 @@ class MaskedLanguageModelTask(TridentTask):
 
     def forward(self, ids: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         return self.net(ids, key_padding_mask=key_padding_mask)
+
+    @classmethod
+    def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
+        return f"task={cls.NAME}", f"fine-tune it with task=lm or task=classify task.stack={source_stack}"
+
+    def example_input(self) -> list[NetInput]:
+        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
+        return [NetInput("ids", "input_ids", ids, dynamic)]
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
         return {"tokens": batch.numel(), "samples": batch.size(0)}

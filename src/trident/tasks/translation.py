@@ -10,6 +10,7 @@ import sacrebleu
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.export import Dim
 from torchmetrics import MeanMetric
 
 from trident.data.base import TridentDataModule
@@ -17,7 +18,7 @@ from trident.data.batching import TranslationBatch
 from trident.data.translation import TranslationDataModule, detokenize
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
-from trident.tasks.base import TridentTask
+from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import encoder_decoder_flops
 from trident.training.losses import label_smoothed_cross_entropy
 from trident.training.text_logging import log_text_table
@@ -32,7 +33,9 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
 
 
 class TranslationTask(TridentTask):
+    NAME = "translation"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
+    ENCODER_DECODER = True
     net: EncoderDecoder
 
     def __init__(
@@ -73,6 +76,16 @@ class TranslationTask(TridentTask):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
+
+    def example_input(self) -> list[NetInput]:
+        """Source ids (padded with ``pad_id``) and the decoder's input ids, each of its own length -> the
+        decoder's logits (teacher forcing)."""
+        longest = self.net.max_positions
+        src, src_dynamic = token_ids(self.net.vocab_size, longest)
+        src[0, src.shape[1] // 2:] = self.pad_id
+        tgt_in = torch.randint(0, self.net.vocab_size, (2, min(6, longest)))  # (B, T)
+        tgt_dynamic = {0: src_dynamic[0], 1: Dim("target_length", min=1, max=longest)}
+        return [NetInput("src", "source_ids", src, src_dynamic), NetInput("tgt_in", "target_ids", tgt_in, tgt_dynamic)]
 
     def throughput_units(self, batch: TranslationBatch) -> dict[str, int]:
         """Real (non-padding) source and target tokens, and sentence pairs."""

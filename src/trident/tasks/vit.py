@@ -8,13 +8,14 @@ import torch
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
+from torch.export import Dim
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
-from trident.tasks.base import TridentTask
+from trident.tasks.base import NetInput, TridentTask
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -23,8 +24,11 @@ Batch = tuple[Tensor, Tensor]
 
 
 class ImageClassificationTask(TridentTask):
+    NAME = "vit"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False
+    READS = "images"
+    STACK = "encoder"
     net: VisionTransformer
 
     def __init__(
@@ -72,6 +76,13 @@ class ImageClassificationTask(TridentTask):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
+
+    def example_input(self) -> list[NetInput]:
+        """Images of the size the position table was made for (fixed), any batch size."""
+        conv, grid = self.net.patch_embed.proj, self.net.encoder.cfg.grid
+        side = grid[0] * conv.kernel_size[0] if grid else 0
+        images = torch.randn(2, conv.in_channels, side, side)  # (B, C, H, W)
+        return [NetInput("images", "pixel_values", images, {0: Dim("batch", min=1)})]
 
     def throughput_units(self, batch: Batch) -> dict[str, int]:
         return {"images": batch[0].size(0)}

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import hydra.utils
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -24,8 +25,9 @@ from tokenizers import Tokenizer
 
 from trident.backbone import pos_encoding_class
 from trident.errors import ConfigError, DataError
+from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.weights.checkpoints import read_checkpoint
-from trident.weights.load import checkpoint_of, task_class_of, task_name_of
+from trident.weights.load import checkpoint_of, task_class_of
 from trident.weights.pretrained import PretrainedWeights
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
@@ -44,17 +46,9 @@ _ABSENT = object()
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
 # The copy of the source inside the run directory: the run stays self-contained.
 COPY_DIR = "init"
-# An encoder-decoder starts only from an encoder-decoder (and gives its weights to no other task): an
-# LM or MLM network has no cross-attention and its tokenizer no <s> / </s>, so matching parameter
-# names would load a fraction of the model and call it a fine-tuning.
-ENCODER_DECODER_TASK = "translation"
-# The task whose network reads images (a patch embedding); the others read text (a token embedding).
-IMAGE_TASK = "vit"
-# The stack each task's network runs (classify: its task.stack). A source of the other stack shares only its
-# token embedding (and an LM's output layer) with the run's network: its blocks would be dropped and the
-# stack trained from scratch, which only ``init_only=embeddings`` asks for.
-TASK_STACKS = {"lm": "decoder", "mlm": "encoder", IMAGE_TASK: "encoder"}
-STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
+# The sources a task that reads text or images can start from (TridentTask.READS).
+SOURCES_READING = {"images": "an image model (a trident vit run, a Hugging Face ViT directory, a timm ViT file)",
+                   "text": "a text model (a trident lm, mlm or classify run, a GPT-2 or BERT directory)"}
 
 
 def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
@@ -89,7 +83,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
         data_options["max_seq_len"] = backbone["max_seq_len"]
     tokenizer_json = checkpoint.get("tokenizer_json")
     return PretrainedWeights(
-        source=str(path), format="trident", task=task_name_of(task_class), model=model,
+        source=str(path), format="trident", task=task_class.NAME, model=model,
         pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
         task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
         state_dict={k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
@@ -105,41 +99,40 @@ def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
     return read_pretrained(path, n_heads=n_heads)
 
 
-def check_source_task(task: str, source: PretrainedWeights) -> None:
-    """One line when ``task`` cannot start from ``source``'s network (see ENCODER_DECODER_TASK)."""
-    if task == ENCODER_DECODER_TASK and source.task != ENCODER_DECODER_TASK:
-        raise ConfigError(f"init_from={source.source} holds a task={source.task} model; task=translation starts only from a "
-                          "trident translation checkpoint or run directory (an lm or mlm network has no encoder-decoder "
+def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> None:
+    """One line when ``task`` cannot start from ``source``'s network: an encoder-decoder starts only from an
+    encoder-decoder and gives its weights to no other task (matching parameter names would load a fraction
+    of the model and call it a fine-tuning), and a network reads what the source's reads."""
+    from trident.tasks.registry import TASKS  # here: every task's imports load only for a run that has a source
+
+    trained_for = TASKS[source.task]
+    if task.ENCODER_DECODER and not trained_for.ENCODER_DECODER:
+        raise ConfigError(f"init_from={source.source} holds a task={source.task} model; task={task.NAME} starts only from "
+                          f"a trident {task.NAME} checkpoint or run directory (an lm or mlm network has no encoder-decoder "
                           "cross-attention): pass one of those, or train from scratch")
-    if source.task == ENCODER_DECODER_TASK and task != ENCODER_DECODER_TASK:
-        raise ConfigError(f"init_from={source.source} holds a task=translation model, which task={task} cannot start "
-                          "from (at most its encoder blocks match this network, without their token embedding): run it "
-                          "with task=translation")
-    reads, source_reads = (("images" if name == IMAGE_TASK else "text") for name in (task, source.task))
-    if reads != source_reads:
-        wanted = ("an image model (a trident vit run, a Hugging Face ViT directory, a timm ViT file)" if reads == "images"
-                  else "a text model (a trident lm, mlm or classify run, a GPT-2 or BERT directory)")
-        raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which reads {source_reads}; "
-                          f"task={task} reads {reads}, so only its blocks would fit, without their embedding: pass the "
-                          f"weights of {wanted}, or train from scratch")
+    if trained_for.ENCODER_DECODER and not task.ENCODER_DECODER:
+        raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which task={task.NAME} cannot "
+                          "start from (at most its encoder blocks match this network, without their token embedding): "
+                          f"run it with task={source.task}")
+    if task.READS != trained_for.READS:
+        raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which reads {trained_for.READS}; "
+                          f"task={task.NAME} reads {task.READS}, so only its blocks would fit, without their embedding: "
+                          f"pass the weights of {SOURCES_READING[task.READS]}, or train from scratch")
 
 
-def check_source_stack(task: DictConfig, source: PretrainedWeights, embeddings_only: bool) -> None:
-    """One line when ``source``'s stack is not the task's (a decoder into an encoder or the reverse),
-    unless ``init_only=embeddings`` asks for the embedding alone; after :func:`apply_settings`, which
-    gives a classify run a classify source's ``task.stack``."""
-    stack = str(task.stack) if "stack" in task else TASK_STACKS.get(str(task.name))
+def check_source_stack(task: type[TridentTask], options: DictConfig, source: PretrainedWeights, embeddings_only: bool) -> None:
+    """One line when ``source``'s stack is not the one ``task`` runs with its ``options`` (a decoder into an
+    encoder or the reverse): that source shares only its token embedding (and an LM's output layer) with the
+    network, its blocks would be dropped and the stack trained from scratch, which only ``init_only=embeddings``
+    (``embeddings_only``) asks for. After :func:`apply_settings`, which gives a classify run a classify source's
+    ``task.stack``."""
+    stack = task.stack(options)
     source_stacks = {name.split(".")[0] for name in source.state_dict} & set(STACK_KINDS)
     if embeddings_only or stack is None or len(source_stacks) != 1 or stack in source_stacks:
         return
     source_stack = source_stacks.pop()
     tensors = sum(name.startswith(f"{source_stack}.") for name in source.state_dict)
-    if task.name == "classify":
-        pool = "last" if source_stack == "decoder" else "cls"
-        here, fix = f"task=classify with task.stack={stack}", f"set task.stack={source_stack} task.pool={pool}"
-    else:
-        same = next(name for name, kind in TASK_STACKS.items() if kind == source_stack and name != IMAGE_TASK)
-        here, fix = f"task={task.name}", f"fine-tune it with task={same} or task=classify task.stack={source_stack}"
+    here, fix = task.other_stack(options, source_stack)
     raise ConfigError(
         f"init_from={source.source} holds a task={source.task} model, {STACK_KINDS[source_stack]}: its {tensors} "
         f"{source_stack} tensors have no place in {here}, {STACK_KINDS[stack]} that would train from scratch with only "
@@ -257,9 +250,10 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embe
     n_heads = int(cfg.model.n_heads) if "model.n_heads" in explicit else None
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
-    check_source_task(str(cfg.task.name), source)
+    task = hydra.utils.get_class(cfg.task._target_)
+    check_source_task(task, source)
     fixed = settings_fixed_by(cfg, source, explicit)
     apply_settings(cfg, fixed)
-    check_source_stack(cfg.task, source, embeddings_only)
+    check_source_stack(task, cfg.task, source, embeddings_only)
     stage_tokenizer(source, fixed)
     return source

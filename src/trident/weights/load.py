@@ -40,7 +40,7 @@ def load(path: str | Path) -> TridentTask:
     with its ``net`` and ``tokenizer``, on CPU, in eval mode; whatever task wrote it."""
     checkpoint = checkpoint_of(Path(path))
     task_class = task_class_of(read_checkpoint(checkpoint, "the path"), checkpoint)
-    return load_task_checkpoint(task_class, checkpoint, task_name_of(task_class))
+    return load_task_checkpoint(task_class, checkpoint, task_class.NAME)
 
 
 def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
@@ -55,11 +55,6 @@ def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
         raise DataError(f"checkpoint {str(path)!r} names {target!r}, which is not a trident task: "
                         "pass a checkpoint written by train.py")
     return task_class
-
-
-def task_name_of(task_class: type[TridentTask]) -> str:
-    """The ``task=`` name of a task class (its module's name: trident.tasks.<name>)."""
-    return task_class.__module__.rsplit(".", 1)[-1]
 
 
 def _target_in_run_config(path: Path) -> str | None:

@@ -24,7 +24,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor, nn
 
 from trident.errors import ConfigError, choose
-from trident.models.vit import VisionTransformer
+from trident.models.vit import patch_grid
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,12 @@ def _heads_to_skip(target: dict[str, Tensor], source: str) -> set[str]:
 def _resampled_positions(net: nn.Module, weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
     """``weights`` with a ViT's position table of another square grid resampled to ``net``'s grid (timm's
     bicubic resampling; the class token's row kept), and the table's note; else ``weights`` as they are."""
-    table, here = weights.get(POSITION_TABLE), net.state_dict().get(POSITION_TABLE)
-    if not isinstance(net, VisionTransformer) or table is None or here is None or table.shape == here.shape:
+    table, here, image = weights.get(POSITION_TABLE), net.state_dict().get(POSITION_TABLE), patch_grid(net)
+    if image is None or table is None or here is None or table.shape == here.shape:
         return weights, {}
-    grid, prefix = net.encoder.cfg.grid, net.num_prefix_tokens
+    grid, prefix = image
     side = math.isqrt(max(table.shape[0] - prefix, 0))
-    if grid is None or side * side != table.shape[0] - prefix or table.shape[1] != here.shape[1]:
+    if side * side != table.shape[0] - prefix or table.shape[1] != here.shape[1]:
         return weights, {}  # not a square grid of this width: refused as not fitting
     from trident.weights.adapters.timm_vit import resample_position_table  # imports timm: only here
 
