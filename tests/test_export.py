@@ -19,9 +19,9 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 import trident
+from trident.commands.export import main
 from trident.convert import read_pretrained
 from trident.data.tokenization import END_OF_TEXT, every_character
-from trident.export import main
 from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config

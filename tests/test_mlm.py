@@ -22,11 +22,11 @@ from torch import Tensor
 
 from trident.backbone import PositionalEncoding, TransformerConfig
 from trident.backbone.positional import base as positional_registry
+from trident.commands.evaluate import evaluate
+from trident.commands.fill_mask import fill_in, load_mlm_checkpoint
+from trident.commands.fill_mask import main as fill_mask_main
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.errors import ConfigError
-from trident.evaluate import evaluate
-from trident.fill_mask import fill_in, load_mlm_checkpoint
-from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
 from trident.runs.pipeline import check_config, constructor_args, instantiate, train
 from trident.runs.wandb_files import find_offline_runs, wait_for_offline_runs

@@ -82,7 +82,7 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
     """Fail in one line on ``group=option`` arguments naming no file in ``conf/<group>/``.
 
     Hydra would report the same after composing, as a multi-line message. Sweeps (``a,b`` and
-    ``choice(a,b)``, which trident.adaptive writes) are checked per value; ``glob(...)`` picks among
+    ``choice(a,b)``, which trident.report.adaptive writes) are checked per value; ``glob(...)`` picks among
     the options itself, and a value Hydra cannot parse is left to :func:`compose_checked`.
     """
     for arg in argv:
