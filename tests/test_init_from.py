@@ -20,7 +20,7 @@ from PIL import Image
 import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import constructor_args, instantiate, train
-from trident.runs.wandb_files import wait_for_offline_runs
+from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
 from .convert_helpers import randomise
