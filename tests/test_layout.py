@@ -18,7 +18,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # The package's root holds these and nothing else.
 RANKS = {
     "trident.errors": 0,
-    "trident.checks": 0,
     "trident.extras": 1,  # on errors; what data and runs check before they need an extra
     "trident.backbone": 1,
     "trident.models": 2,

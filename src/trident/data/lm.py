@@ -19,7 +19,6 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from trident.checks import is_int
 from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import corpus_streams
@@ -28,7 +27,7 @@ from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError, DataError, is_int
 
 log = logging.getLogger(__name__)
 

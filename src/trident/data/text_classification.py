@@ -29,7 +29,6 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from trident.checks import is_int
 from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import package_path, play_to_text
@@ -38,7 +37,7 @@ from trident.data.readers import SPLITS, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.data.translation import check_split, cut_from_train
-from trident.errors import ConfigError, DataError, choose
+from trident.errors import ConfigError, DataError, choose, is_int
 
 log = logging.getLogger(__name__)
 

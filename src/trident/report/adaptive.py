@@ -41,8 +41,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from trident.checks import is_int
-from trident.errors import ConfigError, run_with_clear_errors
+from trident.errors import ConfigError, is_int, run_with_clear_errors
 from trident.report import load_jobs_csv, load_sweep, write_report
 from trident.report.sequential import Design, Sequential, replay, run_loop, seed_table
 from trident.report.statistics import ALPHA, BEST

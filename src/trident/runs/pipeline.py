@@ -23,10 +23,9 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
-from trident.errors import ConfigError, did_you_mean, find_user_error
+from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
 from trident.extras import require_package
 from trident.launch.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.launch.preemption import PreemptionCheckpoint
