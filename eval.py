@@ -1,8 +1,8 @@
 """Score a checkpoint on the test split: `python eval.py ckpt_path=outputs/runs/<date>/<run>/checkpoints/last.ckpt`.
 
-The same command as ``trident-eval`` (installed) and ``python -m trident.evaluate``; see that module."""
+The same command as ``trident-eval`` (installed) and ``python -m trident.commands.evaluate``; see that module."""
 
-from trident.evaluate import main
+from trident.commands.evaluate import main
 
 if __name__ == "__main__":
     main()

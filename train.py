@@ -1,8 +1,8 @@
 """Train a Transformer: `python train.py task=lm pos_encoding=rope` (see README for all options).
 
-The same command as ``trident-train`` (installed) and ``python -m trident.train``."""
+The same command as ``trident-train`` (installed) and ``python -m trident.commands.train``."""
 
-from trident.train import main
+from trident.commands.train import main
 
 if __name__ == "__main__":
     main()

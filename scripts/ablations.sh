@@ -5,7 +5,7 @@
 #   scripts/ablations.sh                          # every ablation preset, 3 seeds each
 #   scripts/ablations.sh ablation_heads ablation_depth
 #   BUDGET=equal_compute scripts/ablations.sh ablation_width   # at equal compute (conf/budget/)
-#   MAX_SEEDS=8 scripts/ablations.sh ablation_heads            # seeds until decided (trident.adaptive)
+#   MAX_SEEDS=8 scripts/ablations.sh ablation_heads            # seeds until decided (trident.report.adaptive)
 #
 # Each sweep runs into outputs/ablations/<preset>/ (set ABLATIONS_DIR to change it); its wall time is
 # appended to <that dir>/times.txt. After the last sweep, `python -m trident.report` writes report.md,
@@ -14,7 +14,7 @@
 # The reports come last because they overwrite tracked files: a report written between two sweeps
 # would mark every later job's git_dirty. Time a sweep alone: two trainings on one small CPU slow
 # each other.
-# MAX_SEEDS=N runs `python -m trident.adaptive` instead of the preset's fixed seeds: 3 seeds, then one
+# MAX_SEEDS=N runs `python -m trident.report.adaptive` instead of the preset's fixed seeds: 3 seeds, then one
 # more at a time to the settings still undecided against the best, up to N (a sweep over `task`
 # has one family per task, which the loop does not split: it keeps its fixed seeds and is refused).
 # A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
@@ -68,7 +68,7 @@ for preset in "${presets[@]}"; do
   started=$(date +%s)
   if [ -n "$max_seeds" ]; then
     metric=${compare[$preset]:-best/val/loss}
-    python -m trident.adaptive "experiment=$preset" "budget=$budget" --metric "${metric%% *}" \
+    python -m trident.report.adaptive "experiment=$preset" "budget=$budget" --metric "${metric%% *}" \
         --max-seeds "$max_seeds" --sweep-dir "$out/$name" || status=1
   else
     python train.py -m "experiment=$preset" "budget=$budget" "hydra.sweep.dir=$out/$name" || status=1

@@ -1,4 +1,4 @@
-"""Running an entry point (``train.py``, ``eval.py``, ``python -m trident.sample``) as the command line does,
+"""Running an entry point (``train.py``, ``eval.py``, ``python -m trident.commands.sample``) as the command line does,
 for the tests of its exit status and error line: in this process through its ``__main__`` (runpy: the same
 argument checks, Hydra entry and error handling, without ~5 s of imports per run), or as a real subprocess
 (``tests/test_bad_inputs.py`` checks that the two agree)."""
@@ -38,7 +38,7 @@ def command(entry: str) -> list[str]:
 
 
 def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
-    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.sample``)."""
+    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.commands.sample``)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [str(ROOT / entry), *args])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -128,9 +128,9 @@ def test_max_seeds_runs_the_adaptive_loop_on_the_first_compared_metric(tmp_path:
     sweeps = tmp_path / "sweeps"
     assert result.returncode == 0, result.stderr
     assert calls[:2] == [
-        ("-m trident.adaptive experiment=ablation_label_smoothing budget=equal_compute --metric best/val/bleu "
+        ("-m trident.report.adaptive experiment=ablation_label_smoothing budget=equal_compute --metric best/val/bleu "
          f"--max-seeds 8 --sweep-dir {sweeps}/ablation_label_smoothing_equal_compute"),
-        ("-m trident.adaptive experiment=ablation_heads budget=equal_compute --metric best/val/loss "
+        ("-m trident.report.adaptive experiment=ablation_heads budget=equal_compute --metric best/val/loss "
          f"--max-seeds 8 --sweep-dir {sweeps}/ablation_heads_equal_compute"),
     ]
 

@@ -1,4 +1,4 @@
-"""Seeds until the answer is clear (trident.adaptive): the loop on a toy metric, the preset's
+"""Seeds until the answer is clear (trident.report.adaptive): the loop on a toy metric, the preset's
 settings, the command's errors, and one real sweep of two tiny settings."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 import yaml
 from scipy import stats
 
-from trident.adaptive import (
+from trident.errors import ConfigError
+from trident.report import main as report_main
+from trident.report.adaptive import (
     Plan,
     Setting,
     add_seeds,
@@ -24,8 +26,6 @@ from trident.adaptive import (
     read_jobs,
     train_job_runner,
 )
-from trident.errors import ConfigError
-from trident.report import main as report_main
 from trident.report.sequential import Design, replay
 
 from .conftest import SMALL
@@ -188,7 +188,7 @@ def test_the_command_runs_the_loop_and_writes_the_report(tmp_path: Path, monkeyp
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir = tmp_path / "sweep"
     jobs = ToyJobs(sweep_dir, {"model.norm_first=False": (1.0, 0.1), "model.norm_first=True": (1.0, 0.1)})
-    monkeypatch.setattr("trident.adaptive.train_job_runner", lambda directory, overrides: jobs)
+    monkeypatch.setattr("trident.report.adaptive.train_job_runner", lambda directory, overrides: jobs)
     main(["experiment=ablation_norm", "--sweep-dir", str(sweep_dir), "--max-seeds", "4", "--out", str(tmp_path / "out")])
     lines = capsys.readouterr().out.splitlines()
     assert len(jobs.calls) == 8, "two settings with the same distribution: both run to the maximum"

@@ -1,7 +1,7 @@
 """Bad input, table-driven: each case exits non-zero with ONE clear line naming the problem and
 the fix, prints no traceback, and leaves earlier outputs untouched.
 
-Most cases run ``train.py`` / ``eval.py`` / ``python -m trident.sample`` in this process
+Most cases run ``train.py`` / ``eval.py`` / ``python -m trident.commands.sample`` in this process
 (``tests/entry_points.py``); ``test_in_process_matches_the_command_line`` checks that a real
 subprocess gives the same result.
 """
@@ -187,7 +187,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("sampling-top-k-fraction", "train.py", ["task.sampling.top_k=2.5"], ["top_k", "integer", "2.5"]),
     ("sampling-top-k-not-a-number", "train.py", ["task.sampling.top_k=abc"], ["top_k", "integer", "'abc'"]),
     ("sampling-top-p-not-a-number", "train.py", ["task.sampling.top_p=abc"], ["top_p", "number", "'abc'"]),
-    ("sample-top-p-above-one", "trident.sample", [LAST, "--top-p", "1.5"], ["top_p", "[0, 1]"]),
+    ("sample-top-p-above-one", "trident.commands.sample", [LAST, "--top-p", "1.5"], ["top_p", "[0, 1]"]),
     ("unknown-scheduler", "train.py", ["scheduler.name=linear"], ["scheduler.name", "cosine"]),
     # Optimisation
     ("negative-learning-rate", "train.py", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),
@@ -215,7 +215,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("eval-truncated-checkpoint", "eval.py", [f"ckpt_path={DAMAGED}"], ["corrupt", "last.ckpt"]),
     ("eval-missing-checkpoint", "eval.py", ["ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
     ("eval-without-checkpoint", "eval.py", ["task.beam_size=1"], ["ckpt_path="]),
-    ("sample-corrupt-checkpoint", "trident.sample", ["corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
+    ("sample-corrupt-checkpoint", "trident.commands.sample", ["corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
     # Masked language modelling
     ("mlm-mask-rate-zero", "train.py", ["task=mlm", "task.mask_rate=0"], ["task.mask_rate", "(0, 1)", "0.15"]),
     ("mlm-mask-rate-above-one", "train.py", ["task=mlm", "task.mask_rate=1.2"], ["task.mask_rate", "(0, 1)"]),
@@ -228,15 +228,15 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("task-target-not-a-task", "train.py", ["task._target_=trident.data.lm.LMDataModule"],
      ["task._target_=trident.data.lm.LMDataModule is not a trident task", "TridentTask"]),
     ("mlm-corpus-smaller-than-a-block", "train.py", ["task=mlm", *TEXT, "data.block_size=4000"], ["fewer than one block", "data.block_size"]),
-    ("fill-mask-corrupt-checkpoint", "trident.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
-    ("fill-mask-lm-checkpoint", "trident.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),
+    ("fill-mask-corrupt-checkpoint", "trident.commands.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
+    ("fill-mask-lm-checkpoint", "trident.commands.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),
     # Issue 38: exports and commands
-    ("sample-directory-not-a-run", "trident.sample", ["outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
-    ("fill-mask-directory-not-a-run", "trident.fill_mask", ["outputs", "To be or not to [MASK]"], ["'outputs' holds no checkpoint", "train.py run"]),
-    ("translate-directory-not-a-run", "trident.translate", ["outputs", "Hello."], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("sample-directory-not-a-run", "trident.commands.sample", ["outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("fill-mask-directory-not-a-run", "trident.commands.fill_mask", ["outputs", "To be or not to [MASK]"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("translate-directory-not-a-run", "trident.commands.translate", ["outputs", "Hello."], ["'outputs' holds no checkpoint", "train.py run"]),
     ("eval-directory-not-a-run", "eval.py", ["ckpt_path=outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
     ("eval-damaged-run-directory", "eval.py", ["ckpt_path=outputs/runs/2000-01-01/00-00-01_damaged"], ["corrupt", "last.ckpt"]),
-    ("export-directory-not-a-run", "trident.export", ["outputs", "--format", "hf", "--out", "exported"], ["'outputs' holds no checkpoint", "train.py run"]),
+    ("export-directory-not-a-run", "trident.commands.export", ["outputs", "--format", "hf", "--out", "exported"], ["'outputs' holds no checkpoint", "train.py run"]),
     # Issue 38: classify files
     ("classify-empty-label-csv", "train.py", classify_files("empty_label.csv"),
      ["row 5 of the train split", "classify/empty_label.csv", "no label", "data.label_column=label"]),
@@ -310,7 +310,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     # Resume
     ("resume-other-task", "train.py", [*TEXT, "task=mlm", f"ckpt_path={LAST}"], ["last.ckpt"]),
     ("eval-group-choice", "eval.py", [f"ckpt_path={LAST}", "task=vit"], ["task=vit", "not config groups", "task.<key>="]),
-    ("sample-missing-checkpoint", "trident.sample", ["nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
+    ("sample-missing-checkpoint", "trident.commands.sample", ["nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
     ("resume-missing-run", "train.py", ["resume=outputs/runs/nowhere"], ["outputs/runs/nowhere"]),
     ("resume-auto-in-a-sweep", "train.py", ["-m", "resume=auto"], ["drop -m/--multirun"]),
     ("resume-run-in-a-sweep", "train.py", ["-m", f"resume=outputs/{PREVIOUS_RUN}"], ["drop -m/--multirun"]),

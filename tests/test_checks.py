@@ -9,9 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from trident.backbone import TransformerConfig
-from trident.checks import is_int, is_number
 from trident.data.masking import Masking
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int, is_number
 from trident.models.sampling import check_filters
 from trident.training.optim import check_optimizer_config, check_scheduler_config
 from trident.training.run_checks import check_seed, check_trainer_config

@@ -78,7 +78,7 @@ def test_shared_parts_of_a_group_are_not_options(capsys: pytest.CaptureFixture[s
     (["-m", "pos_encoding=choice(rop)"], "pos_encoding=rop"),
 ])
 def test_every_value_of_a_group_sweep_is_checked_in_hydras_sweep_syntax(argv: list[str], named: str | None) -> None:
-    """``choice(...)`` is how trident.adaptive runs one setting of a sweep over a group (task=, pos_encoding=)."""
+    """``choice(...)`` is how trident.report.adaptive runs one setting of a sweep over a group (task=, pos_encoding=)."""
     if named is None:
         command_line.check_group_choices(argv, CONF_DIR)
         return

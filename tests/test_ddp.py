@@ -29,16 +29,16 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DistributedSampler
 
+from trident.commands.sample import load_lm_checkpoint
 from trident.data.lm import PackedBlocks
 from trident.data.order import EpochShuffleSampler
 from trident.data.translation import TranslationDataModule
 from trident.errors import DataError
+from trident.launch.distributed import RankFailed, WorkerProcesses, ranks_fail_together, workers_follow
 from trident.runs.command_line import prepare_command_line
-from trident.runs.distributed import RankFailed, WorkerProcesses, ranks_fail_together, workers_follow
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config, constructor_args, instantiate
-from trident.runs.wandb_files import OfflineRun, find_offline_runs
-from trident.sample import load_lm_checkpoint
 from trident.training.loggers import build_loggers, record_summary, summarize_monitor
+from trident.training.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL, compose_config
 from .test_translation_data import many_pairs, write_tsv

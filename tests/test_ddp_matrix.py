@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.runs.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
+from trident.training.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
 
 from .conftest import SMALL
 from .shared_runs import assert_clean, one_node_run, run_script

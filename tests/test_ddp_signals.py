@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_sigterm_to_rank_zero_saves_once_and_every_rank_exits_cleanly(tmp_path: Path) -> None:
-    # Rank 0 exits 0 only if its worker did too (trident.runs.distributed.ranks_fail_together).
+    # Rank 0 exits 0 only if its worker did too (trident.launch.distributed.ranks_fail_together).
     result = run_script("train.py", *LM, *signal_at(4, "SIGTERM", rank=0), f"paths.output_root={tmp_path / 'outputs'}",
                         cwd=tmp_path)
     assert_clean(result)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from trident.evaluate import evaluate
+from trident.commands.evaluate import evaluate
 from trident.runs.pipeline import train
 
 from .conftest import SMALL, compose_config

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 import trident
+from trident.commands.export import export_onnx, main
 from trident.data.tokenization import END_OF_TEXT, every_character
-from trident.export import export_onnx, main
 from trident.runs.pipeline import train
 from trident.tasks.base import TridentTask
 from trident.tasks.classify import SequenceClassificationTask

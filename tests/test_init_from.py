@@ -20,7 +20,7 @@ from PIL import Image
 import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import constructor_args, instantiate, train
-from trident.runs.wandb_files import wait_for_offline_runs
+from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
 from .convert_helpers import randomise
@@ -132,7 +132,7 @@ def test_the_run_is_self_contained_when_the_source_moves(lm_source: Path, new_co
     assert {int(s["step"]) for s in resumed["optimizer_states"][0]["state"].values()} == {3}, "the optimizer continued"
     task = trident.load(run)
     assert task.tokenizer.get_vocab() == trident.load(lm_source).tokenizer.get_vocab()
-    from trident.evaluate import evaluate
+    from trident.commands.evaluate import evaluate
 
     metrics = evaluate([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.limit_test_batches=1"])
     assert np.isfinite(metrics["test/loss"])

@@ -1,6 +1,7 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, training <- tasks <- weights <- runs <- commands (train, evaluate, sample, ...)
+errors <- backbone <- models <- data, training <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
+sample, ...), report/ (with the seeds-until-decided loop), bench/ <- the package's public face (``trident.load``)
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Each part of the package and its rank: a module imports only from lower ranks or from its own part.
+# The package's root holds these and nothing else.
 RANKS = {
-    "trident": 0,
     "trident.errors": 0,
-    "trident.checks": 0,
     "trident.extras": 1,  # on errors; what data and runs check before they need an extra
     "trident.backbone": 1,
     "trident.models": 2,
@@ -25,15 +25,18 @@ RANKS = {
     "trident.training": 3,
     "trident.tasks": 4,
     "trident.weights": 5,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
+    "trident.launch": 5,  # DDP workers, stop signals, SLURM requeue
     "trident.runs": 6,
+    "trident.commands": 7,  # python -m trident.commands.<command>, the console scripts
+    "trident.report": 7,  # python -m trident.report, and its seeds-until-decided loop (report.adaptive)
+    "trident.bench": 7,  # python -m trident.bench
+    # The package's public face re-exports, on first use, what the layers offer (``trident.load``):
+    # nothing inside imports it (an arrow back up).
+    "trident": 8,
 }
-# The package's public face re-exports, on first use, what the layers above offer (``trident.load``).
-PUBLIC_API = {"trident": {"trident.weights.load"}}
-# Every other top-level module or package is a command (python -m trident.<command>, console scripts).
-COMMAND_RANK = 7
-# Commands that build on another command's library: the adaptive-seed loop stops where the report's
-# statistics (trident.report.sequential) decide.
-COMMAND_LIBRARIES = {"trident.adaptive": {"trident.report"}}
+# Rooms whose every module is a command of its own: a command imports no other command.
+COMMAND_ROOMS = {"trident.commands"}
+COMMAND_RANK = RANKS["trident.commands"]
 
 
 def module_name(path: Path) -> str:
@@ -45,15 +48,21 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in sorted((SRC / "trident").rglob("*.py"))}
 
 
+def room_of(module: str) -> str:
+    """The key of RANKS that holds ``module``."""
+    longest = max((part for part in RANKS if module == part or module.startswith(part + ".")), key=len)
+    assert longest != "trident" or module == "trident", f"{module} stands at the package's root: give it a room"
+    return longest
+
+
 def part_of(module: str) -> str:
-    """The part of the package ``module`` belongs to: a key of RANKS, else its command."""
-    known = [part for part in RANKS if module == part or module.startswith(part + ".")]
-    longest = max(known, key=len)
-    return longest if longest != "trident" or module == "trident" else ".".join(module.split(".")[:2])
+    """The part of the package ``module`` belongs to: its room, or in a command room the command itself."""
+    room = room_of(module)
+    return module if room in COMMAND_ROOMS else room
 
 
 def rank(module: str) -> int:
-    return RANKS.get(part_of(module), COMMAND_RANK)
+    return RANKS[room_of(module)]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -70,15 +79,14 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_package_is_read_from_the_source_tree() -> None:
-    assert {"trident.errors", "trident.backbone.stack", "trident.runs.pipeline", "trident.train"} <= MODULES.keys()
+    assert {"trident.errors", "trident.backbone.stack", "trident.runs.pipeline", "trident.commands.train"} <= MODULES.keys()
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_down_the_layers(module: str) -> None:
     upward = [
-        name for name in imported_modules(MODULES[module]) - PUBLIC_API.get(module, set())
-        if (rank(name) > rank(module) or (rank(name) == rank(module) and part_of(name) != part_of(module)))
-        and part_of(name) not in COMMAND_LIBRARIES.get(part_of(module), set())
+        name for name in imported_modules(MODULES[module])
+        if rank(name) > rank(module) or (rank(name) == rank(module) and part_of(name) != part_of(module))
     ]
     assert not upward, f"{module} (layer {part_of(module)}) imports {upward}: move the shared code down a layer"
 
@@ -95,6 +103,15 @@ def test_no_import_cycles() -> None:
 
 
 def test_the_rules_catch_an_upward_import() -> None:
+    assert rank("trident") > rank("trident.runs.code_version") > rank("trident.launch.requeue") > rank("trident.tasks.lm")
     assert rank("trident.runs.pipeline") > rank("trident.tasks.lm") > rank("trident.backbone.stack")
-    assert part_of("trident.sample") == "trident.sample" and rank("trident.sample") == COMMAND_RANK
+    assert part_of("trident.commands.sample") == "trident.commands.sample" and rank("trident.commands.sample") == COMMAND_RANK
     assert part_of("trident.data.lm") != part_of("trident.training.optim")
+    assert part_of("trident.commands.sample") != part_of("trident.commands.export")  # commands import no command
+    with pytest.raises(AssertionError, match="root"):
+        part_of("trident.sample")
+
+
+def test_the_root_holds_the_layers_and_nothing_else() -> None:
+    root = {module for module in MODULES if module.count(".") == 1}
+    assert root <= RANKS.keys(), f"{sorted(root - RANKS.keys())} stand at the package's root: give them a room"

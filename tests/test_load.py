@@ -91,9 +91,9 @@ def test_a_legacy_vit_checkpoint_with_the_retired_pretrained_setting_loads(tmp_p
 
 # task= -> the command that uses a checkpoint of that task, with its other arguments.
 COMMANDS = {
-    "lm": ("trident.sample", ["--prompt", "ROMEO:", "--max-new-tokens", "4"]),
-    "mlm": ("trident.fill_mask", ["To be or not to [MASK]"]),
-    "translation": ("trident.translate", ["In the beginning", "--beam-size", "1"]),
+    "lm": ("trident.commands.sample", ["--prompt", "ROMEO:", "--max-new-tokens", "4"]),
+    "mlm": ("trident.commands.fill_mask", ["To be or not to [MASK]"]),
+    "translation": ("trident.commands.translate", ["In the beginning", "--beam-size", "1"]),
     "vit": None,
 }
 

@@ -22,16 +22,16 @@ from torch import Tensor
 
 from trident.backbone import PositionalEncoding, TransformerConfig
 from trident.backbone.positional import base as positional_registry
+from trident.commands.evaluate import evaluate
+from trident.commands.fill_mask import fill_in, load_mlm_checkpoint
+from trident.commands.fill_mask import main as fill_mask_main
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.errors import ConfigError
-from trident.evaluate import evaluate
-from trident.fill_mask import fill_in, load_mlm_checkpoint
-from trident.fill_mask import main as fill_mask_main
 from trident.models import MaskedLM
 from trident.runs.pipeline import check_config, constructor_args, instantiate, train
-from trident.runs.wandb_files import find_offline_runs, wait_for_offline_runs
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.training.flops import masked_lm_flops
+from trident.training.wandb_files import find_offline_runs, wait_for_offline_runs
 
 from .conftest import ROOT, SMALL, compose_config
 from .test_flops_mfu import counted_training_flops, tiny_cfg

@@ -229,7 +229,7 @@ def perturbed_lm_checkpoint(tmp_path_factory: pytest.TempPathFactory, single_thr
 
 
 def sample_command(capsys: pytest.CaptureFixture[str], checkpoint: Path, *args: str) -> str:
-    from trident.sample import main
+    from trident.commands.sample import main
 
     capsys.readouterr()
     main([str(checkpoint), "--prompt", "ROMEO:", "--max-new-tokens", "60", *args])  # past the 32-token window
@@ -237,8 +237,8 @@ def sample_command(capsys: pytest.CaptureFixture[str], checkpoint: Path, *args: 
 
 
 def test_sample_command_options_act(perturbed_lm_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trident.commands.sample import load_lm_checkpoint
     from trident.models import generate
-    from trident.sample import load_lm_checkpoint
 
     greedy = sample_command(capsys, perturbed_lm_checkpoint, "--temperature", "0")
     assert len(set(greedy)) >= 6, "greedy text too uniform to compare decoding modes"

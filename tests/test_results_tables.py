@@ -267,7 +267,7 @@ def table_metrics(table: Table) -> list[str]:
 
 
 SECTIONS = sections()
-# The sweeps the page ran with seeds until decided (MAX_SEEDS=8 or 6, or `python -m trident.adaptive`).
+# The sweeps the page ran with seeds until decided (MAX_SEEDS=8 or 6, or `python -m trident.report.adaptive`).
 ADAPTIVE = ["ablation_heads", "ablation_width", "ablation_depth", "ablation_ffn", "ablation_dropout",
             "ablation_label_smoothing", "ablation_pos_encoding", "ablation_pos_encoding_scaled", "ablation_norm",
             "pretrain_pays_vision_adaptive"]

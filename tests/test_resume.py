@@ -20,11 +20,11 @@ from omegaconf import DictConfig
 from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged, run_with_clear_errors
+from trident.launch.requeue import JobStopped, stop_outcome
 from trident.runs.jobs import discard_failed_run_dir, write_status
 from trident.runs.pipeline import train
-from trident.runs.requeue import JobStopped, stop_outcome
 from trident.runs.resume import resume_arguments
-from trident.runs.wandb_files import find_offline_runs
+from trident.training.wandb_files import find_offline_runs
 from trident.weights.checkpoints import AtomicCheckpointIO
 
 from .conftest import CONF_DIR, ROOT, SMALL, compose_config

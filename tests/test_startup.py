@@ -46,7 +46,7 @@ def start_up_modules() -> list[str]:
 
     collect(cfg)
     assert "trident.tasks.lm" in targets and "trident.data.lm" in targets  # the walk finds the run's modules
-    return ["trident.train", "trident.runs.jobs", *sorted(set(targets))]
+    return ["trident.commands.train", "trident.runs.jobs", *sorted(set(targets))]
 
 
 def _source(module: str) -> Path | None:

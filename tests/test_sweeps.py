@@ -21,7 +21,7 @@ from trident.report import Job, Sweep, compare_to_best, comparison_table, load_s
 from trident.report import main as report_main
 from trident.runs.jobs import run_job
 from trident.runs.sweeps import setting_of, swept_keys
-from trident.runs.wandb_files import find_offline_runs
+from trident.training.wandb_files import find_offline_runs
 
 from .conftest import ROOT, SMALL
 

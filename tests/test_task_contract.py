@@ -33,8 +33,9 @@ from .conftest import CONF_DIR, ROOT
 
 SRC = ROOT / "src" / "trident"
 # Every module that works with a task the pipeline or a checkpoint gave it.
-TASK_CALLERS = ["runs/pipeline.py", "weights/load.py", "weights/checkpoints.py", "weights/init_from.py", "evaluate.py",
-                "sample.py", "translate.py", "fill_mask.py", "export.py", "training/callbacks.py"]
+TASK_CALLERS = ["runs/pipeline.py", "weights/load.py", "weights/checkpoints.py", "weights/init_from.py",
+                "commands/evaluate.py", "commands/sample.py", "commands/translate.py", "commands/fill_mask.py",
+                "commands/export.py", "training/callbacks.py"]
 # One block, learned positions (a table to keep out of weight decay), biases and LayerNorm gains.
 BACKBONE = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
 OPTIMIZER = {"name": "adamw", "lr": 1.0, "weight_decay": 0.1, "fused": False}

@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident.runs.wandb_files import wait_for_offline_runs
-from trident.sample import load_lm_checkpoint
-from trident.sample import main as sample_main
+from trident.commands.sample import load_lm_checkpoint
+from trident.commands.sample import main as sample_main
+from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import one_step
 

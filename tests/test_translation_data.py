@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from trident.data.translation import (
     BIBLE_LANGUAGES,
@@ -138,6 +139,24 @@ def test_data_module_prepares_shared_bpe_and_padded_batches(tmp_path: Path) -> N
     assert bool((batch["tgt_in"][:, 0] == 1).all())  # BOS first
     assert all(int(row[row != 0][-1]) == 2 for row in batch["src"])  # sources end in EOS
     assert all(b["src"].numel() <= 200 and b["tgt_in"].numel() <= 200 for b in batches)
+
+
+def test_setup_reads_the_cache_once_and_the_run_keeps_its_tokenizer_and_data_meta(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.tsv"
+    write_tsv(path, many_pairs(300))
+    module = TranslationDataModule(source="files", files=str(path), vocab_size=300, max_len=32, max_tokens=200,
+                                   split=[0.8, 0.1, 0.1], cache_dir=str(tmp_path / "cache"))
+    module.prepare_data()
+    module.setup("fit")
+    tokenizer, splits = module.tokenizer, module.datasets
+    module.setup("test")  # Lightning calls setup once per stage: the first read stands
+    assert module.tokenizer is tokenizer and module.datasets is splits
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    module.save_to(run_dir)
+    assert tokenizer is not None and Tokenizer.from_file(str(run_dir / "tokenizer.json")).to_str() == tokenizer.to_str()
+    meta = json.loads((run_dir / "data_meta.json").read_text())
+    assert meta["pairs"]["train"]["pairs"] == module.pair_counts()["train"]
     # A second module with the same settings reuses the cache.
     again = TranslationDataModule(source="files", files=str(path), vocab_size=300, max_len=32, max_tokens=200,
                                   split=[0.8, 0.1, 0.1], cache_dir=str(tmp_path / "cache"))

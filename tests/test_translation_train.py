@@ -13,9 +13,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from trident import average_checkpoints, translate
+from trident.commands import average_checkpoints, translate
+from trident.commands.evaluate import evaluate
 from trident.errors import ConfigError, DataError, find_user_error, run_with_clear_errors
-from trident.evaluate import evaluate
 from trident.runs.pipeline import train
 
 from .conftest import ROOT, compose_config, one_step

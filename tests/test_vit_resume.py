@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.evaluate import evaluate
+from trident.commands.evaluate import evaluate
 from trident.runs.pipeline import train
 
 from .conftest import compose_config

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import DictConfig
 
 from trident.runs.pipeline import train
-from trident.runs.wandb_files import wait_for_offline_runs
+from trident.training.wandb_files import wait_for_offline_runs
 
 SECRET = "trident-test-secret-0123456789abcdef0123456789abcdef"
 

@@ -1,5 +1,6 @@
 """User-facing errors: each message names the problem and the fix in one line, and the commands
-print them as one ``error: ...`` line instead of a traceback (:func:`run_with_clear_errors`)."""
+print them as one ``error: ...`` line instead of a traceback (:func:`run_with_clear_errors`); and the
+type tests for config values that decide them (:func:`is_int`, :func:`is_number`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -76,3 +77,14 @@ def run_with_clear_errors(fn: Callable[[], T], cleanup: Callable[[], None] | Non
             cleanup()
         print(f"error: {user_error}", file=sys.stderr)
         sys.exit(user_error.exit_status)
+
+
+# Type tests for config values: YAML and the command line give bools, which Python counts as ints.
+def is_int(value: Any) -> bool:
+    """An integer, not a bool (``True`` would pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An integer or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

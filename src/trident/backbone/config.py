@@ -8,8 +8,7 @@ from typing import Any
 from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS
 from trident.backbone.layers import ACTIVATIONS, NORMS
 from trident.backbone.positional import pos_encoding_class
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError, choose
+from trident.errors import ConfigError, choose, is_int, is_number
 
 
 @dataclass

@@ -32,10 +32,10 @@ class FirstStepClock(L.Callback):
 
 
 def seconds_to_first_step(overrides: list[str], workdir: Path, name: str) -> float:
-    """Run ``python -m trident.train`` (= ``python train.py``) in a fresh process, one training step; the
+    """Run ``python -m trident.commands.train`` (= ``python train.py``) in a fresh process, one training step; the
     seconds from starting the command to its first training step."""
     clock = workdir / f"{name}.time"
-    command = [sys.executable, "-m", "trident.train", *overrides, "trainer.max_steps=1", "test=false",
+    command = [sys.executable, "-m", "trident.commands.train", *overrides, "trainer.max_steps=1", "test=false",
                f"hydra.run.dir={workdir / name}", f"+callbacks.first_step_clock._target_={__name__}.FirstStepClock",
                f"+callbacks.first_step_clock.path={clock}"]
     env = {**os.environ, "TRIDENT_CACHE_DIR": str(workdir / "cache"), "WANDB_MODE": "offline"}

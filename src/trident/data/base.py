@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from trident.data.order import ResumableOrder
+from trident.data.readers import SPLITS
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
@@ -104,3 +108,32 @@ class TridentDataModule(L.LightningDataModule, ABC):
 
     def test_dataloader(self) -> DataLoader:
         return self.split_loader("test", train=False)
+
+
+class TextDataModule(TridentDataModule):
+    """A data module of text prepared once into ``cache_path`` (:func:`trident.data.cache.publish_cache`):
+    its tokenizer (``tokenizer.json``) and ``meta.json`` (where each split came from, ``origin``)
+    beside the splits, which :meth:`load_splits` reads. A subclass sets both attributes in its ``__init__``."""
+
+    cache_path: Path
+    tokenizer: Tokenizer | None  # None until setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
+        meta = json.loads((self.cache_path / "meta.json").read_text())
+        sizes = self.load_splits(meta)
+        # Said on every run, cache hit or not, by the data module's own logger: where each split came from.
+        logging.getLogger(type(self).__module__).info(
+            "data: %s", "; ".join(f"{split} {meta['origin'][split]} ({sizes[split]})" for split in SPLITS)
+        )
+
+    @abstractmethod
+    def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
+        """Read the prepared splits (the tokenizer is read); each split's size for the log ("8,000 tokens")."""
+
+    def save_to(self, run_dir: Path) -> None:
+        """Keep the tokenizer with the run, so the run directory alone can decode its outputs."""
+        if self.tokenizer is not None:
+            self.tokenizer.save(str(run_dir / "tokenizer.json"))

@@ -19,8 +19,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from trident.checks import is_int
-from trident.data.base import TridentDataModule
+from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import corpus_streams
 from trident.data.order import EpochShuffleSampler
@@ -28,7 +27,7 @@ from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError, DataError, is_int
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class PackedBlocks(Dataset[tuple[Tensor, Tensor]]):
         return window[:-1], window[1:]  # (T,), (T,)
 
 
-class LMDataModule(TridentDataModule):
+class LMDataModule(TextDataModule):
     def __init__(
         self,
         source: str = "shakespeare",
@@ -160,13 +159,7 @@ class LMDataModule(TridentDataModule):
         meta = {"tokens": counts, "vocab_size": tokenizer.get_vocab_size(), "dtype": encoder.dtype.name, "origin": origin}
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokenizer is not None:
-            return
-        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        meta = json.loads((self.cache_path / "meta.json").read_text())
-        # Said on every run, cache hit or not: where each split came from.
-        log.info("data: %s", "; ".join(f"{name} {meta['origin'][name]} ({meta['tokens'][name]:,} tokens)" for name in SPLITS))
+    def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
         for name in SPLITS:
             # A read-only memory map: every process (DDP ranks, loader workers) shares the page cache.
             self.splits[name] = read_tokens(self.cache_path / f"{name}.bin", meta["dtype"], meta["tokens"][name])
@@ -177,6 +170,7 @@ class LMDataModule(TridentDataModule):
                     f"the {name} split has {len(self.splits[name])} tokens, fewer than one block of "
                     f"data.block_size={self.block_size}+1: lower data.block_size or use a larger corpus"
                 )
+        return {name: f"{meta['tokens'][name]:,} tokens" for name in SPLITS}
 
     def blocks(self, split: str) -> Dataset:
         """The examples of ``split``: packed input/target windows (a subclass may cut them otherwise)."""
@@ -202,11 +196,6 @@ class LMDataModule(TridentDataModule):
             "tokenizer_json": self.tokenizer.to_str(),
             "sample_prompts": self.sample_prompts,
         }
-
-    def save_to(self, run_dir: Path) -> None:
-        """Keep the tokenizer with the run, so the run directory alone can decode its outputs."""
-        if self.tokenizer is not None:
-            self.tokenizer.save(str(run_dir / "tokenizer.json"))
 
     def token_counts(self) -> dict[str, int]:
         return {name: len(ids) for name, ids in self.splits.items()}

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trident.checks import is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_number
 
 MASK_TOKEN = "[MASK]"
 PAD_TOKEN = "[PAD]"

@@ -43,10 +43,8 @@ class MLMDataModule(LMDataModule):
 
     num_regular_tokens: int = 0  # the corpus vocabulary, before the special tokens
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokenizer is not None:
-            return
-        super().setup(stage)
+    def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
+        sizes = super().load_splits(meta)
         assert self.tokenizer is not None
         # Without added tokens: a tokenizer that came with MLM weights has [MASK] and [PAD] already.
         self.num_regular_tokens = self.tokenizer.get_vocab_size(with_added_tokens=False)
@@ -55,6 +53,7 @@ class MLMDataModule(LMDataModule):
         # A character tokenizer keeps the space as a token of its own.
         mask = AddedToken(MASK_TOKEN, lstrip=self.tokenizer_kind == "bpe", special=True)
         self.tokenizer.add_special_tokens([mask, AddedToken(PAD_TOKEN, special=True)])
+        return sizes
 
     def blocks(self, split: str) -> Dataset:
         return TokenBlocks(self.splits[split], self.block_size)

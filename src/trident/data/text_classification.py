@@ -29,8 +29,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from trident.checks import is_int
-from trident.data.base import TridentDataModule
+from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import package_path, play_to_text
 from trident.data.order import EpochShuffleSampler
@@ -38,7 +37,7 @@ from trident.data.readers import SPLITS, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
 from trident.data.translation import check_split, cut_from_train
-from trident.errors import ConfigError, DataError, choose
+from trident.errors import ConfigError, DataError, choose, is_int
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +186,7 @@ def pad_batch(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor, Tenso
     return batch, padding, torch.tensor([label for _, label in examples], dtype=torch.long)
 
 
-class TextClassificationDataModule(TridentDataModule):
+class TextClassificationDataModule(TextDataModule):
     def __init__(
         self,
         source: str = "shakespeare",
@@ -262,11 +261,8 @@ class TextClassificationDataModule(TridentDataModule):
             np.save(staging / f"{split}_labels.npy", np.array([index[str(x)] for x in corpus[split][self.label_column]]))
         publish_cache(staging, self.cache_path, tokenizer, {"class_names": class_names, "origin": origin})
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokenizer is not None:
-            return
-        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        meta = json.loads((self.cache_path / "meta.json").read_text())
+    def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
+        assert self.tokenizer is not None  # read by setup() before the splits
         self.class_names = meta["class_names"]
         before, after = special_tokens_around(self.tokenizer)
         # A text that starts with a class token (BERT's [CLS]) is the model's input as it is, at the
@@ -280,9 +276,7 @@ class TextClassificationDataModule(TridentDataModule):
         for split in SPLITS:
             arrays = [np.load(self.cache_path / f"{split}_{part}.npy") for part in ("ids", "offsets", "labels")]
             self.splits[split] = LabelledSequences(*arrays, length=length, closing=len(after))
-        # Said on every run, cache hit or not: where each split came from.
-        log.info("data: %s", "; ".join(f"{split} {meta['origin'][split]} ({len(self.splits[split]):,} examples)"
-                                       for split in SPLITS))
+        return {split: f"{len(self.splits[split]):,} examples" for split in SPLITS}
 
     def majority_accuracy(self) -> dict[str, float]:
         """Accuracy of always answering the most frequent training class, per evaluation split."""
@@ -306,6 +300,3 @@ class TextClassificationDataModule(TridentDataModule):
             "class_token_in_text": self.class_token_in_text,
         }
 
-    def save_to(self, run_dir: Path) -> None:
-        if self.tokenizer is not None:
-            self.tokenizer.save(str(run_dir / "tokenizer.json"))

@@ -41,7 +41,7 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
-from trident.data.base import TridentDataModule
+from trident.data.base import TextDataModule
 from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import load_dataset_or_explain, package_path
@@ -233,7 +233,7 @@ def _rows(table: datasets.Dataset, column: str) -> list[np.ndarray]:
     return [values[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
-class TranslationDataModule(TridentDataModule):
+class TranslationDataModule(TextDataModule):
     def __init__(
         self,
         source: str = "bible",
@@ -344,16 +344,10 @@ class TranslationDataModule(TridentDataModule):
                 "origin": origin}
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokenizer is not None:
-            return
-        self.tokenizer = Tokenizer.from_file(str(self.cache_path / "tokenizer.json"))
-        meta = json.loads((self.cache_path / "meta.json").read_text())
-        # Said on every run, cache hit or not: where each split came from.
-        log.info("data: %s", "; ".join(f"{name} {meta['origin'][name]} ({meta['pairs'][name]['pairs']:,} pairs)"
-                                       for name in SPLITS))
+    def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
         tables = datasets.load_from_disk(str(self.cache_path))
         self.datasets = {name: ParallelDataset(tables[name]) for name in SPLITS}
+        return {name: f"{meta['pairs'][name]['pairs']:,} pairs" for name in SPLITS}
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
         src_lengths, tgt_lengths = self.datasets[split].lengths()
@@ -378,8 +372,8 @@ class TranslationDataModule(TridentDataModule):
                 "eos_id": special_id(self.tokenizer, EOS)}
 
     def save_to(self, run_dir: Path) -> None:
+        super().save_to(run_dir)
         if self.tokenizer is not None:
-            self.tokenizer.save(str(run_dir / "tokenizer.json"))
             shutil.copy(self.cache_path / "meta.json", run_dir / "data_meta.json")
 
     def pair_counts(self) -> dict[str, int]:

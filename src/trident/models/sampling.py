@@ -8,8 +8,7 @@ import torch
 from torch import Tensor
 
 from trident.backbone import KVCache
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int, is_number
 
 
 class Generative(Protocol):

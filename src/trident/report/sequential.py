@@ -184,9 +184,9 @@ def read_record(sweep: Sweep, metric: str) -> Sequential | None:
             return None
         replayed = replay(seed_table(sweep, metric), stored["settings"], stored["better"], metric, design)
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise DataError(f"{path} is not a record of trident.adaptive ({err!r}): remove it for a fixed-seed "
-                        "report or re-make it with `python -m trident.adaptive --replay <jobs.csv>`") from err
+        raise DataError(f"{path} is not a record of trident.report.adaptive ({err!r}): remove it for a fixed-seed "
+                        "report or re-make it with `python -m trident.report.adaptive --replay <jobs.csv>`") from err
     if replayed.verdicts != recorded:
         raise DataError(f"{path} records verdicts that the sweep's jobs do not give: the jobs changed since the loop "
-                        "ran; re-make it with `python -m trident.adaptive --replay <jobs.csv>`")
+                        "ran; re-make it with `python -m trident.report.adaptive --replay <jobs.csv>`")
     return replayed

@@ -26,8 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int, is_number
 from trident.runs.compose import device_count
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import trident
-
 # git answers in milliseconds; a hung one (a network file system) must not hold the job.
 GIT_TIMEOUT_S = 10
 
 
 def _git(*args: str) -> str:
-    source = Path(trident.__file__).resolve().parent
+    source = Path(__file__).resolve().parent  # inside trident's checkout, where git finds its repository
     result = subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True)
     return result.stdout.strip()
 

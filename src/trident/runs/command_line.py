@@ -2,7 +2,7 @@
 imported: a misspelt key or option fails in about a second, as one ``error:`` line and exit status 2.
 
 :func:`prepare_command_line` is that one step. A DDP worker gets its job's command line (see
-:mod:`trident.runs.distributed`); otherwise the ``group=option`` choices are checked against
+:mod:`trident.launch.distributed`); otherwise the ``group=option`` choices are checked against
 ``conf/``, the config is composed once with the command line (a sweep with its first values), and
 ``resume=...`` becomes the resumed run's overrides (:mod:`trident.runs.resume`). Everything here
 imports Hydra and OmegaConf only.
@@ -10,8 +10,6 @@ imports Hydra and OmegaConf only.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,19 +24,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
 from trident.extras import composition_extra, plugin_extra
+from trident.launch.workers import is_ddp_worker, worker_arguments
 from trident.runs.compose import CONF_DIR, compose_train_config
 from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
-
-#: Set by the launching process for the DDP workers it starts: {"overrides": [...], "run_dir": ...}.
-JOB_VARIABLE = "TRIDENT_DDP_JOB"
-# Hydra options that choose the root config; a worker must compose the same one.
-_CONFIG_OPTIONS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
 
 
 def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list[str]:
     """The arguments Hydra gets for ``train.py <argv>``: checked, with ``resume=...`` expanded.
     A user error exits here with one ``error:`` line (status 2)."""
-    if os.environ.get(JOB_VARIABLE) is not None and os.environ.get("LOCAL_RANK", "0") != "0":
+    if is_ddp_worker():
         return worker_arguments(argv)  # its launching process checked this command line already
     # Other Hydra flags (--help, --cfg, -cn...) change what the command line means: Hydra checks
     # those command lines itself after composing.
@@ -52,37 +46,11 @@ def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list
     return run_with_clear_errors(checked)
 
 
-def worker_arguments(argv: Sequence[str]) -> list[str]:
-    """The command line of a DDP worker that Lightning started for a job published by
-    :func:`trident.runs.distributed.workers_follow`: that job's own overrides in its run directory
-    (no sweep, no second run directory, no second copy of Hydra's files)."""
-    spec = json.loads(os.environ[JOB_VARIABLE])
-    run_dir = _hydra_quote(spec["run_dir"])
-    return [*_config_options(argv), *spec["overrides"], f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
-
-
-def _hydra_quote(value: str) -> str:
-    """``value`` as one quoted Hydra override value (paths may hold ``,``, ``=`` or spaces)."""
-    # Hydra reads a backslash as an escape only before a quote or the closing quote.
-    escaped = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
-    return f"'{escaped}'"
-
-
-def _config_options(argv: Sequence[str]) -> list[str]:
-    kept: list[str] = []
-    for index, arg in enumerate(argv):
-        if arg in _CONFIG_OPTIONS:
-            kept += argv[index : index + 2]
-        elif arg.split("=", 1)[0] in _CONFIG_OPTIONS:
-            kept.append(arg)
-    return kept
-
-
 def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
     """Fail in one line on ``group=option`` arguments naming no file in ``conf/<group>/``.
 
     Hydra would report the same after composing, as a multi-line message. Sweeps (``a,b`` and
-    ``choice(a,b)``, which trident.adaptive writes) are checked per value; ``glob(...)`` picks among
+    ``choice(a,b)``, which trident.report.adaptive writes) are checked per value; ``glob(...)`` picks among
     the options itself, and a value Hydra cannot parse is left to :func:`compose_checked`.
     """
     for arg in argv:

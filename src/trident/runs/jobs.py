@@ -20,10 +20,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trident.errors import find_user_error, run_with_clear_errors
+from trident.launch.distributed import is_global_zero
+from trident.launch.requeue import REQUEUED, JobStopped, come_back_later
 from trident.runs.code_version import code_version
-from trident.runs.distributed import is_global_zero
 from trident.runs.pipeline import train
-from trident.runs.requeue import REQUEUED, JobStopped, come_back_later
 from trident.runs.sweeps import STATUS_FILE, apply_sweep_identity, in_multirun
 
 log = logging.getLogger(__name__)

@@ -23,15 +23,15 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
-from trident.errors import ConfigError, did_you_mean, find_user_error
+from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
 from trident.extras import require_package
+from trident.launch.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
+from trident.launch.preemption import PreemptionCheckpoint
+from trident.launch.requeue import latest_checkpoint
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
-from trident.runs.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
-from trident.runs.preemption import PreemptionCheckpoint
-from trident.runs.resume import check_resume_continues, checkpoint_to_resume, latest_checkpoint, run_identity
+from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
@@ -278,7 +278,7 @@ def check_values_given(cfg: DictConfig) -> None:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Run one training job; returns the final metrics (for sweeps and tests). A stop signal
-    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.runs.requeue.JobStopped`."""
+    (:class:`PreemptionCheckpoint`) ends it with :class:`trident.launch.requeue.JobStopped`."""
     run_dir = Path(cfg.paths.output_dir)
     preemption = PreemptionCheckpoint(run_dir)
     # A stop signal may come at any time, e.g. while the data is prepared: it is noted from here on.

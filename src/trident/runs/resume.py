@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError
+from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, slurm_job
 from trident.runs.compose import compose_train_config
-from trident.runs.requeue import RUN_INFO, requeued_attempt, slurm_job
 from trident.weights.checkpoints import run_config_of
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,6 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
     return info
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run under ``checkpoints/`` (hidden ``.*.tmp`` files are
-    writes in progress, never picked)."""
-    candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if p.is_file() and not p.name.startswith(".")]
-    # On equal times (same save), last.ckpt: it is the name users expect.
-    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
 
 
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:

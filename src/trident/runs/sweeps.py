@@ -102,7 +102,7 @@ class SweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         params = config.hydra.sweeper.get("params")
         swept = swept_keys(list(config.hydra.overrides.task), dict(params) if params else None)
-        # A sweep continued in its directory with the same keys (trident.adaptive adds seeds
+        # A sweep continued in its directory with the same keys (trident.report.adaptive adds seeds
         # job by job) keeps its start time: its jobs stay one sweep in W&B.
         earlier = read_json(sweep_dir / SWEEP_FILE)
         same = earlier is not None and earlier.get("swept") == swept

@@ -14,11 +14,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
-from trident.checks import is_int
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import masked_lm_flops

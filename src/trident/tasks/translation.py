@@ -182,7 +182,7 @@ class TranslationTask(TridentTask):
         return beam_search(self.net, src, beam_size=beam_size, alpha=self.length_penalty, **options)
 
     def translate(self, texts: list[str], *, beam_size: int | None = None, use_cache: bool = True) -> list[str]:
-        """Free text in, detokenised translations out (the ``trident.translate`` command)."""
+        """Free text in, detokenised translations out (the ``trident.commands.translate`` command)."""
         if self.tokenizer is None:
             raise RuntimeError("this task has no tokenizer: load it from a trident translation checkpoint")
         if not texts:

@@ -8,8 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int, is_number
 
 FROZEN_FOR_GOOD = -1  # freeze_backbone_steps: the backbone never trains (a linear probe)
 

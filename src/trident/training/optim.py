@@ -13,8 +13,7 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError, choose
+from trident.errors import ConfigError, choose, is_int, is_number
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Callbacks that keep a long run safe: exact RNG resume and non-finite losses (stop signals:
-:mod:`trident.runs.preemption`).
+:mod:`trident.launch.preemption`).
 
 The pipeline adds them to every run (they are not optional config: a resumed run that silently
 diverges, or a NaN model written over the last good checkpoint, is never wanted).

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trident.checks import is_int, is_number
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int, is_number
 
 SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
 

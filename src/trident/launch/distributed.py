@@ -4,7 +4,7 @@ Lightning's ``ddp`` strategy starts its worker processes (local ranks 1..N-1) by
 launching command again. For a Hydra app that command may be a whole sweep (``-m seed=1,2``):
 every worker would then start its own sweep, in a new sweep directory. :func:`workers_follow`
 tells the workers which job they belong to (its overrides and run directory), and
-:func:`trident.runs.command_line.worker_arguments` turns a worker's command line into that one
+:func:`trident.launch.workers.worker_arguments` turns a worker's command line into that one
 job. Only global rank 0 writes the run's files: :func:`is_global_zero` answers before the process group exists, and
 :class:`OtherRanksFilter` keeps the other ranks out of ``train.log``.
 """
@@ -26,8 +26,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from trident.errors import ConfigError, TridentError
-from trident.runs.command_line import JOB_VARIABLE
-from trident.runs.requeue import JobStopped
+from trident.launch.requeue import JobStopped
+from trident.launch.workers import JOB_VARIABLE
 
 # What Lightning's launcher writes into the launching process's environment. Left in place, the
 # next job of a sweep in the same process would take it for a worker started by someone else.

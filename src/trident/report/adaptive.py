@@ -2,7 +2,7 @@
 comparison against the best setting is still undecided, up to a maximum (issue #28), as a
 group-sequential design that keeps the overall error at alpha over its looks (issue #37).
 
-``python -m trident.adaptive experiment=ablation_heads --metric best/val/loss --max-seeds 10
+``python -m trident.report.adaptive experiment=ablation_heads --metric best/val/loss --max-seeds 10
 --sweep-dir outputs/ablations/ablation_heads`` runs every setting of the preset (its swept values
 without ``seed``) with seeds 1 .. ``--first-seeds``, then looks: the report's tests over every pair of
 settings at the level that round spends of alpha (:mod:`trident.report.sequential`: alpha spending,
@@ -18,7 +18,7 @@ there, so the directory stays one sweep for the report and for W&B. A (setting, 
 ``status.json`` is reused, never re-run; a failed one is tried once more, and after a second failure
 it counts as a missing seed (the report lists both failures) while the loop goes on.
 
-``python -m trident.adaptive --replay <report dir>/jobs.csv --metric best/val/loss --max-seeds 8`` runs
+``python -m trident.report.adaptive --replay <report dir>/jobs.csv --metric best/val/loss --max-seeds 8`` runs
 the same loop over the values of a ``jobs.csv`` instead of jobs (a seed the table lacks is a missing
 one), writes ``adaptive.json`` beside it and the report (``--out``, default: the same directory): a
 sweep's verdicts re-decided with this design from its committed results.
@@ -41,8 +41,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from trident.checks import is_int
-from trident.errors import ConfigError, run_with_clear_errors
+from trident.errors import ConfigError, is_int, run_with_clear_errors
 from trident.report import load_jobs_csv, load_sweep, write_report
 from trident.report.sequential import Design, Sequential, replay, run_loop, seed_table
 from trident.report.statistics import ALPHA, BEST
@@ -216,7 +215,7 @@ def train_job_runner(sweep_dir: Path, overrides: Sequence[str]) -> RunJob:
 
     def run(setting: Setting, seed: int, number: int) -> None:
         point = [f"{o.split('=', 1)[0]}=choice({o.split('=', 1)[1]})" for o in setting.overrides]
-        command = [sys.executable, "-m", "trident.train", "-m", *overrides, *point, f"{SEED_KEY}=choice({seed})",
+        command = [sys.executable, "-m", "trident.commands.train", "-m", *overrides, *point, f"{SEED_KEY}=choice({seed})",
                    "hydra.sweeper.params=null", f"hydra.sweep.dir={sweep_dir}",
                    f"hydra.sweep.subdir={number}_${{run_name}}"]
         log.info("job %d: %s seed %d", number, setting.label, seed)

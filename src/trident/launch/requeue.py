@@ -2,7 +2,7 @@
 
 SIGTERM (SLURM's ``scancel``, ``scontrol requeue`` and preemption), SIGUSR2 (submitit's warning
 before the time limit) and SIGUSR1 (an sbatch ``--signal=USR1@<seconds>``) all reach
-:class:`trident.runs.preemption.PreemptionCheckpoint`, which finishes the current step, saves
+:class:`trident.launch.preemption.PreemptionCheckpoint`, which finishes the current step, saves
 ``last.ckpt`` and stops training with a :class:`JobStopped`. Then:
 
 - **requeued**: SLURM runs the job again. For SIGTERM, SLURM is already requeueing it (it has
@@ -119,3 +119,11 @@ def requeued_attempt(run_dir: Path) -> bool:
     checkpoint, with no ``resume=`` needed."""
     info = run_dir / RUN_INFO
     return restart_count() > 0 and info.is_file() and json.loads(info.read_text()).get("slurm_job") == slurm_job()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run under ``checkpoints/`` (hidden ``.*.tmp`` files are
+    writes in progress, never picked)."""
+    candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if p.is_file() and not p.name.startswith(".")]
+    # On equal times (same save), last.ckpt: it is the name users expect.
+    return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)

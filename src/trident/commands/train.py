@@ -19,7 +19,7 @@ from trident.runs.resume import kept_on_refusal
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_job(cfg: DictConfig) -> float | None:
     # Imported once the command line is known to be good: torch, Lightning and W&B take seconds.
-    from trident.runs.distributed import workers_follow
+    from trident.launch.distributed import workers_follow
     from trident.runs.jobs import run_job
 
     # DDP workers that Lightning starts during this job run this job, in this run directory.

@@ -1,7 +1,7 @@
 """Sample text from a trained language-model checkpoint, or a run directory (its best, else last
 checkpoint, as ``trident.load`` reads it).
 
-    python -m trident.sample outputs/runs/.../checkpoints/last.ckpt --prompt "ROMEO:" --max-new-tokens 500
+    python -m trident.commands.sample outputs/runs/.../checkpoints/last.ckpt --prompt "ROMEO:" --max-new-tokens 500
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def load_lm_checkpoint(path: Path) -> LanguageModelTask:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m trident.sample", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="python -m trident.commands.sample", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")

@@ -1,8 +1,8 @@
 """Translate free text with a trained translation checkpoint (the tokenizer is stored inside it), or a
 run directory (its best, else last checkpoint, as ``trident.load`` reads it).
 
-    python -m trident.translate outputs/runs/.../checkpoints/best-step3000.ckpt "In the beginning was the Word."
-    echo "And God said, Let there be light." | python -m trident.translate CKPT --beam-size 1
+    python -m trident.commands.translate outputs/runs/.../checkpoints/best-step3000.ckpt "In the beginning was the Word."
+    echo "And God said, Let there be light." | python -m trident.commands.translate CKPT --beam-size 1
 
 Each argument (or, without arguments, each line of stdin) is one sentence; one translation per
 line is printed, in order.

@@ -1,4 +1,4 @@
-"""Stop signals during a job: finish the step, save, and stop (what follows: :mod:`trident.runs.requeue`)."""
+"""Stop signals during a job: finish the step, save, and stop (what follows: :mod:`trident.launch.requeue`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from trident.runs.requeue import JobStopped, slurm_job, stop_outcome
-from trident.runs.resume import latest_checkpoint
+from trident.launch.requeue import JobStopped, latest_checkpoint, slurm_job, stop_outcome
 from trident.training.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
@@ -25,7 +24,7 @@ class PreemptionCheckpoint(L.Callback):
     """SIGTERM (SLURM's scancel, requeue and preemption), SIGUSR2 (submitit's time-limit warning)
     and SIGUSR1 (an sbatch ``--signal``) all mean "stop now, come back later": finish the current
     training step, save ``<run_dir>/checkpoints/last.ckpt``, and stop with Lightning's ``SIGTERMException`` before the next
-    step; :attr:`stop` then says what comes next (:mod:`trident.runs.requeue`).
+    step; :attr:`stop` then says what comes next (:mod:`trident.launch.requeue`).
 
     trident takes these signals over from Lightning, whose own SIGTERM handling stops at the next
     step without a checkpoint and whose SLURM auto-requeue saves from inside the signal handler,
@@ -56,7 +55,7 @@ class PreemptionCheckpoint(L.Callback):
     @contextmanager
     def listening(self) -> Iterator[None]:
         """Handle the signals during a job; the process's own handlers come back after (submitit's
-        among them: :func:`trident.runs.requeue.come_back_later` hands SIGUSR2 on to it)."""
+        among them: :func:`trident.launch.requeue.come_back_later` hands SIGUSR2 on to it)."""
         self._previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
         self._install()
         try:

@@ -1,8 +1,8 @@
 """Predict the [MASK] tokens of texts with a trained masked-LM checkpoint (the tokenizer is inside it),
 or a run directory (its best, else last checkpoint, as ``trident.load`` reads it).
 
-    python -m trident.fill_mask outputs/runs/.../checkpoints/last.ckpt "To be or not to [MASK]"
-    echo "Now is the winter of our [MASK]" | python -m trident.fill_mask CKPT --top-k 3
+    python -m trident.commands.fill_mask outputs/runs/.../checkpoints/last.ckpt "To be or not to [MASK]"
+    echo "Now is the winter of our [MASK]" | python -m trident.commands.fill_mask CKPT --top-k 3
 
 Each argument (or, without arguments, each line of stdin) is one text; for each it prints the text
 with every [MASK] filled by the most likely token, then the top-k candidates of each [MASK] with
@@ -40,7 +40,7 @@ def fill_in(text: str, tokens: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m trident.fill_mask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m trident.commands.fill_mask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("texts", nargs="*", help="texts holding [MASK] (default: read lines from stdin)")

@@ -1,7 +1,7 @@
 """Average the weights of several checkpoints (the paper averaged the last 5 or 20, section 6.1).
 
-    python -m trident.average_checkpoints a.ckpt b.ckpt c.ckpt -o averaged.ckpt
-    python -m trident.average_checkpoints outputs/runs/<date>/<run> --last 5 -o averaged.ckpt
+    python -m trident.commands.average_checkpoints a.ckpt b.ckpt c.ckpt -o averaged.ckpt
+    python -m trident.commands.average_checkpoints outputs/runs/<date>/<run> --last 5 -o averaged.ckpt
 
 With a run directory, the N checkpoints of the highest training steps under its ``checkpoints/``
 are averaged (``task=translation`` keeps the last 5 in ``checkpoints/periodic/``; copies of one
