@@ -227,6 +227,9 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("mlm-image-data", "train.py", ["task=mlm", "data=mnist"], ["data=mnist is not text data for task=mlm", "shakespeare"]),
     ("task-target-not-a-task", "train.py", ["task._target_=trident.data.lm.LMDataModule"],
      ["task._target_=trident.data.lm.LMDataModule is not a trident task", "TridentTask"]),
+    # init_from reads its source before the config is checked: the task it starts is checked first
+    ("init-from-task-target-not-a-task", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "task._target_=trident.data.lm.LMDataModule"],
+     ["task._target_=trident.data.lm.LMDataModule is not a trident task", "TridentTask"]),
     ("mlm-corpus-smaller-than-a-block", "train.py", ["task=mlm", *TEXT, "data.block_size=4000"], ["fewer than one block", "data.block_size"]),
     ("fill-mask-corrupt-checkpoint", "trident.commands.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
     ("fill-mask-lm-checkpoint", "trident.commands.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 import trident
 from trident.data.text_classification import TextClassificationDataModule, pad_batch
 from trident.errors import ConfigError
-from trident.runs.pipeline import build_data_and_task, check_config, train
+from trident.runs.pipeline import build_data_and_task, check_config, configured_task_class, train
 from trident.weights.init_from import source_for_run
 from trident.weights.transfer import transfer_weights
 
@@ -153,7 +153,7 @@ def test_bert_into_classify_feeds_the_first_layer_and_pools_cls_as_transformers_
     reference = save_bert(tmp_path / "bert")
     run = tmp_path / "run"
     cfg = compose_config(classify_from(tmp_path / "bert", write_splits(tmp_path)), output_dir=run)
-    source = source_for_run(cfg, run, None, embeddings_only=False)  # the pipeline's steps up to the first batch
+    source = source_for_run(configured_task_class(cfg), cfg, run, None, embeddings_only=False)  # the pipeline's steps up to the first batch
     assert source is not None
     datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
     transfer_weights(task.net, source.state_dict, source.source)

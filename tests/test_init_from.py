@@ -19,7 +19,7 @@ from PIL import Image
 
 import trident
 from trident.errors import ConfigError, DataError, TridentError
-from trident.runs.pipeline import constructor_args, instantiate, train
+from trident.runs.pipeline import configured_task_class, constructor_args, instantiate, train
 from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
@@ -421,6 +421,6 @@ def test_a_trident_source_fixes_its_position_encodings_options(tmp_path: Path) -
     train(compose_config([*SMALL, *PRETRAIN, "pos_encoding=rope", "pos_encoding.options.base=500.0"], output_dir=source))
     cfg = compose_config([*SMALL, f"init_from={source}"], output_dir=tmp_path / "run")
     assert cfg.pos_encoding.options.base != 500.0  # the run's own default, before the source is asked
-    weights = source_for_run(cfg, tmp_path / "run", None, False)
+    weights = source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, False)
     assert weights is not None and (cfg.pos_encoding.name, cfg.pos_encoding.options.base) == ("rope", 500.0)
     assert read_init_source(str(source)).pos_encoding_options == {"base": 500.0}

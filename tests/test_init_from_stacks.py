@@ -14,7 +14,7 @@ from omegaconf import DictConfig, open_dict
 
 from trident.data.tokenization import train_tokenizer
 from trident.errors import ConfigError
-from trident.runs.pipeline import train
+from trident.runs.pipeline import configured_task_class, train
 from trident.weights.init_from import source_for_run
 from trident.weights.transfer import transfer_weights
 
@@ -127,7 +127,7 @@ def _start(target: DictConfig, source: Path, tmp_path: Path, embeddings_only: bo
     with open_dict(cfg):
         cfg.init_from = str(source)
         cfg.data.cache_dir = str(tmp_path / "cache")
-    source_for_run(cfg, tmp_path / "run", None, embeddings_only)
+    source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, embeddings_only)
     return cfg
 
 

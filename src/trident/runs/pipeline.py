@@ -291,7 +291,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     resume_from = checkpoint_to_resume(cfg.get("resume"), cfg.get("ckpt_path"), run_dir)
     # Before the config is checked: the source's architecture replaces the model settings.
     embeddings_only = embeddings_only_option(cfg.get("init_only"))
-    source = source_for_run(cfg, run_dir, resume_from, embeddings_only)
+    source = source_for_run(configured_task_class(cfg), cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
     flops_budget = check_budget(cfg)

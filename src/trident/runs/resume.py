@@ -25,7 +25,6 @@ from omegaconf.errors import OmegaConfBaseException
 from trident.errors import ConfigError
 from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, slurm_job
 from trident.runs.compose import compose_train_config
-from trident.weights.checkpoints import run_config_of
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +205,8 @@ def check_resume_continues(checkpoint: dict[str, Any], path: Path, data: DictCon
 
         if Tokenizer.from_str(saved_tokenizer).get_vocab() != vocabulary:
             raise ConfigError(f"ckpt_path={path} was trained with another tokenizer than this run's data gives: {fix}")
+    from trident.weights.checkpoints import run_config_of  # here: it loads torch, which train.py's checks precede
+
     config = run_config_of(path)
     saved = OmegaConf.load(config) if config is not None else None
     if not isinstance(saved, DictConfig) or "data" not in saved:

@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import hydra.utils
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -235,8 +234,9 @@ def _read_copy(folder: Path) -> PretrainedWeights:
     )
 
 
-def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embeddings_only: bool) -> PretrainedWeights | None:
-    """The run's ``init_from`` source, with what it fixes (its architecture, its tokenizer) written into
+def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resume_from: str | None,
+                   embeddings_only: bool) -> PretrainedWeights | None:
+    """The ``init_from`` source of a run of ``task``, with what it fixes (its architecture, its tokenizer) written into
     ``cfg`` in one step (:func:`apply_settings`) before the config is checked; a resumed run reads
     the copy in its own directory (the original may have moved). ``embeddings_only``
     (``init_only=embeddings``) lets a source of another stack in."""
@@ -250,7 +250,6 @@ def source_for_run(cfg: DictConfig, run_dir: Path, resume_from: str | None, embe
     n_heads = int(cfg.model.n_heads) if "model.n_heads" in explicit else None
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
-    task = hydra.utils.get_class(cfg.task._target_)
     check_source_task(task, source)
     fixed = settings_fixed_by(cfg, source, explicit)
     apply_settings(cfg, fixed)
