@@ -13,7 +13,7 @@ import torch
 import trident
 from trident.errors import DataError
 from trident.runs.pipeline import train
-from trident.tasks.checkpointing import TASK_KEY
+from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoints import checkpoint_of
 
 from .conftest import SMALL, compose_config

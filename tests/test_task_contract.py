@@ -21,11 +21,11 @@ import trident
 from trident.data.lm import LMDataModule
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
-from trident.tasks.checkpointing import TASK_KEY
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.registry import TASKS
+from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.tasks.translation import TranslationTask
 from trident.tasks.vit import ImageClassificationTask
 

@@ -18,7 +18,7 @@ from torch.export import Dim
 from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
-from trident.tasks.checkpointing import TaskInCheckpoint
+from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 
 # What a network's stack is, in the words of the error lines.

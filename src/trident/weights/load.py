@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import DataError
 from trident.tasks.base import TridentTask
-from trident.tasks.checkpointing import TASK_KEY
+from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoints import (
     RETIRED_SETTINGS,
     checkpoint_of,
