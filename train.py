@@ -1,4 +1,4 @@
-"""Train a Transformer: `python train.py task=lm pos_encoding=rope` (see README for all options).
+"""Train a Transformer: `python train.py task=lm pos_encoding=rope` (see docs/configuration.md for all options).
 
 The same command as ``trident-train`` (installed) and ``python -m trident.commands.train``."""
 

@@ -1,5 +1,5 @@
 """Train a Transformer: ``trident-train task=lm pos_encoding=rope``, or ``python train.py ...`` in a
-checkout (README for all options)."""
+checkout (docs/configuration.md for all options)."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         if not issubclass(data_class, cls.DATA_MODULE):
             raise ConfigError(
                 f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
-                f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (README, config groups)"
+                f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (docs/configuration.md, config groups)"
             )
 
     @classmethod

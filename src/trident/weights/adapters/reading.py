@@ -11,7 +11,7 @@ from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_co
 from trident.weights.pretrained import PretrainedWeights
 
 TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
-# Encoder-decoders the backbone cannot express exactly (README, "Not converted"): model_type -> what it lacks.
+# Encoder-decoders the backbone cannot express exactly (docs/weights.md, "Not converted"): model_type -> what it lacks.
 NOT_EXPRESSIBLE = {
     "marian": "Marian's sinusoidal table layout (all sines, then all cosines), a plain SiLU and final_logits_bias",
     "t5": "T5's unscaled attention logits (trident always divides by sqrt(head size))",
