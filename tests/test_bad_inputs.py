@@ -104,6 +104,7 @@ def readme_error_files(root: Path) -> None:
     (root / "docs.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": three}\n')
     (root / "body.jsonl").write_text("".join(f'{{"body": "line {i}", "id": {i}}}\n' for i in range(20)))
     (root / "binary.txt").write_bytes(bytes(range(256)) * 8)
+    (root / "reordered.txt").write_text("".join(reversed(CORPUS.splitlines(keepends=True))))
     (root / "latin1.txt").write_bytes(("Caf\xe9 cr\xe8me, d\xe9j\xe0 vu.\n" * 200).encode("latin-1"))
     lines = [f"line {i} of a verse" for i in range(30)]
     (root / "train.en").write_text("\n".join(lines) + "\n")
@@ -211,6 +212,9 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("resume-corrupt-checkpoint", "train.py", [*TEXT, "ckpt_path=corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
     ("resume-other-model-size", "train.py", [*TEXT, "model=nano", "model.d_model=128", f"ckpt_path={LAST}"], ["does not fit", "128"]),
     ("resume-other-vocabulary", "train.py", [*TEXT, "model=nano", "data.files=[other.txt]", f"ckpt_path={LAST}"], ["init_from=", "other"]),
+    # The same characters in another order: the tokenizer is the same, the data are not (the run's saved config says so)
+    ("resume-other-data-same-tokenizer", "train.py", [*TEXT, "model=nano", "data.files=[reordered.txt]", f"ckpt_path={LAST}"],
+     ["was trained on other data (data.files=", "reordered.txt", "start a new run with init_from="]),
     ("eval-other-model-size", "eval.py", [f"ckpt_path={LAST}", "model.d_model=128"], ["does not fit", "128"]),
     ("eval-truncated-checkpoint", "eval.py", [f"ckpt_path={DAMAGED}"], ["corrupt", "last.ckpt"]),
     ("eval-missing-checkpoint", "eval.py", ["ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
