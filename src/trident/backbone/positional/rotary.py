@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 from trident.backbone.positional.base import PositionalEncoding, StackShape, grid_coordinates, register_pos_encoding
+from trident.backbone.positional.rope_scaling import check_scaling, scaled_frequencies
+from trident.errors import ConfigError
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -36,17 +38,37 @@ class RotaryEncoding(PositionalEncoding):
 
     def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
-        base = float(cfg.pos_encoding_options.get("base", 10000.0))
+        self.base = float(cfg.pos_encoding_options.get("base", 10000.0))
+        self.scaling = check_scaling(cfg.pos_encoding_options.get("scaling"))
+        if self.scaling is not None and cfg.grid is not None:
+            raise ConfigError(
+                "pos_encoding.options.scaling stretches a 1-D context; a 2-D rope on an image grid (ViT) "
+                "takes none: set pos_encoding.options.scaling=null"
+            )
         # One frequency per rotated pair (hs/2 pairs); on a grid, rows and columns get hs/4 each.
         n_freq = cfg.head_dim // 2 if cfg.grid is None else cfg.head_dim // 4
-        inv_freq = base ** (-torch.arange(n_freq, dtype=torch.float32) / n_freq)
+        self.rotated = 2 * n_freq
+        #: Multiplies cos and sin (YaRN's temperature on the attention logits); 1 otherwise.
+        self.attention_factor = 1.0
+        if self.scaling is None:
+            inv_freq = self.base ** (-torch.arange(n_freq, dtype=torch.float32) / n_freq)
+        else:
+            inv_freq, self.attention_factor = scaled_frequencies(self.scaling, self.base, self.rotated)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.follows_length = self.scaling is not None and self.scaling["type"] == "dynamic"
+        if self.follows_length:
+            # Dynamic NTK state, as transformers keeps it: the frequencies follow the longest sequence
+            # since the length last fell below the original one, where they return to the original ones.
+            self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+            self.longest = int(self.scaling["original_max_position_embeddings"])
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        return ("base",)
+        return ("base", "scaling")
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        if self.follows_length:
+            self._follow_length(int(positions.max()) + 1, positions.device)
         if self.grid is None:
             angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hs/2)
         else:
@@ -54,4 +76,17 @@ class RotaryEncoding(PositionalEncoding):
             angles = torch.cat((rows.float()[:, None] * self.inv_freq, cols.float()[:, None] * self.inv_freq), dim=1)
             angles = angles * is_patch[:, None]  # (T, hs/2); zero angle = identity for prefix tokens
         angles = torch.cat((angles, angles), dim=-1)  # (T, hs): one angle per rotated pair
-        return angles.cos(), angles.sin()
+        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+
+    def _follow_length(self, length: int, device: torch.device) -> None:
+        """Dynamic NTK: recompute the frequencies for a sequence longer than any since the last reset,
+        back to the original ones below the original length (transformers' ``dynamic_rope_update``).
+        Keys already in a KV cache keep the angles they were rotated with."""
+        assert self.scaling is not None
+        original = int(self.scaling["original_max_position_embeddings"])
+        if length > self.longest:
+            self.inv_freq, _ = scaled_frequencies(self.scaling, self.base, self.rotated, length, device)
+            self.longest = length
+        elif length < original < self.longest:
+            self.inv_freq = self.original_inv_freq
+            self.longest = original
