@@ -413,14 +413,16 @@ def test_hf_bert_directory_fine_tunes_a_masked_lm_from_its_own_loss(new_corpus: 
 
 
 def test_a_trident_source_fixes_its_position_encodings_options(tmp_path: Path) -> None:
-    """The options of the source's position encoding (rope's base) are part of what it computes: a run
+    """The options of the source's position encoding (rope's base, its scaling) are part of what it computes: a run
     from it takes them, and its copy in <run>/init keeps them."""
     from trident.weights.init_from import read_init_source, source_for_run
 
     source = tmp_path / "source"
-    train(compose_config([*SMALL, *PRETRAIN, "pos_encoding=rope", "pos_encoding.options.base=500.0"], output_dir=source))
+    train(compose_config([*SMALL, *PRETRAIN, "pos_encoding=rope", "pos_encoding.options.base=500.0",
+                          "pos_encoding.options.scaling={type:linear,factor:2}"], output_dir=source))
     cfg = compose_config([*SMALL, f"init_from={source}"], output_dir=tmp_path / "run")
     assert cfg.pos_encoding.options.base != 500.0  # the run's own default, before the source is asked
     weights = source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, False)
     assert weights is not None and (cfg.pos_encoding.name, cfg.pos_encoding.options.base) == ("rope", 500.0)
-    assert read_init_source(str(source)).pos_encoding_options == {"base": 500.0}
+    assert cfg.pos_encoding.options.scaling == {"type": "linear", "factor": 2}
+    assert read_init_source(str(source)).pos_encoding_options == {"base": 500.0, "scaling": {"type": "linear", "factor": 2}}
