@@ -329,7 +329,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("sweep-exclusion-not-a-list", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=['pos_encoding=alibi']"], ["is not a list of key=value overrides"]),
     # Issue 40: rope scaling
     ("rope-scaling-unknown-type", "train.py", [*TEXT, "pos_encoding=rope", "pos_encoding.options.scaling={type:longrope,factor:2}"],
-     ["pos_encoding.options.scaling.type='longrope' is not a rope scaling", "choose one of linear, dynamic, yarn, llama3"]),
+     ["pos_encoding.options.scaling.type='longrope' is not a rope scaling: choose one of linear, dynamic, yarn, llama3"]),
     ("rope-scaling-unknown-key", "train.py", [*TEXT, "pos_encoding=rope", "pos_encoding.options.scaling={type:linear,factor:2,beta_fast:32}"],
      ["pos_encoding.options.scaling of type linear has no key(s) ['beta_fast']", "it takes type, factor"]),
     ("rope-scaling-missing-factor", "train.py", [*TEXT, "pos_encoding=rope", "pos_encoding.options.scaling={type:yarn,original_max_position_embeddings:64}"],
