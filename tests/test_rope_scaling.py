@@ -167,7 +167,9 @@ def test_a_vit_grid_takes_no_scaling() -> None:
         ({"type": "dynamic", "factor": 2.0}, r"needs the key\(s\) \['original_max_position_embeddings'\]"),
         ({"type": "linear", "factor": 0.5}, r"factor=0.5 is below 1"),
         ({"type": "linear", "factor": "8"}, r"factor='8' is not a number"),
-        ({"type": "dynamic", "factor": 2, "original_max_position_embeddings": 0}, r"is not a positive integer"),
+        ({"type": "dynamic", "factor": 2, "original_max_position_embeddings": 0}, r"is not a positive integer: give"),
+        ({"type": "llama3", "factor": 8, "original_max_position_embeddings": None, "low_freq_factor": 1,
+          "high_freq_factor": 4}, r"original_max_position_embeddings=None is not a positive integer"),
         ({"type": "llama3", "factor": 8, "original_max_position_embeddings": 64, "low_freq_factor": 4,
           "high_freq_factor": 1}, r"0 < low_freq_factor < high_freq_factor, got 4 and 1"),
         ({"type": "yarn", "factor": 8, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 2},
@@ -181,7 +183,7 @@ def test_a_vit_grid_takes_no_scaling() -> None:
 def test_bad_scalings_are_one_line(scaling: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as error:
         trident_rope(scaling)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and ": " in str(error.value), "one line: the problem, then the fix"
 
 
 def test_optional_yarn_keys_set_to_null_read_as_their_defaults() -> None:

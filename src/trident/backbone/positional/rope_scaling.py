@@ -64,23 +64,25 @@ def _check_values(scaling: dict[str, Any], where: str) -> None:
     for key in [*required, *optional]:
         absent = key in optional and scaling.get(key) is None  # transformers reads a null as its default
         if key not in ("truncate", "original_max_position_embeddings") and not absent and not is_number(scaling[key]):
-            raise ConfigError(f"{where}.{key}={scaling[key]!r} is not a number")
+            raise ConfigError(f"{where}.{key}={scaling[key]!r} is not a number: give the number transformers' config has")
     if scaling["factor"] < 1:
-        raise ConfigError(f"{where}.factor={scaling['factor']} is below 1: a scaling factor stretches the context, >= 1")
-    original = scaling.get("original_max_position_embeddings")
-    if original is not None and not (is_int(original) and original > 0):
-        raise ConfigError(f"{where}.original_max_position_embeddings={original!r} is not a positive integer")
+        raise ConfigError(f"{where}.factor={scaling['factor']} is below 1: give a factor >= 1 (it stretches the context)")
+    original = scaling.get("original_max_position_embeddings", 1)  # required where the type reads it
+    if not (is_int(original) and original > 0):
+        raise ConfigError(f"{where}.original_max_position_embeddings={original!r} is not a positive integer: "
+                          "give the context length the model was trained on")
     if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
-        raise ConfigError(f"{where}.truncate={scaling['truncate']!r} is not true or false")
+        raise ConfigError(f"{where}.truncate={scaling['truncate']!r} is not true or false: give true (default) or false")
     if scaling["type"] == "llama3" and not 0 < scaling["low_freq_factor"] < scaling["high_freq_factor"]:
         raise ConfigError(
-            f"{where}: llama3 needs 0 < low_freq_factor < high_freq_factor, "
-            f"got {scaling['low_freq_factor']} and {scaling['high_freq_factor']}"
+            f"{where}: llama3 needs 0 < low_freq_factor < high_freq_factor, got {scaling['low_freq_factor']} and "
+            f"{scaling['high_freq_factor']}: give e.g. Llama 3.1's 1 and 4"
         )
     if (scaling.get("beta_fast") or 32) < (scaling.get("beta_slow") or 1):
-        raise ConfigError(f"{where}: yarn needs beta_fast >= beta_slow (defaults 32 and 1)")
+        raise ConfigError(f"{where}: yarn's beta_fast is below its beta_slow: give beta_fast >= beta_slow (defaults 32 and 1)")
     if (scaling.get("attention_factor") or 0) < 0:
-        raise ConfigError(f"{where}.attention_factor={scaling['attention_factor']} is negative")
+        raise ConfigError(f"{where}.attention_factor={scaling['attention_factor']} is negative: give a positive number, "
+                          "or leave it out for YaRN's 0.1 ln(factor) + 1")
 
 
 def inverse_frequencies(base: float | Tensor, dim: int, device: torch.device | None = None) -> Tensor:
