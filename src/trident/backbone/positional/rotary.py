@@ -29,8 +29,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @register_pos_encoding
 class RotaryEncoding(PositionalEncoding):
-    """1-D rope; on an image grid, axial 2-D rope: half of the rotated pairs turn with the row,
-    the other half with the column, and prefix tokens (the class token) are not rotated."""
+    """1-D rope, optionally with a long-context scaling (``options.scaling``, :mod:`rope_scaling`); on an
+    image grid, axial 2-D rope: half of the rotated pairs turn with the row, the other half with the
+    column, and prefix tokens (the class token) are not rotated."""
 
     name: ClassVar[str] = "rope"
     uses_rotary: ClassVar[bool] = True
