@@ -172,6 +172,8 @@ def test_a_vit_grid_takes_no_scaling() -> None:
           "high_freq_factor": 4}, r"original_max_position_embeddings=None is not a positive integer"),
         ({"type": "llama3", "factor": 8, "original_max_position_embeddings": 64, "low_freq_factor": 4,
           "high_freq_factor": 1}, r"0 < low_freq_factor < high_freq_factor, got 4 and 1"),
+        ({"type": "llama3", "factor": 8, "original_max_position_embeddings": 64, "low_freq_factor": 0,
+          "high_freq_factor": 4}, r"0 < low_freq_factor < high_freq_factor, got 0 and 4"),  # a wavelength L / 0
         ({"type": "yarn", "factor": 8, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 2},
          r"beta_fast >= beta_slow"),
         ({"type": "yarn", "factor": 8, "original_max_position_embeddings": 64, "truncate": 1}, r"not true or false"),
