@@ -112,7 +112,7 @@ def readme_error_files(root: Path) -> None:
     (root / "pairs.en").write_text("\n".join(lines) + "\n")
     (root / "pairs.de").write_text("\n".join(lines) + "\n")
     (root / "no_model").mkdir()
-    for name, config in (("t5_dir", {"model_type": "t5"}), ("llama_dir", {"model_type": "llama"}),
+    for name, config in (("t5_dir", {"model_type": "t5"}), ("gemma2_dir", {"model_type": "gemma2"}),
                          ("gpt2_without_weights", {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4})):
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
@@ -309,7 +309,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-vocabulary-does-not-fit", "train.py", ["task=mlm", f"init_from=outputs/{PREVIOUS_RUN}", "init_only=embeddings", "data=text_files", "data.files=[corpus.txt]"], ["has a vocabulary of", "tokens"]),
     # Outside formats
     ("init-from-t5", "train.py", ["init_from=t5_dir"], ["T5"]),
-    ("init-from-other-architecture", "train.py", ["init_from=llama_dir"], ["llama"]),
+    ("init-from-other-architecture", "train.py", ["init_from=gemma2_dir"], ["gemma2", "which trident does not convert"]),
     ("init-from-hf-without-weights", "train.py", ["init_from=gpt2_without_weights"], ["gpt2_without_weights"]),
     ("init-from-hf-other-names", "train.py", ["init_from=gpt2_other_names"], ["gpt2_other_names", "encoder.layer.0.weight"]),
     # The timm file's grey images (data.in_channels=1) against imagefolder's three means and deviations
