@@ -3,6 +3,7 @@ greedy tokens through the KV cache; trident -> the family and back: the same ten
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,6 @@ def test_a_family_setting_trident_lacks_is_one_line(tmp_path: Path, family: str,
 
 def test_an_older_config_with_rope_theta_and_rope_scaling_is_read(tmp_path: Path) -> None:
     """config.json files written before transformers 5 state rope_theta and rope_scaling (type or rope_type)."""
-    import json
-
     hf_model("llama", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     del config["rope_parameters"]
@@ -152,3 +151,57 @@ def test_an_older_config_with_rope_theta_and_rope_scaling_is_read(tmp_path: Path
     (tmp_path / "config.json").write_text(json.dumps(config))
     options = read_pretrained(tmp_path).pos_encoding_options
     assert options == {"base": 500000.0, "scaling": {"type": "linear", "factor": 4.0}}
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(300))
+
+
+def bpe_tokenizer() -> Any:
+    """A byte-level BPE of the corpus with Llama's special tokens, as ``tokenizers`` builds one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
+                                                                show_progress=False))
+    return tokenizer
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_init_from_a_llama_directory_fine_tunes_and_exports_with_its_tokenizer_and_chat_template(tmp_path: Path) -> None:
+    import trident
+    from tests.conftest import compose_config
+    from trident.runs.pipeline import train
+
+    tokenizer = bpe_tokenizer()
+    hf_dir, corpus = tmp_path / "llama", tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    reference = hf_model("llama", hf_dir, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}, "chat_template": CHAT_TEMPLATE}))
+    run = tmp_path / "run"
+    train(compose_config(["logger=none", "test=false", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                          "trainer.limit_val_batches=1", "data.block_size=32", "data.batch_size=4", "print_config=false",
+                          f"init_from={hf_dir}", "data=text_files", f"data.files=[{corpus}]"], output_dir=run))
+    task = trident.load(run)
+    assert task.tokenizer.get_vocab() == tokenizer.get_vocab(), "the source's tokenizer, none retrained"
+    assert task.tokenizer_settings == {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
+    assert task.net.cfg.pos_encoding == "rope" and task.net.cfg.activation == "swiglu"
+    start = reference.model.layers[0].mlp.down_proj.weight
+    moved = task.net.decoder.blocks[0].ffn.fc_out.weight
+    assert moved.shape == start.shape and not torch.equal(moved, start), "three steps of fine-tuning from the source"
+    from trident.commands.export import export_hf
+
+    export_hf(task, tmp_path / "exported")
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    messages = [{"role": "user", "content": "the fox"}]
+    assert exported.apply_chat_template(messages, tokenize=False) == "<|user|>the fox</s>"
+    assert (exported.bos_token, exported.eos_token) == ("<s>", "</s>")
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "exported")
+    assert (config.architectures, config.bos_token_id, config.eos_token_id) == (
+        ["LlamaForCausalLM"], tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
+    back = read_pretrained(tmp_path / "exported")
+    assert back.tokenizer_settings["chat_template"] == CHAT_TEMPLATE
