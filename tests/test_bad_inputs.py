@@ -64,6 +64,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (damaged / "checkpoints" / "last.ckpt").write_bytes(last[: len(last) // 2])
     write_classify_files(root)
     readme_error_files(root)
+    hf_family_files(root)
     return root
 
 
@@ -134,6 +135,21 @@ def readme_error_files(root: Path) -> None:
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+
+
+def hf_family_files(root: Path) -> None:
+    """Tiny Llama and Qwen2 directories (random weights) whose config states what trident lacks."""
+    transformers = pytest.importorskip("transformers")
+    sizes = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "max_position_embeddings": 64}
+    for name, config in (
+        ("llama_gelu", transformers.LlamaConfig(**sizes, hidden_act="gelu")),
+        ("llama_longrope", transformers.LlamaConfig(**sizes, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
+            "original_max_position_embeddings": 32})),
+        ("qwen2_mixed_window", transformers.Qwen2Config(**sizes, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    ):
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
 
 
 def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
@@ -327,6 +343,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("budget-negative", "train.py", ["budget=equal_compute", "budget.flops=-1"], ["budget.flops"]),
     ("sweep-exclusion-names-no-swept-key", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=[['task=vit','pos_encoding=alibi']]"], ["hydra.sweeper.exclude names task, which this sweep does not set"]),
     ("sweep-exclusion-not-a-list", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=['pos_encoding=alibi']"], ["is not a list of key=value overrides"]),
+    # Issue 40: HF families (files: hf_family_files)
+    ("init-from-llama-gelu", "train.py", ["init_from=llama_gelu"], ["llama_gelu", "activation 'gelu'", "cannot reproduce exactly"]),
+    ("init-from-llama-longrope", "train.py", ["init_from=llama_longrope"], ["rope scaling 'longrope'", "llama3"]),
+    ("init-from-qwen2-mixed-window", "train.py", ["init_from=qwen2_mixed_window"], ["a sliding window in 1 of 2 layers", "max_window_layers"]),
 ]
 
 
