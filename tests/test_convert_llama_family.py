@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.convert_helpers import assert_hf_round_trip, net_from, randomise
+from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, DataError
 from trident.models import CausalLM, generate
@@ -30,6 +30,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 # (family, transformers settings, trident settings read): the settings the backbone expresses today.
 READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama", {}, {}),
+    # Untied, silu, rms_norm_eps 1e-6, rope theta 10000, no biases: the reader's defaults, as older Hub files leave them.
+    ("llama", {"defaults_dropped": True, "rms_norm_eps": 1e-6}, {"norm_eps": 1e-6, "bias": False}),
     ("llama", {"tie_word_embeddings": True, "rms_norm_eps": 1e-2, "rope_parameters": {"rope_type": "default",
                                                                                       "rope_theta": 500000.0}}, {}),
     ("llama", {"attention_bias": True, "mlp_bias": True}, {"bias": True}),  # biases on every projection
@@ -44,9 +46,10 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def hf_model(family: str, path: Path, **settings: Any) -> torch.nn.Module:
+def hf_model(family: str, path: Path, defaults_dropped: bool = False, **settings: Any) -> torch.nn.Module:
     """A random-initialised model of ``family`` (width 64, 2 layers, 4 heads of 16), every parameter drawn
-    anew (norm gains and biases too), saved in ``path``."""
+    anew (norm gains and biases too), saved in ``path`` (``defaults_dropped``: its config.json without the
+    settings at their default)."""
     config_class, model_class, needs = FAMILIES[family]
     sizes = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "max_position_embeddings": 128,
@@ -54,6 +57,9 @@ def hf_model(family: str, path: Path, **settings: Any) -> torch.nn.Module:
     config = getattr(transformers, config_class)(**(sizes | needs | settings))
     model = randomise(getattr(transformers, model_class)(config), seed=0).eval()
     model.save_pretrained(path)
+    if defaults_dropped:
+        dropped = drop_default_settings(path, type(config))
+        assert {"tie_word_embeddings", "hidden_act", "rms_norm_eps", "rope_parameters", "attention_bias"} <= dropped
     return model
 
 
