@@ -74,9 +74,7 @@ def family_name(cfg: TransformerConfig) -> str:
 def rope_options(config: dict[str, Any], source: str) -> dict[str, Any]:
     """``pos_encoding.options`` of a config: transformers 5's ``rope_parameters``, or the older files'
     ``rope_theta`` + ``rope_scaling`` (whose type is ``rope_type``, or ``type`` in the oldest)."""
-    parameters = dict(config.get("rope_parameters") or {})
-    if not parameters:
-        parameters = dict(config.get("rope_scaling") or {}) | {"rope_theta": config.get("rope_theta", 10000.0)}
+    parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     kind = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
     parameters.pop("type", None)
     options: dict[str, Any] = {"base": float(parameters.pop("rope_theta", config.get("rope_theta", 10000.0)))}
