@@ -19,7 +19,15 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-vit": {},
     "hf-llama": {"pos_encoding": "rope"},
     "hf-llama-with-biases": {"pos_encoding": "rope", "bias": True},
+    "hf-mistral": {"pos_encoding": "rope", "attention_window": 16},
+    "hf-qwen2": {"pos_encoding": "rope", "qkv_bias": True, "attn_out_bias": False},
+    "hf-qwen3": {"pos_encoding": "rope", "qk_norm": True},
+    "hf-qwen3-with-window-and-biases": {"pos_encoding": "rope", "qk_norm": True, "bias": True, "attention_window": 16},
 }
+
+
+def test_the_export_finds_every_family() -> None:
+    assert {adapter.FORMAT for adapter in ADAPTERS} <= set(EXPORTED_AS)
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda adapter: adapter.FORMAT)

@@ -37,12 +37,38 @@ READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama", {"attention_bias": True, "mlp_bias": True}, {"bias": True}),  # biases on every projection
     ("mistral", {}, {}),
     ("mistral", {"sliding_window": 128}, {}),  # a window as long as the context: none
+    # The backbone switches of issue 40 (model.n_kv_heads, head_dim, qk_norm, qkv_bias..., attention_window, rope scaling).
+    ("llama", {"num_key_value_heads": 1}, {"n_kv_heads": 1}),  # multi-query
+    ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8}, {"n_kv_heads": 2}),  # 4 per kv head
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, {}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0}}, {}),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}}, {}),
+    ("llama", {"attention_bias": True}, {"qkv_bias": True, "attn_out_bias": True}),
+    ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 32}}, {}),
+    ("mistral", {"sliding_window": 16, "num_key_value_heads": 2}, {"attention_window": 16, "n_kv_heads": 2}),  # shorter than the text
+    ("qwen2", {}, {"qkv_bias": True}),  # biases on q, k, v, none on o
+    ("qwen2", {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0},
+     {"attention_window": 16, "n_kv_heads": 2, "qkv_bias": True}),
+    ("qwen3", {"head_dim": 32, "num_key_value_heads": 2}, {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True}),
+    ("qwen3", {"attention_bias": True, "num_key_value_heads": 1}, {"qkv_bias": True, "attn_out_bias": True, "n_kv_heads": 1, "qk_norm": True}),
 ]
 # (family, trident settings) of trident models exported and read back.
 WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama", {}),
     ("llama", {"tie_embeddings": True, "norm_eps": 1e-3, "pos_encoding_options": {"base": 500000.0}}),
     ("llama", {"bias": True}),  # attention_bias and mlp_bias
+    # The backbone switches of issue 40.
+    ("llama", {"n_kv_heads": 1}),
+    ("llama", {"n_heads": 8, "n_kv_heads": 2}),
+    ("llama", {"qkv_bias": True, "attn_out_bias": True}),  # attention_bias without mlp_bias
+    ("llama", {"pos_encoding_options": {"base": 500000.0, "scaling": {
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}}),
+    ("mistral", {"attention_window": 16, "n_kv_heads": 2}),
+    ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2}),
+    ("qwen3", {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2}),
+    ("qwen3", {"qk_norm": True, "bias": True, "mlp_bias": False, "attention_window": 16}),
 ]
 
 
@@ -127,6 +153,10 @@ def test_trident_lm_to_the_family_and_back_is_exact(tmp_path: Path, family: str,
     ({"norm": "layernorm"}, "model.norm=layernorm has no Llama"),
     ({"activation": "gelu"}, "model.activation=gelu has no Llama"),
     ({"embedding_norm": True}, "model.embedding_norm=True has no Llama"),
+    # The backbone switches of issue 40: the family the settings name refuses the rest.
+    ({"qk_norm": True, "bias": True}, "model.mlp_bias=True has no Qwen3"),
+    ({"attention_window": 16, "bias": True}, "model.qkv_bias=True has no Mistral"),
+    ({"qkv_bias": True, "attn_out_bias": False, "mlp_bias": True}, "model.mlp_bias=True has no Qwen2"),
     ({"norm_first": False}, "model.norm_first=False has no Llama"),
 ])
 def test_a_setting_the_family_lacks_is_named(settings: dict[str, Any], named: str) -> None:
