@@ -42,7 +42,8 @@ def drop_default_settings(directory: Path, config_class: Any) -> set[str]:
 
 def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> nn.Module:
     """The trident ``net`` the weights fit (dropout off), loaded strictly, in eval mode."""
-    options = dict(weights.model, pos_encoding=weights.pos_encoding, dropout=0.0)
+    options = dict(weights.model, pos_encoding=weights.pos_encoding, pos_encoding_options=weights.pos_encoding_options,
+                   dropout=0.0)
     if weights.task == "vit":
         data = weights.data_options
         cfg = TransformerConfig(**options, **vit_geometry(data["image_size"], data["patch_size"], "cls"))

@@ -6,21 +6,46 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import ADAPTERS, adapter_for_model_type, adapter_for_network
 
+# FORMAT -> the settings of a network the export writes as that family (the CausalLM families: GPT-2 by its
+# learned positions, Llama and its cousins by rope and their switches, llama_style.family_name).
+EXPORTED_AS: dict[str, dict[str, object]] = {
+    "hf-gpt2": {"pos_encoding": "learned"},
+    "hf-bert": {},
+    "hf-vit": {},
+    "hf-llama": {"pos_encoding": "rope"},
+    "hf-llama-with-biases": {"pos_encoding": "rope", "bias": True},
+    "hf-mistral": {"pos_encoding": "rope", "attention_window": 16},
+    "hf-qwen2": {"pos_encoding": "rope", "qkv_bias": True, "attn_out_bias": False},
+    "hf-qwen3": {"pos_encoding": "rope", "qk_norm": True},
+    "hf-qwen3-with-window-and-biases": {"pos_encoding": "rope", "qk_norm": True, "bias": True, "attention_window": 16},
+}
+
+
+def test_the_export_finds_every_family() -> None:
+    assert {adapter.FORMAT for adapter in ADAPTERS} <= set(EXPORTED_AS)
+
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda adapter: adapter.FORMAT)
-def test_each_adapter_implements_the_interface_and_is_found_both_ways(adapter: Adapter) -> None:
+def test_each_adapter_implements_the_interface_and_is_read_by_its_model_type(adapter: Adapter) -> None:
     assert isinstance(adapter, Adapter)
     assert adapter_for_model_type(adapter.MODEL_TYPE) is adapter
-    net = adapter.NETWORK.__new__(adapter.NETWORK)  # its class is all the export looks up
+
+
+@pytest.mark.parametrize(("exported_as", "settings"), EXPORTED_AS.items())
+def test_the_export_finds_each_family_by_the_network_and_its_settings(exported_as: str, settings: dict[str, object]) -> None:
+    adapter = next(adapter for adapter in ADAPTERS if exported_as.startswith(adapter.FORMAT))
+    net = adapter.NETWORK.__new__(adapter.NETWORK)  # its class and settings are all the export looks up
+    net.cfg = TransformerConfig(d_model=64, n_heads=4, **settings)
     assert adapter_for_network(net) is adapter
 
 
 def test_one_registration_per_family() -> None:
-    for field in ("FORMAT", "MODEL_TYPE", "NETWORK"):
+    for field in ("FORMAT", "MODEL_TYPE"):
         values = [getattr(adapter, field) for adapter in ADAPTERS]
         assert len(set(values)) == len(values), field
 

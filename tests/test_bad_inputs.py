@@ -64,6 +64,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (damaged / "checkpoints" / "last.ckpt").write_bytes(last[: len(last) // 2])
     write_classify_files(root)
     readme_error_files(root)
+    hf_family_files(root)
     return root
 
 
@@ -112,7 +113,7 @@ def readme_error_files(root: Path) -> None:
     (root / "pairs.en").write_text("\n".join(lines) + "\n")
     (root / "pairs.de").write_text("\n".join(lines) + "\n")
     (root / "no_model").mkdir()
-    for name, config in (("t5_dir", {"model_type": "t5"}), ("llama_dir", {"model_type": "llama"}),
+    for name, config in (("t5_dir", {"model_type": "t5"}), ("gemma2_dir", {"model_type": "gemma2"}),
                          ("gpt2_without_weights", {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4})):
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
@@ -134,6 +135,21 @@ def readme_error_files(root: Path) -> None:
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+
+
+def hf_family_files(root: Path) -> None:
+    """Tiny Llama and Qwen2 directories (random weights) whose config states what trident lacks."""
+    transformers = pytest.importorskip("transformers")
+    sizes = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "max_position_embeddings": 64}
+    for name, config in (
+        ("llama_gelu", transformers.LlamaConfig(**sizes, hidden_act="gelu")),
+        ("llama_longrope", transformers.LlamaConfig(**sizes, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
+            "original_max_position_embeddings": 32})),
+        ("qwen2_mixed_window", transformers.Qwen2Config(**sizes, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    ):
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
 
 
 def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
@@ -309,7 +325,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-vocabulary-does-not-fit", "train.py", ["task=mlm", f"init_from=outputs/{PREVIOUS_RUN}", "init_only=embeddings", "data=text_files", "data.files=[corpus.txt]"], ["has a vocabulary of", "tokens"]),
     # Outside formats
     ("init-from-t5", "train.py", ["init_from=t5_dir"], ["T5"]),
-    ("init-from-other-architecture", "train.py", ["init_from=llama_dir"], ["llama"]),
+    ("init-from-other-architecture", "train.py", ["init_from=gemma2_dir"], ["gemma2", "which trident does not convert"]),
     ("init-from-hf-without-weights", "train.py", ["init_from=gpt2_without_weights"], ["gpt2_without_weights"]),
     ("init-from-hf-other-names", "train.py", ["init_from=gpt2_other_names"], ["gpt2_other_names", "encoder.layer.0.weight"]),
     # The timm file's grey images (data.in_channels=1) against imagefolder's three means and deviations
@@ -334,6 +350,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["pos_encoding.options.scaling of type linear has no key(s) ['beta_fast']", "it takes type, factor"]),
     ("rope-scaling-missing-factor", "train.py", [*TEXT, "pos_encoding=rope", "pos_encoding.options.scaling={type:yarn,original_max_position_embeddings:64}"],
      ["pos_encoding.options.scaling of type yarn needs the key(s) ['factor']", "it takes type, factor, original_max_position_embeddings"]),
+    # Issue 40: HF families (files: hf_family_files)
+    ("init-from-llama-gelu", "train.py", ["init_from=llama_gelu"], ["llama_gelu", "activation 'gelu'", "cannot reproduce exactly"]),
+    ("init-from-llama-longrope", "train.py", ["init_from=llama_longrope"], ["rope scaling 'longrope'", "llama3"]),
+    ("init-from-qwen2-mixed-window", "train.py", ["init_from=qwen2_mixed_window"], ["a sliding window in 1 of 2 layers", "max_window_layers"]),
 ]
 
 

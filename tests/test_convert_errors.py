@@ -30,9 +30,9 @@ def test_a_directory_that_is_not_a_model_is_named(tmp_path: Path) -> None:
 
 
 def test_an_unsupported_architecture_names_the_supported_ones(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}))
     text = message(tmp_path)
-    assert "holds a llama (LlamaForCausalLM), which trident does not convert" in text
+    assert "holds a gemma2 (Gemma2ForCausalLM), which trident does not convert" in text
     assert all(name in text for name in SUPPORTED)
 
 

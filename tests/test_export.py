@@ -42,7 +42,8 @@ RUNS = {
     "vit": ["task=vit", "model=nano", "data.patch_size=7", "data.batch_size=16", "trainer.limit_train_batches=2",
             "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "print_config=false",
             "callbacks.progress_bar=null", "callbacks.model_summary=null"],
-    "rope": [*SMALL],
+    "rope": [*SMALL],  # rope with LayerNorm and GELU: the Llama family's, which names what it lacks
+    "llama": [*SMALL, "model.norm=rmsnorm", "model.activation=swiglu"],  # biases on: attention_bias and mlp_bias
     # A byte-level BPE of 300 tokens on the user's files: <|endoftext|> is its id 0, not GPT-2's 50256.
     "gpt2-bpe": [*SMALL, "pos_encoding=learned", "model.activation=gelu_tanh", "data=text_files",
                  "data.files=[{corpus}]", "data.tokenizer=bpe", "data.vocab_size=300"],
@@ -100,7 +101,7 @@ def exported(run: Path, fmt: str, out: Path) -> L.LightningModule:
 
 @pytest.mark.slow
 def test_hf_export_of_each_task_loads_in_transformers_with_the_same_logits(runs: Runs, tmp_path: Path) -> None:
-    for name, auto in (("gpt2", "AutoModelForCausalLM"), ("bert", "AutoModelForMaskedLM"),
+    for name, auto in (("gpt2", "AutoModelForCausalLM"), ("llama", "AutoModelForCausalLM"), ("bert", "AutoModelForMaskedLM"),
                        ("vit", "AutoModelForImageClassification")):
         out = tmp_path / name
         task = exported(runs[name], "hf", out)
@@ -198,7 +199,7 @@ def test_bad_exports_are_one_line_and_write_nothing(runs: Runs, tmp_path: Path,
         [str(runs["gpt2"]), "--format", "gguf", "--out", str(out)], capsys)
     assert "not found" in refused([str(tmp_path / "missing.ckpt"), "--format", "hf", "--out", str(out)], capsys)
     err = refused([str(runs["rope"]), "--format", "hf", "--out", str(out)], capsys)
-    assert "pos_encoding=rope has no GPT-2 (hf export) equivalent" in err
+    assert "model.norm=layernorm has no Llama (hf export) equivalent: it uses RMSNorm" in err
     assert list(tmp_path.iterdir()) == []  # no output, no temporary directory left behind
     out.mkdir()
     (out / "earlier.txt").write_text("keep me")

@@ -36,7 +36,7 @@ from trident.weights.adapters.hf_export import write_hf
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
-    write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory)
+    write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
 
 
 def export_safetensors(task: TridentTask, directory: Path) -> None:

@@ -99,6 +99,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.backbone_config = TransformerConfig(**backbone)
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
+        self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
 
     @classmethod
     def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,16 @@ class TaskInCheckpoint:
     vocabulary is large)."""
 
     tokenizer: Tokenizer | None
+    tokenizer_settings: dict[str, str]  # chat template and special tokens of an outside tokenizer (init_from)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
         if self.tokenizer is not None:
             checkpoint["tokenizer_json"] = self.tokenizer.to_str()
+        if self.tokenizer_settings:
+            checkpoint["tokenizer_settings"] = self.tokenizer_settings
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if checkpoint.get("tokenizer_json"):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
+        self.tokenizer_settings = dict(checkpoint.get("tokenizer_settings") or {})

@@ -87,6 +87,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
         task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
         state_dict={k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
         tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
+        tokenizer_settings=dict(checkpoint.get("tokenizer_settings") or {}),
     )
 
 

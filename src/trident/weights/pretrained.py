@@ -26,5 +26,7 @@ class PretrainedWeights:
     num_classes: int | None = None  # size of the source's classification head, if it has one (outside sources)
     vocab_size: int | None = None  # rows of the source's token embedding (outside text sources)
     pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # `pos_encoding.options` (trident sources)
+    # tokenizer_config.json's chat_template and special tokens (bos_token -> "<s>"), carried into the run and its export.
+    tokenizer_settings: dict[str, str] = field(default_factory=dict)
     # What the weights table says beside a parameter group ("encoder.blocks"): a setting the file does not record.
     notes: dict[str, str] = field(default_factory=dict)

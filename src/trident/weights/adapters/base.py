@@ -1,7 +1,7 @@
 """The one interface every Hugging Face adapter implements: its family's names and settings to
 trident's and back (in the spirit of torchtitan's state-dict adapters).
 
-An adapter is a module (``hf_gpt2.py``, ``hf_bert.py``, ``hf_vit.py``) whose constants and two functions
+An adapter is a module (``hf_gpt2.py``, ``hf_llama.py``, ``hf_bert.py``...) whose constants and two functions
 match :class:`Adapter`; it is registered once, in ``registry.ADAPTERS``, for reading and for export.
 """
 
@@ -36,4 +36,9 @@ class Adapter(Protocol):
 
     def from_trident(self, net: Any) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
         """The architecture name, config arguments and state dict (the family's names) of ``net`` (a NETWORK)."""
+        ...
+
+    def writes(self, net: Any) -> bool:
+        """Whether the hf export writes ``net`` (a NETWORK) as this family: several families share CausalLM
+        (GPT-2 takes learned positions, Llama and its cousins rope, ``llama_style.family_name``)."""
         ...

@@ -128,3 +128,8 @@ def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
     state["cls.predictions.decoder.weight"] = own["head.weight"]
     state["cls.predictions.decoder.bias"] = own["head.bias"]
     return "BertForMaskedLM", config, state
+
+
+def writes(net: MaskedLM) -> bool:
+    """Every MaskedLM is written as BERT (its refusals name what BERT lacks)."""
+    return True

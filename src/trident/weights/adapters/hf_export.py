@@ -9,8 +9,9 @@ BERT's ``pad_token_id=0``, ViT's ``LABEL_0``...) describe Hugging Face's publish
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from safetensors.torch import save_file
@@ -24,12 +25,22 @@ from trident.weights.adapters.registry import adapter_for_network
 CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
 
 
-def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None) -> dict[str, Any]:
+def special_tokens(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> dict[str, str]:
+    """Tokenizer attribute -> token of the run's tokenizer: those its source's tokenizer_config.json named
+    (``tokenizer_settings``), else the family's (SPECIAL_TOKENS), where the vocabulary has them."""
+    named = {name: token for name, token in tokenizer_settings.items() if name.endswith("_token")}
+    tokens = dict(adapter_for_network(net).SPECIAL_TOKENS) | named
+    return {name: token for name, token in tokens.items() if tokenizer.token_to_id(token) is not None}
+
+
+def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None,
+                 tokenizer_settings: Mapping[str, str] = MappingProxyType({})) -> dict[str, Any]:
     """The config entries of ``net``'s run: each special-token id the family's config holds, the id of that
-    token in the run's own tokenizer (None where it lacks the token), and ``id2label`` / ``label2id``."""
+    token in the run's own tokenizer (None where it lacks the token; :func:`special_tokens`), and
+    ``id2label`` / ``label2id``."""
     settings: dict[str, Any] = {}
     if tokenizer is not None:
-        specials = adapter_for_network(net).SPECIAL_TOKENS
+        specials = special_tokens(net, tokenizer, tokenizer_settings)
         settings |= {f"{name}_id": tokenizer.token_to_id(specials[name]) if name in specials else None for name in CONFIG_TOKENS}
     if class_names:
         settings |= {"id2label": dict(enumerate(class_names)), "label2id": {name: i for i, name in enumerate(class_names)}}
@@ -59,12 +70,14 @@ def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
     return model.eval()
 
 
-def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None, directory: Path) -> None:
-    """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it)."""
-    to_transformers(net, run_settings(net, tokenizer, class_names)).save_pretrained(directory)
+def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None, directory: Path,
+             tokenizer_settings: Mapping[str, str] = MappingProxyType({})) -> None:
+    """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it) with
+    the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``')."""
+    to_transformers(net, run_settings(net, tokenizer, class_names, tokenizer_settings)).save_pretrained(directory)
     if tokenizer is not None:
         from transformers import PreTrainedTokenizerFast
 
-        known = adapter_for_network(net).SPECIAL_TOKENS
-        specials = {name: token for name, token in known.items() if tokenizer.token_to_id(token) is not None}
-        PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials).save_pretrained(directory)
+        template = {"chat_template": tokenizer_settings["chat_template"]} if "chat_template" in tokenizer_settings else {}
+        specials = special_tokens(net, tokenizer, tokenizer_settings)
+        PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials, **template).save_pretrained(directory)

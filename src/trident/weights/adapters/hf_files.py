@@ -74,6 +74,18 @@ def read_tokenizer(directory: Path) -> Tokenizer | None:
     return None
 
 
+def read_tokenizer_settings(directory: Path) -> dict[str, str]:
+    """The chat template and special tokens of ``tokenizer_config.json`` (a token written as transformers'
+    AddedToken dict gives its ``content``); the template from ``chat_template.jinja``, where transformers
+    writes it since 4.43."""
+    config = _tokenizer_config(directory)
+    settings = {name: value.get("content") if isinstance(value, dict) else value
+                for name, value in config.items() if name.endswith("_token") or name == "chat_template"}
+    if (directory / "chat_template.jinja").is_file():
+        settings["chat_template"] = (directory / "chat_template.jinja").read_text()
+    return {name: value for name, value in settings.items() if isinstance(value, str)}
+
+
 def _tokenizer_config(directory: Path) -> dict[str, Any]:
     path = directory / "tokenizer_config.json"
     return json.loads(path.read_text()) if path.is_file() else {}

@@ -125,3 +125,8 @@ def from_trident(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
     state |= {f"transformer.{name}": tensor for name, tensor in _blocks(own, cfg.n_layers, to_trident=False).items()}
     state["lm_head.weight"] = own["head.weight"]
     return "GPT2LMHeadModel", config, state
+
+
+def writes(net: CausalLM) -> bool:
+    """GPT-2 takes every decoder but a rope one (its refusals name what else it lacks); rope is Llama's."""
+    return net.cfg.pos_encoding != "rope"

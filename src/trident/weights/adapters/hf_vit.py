@@ -117,3 +117,8 @@ def from_trident(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str,
         state |= layer_to_hf(own, f"encoder.blocks.{i}", f"vit.encoder.layer.{i}", _LAYER, "attention.attention")
     state |= {name: own[target] for name, target in _HEAD.items()}
     return "ViTForImageClassification", config, state
+
+
+def writes(net: VisionTransformer) -> bool:
+    """Every VisionTransformer is written as ViT (its refusals name what ViT lacks)."""
+    return True

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from trident.errors import ConfigError, DataError
-from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer
+from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer, read_tokenizer_settings
 from trident.weights.adapters.registry import adapter_for_model_type, architectures
 from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_config
 from trident.weights.pretrained import PretrainedWeights
@@ -67,7 +68,9 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
         )
     state = read_state_dict(path)
     try:
-        return adapter.to_trident(config, state, read_tokenizer(path), source)
+        tokenizer = read_tokenizer(path)
+        weights = adapter.to_trident(config, state, tokenizer, source)
+        return replace(weights, tokenizer_settings=read_tokenizer_settings(path)) if tokenizer is not None else weights
     except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
         missing, kind = err.args[0], f"a {model_type} ({', '.join(adapter.ARCHITECTURES)})"
         if "." not in str(missing):  # a config.json setting (tensor names always have a dot)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from torch import nn
 
 from trident.errors import ConfigError
-from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, hf_vit
 from trident.weights.adapters.base import Adapter
 
-ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit)
+ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit, hf_llama, hf_mistral, hf_qwen2, hf_qwen3)
 
 
 def adapter_for_model_type(model_type: str) -> Adapter | None:
@@ -18,8 +18,9 @@ def adapter_for_model_type(model_type: str) -> Adapter | None:
 
 
 def adapter_for_network(net: nn.Module) -> Adapter:
-    """The adapter that writes ``net``; a network of no registered family is one ConfigError line."""
-    adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK), None)
+    """The adapter that writes ``net`` (of those whose NETWORK it is, the one that says it :meth:`~Adapter.writes`
+    it); a network of no registered family is one ConfigError line."""
+    adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK and adapter.writes(net)), None)
     if adapter is None:
         kinds = ", ".join(f"{adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]})" for adapter in ADAPTERS)
         raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")

@@ -1,0 +1,243 @@
+"""Llama, Mistral, Qwen2 and Qwen3 (transformers, random weights) -> trident: the same logits, the same
+greedy tokens through the KV cache; trident -> the family and back: the same tensors (issue #40)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
+from trident.backbone import TransformerConfig
+from trident.errors import ConfigError, DataError
+from trident.models import CausalLM, generate
+from trident.weights import read_pretrained
+from trident.weights.adapters.hf_export import to_transformers
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 150
+# family -> the transformers config and model classes, and what its tiny config needs besides the sizes.
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+}
+# (family, transformers settings, trident settings read): the settings the backbone expresses today.
+READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("llama", {}, {}),
+    # Untied, silu, rms_norm_eps 1e-6, rope theta 10000, no biases: the reader's defaults, as older Hub files leave them.
+    ("llama", {"defaults_dropped": True, "rms_norm_eps": 1e-6}, {"norm_eps": 1e-6, "bias": False}),
+    ("llama", {"tie_word_embeddings": True, "rms_norm_eps": 1e-2, "rope_parameters": {"rope_type": "default",
+                                                                                      "rope_theta": 500000.0}}, {}),
+    ("llama", {"attention_bias": True, "mlp_bias": True}, {"bias": True}),  # biases on every projection
+    ("mistral", {}, {}),
+    ("mistral", {"sliding_window": 128}, {}),  # a window as long as the context: none
+    # The backbone switches of issue 40 (model.n_kv_heads, head_dim, qk_norm, qkv_bias..., attention_window, rope scaling).
+    ("llama", {"num_key_value_heads": 1}, {"n_kv_heads": 1}),  # multi-query
+    ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8}, {"n_kv_heads": 2}),  # 4 per kv head
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, {}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0}}, {}),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}}, {}),
+    ("llama", {"attention_bias": True}, {"qkv_bias": True, "attn_out_bias": True}),
+    ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 32}}, {}),
+    ("mistral", {"sliding_window": 16, "num_key_value_heads": 2}, {"attention_window": 16, "n_kv_heads": 2}),  # shorter than the text
+    ("qwen2", {}, {"qkv_bias": True}),  # biases on q, k, v, none on o
+    ("qwen2", {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0},
+     {"attention_window": 16, "n_kv_heads": 2, "qkv_bias": True}),
+    ("qwen3", {"head_dim": 32, "num_key_value_heads": 2}, {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True}),
+    ("qwen3", {"attention_bias": True, "num_key_value_heads": 1}, {"qkv_bias": True, "attn_out_bias": True, "n_kv_heads": 1, "qk_norm": True}),
+]
+# (family, trident settings) of trident models exported and read back.
+WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("llama", {}),
+    ("llama", {"tie_embeddings": True, "norm_eps": 1e-3, "pos_encoding_options": {"base": 500000.0}}),
+    ("llama", {"bias": True}),  # attention_bias and mlp_bias
+    # The backbone switches of issue 40.
+    ("llama", {"n_kv_heads": 1}),
+    ("llama", {"n_heads": 8, "n_kv_heads": 2}),
+    ("llama", {"qkv_bias": True, "attn_out_bias": True}),  # attention_bias without mlp_bias
+    ("llama", {"pos_encoding_options": {"base": 500000.0, "scaling": {
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}}),
+    ("mistral", {"attention_window": 16, "n_kv_heads": 2}),
+    ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2}),
+    ("qwen3", {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2}),
+    ("qwen3", {"qk_norm": True, "bias": True, "mlp_bias": False, "attention_window": 16}),
+]
+
+
+def hf_model(family: str, path: Path, defaults_dropped: bool = False, **settings: Any) -> torch.nn.Module:
+    """A random-initialised model of ``family`` (width 64, 2 layers, 4 heads of 16), every parameter drawn
+    anew (norm gains and biases too), saved in ``path`` (``defaults_dropped``: its config.json without the
+    settings at their default)."""
+    config_class, model_class, needs = FAMILIES[family]
+    sizes = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "max_position_embeddings": 128,
+             "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": None, "pad_token_id": 0}
+    config = getattr(transformers, config_class)(**(sizes | needs | settings))
+    model = randomise(getattr(transformers, model_class)(config), seed=0).eval()
+    model.save_pretrained(path)
+    if defaults_dropped:
+        dropped = drop_default_settings(path, type(config))
+        assert {"tie_word_embeddings", "hidden_act", "rms_norm_eps", "rope_parameters", "attention_bias"} <= dropped
+    return model
+
+
+def trident_lm(settings: dict[str, Any]) -> CausalLM:
+    options = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 96, "dropout": 0.0, "activation": "swiglu",
+               "norm": "rmsnorm", "bias": False, "pos_encoding": "rope", "pos_encoding_options": {"base": 10000.0},
+               "max_seq_len": 96, "norm_eps": 1e-5}
+    settings = dict(settings)
+    tie = bool(settings.pop("tie_embeddings", False))
+    net = CausalLM(TransformerConfig(**(options | settings)), VOCAB, tie_embeddings=tie).eval()
+    return randomise(net, seed=1)  # type: ignore[return-value]
+
+
+def case_id(case: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in case.items()) if isinstance(case, dict) else str(case)
+
+
+@pytest.mark.parametrize(("family", "settings", "read"), READ_CASES, ids=case_id)
+def test_logits_equal_those_of_transformers_with_padding(tmp_path: Path, family: str, settings: dict[str, Any],
+                                                          read: dict[str, Any]) -> None:
+    reference = hf_model(family, tmp_path, **settings)
+    weights = read_pretrained(tmp_path)
+    assert (weights.format, weights.task, weights.pos_encoding) == (f"hf-{family}", "lm", "rope")
+    assert {key: weights.model[key] for key in read} == read
+    assert weights.model["norm_eps"] == reference.config.rms_norm_eps
+    assert weights.pos_encoding_options["base"] == reference.config.rope_parameters["rope_theta"]
+    assert weights.task_options["tie_embeddings"] is reference.config.tie_word_embeddings
+    net = net_from(weights)
+    # Three texts of 17, 11 and 5 tokens, right-padded: a causal model's real positions never see the padding.
+    ids = torch.randint(2, VOCAB, (3, 17), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([17, 11, 5])
+    mask = torch.arange(17)[None, :] < lengths[:, None]  # (3, 17) True at real tokens
+    ids = ids.masked_fill(~mask, 0)
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(net(ids)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "settings", "read"), READ_CASES, ids=case_id)
+def test_greedy_generation_of_64_tokens_matches_transformers(tmp_path: Path, family: str, settings: dict[str, Any],
+                                                              read: dict[str, Any]) -> None:
+    reference = hf_model(family, tmp_path, **settings)
+    net = net_from(read_pretrained(tmp_path))
+    prompt = torch.tensor([[5, 17, 3, 42, 99]])
+    expected = reference.generate(prompt, max_new_tokens=64, do_sample=False, attention_mask=torch.ones_like(prompt))
+    # top_k=1 keeps only the most likely token: greedy decoding, here through the KV cache.
+    with torch.no_grad():
+        produced = generate(net, prompt, 64, top_k=1, use_cache=True)
+    assert produced.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize(("family", "settings"), WRITE_CASES, ids=case_id)
+def test_trident_lm_to_the_family_and_back_is_exact(tmp_path: Path, family: str, settings: dict[str, Any]) -> None:
+    net = trident_lm(settings)
+    assert type(to_transformers(net)).__name__ == FAMILIES[family][1], "the settings choose the family"
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    back = assert_hf_round_trip(net, ids, tmp_path)
+    assert back.format == f"hf-{family}"
+    assert back.pos_encoding_options == net.cfg.pos_encoding_options
+    assert back.task_options["tie_embeddings"] is bool(settings.get("tie_embeddings", False))
+    assert back.data_options["max_seq_len"] == net.cfg.max_seq_len
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"norm": "layernorm"}, "model.norm=layernorm has no Llama"),
+    ({"activation": "gelu"}, "model.activation=gelu has no Llama"),
+    ({"embedding_norm": True}, "model.embedding_norm=True has no Llama"),
+    # The backbone switches of issue 40: the family the settings name refuses the rest.
+    ({"qk_norm": True, "bias": True}, "model.mlp_bias=True has no Qwen3"),
+    ({"attention_window": 16, "bias": True}, "model.qkv_bias=True has no Mistral"),
+    ({"qkv_bias": True, "attn_out_bias": False, "mlp_bias": True}, "model.mlp_bias=True has no Qwen2"),
+    ({"norm_first": False}, "model.norm_first=False has no Llama"),
+])
+def test_a_setting_the_family_lacks_is_named(settings: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{named}"):
+        to_transformers(trident_lm(settings))
+
+
+@pytest.mark.parametrize(("family", "settings", "named"), [
+    ("llama", {"hidden_act": "gelu"}, "activation 'gelu'"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}},
+     "rope scaling 'longrope'"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "a sliding window in 1 of 2 layers"),
+])
+def test_a_family_setting_trident_lacks_is_one_line(tmp_path: Path, family: str, settings: dict[str, Any], named: str) -> None:
+    hf_model(family, tmp_path, **settings)
+    with pytest.raises(DataError, match="which trident cannot reproduce exactly") as caught:
+        read_pretrained(tmp_path)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_older_config_with_rope_theta_and_rope_scaling_is_read(tmp_path: Path) -> None:
+    """config.json files written before transformers 5 state rope_theta and rope_scaling (type or rope_type)."""
+    hf_model("llama", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]
+    config |= {"rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    options = read_pretrained(tmp_path).pos_encoding_options
+    assert options == {"base": 500000.0, "scaling": {"type": "linear", "factor": 4.0}}
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(300))
+
+
+def bpe_tokenizer() -> Any:
+    """A byte-level BPE of the corpus with Llama's special tokens, as ``tokenizers`` builds one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"],
+                                                                show_progress=False))
+    return tokenizer
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_init_from_a_llama_directory_fine_tunes_and_exports_with_its_tokenizer_and_chat_template(tmp_path: Path) -> None:
+    import trident
+    from tests.conftest import compose_config
+    from trident.runs.pipeline import train
+
+    tokenizer = bpe_tokenizer()
+    hf_dir, corpus = tmp_path / "llama", tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    reference = hf_model("llama", hf_dir, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}, "chat_template": CHAT_TEMPLATE}))
+    run = tmp_path / "run"
+    train(compose_config(["logger=none", "test=false", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                          "trainer.limit_val_batches=1", "data.block_size=32", "data.batch_size=4", "print_config=false",
+                          f"init_from={hf_dir}", "data=text_files", f"data.files=[{corpus}]"], output_dir=run))
+    task = trident.load(run)
+    assert task.tokenizer.get_vocab() == tokenizer.get_vocab(), "the source's tokenizer, none retrained"
+    assert task.tokenizer_settings == {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
+    assert task.net.cfg.pos_encoding == "rope" and task.net.cfg.activation == "swiglu"
+    start = reference.model.layers[0].mlp.down_proj.weight
+    moved = task.net.decoder.blocks[0].ffn.fc_out.weight
+    assert moved.shape == start.shape and not torch.equal(moved, start), "three steps of fine-tuning from the source"
+    from trident.commands.export import export_hf
+
+    export_hf(task, tmp_path / "exported")
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    messages = [{"role": "user", "content": "the fox"}]
+    assert exported.apply_chat_template(messages, tokenize=False) == "<|user|>the fox</s>"
+    assert (exported.bos_token, exported.eos_token) == ("<s>", "</s>")
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "exported")
+    assert (config.architectures, config.bos_token_id, config.eos_token_id) == (
+        ["LlamaForCausalLM"], tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
+    back = read_pretrained(tmp_path / "exported")
+    assert back.tokenizer_settings["chat_template"] == CHAT_TEMPLATE
