@@ -149,8 +149,9 @@ def explicit_overrides() -> list[str]:
 
 def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> dict[str, Any]:
     """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture and,
-    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes); a value the
-    user set that contradicts it is one error line naming both."""
+    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes, named by its
+    content, so a resume that reads the run's copy names the same file); a value the user set that contradicts
+    it is one error line naming both."""
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
@@ -207,9 +208,10 @@ def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
         temporary.replace(staged)
 
 
-def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> None:
+def copy_source(source: PretrainedWeights, run_dir: Path) -> None:
     """``<run>/init/``: the source's weights, tokenizer and settings, so that the run (eval.py, resume,
-    trident.load) never needs the source again; ``data.tokenizer`` then names the run's copy."""
+    trident.load) never needs the source again. The config is left as :func:`apply_settings` wrote it:
+    ``data.tokenizer`` names the staged file, which a resume stages again from this copy."""
     folder = run_dir / COPY_DIR
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(source.state_dict, folder / "weights.pt")
@@ -218,9 +220,6 @@ def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> No
     (folder / "source.json").write_text(json.dumps(described, indent=1, default=str))
     if source.tokenizer is not None:
         source.tokenizer.save(str(folder / "tokenizer.json"))
-        if "tokenizer" in cfg.data:
-            with open_dict(cfg):
-                cfg.data.tokenizer = str(folder / "tokenizer.json")
 
 
 def _read_copy(folder: Path) -> PretrainedWeights:
