@@ -140,6 +140,7 @@ def test_the_run_is_self_contained_when_the_source_moves(lm_source: Path, new_co
     assert task.tokenizer.get_vocab() == trident.load(lm_source).tokenizer.get_vocab()
     from trident.commands.evaluate import evaluate
 
+    Path(OmegaConf.load(run / "config_resolved.yaml").data.tokenizer).unlink()  # eval.py stages it again too
     metrics = evaluate([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.limit_test_batches=1"])
     assert np.isfinite(metrics["test/loss"])
     weights = torch.load(run / "init" / "weights.pt", map_location="cpu", weights_only=True)

@@ -198,13 +198,25 @@ def _same(a: Any, b: Any) -> bool:
 def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
     """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), where
     :func:`settings_fixed_by` named one; the run directory gets its own copy once the run starts."""
-    if "data.tokenizer" not in fixed or source.tokenizer is None:
-        return
-    staged = Path(fixed["data.tokenizer"])
+    if "data.tokenizer" in fixed and source.tokenizer is not None:
+        _stage(source.tokenizer.to_str(), Path(fixed["data.tokenizer"]))
+
+
+def stage_run_tokenizer(run_dir: Path, data: DictConfig) -> None:
+    """The tokenizer file that the ``data`` settings of a run from an ``init_from`` source name, staged again
+    from the run's copy (``<run>/init/tokenizer.json``) where the data cache lost it: eval.py of such a run
+    needs neither the source nor the cache."""
+    copy = run_dir / COPY_DIR / "tokenizer.json"
+    if data.get("tokenizer") and copy.is_file():
+        _stage(Tokenizer.from_file(str(copy)).to_str(), Path(str(data.tokenizer)))
+
+
+def _stage(tokenizer_json: str, staged: Path) -> None:
+    """``tokenizer_json`` at ``staged``, unless a file is there (named by its content: the same tokenizer)."""
     if not staged.is_file():
         staged.parent.mkdir(parents=True, exist_ok=True)
         temporary = staged.with_suffix(".tmp")
-        temporary.write_text(source.tokenizer.to_str())
+        temporary.write_text(tokenizer_json)
         temporary.replace(staged)
 
 
