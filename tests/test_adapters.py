@@ -1,15 +1,25 @@
 """The adapter registry: every Hugging Face family implements the one interface and is registered once,
-for reading (by config.json's model_type) and for export (by the trident network it writes)."""
+for reading (by config.json's model_type) and for export (by the trident network it writes); a format its
+files name (timm's ViT) implements FileAdapter and is registered once, for reading."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from torch import nn
 
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
-from trident.weights.adapters.base import Adapter
-from trident.weights.adapters.registry import ADAPTERS, adapter_for_model_type, adapter_for_network
+from trident.weights.adapters.base import Adapter, FileAdapter
+from trident.weights.adapters.registry import (
+    ADAPTERS,
+    FILE_ADAPTERS,
+    adapter_for_model_type,
+    adapter_for_network,
+    file_adapter_for,
+)
 
 # FORMAT -> the settings of a network the export writes as that family (the CausalLM families: GPT-2 by its
 # learned positions, Llama and its cousins by rope and their switches, llama_style.family_name).
@@ -55,3 +65,23 @@ def test_a_network_of_no_family_is_one_line_naming_those_written() -> None:
     with pytest.raises(ConfigError, match=r"^a Linear has no Hugging Face equivalent: the hf export writes CausalLM "
                                           r"\(GPT2LMHeadModel\), MaskedLM \(BertForMaskedLM\), VisionTransformer"):
         adapter_for_network(nn.Linear(1, 1))
+
+
+@pytest.mark.parametrize("adapter", FILE_ADAPTERS, ids=lambda adapter: adapter.FORMAT)
+def test_each_file_adapter_implements_its_interface(adapter: FileAdapter) -> None:
+    assert isinstance(adapter, FileAdapter) and not isinstance(adapter, Adapter)
+    assert adapter.FORMAT not in {hf.FORMAT for hf in ADAPTERS}
+
+
+def test_timm_files_are_recognised_by_their_suffix_and_timms_config(tmp_path: Path) -> None:
+    """A state-dict file of a timm suffix, or a directory whose config.json names an architecture, is timm's;
+    a Hugging Face directory (config.json with a model_type) and other files are not."""
+    for name, recognised in [("vit.pth", True), ("vit.safetensors", True), ("vit.onnx", False)]:
+        (tmp_path / name).write_bytes(b"")
+        assert (file_adapter_for(tmp_path / name) is not None) is recognised, name
+    for name, config, recognised in [("timm", {"architecture": "vit_tiny_patch16_224"}, True),
+                                     ("hf", {"model_type": "vit"}, False), ("bare", None, False)]:
+        (tmp_path / name).mkdir()
+        if config is not None:
+            (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert (file_adapter_for(tmp_path / name) is not None) is recognised, name

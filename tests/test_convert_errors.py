@@ -4,6 +4,7 @@ supported architectures; offline, a Hub name fails saying it cannot be downloade
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,15 @@ def test_a_config_that_lacks_a_setting_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(settings))
     assert message(tmp_path) == (f"{tmp_path}/config.json lacks 'n_head' that a gpt2 (GPT2LMHeadModel, GPT2Model) has: "
                                  "save the model again with transformers")
+
+
+def test_the_supported_formats_are_one_list_hugging_face_then_the_formats_files_name(tmp_path: Path) -> None:
+    """The end of every "supported are" line: the Hugging Face architectures of the registry, then each format
+    its files name (FILE_ADAPTERS' DESCRIPTION), as one list."""
+    (tmp_path / "weights.npz").write_text("")
+    assert re.search(r"supported are a Hugging Face directory of GPT2LMHeadModel, [A-Za-z0-9, ]+, or a timm ViT "
+                     r"state-dict file \(\.pth/\.pt/\.bin/\.safetensors\) or directory \(timm's config\.json \+ "
+                     r"weights\)$", message(tmp_path / "weights.npz"))
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:

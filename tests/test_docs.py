@@ -97,3 +97,16 @@ def test_the_build_fails_on_a_dead_link_or_a_page_missing_from_the_nav(tmp_path:
     result = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
     assert f"WARNING -  {warning}" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("guide", ["Add a task", "Add a Hugging Face architecture (an adapter)", "Add a positional encoding"])
+def test_each_add_guide_names_the_one_file_to_open_and_every_file_it_names_exists(guide: str) -> None:
+    """docs/architecture.md's "add ..." guides: each opens with the one file to open first, and every source,
+    conf or test path a step names is there (a renamed module leaves no guide pointing at nothing)."""
+    page = (DOCS / "architecture.md").read_text()
+    section = page.split(f"\n## {guide}\n", 1)[1].split("\n## ", 1)[0]
+    first = re.match(r"\s*The file to open: `([^`]+)`", section)
+    assert first is not None, f"{guide}: no 'The file to open: `<path>`' first"
+    assert (ROOT / first.group(1)).is_file(), first.group(1)
+    named = re.findall(r"`((?:src|conf|tests)/[^`<>*]+\.(?:py|yaml))`", section)
+    assert named and not [path for path in named if not (ROOT / path).is_file()]

@@ -21,6 +21,7 @@ import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import configured_task_class, constructor_args, instantiate, train
 from trident.training.wandb_files import wait_for_offline_runs
+from trident.weights.init_from import read_init_source, settings_fixed_by
 
 from .conftest import SMALL, compose_config
 from .convert_helpers import randomise
@@ -94,7 +95,11 @@ def test_lm_fine_tunes_on_a_new_corpus_from_step_0_with_the_loaded_model(lm_sour
     # The source's character tokenizer, not a BPE trained on the new corpus (data=text_files's default).
     source_vocab = json.loads((lm_source / "tokenizer.json").read_text())["model"]["vocab"]
     assert json.loads((run / "init" / "tokenizer.json").read_text())["model"]["vocab"] == source_vocab
-    assert config.data.tokenizer == str(run / "init" / "tokenizer.json")
+    # The weights room writes the config once, before it is checked: the saved config names the tokenizer file the
+    # source fixed (content-addressed under the data cache), never rewritten afterwards; the run keeps its own copy.
+    fixed = settings_fixed_by(config, read_init_source(str(run / "init")), [])
+    assert config.data.tokenizer == fixed["data.tokenizer"] != str(run / "init" / "tokenizer.json")
+    assert json.loads(Path(config.data.tokenizer).read_text()) == json.loads((run / "init" / "tokenizer.json").read_text())
 
     # The first validation loss is the loaded model's on that batch, computed here by hand.
     source = trident.load(lm_source)
@@ -124,7 +129,8 @@ def test_the_run_is_self_contained_when_the_source_moves(lm_source: Path, new_co
     train(compose_config([*SMALL, *FROZEN, f"init_from={source}", "data=text_files", f"data.files=[{new_corpus}]"],
                          output_dir=run))
     shutil.rmtree(source)
-    # Resuming the run continues its own training from the copy (the source is gone).
+    Path(OmegaConf.load(run / "config_resolved.yaml").data.tokenizer).unlink()  # the data cache's copy, cleaned away
+    # Resuming the run continues its own training from the copy (the source and its staged tokenizer are gone).
     train(compose_config([*SMALL, *FROZEN, f"init_from={source}", "data=text_files", f"data.files=[{new_corpus}]",
                           f"resume={run}", "trainer.max_steps=3"], output_dir=run))
     resumed = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -134,6 +140,7 @@ def test_the_run_is_self_contained_when_the_source_moves(lm_source: Path, new_co
     assert task.tokenizer.get_vocab() == trident.load(lm_source).tokenizer.get_vocab()
     from trident.commands.evaluate import evaluate
 
+    Path(OmegaConf.load(run / "config_resolved.yaml").data.tokenizer).unlink()  # eval.py stages it again too
     metrics = evaluate([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.limit_test_batches=1"])
     assert np.isfinite(metrics["test/loss"])
     weights = torch.load(run / "init" / "weights.pt", map_location="cpu", weights_only=True)
@@ -415,7 +422,7 @@ def test_hf_bert_directory_fine_tunes_a_masked_lm_from_its_own_loss(new_corpus: 
 def test_a_trident_source_fixes_its_position_encodings_options(tmp_path: Path) -> None:
     """The options of the source's position encoding (rope's base, its scaling) are part of what it computes: a run
     from it takes them, and its copy in <run>/init keeps them."""
-    from trident.weights.init_from import read_init_source, source_for_run
+    from trident.weights.init_from import source_for_run
 
     source = tmp_path / "source"
     train(compose_config([*SMALL, *PRETRAIN, "pos_encoding=rope", "pos_encoding.options.base=500.0",

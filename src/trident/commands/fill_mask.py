@@ -23,7 +23,7 @@ from trident.weights.checkpoints import load_task_checkpoint
 
 def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:
     """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
-    return load_task_checkpoint(MaskedLanguageModelTask, path, MaskedLanguageModelTask.NAME)
+    return load_task_checkpoint(MaskedLanguageModelTask, path)
 
 
 def fill_in(text: str, tokens: list[str]) -> str:

@@ -20,7 +20,7 @@ from trident.weights.checkpoints import load_task_checkpoint
 
 def load_lm_checkpoint(path: Path) -> LanguageModelTask:
     """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
-    return load_task_checkpoint(LanguageModelTask, path, LanguageModelTask.NAME)
+    return load_task_checkpoint(LanguageModelTask, path)
 
 
 def main(argv: list[str] | None = None) -> None:

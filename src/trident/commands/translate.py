@@ -23,7 +23,7 @@ from trident.weights.checkpoints import load_task_checkpoint
 
 def load_translation_checkpoint(path: Path) -> TranslationTask:
     """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint or run directory."""
-    return load_task_checkpoint(TranslationTask, path, TranslationTask.NAME)
+    return load_task_checkpoint(TranslationTask, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -331,7 +331,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     # The run directory gets its files and its W&B run only now: a config error above leaves none behind.
     if writes_outputs:
         if source is not None:
-            copy_source(cfg, source, run_dir)  # <run>/init: the run never needs the source again
+            copy_source(source, run_dir)  # <run>/init: the run never needs the source again
         save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
     resumed_step = int(saved[1]["global_step"]) if saved else None

@@ -82,10 +82,11 @@ TaskT = TypeVar("TaskT", bound=TridentTask)
 RETIRED_SETTINGS = frozenset({"pretrained"})
 
 
-def load_task_checkpoint(task_class: type[TaskT], path: Path, task_name: str) -> TaskT:
+def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     """Rebuild ``task_class`` from ``path`` (a checkpoint or a run directory: :func:`checkpoint_of`) on the
     CPU, in eval mode, with its tokenizer (text tasks)."""
     path = checkpoint_of(path)
+    task_name = task_class.NAME
     # Another task's checkpoint has settings this task's constructor does not take.
     settings = read_checkpoint(path, "the checkpoint argument").get("hyper_parameters") or {}
     foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters) - RETIRED_SETTINGS)

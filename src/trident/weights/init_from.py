@@ -150,8 +150,9 @@ def explicit_overrides() -> list[str]:
 
 def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> dict[str, Any]:
     """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture and,
-    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes); a value the
-    user set that contradicts it is one error line naming both."""
+    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes, named by its
+    content, so a resume that reads the run's copy names the same file); a value the user set that contradicts
+    it is one error line naming both."""
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
@@ -198,19 +199,32 @@ def _same(a: Any, b: Any) -> bool:
 def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
     """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), where
     :func:`settings_fixed_by` named one; the run directory gets its own copy once the run starts."""
-    if "data.tokenizer" not in fixed or source.tokenizer is None:
-        return
-    staged = Path(fixed["data.tokenizer"])
+    if "data.tokenizer" in fixed and source.tokenizer is not None:
+        _stage(source.tokenizer.to_str(), Path(fixed["data.tokenizer"]))
+
+
+def stage_run_tokenizer(run_dir: Path, data: DictConfig) -> None:
+    """The tokenizer file that the ``data`` settings of a run from an ``init_from`` source name, staged again
+    from the run's copy (``<run>/init/tokenizer.json``) where the data cache lost it: eval.py of such a run
+    needs neither the source nor the cache."""
+    copy = run_dir / COPY_DIR / "tokenizer.json"
+    if data.get("tokenizer") and copy.is_file():
+        _stage(Tokenizer.from_file(str(copy)).to_str(), Path(str(data.tokenizer)))
+
+
+def _stage(tokenizer_json: str, staged: Path) -> None:
+    """``tokenizer_json`` at ``staged``, unless a file is there (named by its content: the same tokenizer)."""
     if not staged.is_file():
         staged.parent.mkdir(parents=True, exist_ok=True)
         temporary = staged.with_suffix(".tmp")
-        temporary.write_text(source.tokenizer.to_str())
+        temporary.write_text(tokenizer_json)
         temporary.replace(staged)
 
 
-def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> None:
+def copy_source(source: PretrainedWeights, run_dir: Path) -> None:
     """``<run>/init/``: the source's weights, tokenizer and settings, so that the run (eval.py, resume,
-    trident.load) never needs the source again; ``data.tokenizer`` then names the run's copy."""
+    trident.load) never needs the source again. The config is left as :func:`apply_settings` wrote it:
+    ``data.tokenizer`` names the staged file, which a resume stages again from this copy."""
     folder = run_dir / COPY_DIR
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(source.state_dict, folder / "weights.pt")
@@ -219,9 +233,6 @@ def copy_source(cfg: DictConfig, source: PretrainedWeights, run_dir: Path) -> No
     (folder / "source.json").write_text(json.dumps(described, indent=1, default=str))
     if source.tokenizer is not None:
         source.tokenizer.save(str(folder / "tokenizer.json"))
-        if "tokenizer" in cfg.data:
-            with open_dict(cfg):
-                cfg.data.tokenizer = str(folder / "tokenizer.json")
 
 
 def _read_copy(folder: Path) -> PretrainedWeights:

@@ -40,7 +40,7 @@ def load(path: str | Path) -> TridentTask:
     with its ``net`` and ``tokenizer``, on CPU, in eval mode; whatever task wrote it."""
     checkpoint = checkpoint_of(Path(path))
     task_class = task_class_of(read_checkpoint(checkpoint, "the path"), checkpoint)
-    return load_task_checkpoint(task_class, checkpoint, task_class.NAME)
+    return load_task_checkpoint(task_class, checkpoint)
 
 
 def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:

@@ -1,13 +1,17 @@
-"""The one interface every Hugging Face adapter implements: its family's names and settings to
-trident's and back (in the spirit of torchtitan's state-dict adapters).
+"""The interfaces outside formats implement: their names and settings to trident's and back (in the
+spirit of torchtitan's state-dict adapters).
 
-An adapter is a module (``hf_gpt2.py``, ``hf_llama.py``, ``hf_bert.py``...) whose constants and two functions
-match :class:`Adapter`; it is registered once, in ``registry.ADAPTERS``, for reading and for export.
+- :class:`Adapter`: a Hugging Face family, recognised by ``config.json``'s ``model_type``. A module
+  (``hf_gpt2.py``, ``hf_llama.py``, ``hf_bert.py``...) whose constants and two functions match it, registered
+  once, in ``registry.ADAPTERS``, for reading and for export.
+- :class:`FileAdapter`: a format recognised by its files instead (timm's ViT: a bare state-dict file, or
+  timm's directory, whose ``config.json`` has no ``model_type``), registered once, in ``registry.FILE_ADAPTERS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tokenizers import Tokenizer
@@ -41,4 +45,22 @@ class Adapter(Protocol):
     def writes(self, net: Any) -> bool:
         """Whether the hf export writes ``net`` (a NETWORK) as this family: several families share CausalLM
         (GPT-2 takes learned positions, Llama and its cousins rope, ``llama_style.family_name``)."""
+        ...
+
+
+@runtime_checkable
+class FileAdapter(Protocol):
+    """One outside format that its files name, read into trident (a module implements it with module-level names)."""
+
+    FORMAT: str  # PretrainedWeights.format: "timm-vit"
+    SUFFIXES: tuple[str, ...]  # the state-dict files it reads: ".pth", ".safetensors"...
+    DESCRIPTION: str  # how error lines name what it reads: "a timm ViT state-dict file (...) or directory (...)"
+
+    def recognises(self, path: Path) -> bool:
+        """Whether ``path`` (an existing file or directory) is in this format."""
+        ...
+
+    def read(self, path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
+        """The weights at ``path`` (named ``source``) in trident's settings and names; ``n_heads``: the head
+        count the caller states (``model.n_heads=``), for a file that does not record it."""
         ...

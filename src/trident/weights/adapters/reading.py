@@ -7,11 +7,9 @@ from pathlib import Path
 
 from trident.errors import ConfigError, DataError
 from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer, read_tokenizer_settings
-from trident.weights.adapters.registry import adapter_for_model_type, architectures
-from trident.weights.adapters.timm_vit import from_timm, read_timm_file, timm_config
+from trident.weights.adapters.registry import FILE_ADAPTERS, adapter_for_model_type, architectures, file_adapter_for
 from trident.weights.pretrained import PretrainedWeights
 
-TIMM_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 # Encoder-decoders the backbone cannot express exactly (docs/weights.md, "Not converted"): model_type -> what it lacks.
 NOT_EXPRESSIBLE = {
     "marian": "Marian's sinusoidal table layout (all sines, then all cosines), a plain SiLU and final_logits_bias",
@@ -22,9 +20,8 @@ NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
 
 def supported() -> str:
     """The formats ``read_pretrained`` takes, in the words of its error messages."""
-    names = ", ".join(architectures())
-    return (f"a Hugging Face directory of {names}, or a timm ViT state-dict file ({'/'.join(TIMM_SUFFIXES)}) or "
-            "directory (timm's config.json + weights)")
+    return ", or ".join([f"a Hugging Face directory of {', '.join(architectures())}",
+                         *(adapter.DESCRIPTION for adapter in FILE_ADAPTERS)])
 
 
 def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> PretrainedWeights:
@@ -43,14 +40,12 @@ def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> Pretrain
 def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
     if not path.exists():
         path = _hub_snapshot(source)
+    if (file_adapter := file_adapter_for(path)) is not None:
+        return file_adapter.read(path, source, n_heads)
     if path.is_file():
-        if path.suffix not in TIMM_SUFFIXES:
-            raise DataError(f"{source} is not a model file trident reads: supported are {supported()}")
-        return from_timm(read_timm_file(path), source, timm_config(path.parent), n_heads)
+        raise DataError(f"{source} is not a model file trident reads: supported are {supported()}")
     if not (path / "config.json").is_file():
         raise DataError(f"{source} is not a model directory (no config.json): supported are {supported()}")
-    if (timm := timm_config(path)) is not None:
-        return from_timm(read_state_dict(path), source, timm, n_heads)
     config = read_config(path)
     model_type = config.get("model_type")
     adapter = adapter_for_model_type(str(model_type))
@@ -84,7 +79,7 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
 
 def _hub_snapshot(name: str) -> Path:
     """A Hub model name (``gpt2``, ``google/vit-base-patch16-224``) downloaded by ``huggingface_hub``."""
-    if name.count("/") > 1 or name.startswith((".", "/", "~")) or Path(name).suffix in TIMM_SUFFIXES:
+    if name.count("/") > 1 or name.startswith((".", "/", "~")) or any(Path(name).suffix in adapter.SUFFIXES for adapter in FILE_ADAPTERS):
         raise DataError(f"{name} not found: give a Hugging Face model directory or a timm ViT state-dict file")
     from huggingface_hub import snapshot_download
 

@@ -1,15 +1,24 @@
-"""The one registry of Hugging Face adapters, read by ``read_pretrained`` (by ``config.json``'s
-``model_type``) and by the hf export (by the trident network's class). A new family: one line here."""
+"""The one registry of outside formats: the Hugging Face adapters, read by ``read_pretrained`` (by
+``config.json``'s ``model_type``) and by the hf export (by the trident network's class), and the formats
+their files name (timm's ViT). A new family: one line here."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from torch import nn
 
 from trident.errors import ConfigError
-from trident.weights.adapters import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, hf_vit
-from trident.weights.adapters.base import Adapter
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, hf_vit, timm_vit
+from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit, hf_llama, hf_mistral, hf_qwen2, hf_qwen3)
+FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
+
+
+def file_adapter_for(path: Path) -> FileAdapter | None:
+    """The adapter whose files ``path`` (an existing file or directory) is, or None."""
+    return next((adapter for adapter in FILE_ADAPTERS if adapter.recognises(path)), None)
 
 
 def adapter_for_model_type(model_type: str) -> Adapter | None:

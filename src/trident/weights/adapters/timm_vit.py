@@ -22,11 +22,14 @@ from torch import Tensor
 
 from trident.errors import ConfigError, DataError
 from trident.weights.adapters.common import require_source
+from trident.weights.adapters.hf_files import read_state_dict
 from trident.weights.pretrained import PretrainedWeights
 
 log = logging.getLogger(__name__)
 
 FORMAT = "timm-vit"
+SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+DESCRIPTION = f"a timm ViT state-dict file ({'/'.join(SUFFIXES)}) or directory (timm's config.json + weights)"
 ASSUMED_HEAD_DIM = 64  # channels per head of timm's tiny ... large ViTs (huge 1280/16 and larger differ)
 TIMM_NORM_EPS = 1e-6
 
@@ -82,6 +85,18 @@ def trident_to_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
         else:
             out[_rename(name, ("encoder.blocks.", "blocks."), layer, top)] = tensor
     return out
+
+
+def recognises(path: Path) -> bool:
+    """A state-dict file of a timm suffix, or a directory with timm's ``config.json`` (it names the ``architecture``)."""
+    return path.suffix in SUFFIXES if path.is_file() else timm_config(path) is not None
+
+
+def read(path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
+    """A timm ViT file (timm's ``config.json`` beside it, if any, gives the heads) or timm's directory."""
+    if path.is_file():
+        return from_timm(read_timm_file(path), source, timm_config(path.parent), n_heads)
+    return from_timm(read_state_dict(path), source, timm_config(path), n_heads)
 
 
 def read_timm_file(path: Path) -> dict[str, Tensor]:
