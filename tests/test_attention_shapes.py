@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +18,10 @@ from trident.backbone.positional import apply_rotary, build_pos_encoding
 from trident.errors import ConfigError
 from trident.models.causal_lm import CausalLM
 from trident.models.seq2seq import EncoderDecoder
+from trident.runs.pipeline import check_config
 
 from .backbone_helpers import D_MODEL, N_HEADS, make_cfg, perturb_
+from .conftest import CONF_DIR, compose_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -350,3 +353,44 @@ def test_bad_values_are_one_clear_line(overrides: dict[str, object], words: list
 def test_the_width_check_still_holds_without_head_dim() -> None:
     with pytest.raises(ConfigError, match="model.d_model=30 is not divisible by model.n_heads=4"):
         make_cfg(d_model=30, n_heads=4)
+
+
+# --------------------------------------------------------------------------------------------
+# architecture=llama: one switch over any size
+
+
+SIZES = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_llama_switch_composes_with_every_size(size: str, tmp_path: Path) -> None:
+    cfg = compose_config([f"model={size}", "architecture=llama"], output_dir=tmp_path)
+    backbone = check_config(cfg)
+    assert (backbone.norm, backbone.activation, backbone.pos_encoding, backbone.norm_first) == ("rmsnorm", "swiglu", "rope", True)
+    assert not (backbone.bias or backbone.qkv_bias or backbone.attn_out_bias or backbone.mlp_bias)
+    assert 1 < backbone.n_kv_heads < backbone.n_heads and backbone.n_heads % backbone.n_kv_heads == 0
+    sized = compose_config([f"model={size}"], output_dir=tmp_path).model  # the size keeps its shape
+    assert (backbone.d_model, backbone.n_heads, backbone.n_layers, backbone.d_ff) == (
+        sized.d_model, sized.n_heads, sized.n_layers, sized.d_ff)
+    assert cfg.task.tie_embeddings is False
+
+
+def test_the_llama_lm_has_no_bias_and_a_head_of_its_own(tmp_path: Path) -> None:
+    cfg = compose_config(["architecture=llama", "model=nano"], output_dir=tmp_path)
+    model = CausalLM(check_config(cfg), 30, tie_embeddings=cfg.task.tie_embeddings)
+    assert model.head.weight is not model.embed.weight
+    assert not [name for name, _ in model.named_parameters() if name.endswith("bias")]
+    assert all(not isinstance(m, nn.LayerNorm) for m in model.modules())
+    attention = model.decoder.blocks[0].self_attn
+    assert attention.qkv_proj.weight.shape == ((4 + 2 * 2) * 16, 64)  # nano: 4 query heads, 2 key/value heads of 16
+
+
+def test_the_default_architecture_is_gpt_style_and_the_command_line_wins(tmp_path: Path) -> None:
+    default = compose_config([], output_dir=tmp_path)
+    assert (default.model.norm, default.model.n_kv_heads, default.task.tie_embeddings) == ("layernorm", None, True)
+    cfg = compose_config(["architecture=llama", "model.n_kv_heads=1", "task.tie_embeddings=true", "pos_encoding=alibi"],
+                         output_dir=tmp_path)
+    assert (cfg.model.n_kv_heads, cfg.task.tie_embeddings, cfg.pos_encoding.name) == (1, True, "alibi")
+    translation = compose_config(["architecture=llama", "task=translation"], output_dir=tmp_path)
+    assert translation.task.tie_embeddings == "all" and translation.model.norm == "rmsnorm"  # only the LM unties
+    check_config(translation)
