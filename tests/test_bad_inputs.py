@@ -327,6 +327,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("budget-negative", "train.py", ["budget=equal_compute", "budget.flops=-1"], ["budget.flops"]),
     ("sweep-exclusion-names-no-swept-key", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=[['task=vit','pos_encoding=alibi']]"], ["hydra.sweeper.exclude names task, which this sweep does not set"]),
     ("sweep-exclusion-not-a-list", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=['pos_encoding=alibi']"], ["is not a list of key=value overrides"]),
+    # Issue 40: attention shapes
+    ("kv-heads-not-dividing-heads", "train.py", ["model.n_kv_heads=3"], ["model.n_heads=4 is not divisible by model.n_kv_heads=3: choose n_kv_heads among the divisors of n_heads (1, 2, 4)"]),
+    ("kv-heads-not-dividing-llama-heads", "train.py", ["architecture=llama", "model.n_heads=5", "model.head_dim=32"], ["model.n_heads=5 is not divisible by model.n_kv_heads=2"]),
+    ("head-dim-zero", "train.py", ["model.head_dim=0"], ["model.head_dim must be a positive integer or null, got 0: set e.g. model.head_dim=64"]),
+    ("qk-norm-not-boolean", "train.py", ["model.qk_norm=yes"], ["model.qk_norm must be true or false, got 'yes'"]),
 ]
 
 

@@ -129,11 +129,13 @@ class TransformerConfig:
                 f"n_kv_heads among the divisors of n_heads ({_divisors_hint(self.n_heads)}), or null for n_heads"
             )
         if not isinstance(self.qk_norm, bool):
-            raise ConfigError(f"model.qk_norm must be true or false, got {self.qk_norm!r}")
+            raise ConfigError(f"model.qk_norm must be true or false, got {self.qk_norm!r}: set model.qk_norm=true to "
+                              "normalise each head's queries and keys, or false")
         for name in ("qkv_bias", "attn_out_bias", "mlp_bias"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
-                raise ConfigError(f"model.{name} must be true, false or null (follow model.bias), got {value!r}")
+                raise ConfigError(f"model.{name} must be true, false or null (follow model.bias), got {value!r}: "
+                                  f"set model.{name}=true or false, or null")
             setattr(self, name, self.bias if value is None else value)
         self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
         self.head_dim = self.d_model // self.n_heads if self.head_dim is None else self.head_dim
