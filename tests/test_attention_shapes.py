@@ -336,10 +336,8 @@ def test_resolved_values_read_as_ints() -> None:
     ({"qkv_bias": "no"}, ["model.qkv_bias must be true, false or null (follow model.bias), got 'no'"]),
     ({"attn_out_bias": 0}, ["model.attn_out_bias must be true, false or null"]),
     ({"mlp_bias": 1}, ["model.mlp_bias must be true, false or null"]),
-    ({"head_dim": 7, "pos_encoding": "rope"}, ["pos_encoding=rope needs a head size divisible by 2, got "
-                                               "model.head_dim=7: change model.head_dim"]),
-    ({"d_model": 28, "n_heads": 4, "pos_encoding": "rope"}, ["got d_model/n_heads=7: change model.d_model or "
-                                                             "model.n_heads"]),
+    ({"head_dim": 7, "pos_encoding": "rope"}, ["needs a head size divisible by 2, got model.head_dim=7: change model.head_dim"]),
+    ({"d_model": 28, "n_heads": 4, "pos_encoding": "rope"}, ["got d_model/n_heads=7: change model.d_model or model.n_heads"]),
 ])
 def test_bad_values_are_one_clear_line(overrides: dict[str, object], words: list[str]) -> None:
     with pytest.raises(ConfigError) as excinfo:
@@ -394,3 +392,21 @@ def test_the_default_architecture_is_gpt_style_and_the_command_line_wins(tmp_pat
     translation = compose_config(["architecture=llama", "task=translation"], output_dir=tmp_path)
     assert translation.task.tie_embeddings == "all" and translation.model.norm == "rmsnorm"  # only the LM unties
     check_config(translation)
+
+
+@pytest.mark.parametrize(("overrides", "setting"), [
+    ({"n_kv_heads": 2}, "model.n_kv_heads=2"),
+    ({"head_dim": 16}, "model.head_dim=16"),
+    ({"qk_norm": True}, "model.qk_norm=True"),
+    ({"qkv_bias": False}, "model.qkv_bias=False"),
+    ({"attn_out_bias": False}, "model.attn_out_bias=False"),
+    ({"mlp_bias": False}, "model.mlp_bias=False"),
+])
+def test_gpt2_export_refuses_the_attention_shapes_it_cannot_hold(overrides: dict[str, object], setting: str) -> None:
+    """GPT-2, BERT and ViT (one shared check) have a head per query head of width d_model / n_heads, no QK-norm
+    and biases everywhere: anything else is one line, not a checkpoint with wrongly split tensors."""
+    from trident.weights.adapters.hf_gpt2 import from_trident
+
+    from_trident(CausalLM(make_cfg(pos_encoding="learned"), 20))  # the defaults export
+    with pytest.raises(ConfigError, match=rf"^{setting} has no GPT-2 \(hf export\) equivalent: "):
+        from_trident(CausalLM(make_cfg(pos_encoding="learned", **overrides), 20))
