@@ -410,3 +410,20 @@ def test_gpt2_export_refuses_the_attention_shapes_it_cannot_hold(overrides: dict
     from_trident(CausalLM(make_cfg(pos_encoding="learned"), 20))  # the defaults export
     with pytest.raises(ConfigError, match=rf"^{setting} has no GPT-2 \(hf export\) equivalent: "):
         from_trident(CausalLM(make_cfg(pos_encoding="learned", **overrides), 20))
+
+
+def test_a_source_without_the_attention_shape_keys_fixes_their_defaults(tmp_path: Path) -> None:
+    """A source that does not state the keys (a trident run from before them, GPT-2, BERT, ViT) has one key/value head
+    per query head of width d_model / n_heads, no QK-norm and biases as model.bias: init_from fixes these defaults, so
+    architecture=llama's two key/value heads do not outlive the source's architecture."""
+    from trident.weights.init_from import settings_fixed_by
+    from trident.weights.pretrained import PretrainedWeights
+
+    cfg = compose_config(["architecture=llama"], output_dir=tmp_path)
+    source = PretrainedWeights(source="earlier", format="trident", task="lm", model={"norm": "layernorm", "bias": True},
+                               pos_encoding="rope", task_options={}, data_options={}, state_dict={}, tokenizer=None)
+    fixed = settings_fixed_by(cfg, source, [])
+    assert (fixed["model.n_kv_heads"], fixed["model.head_dim"], fixed["model.qk_norm"]) == (None, None, False)
+    assert (fixed["model.qkv_bias"], fixed["model.attn_out_bias"], fixed["model.mlp_bias"]) == (None, None, None)
+    grouped = PretrainedWeights(**{**vars(source), "model": {**source.model, "n_kv_heads": 2}})
+    assert settings_fixed_by(cfg, grouped, [])["model.n_kv_heads"] == 2  # a source that states a key keeps it
