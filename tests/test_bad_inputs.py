@@ -354,6 +354,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-llama-gelu", "train.py", ["init_from=llama_gelu"], ["llama_gelu", "activation 'gelu'", "cannot reproduce exactly"]),
     ("init-from-llama-longrope", "train.py", ["init_from=llama_longrope"], ["rope scaling 'longrope'", "llama3"]),
     ("init-from-qwen2-mixed-window", "train.py", ["init_from=qwen2_mixed_window"], ["a sliding window in 1 of 2 layers", "max_window_layers"]),
+    # Issue 40: attention shapes
+    ("kv-heads-not-dividing-heads", "train.py", ["model.n_kv_heads=3"], ["model.n_heads=4 is not divisible by model.n_kv_heads=3: choose n_kv_heads among the divisors of n_heads (1, 2, 4)"]),
+    ("kv-heads-not-dividing-llama-heads", "train.py", ["architecture=llama", "model.n_heads=5", "model.head_dim=32"], ["model.n_heads=5 is not divisible by model.n_kv_heads=2"]),
+    ("head-dim-zero", "train.py", ["model.head_dim=0"], ["model.head_dim must be a positive integer or null, got 0: set e.g. model.head_dim=64"]),
+    ("qk-norm-not-boolean", "train.py", ["model.qk_norm=yes"], ["model.qk_norm must be true or false, got 'yes'"]),
 ]
 
 

@@ -58,6 +58,18 @@ def test_encoder_decoder_flops_equal_the_flop_counter(activation: str) -> None:
     assert encoder_decoder_flops(cfg, 50, 3, 12, 9) == counted_training_flops(lambda: model(src, tgt))
 
 
+@pytest.mark.parametrize("shape", [{"n_kv_heads": 2}, {"n_kv_heads": 1, "head_dim": 12}, {"head_dim": 4}])
+def test_attention_shape_flops_equal_the_flop_counter(shape: dict[str, int]) -> None:
+    """Issue 40: fewer key/value heads shrink the K and V projections only; the head width sets the Q, K, V
+    and output projections and the score matmuls."""
+    cfg = tiny_cfg("swiglu", **shape)
+    model, ids = CausalLM(cfg, 50), torch.randint(0, 50, (3, 16))
+    assert causal_lm_flops(cfg, 50, 3, 16) == counted_training_flops(lambda: model(ids))
+    model = EncoderDecoder(cfg, 50, tie_embeddings="none")
+    src, tgt = torch.randint(1, 50, (3, 12)), torch.randint(1, 50, (3, 9))
+    assert encoder_decoder_flops(cfg, 50, 3, 12, 9) == counted_training_flops(lambda: model(src, tgt))
+
+
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_vit_flops_equal_the_flop_counter(pool: str) -> None:
     cfg = tiny_cfg("gelu", pos_encoding="learned", **vit_geometry(16, 4, pool))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,12 @@ class MultiHeadAttention(nn.Module):
     softmax(QK^T / sqrt(d_k) + mask) V and can return the attention weights. Both agree.
     ``sdpa_backend`` forces one SDPA kernel (``math``, ``flash``, ``efficient``, ``cudnn``);
     ``auto`` lets PyTorch choose per call.
+
+    Grouped-query attention: ``n_kv_heads`` key/value heads (default ``n_heads``), query head h
+    reading key/value head h // (n_heads / n_kv_heads); the KV cache holds the key/value heads only.
+    ``head_dim`` (default d_model // n_heads) sets the width of every head apart from ``d_model``.
+    ``qk_norm`` builds a norm of one head's width, applied to each head's queries and keys (one
+    module for all query heads, one for all key heads, as Qwen3) before rope.
     """
 
     def __init__(
@@ -43,50 +50,66 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         cross: bool = False,
-        bias: bool = True,
+        qkv_bias: bool = True,
+        out_bias: bool = True,
+        qk_norm: Callable[[int], nn.Module] | None = None,
         attn_dropout: float = 0.0,
         impl: str = "sdpa",
         sdpa_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.kv_group = n_heads // self.n_kv_heads  # query heads per key/value head
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.cross = cross
         self.impl = impl
         self.compute = choose(ATTENTION_IMPLS, impl, "model.attn_impl")
         self.sdpa_backend = sdpa_backend
         self.kernel = choose(SDPA_KERNELS, sdpa_backend, "model.sdpa_backend")
         self.attn_dropout = attn_dropout
+        q_width, kv_width = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split_sizes = (q_width, kv_width, kv_width)  # rows of the fused projection: [q; k; v]
         if cross:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, q_width, bias=qkv_bias)
+            self.kv_proj = nn.Linear(d_model, 2 * kv_width, bias=qkv_bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=qkv_bias)
+        self.out_proj = nn.Linear(q_width, d_model, bias=out_bias)
+        # QK-norm over each head's width: before rope, as Qwen3 and OLMo 2 do.
+        self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
+        self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, heads, T, hs)
 
     def _project(
         self, x: Tensor, context: Tensor | None, cache: LayerKVCache | None, rope: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, nh, Tq, hs) and keys/values (B, n_kv_heads, Tk, hs)."""
         if self.cross:
-            q = self._split_heads(self.q_proj(x))
+            q = self.q_norm(self._split_heads(self.q_proj(x), self.n_heads))
             if cache is not None and cache.memory is not None:
-                return q, *cache.memory  # encoder keys/values were projected on the first step
+                return q, *cache.memory  # encoder keys/values were projected (and normalised) on the first step
             if context is None:
                 raise ValueError("cross-attention needs a context (the encoder output)")
-            k, v = (self._split_heads(t) for t in self.kv_proj(context).chunk(2, dim=-1))
+            k, v = (self._split_heads(t, self.n_kv_heads) for t in self.kv_proj(context).chunk(2, dim=-1))
+            k = self.k_norm(k)
             if cache is not None:
                 cache.memory = (k, v)
             return q, k, v
-        q, k, v = (self._split_heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = self.q_norm(self._split_heads(q, self.n_heads))
+        k = self.k_norm(self._split_heads(k, self.n_kv_heads))
+        v = self._split_heads(v, self.n_kv_heads)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
-            k, v = cache.append(k, v)  # cached keys are stored already rotated
+            k, v = cache.append(k, v)  # cached keys are stored already rotated, n_kv_heads of them
         return q, k, v
 
     def forward(
@@ -102,26 +125,31 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """``x``: (B, T, D). ``attn_mask``: boolean allowed mask or additive float mask broadcastable
         to (B, nh, Tq, Tk). Returns the output (B, T, D) and, on the explicit path, the weights."""
-        batch, length, d_model = x.shape
-        q, k, v = self._project(x, context, cache, rope)  # (B, nh, T, hs)
+        batch, length, _ = x.shape
+        q, k, v = self._project(x, context, cache, rope)  # (B, nh, T, hs); k, v: (B, n_kv_heads, T, hs)
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(q.dtype)  # SDPA wants the float mask in the query's dtype
         dropout_p = self.attn_dropout if self.training else 0.0
         compute = MultiHeadAttention._explicit if need_weights else self.compute  # only the explicit path has weights
         y, weights = compute(self, q, k, v, attn_mask, is_causal, dropout_p)  # (B, nh, Tq, hs)
-        y = y.transpose(1, 2).reshape(batch, length, d_model)  # (B, T, nh*hs)
+        y = y.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, T, nh*hs)
         return self.out_proj(y), weights
 
     def _sdpa(
         self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float
     ) -> tuple[Tensor, None]:
+        # SDPA's grouped-query path reads each key/value head for its group of query heads without
+        # copying them; asked for only when grouped, so multi-head attention keeps every kernel.
+        grouped = self.kv_group > 1
         if self.kernel is None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped
+            )
             return y, None
         try:
             with sdpa_kernel(self.kernel):
                 y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped
                 )
             return y, None
         except RuntimeError as err:
@@ -138,6 +166,8 @@ class MultiHeadAttention(nn.Module):
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float
     ) -> tuple[Tensor, Tensor]:
+        if self.kv_group > 1:  # each key/value head serves its group of query heads (transformers' repeat_kv)
+            k, v = k.repeat_interleave(self.kv_group, dim=1), v.repeat_interleave(self.kv_group, dim=1)  # (B, nh, Tk, hs)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
         if is_causal:
             attn_mask = causal_mask(q.size(2), k.size(2), q.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -26,8 +27,12 @@ class TransformerBlock(nn.Module):
             return MultiHeadAttention(
                 cfg.d_model,
                 cfg.n_heads,
+                n_kv_heads=cfg.n_kv_heads,
+                head_dim=cfg.head_dim,
                 cross=cross,
-                bias=cfg.bias,
+                qkv_bias=cfg.qkv_bias,
+                out_bias=cfg.attn_out_bias,
+                qk_norm=partial(make_norm, cfg.norm, bias=cfg.bias, eps=cfg.norm_eps) if cfg.qk_norm else None,
                 attn_dropout=cfg.attn_dropout,
                 impl=cfg.attn_impl,
                 sdpa_backend=cfg.sdpa_backend,
@@ -46,7 +51,7 @@ class TransformerBlock(nn.Module):
         self.cross_attn = attention(cross=True) if cross_attention else None
         self.cross_attn_norm = norm() if cross_attention else None
         self.cross_attn_scale = layer_scale() if cross_attention else None
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.mlp_bias)
         self.ffn_norm = norm()
         self.ffn_scale = layer_scale()
         self.dropout = nn.Dropout(cfg.dropout)

@@ -18,6 +18,11 @@ class TransformerConfig:
     The defaults are the paper's base model ("Attention Is All You Need", Table 3),
     except ``norm_first``/``activation`` which follow modern practice; the ``model``
     config group overrides them per size.
+
+    ``n_kv_heads``, ``head_dim`` and the three attention/MLP bias flags may be given as None (their
+    defaults: follow ``n_heads``, ``d_model // n_heads`` and ``bias``); construction resolves them, so
+    afterwards they read as ints and bools. Build a changed config anew rather than with
+    ``dataclasses.replace``, which would carry the resolved values over.
     """
 
     d_model: int = 512
@@ -31,7 +36,15 @@ class TransformerConfig:
     norm_first: bool = True  # pre-norm; False is the paper's post-norm
     # Normalise token + position embeddings before the first block (BERT's embedding LayerNorm).
     embedding_norm: bool = False
-    bias: bool = True  # biases in linear layers
+    bias: bool = True  # biases in linear layers and norms
+    # Attention shape (issue 40). Grouped-query attention (Ainslie et al. 2023): n_kv_heads key/value
+    # heads, each shared by n_heads / n_kv_heads query heads (1 = multi-query); None = n_heads.
+    n_kv_heads: int | None = None
+    head_dim: int | None = None  # width of one head; None = d_model // n_heads
+    qk_norm: bool = False  # a norm over each head's queries and keys, before rope (Qwen3, OLMo 2)
+    qkv_bias: bool | None = None  # biases of the q/k/v projections; None = follow bias
+    attn_out_bias: bool | None = None  # bias of the attention output projection; None = follow bias
+    mlp_bias: bool | None = None  # biases of the feed-forward layers; None = follow bias
     max_seq_len: int = 1024  # longest sequence the positional encoding must serve
     attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
     sdpa_backend: str = "auto"  # auto | math | flash | efficient | cudnn (attn_impl=sdpa only)
@@ -54,7 +67,9 @@ class TransformerConfig:
                 example = TransformerConfig.__dataclass_fields__[name].default
                 key = f"data.{name}" if name == "max_seq_len" else f"model.{name}"  # the context comes with the data
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}: set e.g. {key}={example}")
-        if self.d_model % self.n_heads != 0:
+        explicit_head_dim = self.head_dim is not None  # then d_model need not divide into the heads
+        self._resolve_attention_shape()
+        if self.d_model % self.n_heads != 0 and not explicit_head_dim:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
                 f"choose n_heads among the divisors of d_model (e.g. {_divisors_hint(self.d_model)})"
@@ -83,9 +98,11 @@ class TransformerConfig:
         spec = pos_encoding_class(self.pos_encoding)
         rotary_multiple = 4 if self.grid is not None else 2  # 2-D rope rotates rows and columns apart
         if spec.uses_rotary and self.head_dim % rotary_multiple != 0:
+            given, fix = (("model.head_dim", "model.head_dim") if explicit_head_dim
+                          else ("d_model/n_heads", "model.d_model or model.n_heads"))
             raise ConfigError(
-                f"pos_encoding=rope needs a head size divisible by {rotary_multiple}, got d_model/n_heads="
-                f"{self.head_dim}: change model.d_model or model.n_heads"
+                f"pos_encoding=rope needs a head size divisible by {rotary_multiple}, got {given}="
+                f"{self.head_dim}: change {fix}"
             )
         if self.grid is not None:
             if not spec.supports_grid:
@@ -99,9 +116,29 @@ class TransformerConfig:
                     f"max_seq_len={self.max_seq_len}"
                 )
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def _resolve_attention_shape(self) -> None:
+        """Check the attention-shape keys and replace their None defaults by what they stand for."""
+        for name, example, meaning in (("n_kv_heads", 1, "one per query head"), ("head_dim", 64, "d_model / n_heads")):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value <= 0):
+                raise ConfigError(f"model.{name} must be a positive integer or null, got {value!r}: "
+                                  f"set e.g. model.{name}={example}, or null for {meaning}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads}: choose "
+                f"n_kv_heads among the divisors of n_heads ({_divisors_hint(self.n_heads)}), or null for n_heads"
+            )
+        if not isinstance(self.qk_norm, bool):
+            raise ConfigError(f"model.qk_norm must be true or false, got {self.qk_norm!r}: set model.qk_norm=true to "
+                              "normalise each head's queries and keys, or false")
+        for name in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"model.{name} must be true, false or null (follow model.bias), got {value!r}: "
+                                  f"set model.{name}=true or false, or null")
+            setattr(self, name, self.bias if value is None else value)
+        self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        self.head_dim = self.d_model // self.n_heads if self.head_dim is None else self.head_dim
 
 
 def _divisors_hint(n: int) -> str:

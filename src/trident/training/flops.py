@@ -5,7 +5,9 @@ appendix B; nanoGPT's ``estimate_mfu``). Model FLOPs count the matrix multiplica
 forward and backward pass; the backward pass costs twice the forward (gradients with respect to
 inputs and to weights), so a weight matrix with ``n`` entries costs ``6 n`` FLOPs per token it is
 applied to. Attention adds its two score matmuls, QK^T and AV: ``4 d T_k`` forward FLOPs per
-query token and layer, ``12 d T_k`` with backward, where ``T_k`` is the number of keys. Causal
+query token and layer, ``12 d T_k`` with backward, where ``T_k`` is the number of keys and ``d`` the width
+of the query heads (d_model unless ``model.head_dim`` sets another; grouped-query attention shrinks the K
+and V projections, not the score matmuls). Causal
 attention is counted in full, as in PaLM; recomputation (activation checkpointing), biases,
 norms, softmax and embedding lookups are not counted: MFU measures useful work. Counts use the
 padded tensor shapes, since padded positions are computed too.
@@ -27,15 +29,27 @@ log = logging.getLogger(__name__)
 FORWARD_AND_BACKWARD = 3  # the backward pass costs two forward passes
 
 
+def query_width(cfg: TransformerConfig) -> int:
+    """Width of all query heads together (and of the attention output): d_model unless model.head_dim says otherwise."""
+    return cfg.n_heads * cfg.head_dim
+
+
+def key_value_width(cfg: TransformerConfig) -> int:
+    """Width of the keys (and of the values): fewer heads than the queries under grouped-query attention."""
+    return cfg.n_kv_heads * cfg.head_dim
+
+
 def block_matmul_params(cfg: TransformerConfig) -> int:
     """Weights applied to every token of a self-attention block: Q, K, V, output, feed-forward."""
     ffn_in = 2 * cfg.d_ff if cfg.activation == "swiglu" else cfg.d_ff  # swiglu: gate and value
-    return 4 * cfg.d_model**2 + (ffn_in + cfg.d_ff) * cfg.d_model
+    attention = (2 * query_width(cfg) + 2 * key_value_width(cfg)) * cfg.d_model
+    return attention + (ffn_in + cfg.d_ff) * cfg.d_model
 
 
 def attention_flops(cfg: TransformerConfig, queries: int, keys: int) -> int:
-    """Forward + backward FLOPs of the score matmuls of one layer: QK^T and AV, 2 d FLOPs each per pair."""
-    return FORWARD_AND_BACKWARD * 2 * 2 * cfg.d_model * queries * keys
+    """Forward + backward FLOPs of the score matmuls of one layer: QK^T and AV, 2 FLOPs per pair and query channel
+    each (every query head scores its keys, however many query heads share them)."""
+    return FORWARD_AND_BACKWARD * 2 * 2 * query_width(cfg) * queries * keys
 
 
 def stack_flops(cfg: TransformerConfig, batch: int, length: int) -> int:
@@ -66,8 +80,8 @@ def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, s
     encoder += layers * batch * attention_flops(cfg, src_len, src_len)
     # Decoder: self-attention and feed-forward, plus the cross-attention query and output
     # projections on target tokens; the cross-attention key/value projection on source tokens.
-    decoder = per_token * layers * (block_matmul_params(cfg) + 2 * d * d) * batch * tgt_len
-    decoder += per_token * layers * 2 * d * d * batch * src_len
+    decoder = per_token * layers * (block_matmul_params(cfg) + 2 * d * query_width(cfg)) * batch * tgt_len
+    decoder += per_token * layers * 2 * d * key_value_width(cfg) * batch * src_len
     decoder += layers * batch * (attention_flops(cfg, tgt_len, tgt_len) + attention_flops(cfg, tgt_len, src_len))
     head = per_token * d * vocab_size * batch * tgt_len
     return encoder + decoder + head

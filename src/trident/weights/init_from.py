@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
-from trident.backbone import pos_encoding_class
+from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.weights.checkpoints import read_checkpoint
@@ -33,6 +33,9 @@ from trident.weights.pretrained import PretrainedWeights
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
 # TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
 DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
+# Model settings younger than some sources (issue 40): a source that does not state one (an earlier trident run,
+# GPT-2, BERT, ViT) has its default, which init_from then fixes like any setting the source states.
+ATTENTION_SHAPE_SETTINGS = ("n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "attn_out_bias", "mlp_bias")
 # Task settings that change what the weights compute (the other task settings are the run's own).
 SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
 # Data settings that shape the weights (the patch grid of an image model).
@@ -153,12 +156,16 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
     for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes, named by its
     content, so a resume that reads the run's copy names the same file); a value the user set that contradicts
     it is one error line naming both."""
-    wanted: dict[str, Any] = {f"model.{k}": v for k, v in source.model.items()}
+    defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in ATTENTION_SHAPE_SETTINGS}
+    wanted: dict[str, Any] = {f"model.{k}": v for k, v in (defaults | source.model).items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
     wanted |= {f"task.{k}": v for k, v in source.task_options.items() if k in cfg.task}
     wanted |= {f"data.{k}": v for k, v in source.data_options.items()
                if k in cfg.data and not (k in ADAPTABLE_DATA_OPTIONS and f"data.{k}" in explicit)}
+    # A trident run saves these resolved (n_kv_heads=4), a config leaves them null: equal when null stands for the value.
+    shape = TransformerConfig(**{k: v for k, v in source.model.items() if k in ("d_model", "n_heads", "head_dim", "bias")})
+    followed = {f"model.{k}": getattr(shape, k) for k in ATTENTION_SHAPE_SETTINGS}
     for key, value in wanted.items():
         group = key.partition(".")[0]
         current = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)["v"]  # type: ignore[index]
@@ -166,7 +173,8 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
         # a task or data option chosen by name (data=imagefolder) chooses the task or data, not the weights' shape.
         in_group = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
         set_by_user = key in explicit or (group in ARCHITECTURE_GROUPS and group in explicit and in_group)
-        if set_by_user and not _same(current, value):
+        if set_by_user and not _same(followed.get(key) if current is None else current,
+                                     followed.get(key) if value is None else value):
             shown = key.removesuffix(".name")
             raise ConfigError(
                 f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "

@@ -116,6 +116,14 @@ def require_hf_block(cfg: TransformerConfig, target: str, *, norm_first: bool, e
                        f"it is {'pre' if norm_first else 'post'}-norm")
     require_equivalent(cfg.norm == "layernorm", "model.norm", cfg.norm, target, "it uses LayerNorm")
     require_equivalent(cfg.bias, "model.bias", cfg.bias, target, "its layers have biases")
+    require_equivalent(cfg.n_kv_heads == cfg.n_heads, "model.n_kv_heads", cfg.n_kv_heads, target,
+                       "it has a key/value head per query head (train with model.n_kv_heads=null)")
+    require_equivalent(cfg.head_dim * cfg.n_heads == cfg.d_model, "model.head_dim", cfg.head_dim, target,
+                       "its heads split d_model (train with model.head_dim=null)")
+    require_equivalent(not cfg.qk_norm, "model.qk_norm", cfg.qk_norm, target, "it does not normalise queries and keys")
+    for name in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+        require_equivalent(getattr(cfg, name), f"model.{name}", getattr(cfg, name), target,
+                           f"its layers have biases (train with model.{name}=null)")
     require_equivalent(cfg.embedding_norm == embedding_norm, "model.embedding_norm", cfg.embedding_norm, target,
                        "it normalises its embeddings (train with model.embedding_norm=true)" if embedding_norm
                        else "it does not normalise its embeddings")
