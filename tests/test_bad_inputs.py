@@ -327,6 +327,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("budget-negative", "train.py", ["budget=equal_compute", "budget.flops=-1"], ["budget.flops"]),
     ("sweep-exclusion-names-no-swept-key", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=[['task=vit','pos_encoding=alibi']]"], ["hydra.sweeper.exclude names task, which this sweep does not set"]),
     ("sweep-exclusion-not-a-list", "train.py", ["-m", "pos_encoding=rope,alibi", "hydra/sweeper=excluding", "hydra.sweeper.exclude=['pos_encoding=alibi']"], ["is not a list of key=value overrides"]),
+    # Issue 40: attention window
+    ("window-zero", "train.py", ["model.attention_window=0"], ["model.attention_window must be a positive integer or null, got 0"]),
+    ("window-not-an-integer", "train.py", ["model.attention_window=2.5"], ["model.attention_window must be a positive integer or null, got 2.5"]),
+    ("window-larger-than-context", "train.py", ["data.max_seq_len=32", "model.attention_window=64"], ["model.attention_window=64 is larger than the context data.max_seq_len=32", "lower model.attention_window"]),
 ]
 
 
