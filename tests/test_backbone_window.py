@@ -104,13 +104,16 @@ def test_cache_keeps_the_window_and_decodes_past_it_exactly(pos_encoding: str, s
     decoder = build(Decoder, pos_encoding=pos_encoding, attention_window=4)
     torch.manual_seed(3)
     x = torch.randn(2, 13, D_MODEL)
-    full = decoder(x)
-    cache = decoder.new_cache(64)
+    padding = torch.zeros(2, 13, dtype=torch.bool)
+    padding[1, :3] = True  # a left-padded row: its padding leaves the window as decoding goes on
+    full = decoder(x, key_padding_mask=padding)
+    cache = decoder.new_cache(4 if schedule == "one_at_a_time" else 64)  # a window as long as the cache rolls too
     assert cache.max_len == 4
     start = 0
     for size in SCHEDULES[schedule]:
-        step = decoder(x[:, start : start + size], cache=cache)
-        torch.testing.assert_close(step, full[:, start : start + size], **TOL)
+        step = decoder(x[:, start : start + size], cache=cache, key_padding_mask=padding[:, : start + size])
+        real = ~padding[:, start : start + size]
+        torch.testing.assert_close(step[real], full[:, start : start + size][real], **TOL)
         start += size
         for layer in cache.layers:  # memory stays flat past the window
             assert layer.keys is not None and layer.keys.size(2) == 4 and layer.length == start
@@ -147,7 +150,11 @@ def test_generation_rolls_past_the_context_as_one_pass(pos_encoding: str) -> Non
     model = windowed_lm(pos_encoding)
     assert model.context_length is None
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
+    fed: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args: fed.append(args[0].size(1)))
     cached = generate(model, prompt, 40, temperature=0.0)
+    hook.remove()
+    assert fed == [5] + [1] * 39, "the cache serves every step, past the context too"
     assert all(len(set(row[-20:].tolist())) >= 4 for row in cached), "greedy output too uniform to test positions"
     assert torch.equal(cached, generate(model, prompt, 40, temperature=0.0, use_cache=False))
     logits = model(cached)  # one windowed pass over all 45 tokens
@@ -172,3 +179,4 @@ def test_absolute_positions_keep_the_context(pos_encoding: str) -> None:
 def test_bad_windows_are_refused(window: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         make_cfg(attention_window=window)
+    assert make_cfg(attention_window=64).attention_window == 64  # the whole context is a window too
