@@ -40,6 +40,7 @@ def test_capabilities() -> None:
     assert not pos_encoding_class("sinusoidal").extrapolates
     assert pos_encoding_class("rope").uses_rotary
     assert not any(pos_encoding_class(n).uses_rotary for n in POS_ENCODINGS if n != "rope")
+    assert [n for n in POS_ENCODINGS if pos_encoding_class(n).absolute] == ["learned", "sinusoidal"]
 
 
 @pytest.mark.parametrize("pos_encoding", POS_ENCODINGS)

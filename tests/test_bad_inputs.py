@@ -359,6 +359,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("kv-heads-not-dividing-llama-heads", "train.py", ["architecture=llama", "model.n_heads=5", "model.head_dim=32"], ["model.n_heads=5 is not divisible by model.n_kv_heads=2"]),
     ("head-dim-zero", "train.py", ["model.head_dim=0"], ["model.head_dim must be a positive integer or null, got 0: set e.g. model.head_dim=64"]),
     ("qk-norm-not-boolean", "train.py", ["model.qk_norm=yes"], ["model.qk_norm must be true or false, got 'yes'"]),
+    # Issue 40: attention window
+    ("window-zero", "train.py", ["model.attention_window=0"], ["model.attention_window must be a positive integer or null, got 0"]),
+    ("window-not-an-integer", "train.py", ["model.attention_window=2.5"], ["model.attention_window must be a positive integer or null, got 2.5"]),
+    ("window-larger-than-context", "train.py", ["data.max_seq_len=32", "model.attention_window=64"], ["model.attention_window=64 is larger than the context data.max_seq_len=32", "lower model.attention_window"]),
 ]
 
 

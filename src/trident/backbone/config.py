@@ -59,6 +59,9 @@ class TransformerConfig:
     # Images: positions form a (rows, cols) grid after ``num_prefix_tokens`` (class token) positions.
     grid: tuple[int, int] | None = None
     num_prefix_tokens: int = 0
+    # Sliding-window attention (Mistral): a causal query sees its last ``attention_window`` positions,
+    # itself included; an encoder's query sees the keys less than ``attention_window`` away. None = all.
+    attention_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -114,6 +117,17 @@ class TransformerConfig:
                 raise ConfigError(
                     f"{self.grid[0]}x{self.grid[1]} patches + {self.num_prefix_tokens} prefix tokens exceed "
                     f"max_seq_len={self.max_seq_len}"
+                )
+        if self.attention_window is not None:
+            if not is_int(self.attention_window) or self.attention_window <= 0:
+                raise ConfigError(
+                    f"model.attention_window must be a positive integer or null, got {self.attention_window!r}: "
+                    "set e.g. model.attention_window=256, or null to attend to the whole context"
+                )
+            if self.attention_window > self.max_seq_len:
+                raise ConfigError(
+                    f"model.attention_window={self.attention_window} is larger than the context data.max_seq_len="
+                    f"{self.max_seq_len}: lower model.attention_window to at most {self.max_seq_len}, or null"
                 )
 
     def _resolve_attention_shape(self) -> None:

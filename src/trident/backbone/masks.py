@@ -18,6 +18,17 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> T
     return k_pos <= q_pos
 
 
+def window_band(q_positions: Tensor, k_positions: Tensor, window: int, *, causal: bool) -> Tensor:
+    """(Tq, Tk) allowed mask of sliding-window attention between absolute positions, in any key order
+    (a rolling KV cache stores keys out of order). A causal query at i sees the keys j with
+    i - window < j <= i, its last ``window`` positions itself included (transformers'
+    ``sliding_window_causal_mask_function``, Mistral's); a bidirectional one sees |i - j| < window."""
+    behind = q_positions[:, None] - k_positions[None, :]  # (Tq, Tk): how far each key lies before the query
+    if causal:
+        return (behind >= 0) & (behind < window)
+    return behind.abs() < window
+
+
 def padding_allowed(key_padding_mask: Tensor) -> Tensor:
     """(B, Tk) True-at-padding mask -> (B, 1, 1, Tk) allowed mask, broadcast over heads and queries."""
     return ~key_padding_mask.bool()[:, None, None, :]
@@ -30,18 +41,21 @@ def build_attention_mask(
     causal: bool,
     key_padding_mask: Tensor | None = None,
     bias: Tensor | None = None,
+    band: Tensor | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
     """Combine causality, key padding and a positional score bias into one SDPA argument.
+
+    ``band``: a (Tq, Tk) allowed mask that replaces causality (a sliding window, :func:`window_band`).
 
     Returns ``(attn_mask, is_causal)``: ``is_causal=True`` with no mask is the fast path that
     lets SDPA pick a fused kernel; otherwise ``attn_mask`` is a boolean allowed mask or an
     additive float mask with ``-inf`` where attention is forbidden (exactly zero weight).
     """
-    if causal and key_padding_mask is None and bias is None and q_len == k_len:
+    if causal and band is None and key_padding_mask is None and bias is None and q_len == k_len:
         return None, True
-    allowed: Tensor | None = None
-    if causal and q_len > 1:  # a single new query may see every cached key
+    allowed = band
+    if allowed is None and causal and q_len > 1:  # a single new query may see every cached key
         allowed = causal_mask(q_len, k_len, device)  # (Tq, Tk)
     if key_padding_mask is not None:
         pad = padding_allowed(key_padding_mask)  # (B, 1, 1, Tk)

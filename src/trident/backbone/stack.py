@@ -13,7 +13,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
-from trident.backbone.masks import build_attention_mask, padding_allowed
+from trident.backbone.masks import build_attention_mask, padding_allowed, window_band
 from trident.backbone.positional import build_pos_encoding, positions_from
 
 
@@ -57,8 +57,18 @@ class TransformerStack(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def new_cache(self, max_len: int) -> KVCache:
-        """An empty KV cache for incremental decoding of up to ``max_len`` positions."""
-        return KVCache(len(self.blocks), max_len)
+        """An empty KV cache for incremental decoding of up to ``max_len`` positions; with
+        ``attention_window`` <= ``max_len`` it stores the last ``attention_window`` and rolls on forever."""
+        return KVCache(len(self.blocks), max_len, self.cfg.attention_window)
+
+    @property
+    def context_length(self) -> int | None:
+        """Longest sequence generation feeds the stack (``max_seq_len``), or None for no limit: with
+        a sliding window and positions that enter only as distances (rope, alibi, relative, none),
+        the KV cache rolls on and every token sees what a pass over the whole sequence shows it."""
+        if self.cfg.attention_window is not None and not self.pos_encoding.absolute:
+            return None
+        return self.cfg.max_seq_len
 
     def forward(
         self,
@@ -100,16 +110,22 @@ class TransformerStack(nn.Module):
         offset = cache.length if cache is not None else 0
         self.pos_encoding.check_length(offset + length)
         q_positions = positions_from(offset, length, x.device)  # (T,)
-        k_positions = positions_from(0, offset + length, x.device)  # (T_total,)
+        # The keys' absolute positions in the order attention sees them (a rolling cache: its slots).
+        k_positions = cache.key_positions(length, x.device) if cache is not None else q_positions  # (Tk,)
         # Everything position-dependent is computed once here and shared by all blocks.
         rope = self.pos_encoding.rotary(q_positions)
         bias = self.pos_encoding.attention_bias(q_positions, k_positions)
+        window = self.cfg.attention_window
+        band = window_band(q_positions, k_positions, window, causal=self.causal) if window is not None else None
+        if key_padding_mask is not None and band is not None:
+            key_padding_mask = key_padding_mask[:, k_positions]  # (B, Tk): absolute positions -> the keys attended
         attn_mask, is_causal = build_attention_mask(
             q_len=length,
-            k_len=offset + length,
+            k_len=k_positions.numel(),
             causal=self.causal,
             key_padding_mask=key_padding_mask,
             bias=bias,
+            band=band,
             device=x.device,
         )
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None

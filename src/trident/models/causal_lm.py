@@ -36,6 +36,7 @@ class CausalLM(nn.Module):
         return self.decoder.new_cache(max_len)
 
     @property
-    def context_length(self) -> int:
-        """Longest context the model was configured for (``model.max_seq_len``)."""
-        return self.cfg.max_seq_len
+    def context_length(self) -> int | None:
+        """Longest context generation feeds the model (``data.max_seq_len``); None: no limit (a
+        sliding window over relative positions, see :attr:`trident.backbone.TransformerStack.context_length`)."""
+        return self.decoder.context_length

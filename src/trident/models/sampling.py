@@ -15,7 +15,7 @@ class Generative(Protocol):
     """A model that maps token ids to next-token logits, with an optional KV cache."""
 
     @property
-    def context_length(self) -> int: ...
+    def context_length(self) -> int | None: ...
 
     def __call__(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor: ...
 
@@ -80,19 +80,25 @@ def generate(
     KV cache serves while the sequence fits in the window, each step feeding only the newest
     token; past it, each step re-encodes the window, since shifting the window changes every
     position and so every cached key (with or without the cache, the same tokens come out).
+    A model with ``attention_window`` and relative positions (rope, alibi, relative, none) has no
+    ``context_length``: its cache keeps the last ``attention_window`` positions and rolls on, and
+    each token is what a pass over the whole sequence gives (without the cache: that pass).
     """
-    window = model.context_length
-    out = prompt
-    cache: KVCache | None = None
+    context = model.context_length
+    batch, prompt_len = prompt.shape
+    total = prompt_len + max_new_tokens
+    out = prompt.new_empty(batch, total)  # filled in place: no copy of the whole sequence per step
+    out[:, :prompt_len] = prompt
+    cache = model.new_cache(total if context is None else min(total, context)) if use_cache else None
     step_input = prompt
-    for _ in range(max_new_tokens):
-        if use_cache and out.size(1) <= window:
-            if cache is None:
-                cache = model.new_cache(window)
+    for length in range(prompt_len, total):
+        if cache is not None and (context is None or length <= context):
             logits = model(step_input, cache=cache)[:, -1]
         else:
-            logits = model(out[:, -window:])[:, -1]
-        next_token = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        out = torch.cat((out, next_token), dim=1)
-        step_input = next_token
+            first = 0 if context is None else max(0, length - context)
+            logits = model(out[:, first:length])[:, -1]
+        out[:, length : length + 1] = sample_next_token(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        step_input = out[:, length : length + 1]
     return out

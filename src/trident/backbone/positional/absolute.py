@@ -39,6 +39,7 @@ class SinusoidalEncoding(PositionalEncoding):
     """Fixed sinusoids of geometrically spaced wavelengths (Vaswani et al., section 3.5); 2-D on a grid."""
 
     name: ClassVar[str] = "sinusoidal"
+    absolute: ClassVar[bool] = True
     extrapolates: ClassVar[bool] = False
 
     def __init__(self, cfg: StackShape, *, causal: bool) -> None:
@@ -72,6 +73,7 @@ class LearnedEncoding(PositionalEncoding):
     """A trainable vector per position (BERT, GPT-2, ViT); cannot go beyond ``max_seq_len``."""
 
     name: ClassVar[str] = "learned"
+    absolute: ClassVar[bool] = True
     bounded_length: ClassVar[bool] = True
     extrapolates: ClassVar[bool] = False
 

@@ -43,6 +43,9 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = "none"
     #: True when the encoding has a hard maximum length (a learned table).
     bounded_length: ClassVar[bool] = False
+    #: True when positions are added to the embeddings: a hidden state depends on its absolute position,
+    #: not only on distances (a sliding window then still cannot roll past ``max_seq_len``).
+    absolute: ClassVar[bool] = False
     #: True when incremental decoding with a KV cache gives the same result as a full pass.
     supports_kv_cache: ClassVar[bool] = True
     #: True when quality holds on sequences longer than those seen in training.
