@@ -29,6 +29,21 @@ def window_band(q_positions: Tensor, k_positions: Tensor, window: int, *, causal
     return behind.abs() < window
 
 
+def document_allowed(documents: Tensor) -> Tensor:
+    """(B, T) document id of each token of packed rows -> (B, 1, T, T) allowed mask: a query sees the
+    keys of its own document only (block-diagonal attention; causality is added by the caller)."""
+    return (documents[:, :, None] == documents[:, None, :])[:, None]
+
+
+def document_positions(documents: Tensor) -> Tensor:
+    """(B, T) document ids, each document one contiguous run of a row -> (B, T) position of each token
+    inside its document: 0 where a document starts."""
+    index = torch.arange(documents.size(1), device=documents.device).expand_as(documents)  # (B, T)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(dim=1).values
+
+
 def padding_allowed(key_padding_mask: Tensor) -> Tensor:
     """(B, Tk) True-at-padding mask -> (B, 1, 1, Tk) allowed mask, broadcast over heads and queries."""
     return ~key_padding_mask.bool()[:, None, None, :]
@@ -42,21 +57,26 @@ def build_attention_mask(
     key_padding_mask: Tensor | None = None,
     bias: Tensor | None = None,
     band: Tensor | None = None,
+    documents: Tensor | None = None,
     device: torch.device | None = None,
 ) -> tuple[Tensor | None, bool]:
     """Combine causality, key padding and a positional score bias into one SDPA argument.
 
     ``band``: a (Tq, Tk) allowed mask that replaces causality (a sliding window, :func:`window_band`).
+    ``documents``: (B, T) document ids of packed rows (no cache): attention stays inside each document.
 
     Returns ``(attn_mask, is_causal)``: ``is_causal=True`` with no mask is the fast path that
     lets SDPA pick a fused kernel; otherwise ``attn_mask`` is a boolean allowed mask or an
     additive float mask with ``-inf`` where attention is forbidden (exactly zero weight).
     """
-    if causal and band is None and key_padding_mask is None and bias is None and q_len == k_len:
+    if causal and band is None and key_padding_mask is None and bias is None and documents is None and q_len == k_len:
         return None, True
     allowed = band
     if allowed is None and causal and q_len > 1:  # a single new query may see every cached key
         allowed = causal_mask(q_len, k_len, device)  # (Tq, Tk)
+    if documents is not None:
+        own = document_allowed(documents)  # (B, 1, T, T)
+        allowed = own if allowed is None else allowed & own
     if key_padding_mask is not None:
         pad = padding_allowed(key_padding_mask)  # (B, 1, 1, Tk)
         allowed = pad if allowed is None else allowed & pad

@@ -13,7 +13,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
-from trident.backbone.masks import build_attention_mask, padding_allowed, window_band
+from trident.backbone.masks import build_attention_mask, document_positions, padding_allowed, window_band
 from trident.backbone.positional import build_pos_encoding, positions_from
 
 
@@ -78,10 +78,15 @@ class TransformerStack(nn.Module):
         memory: Tensor | None = None,
         memory_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """``x``: (B, T, D) embeddings. ``key_padding_mask``: (B, T_total) True at padding, covering
-        cached positions too. ``memory``: (B, S, D) for cross-attention. Returns (B, T, D)."""
-        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False)[0]
+        cached positions too. ``memory``: (B, S, D) for cross-attention. ``documents``: (B, T) document
+        id of each token of rows packed with several documents (training, no cache): a token attends to
+        its own document only, and its absolute position restarts at 0 where its document starts
+        (distance-only encodings, rope, alibi and relative, see the same distances as for the document
+        alone). Returns (B, T, D)."""
+        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False, documents=documents)[0]
 
     def forward_with_attention(
         self,
@@ -105,11 +110,14 @@ class TransformerStack(nn.Module):
         cache: KVCache | None,
         *,
         need_weights: bool,
+        documents: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor | None]]:
         length = x.size(1)
         offset = cache.length if cache is not None else 0
-        self.pos_encoding.check_length(offset + length)
         q_positions = positions_from(offset, length, x.device)  # (T,)
+        # Packed documents restart their positions: the longest document bounds them, not the row.
+        embedded_positions = q_positions if documents is None else document_positions(documents)  # (T,) or (B, T)
+        self.pos_encoding.check_length(offset + length if documents is None else int(embedded_positions.max()) + 1)
         # The keys' absolute positions in the order attention sees them (a rolling cache: its slots).
         k_positions = cache.key_positions(length, x.device) if cache is not None else q_positions  # (Tk,)
         # Everything position-dependent is computed once here and shared by all blocks.
@@ -126,10 +134,11 @@ class TransformerStack(nn.Module):
             key_padding_mask=key_padding_mask,
             bias=bias,
             band=band,
+            documents=documents,
             device=x.device,
         )
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
-        h = self.dropout(self.embedding_norm(self.pos_encoding.add_to_embeddings(x, q_positions)))
+        h = self.dropout(self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions)))
         all_weights: list[Tensor | None] = []
         # Checkpointing only pays off when a backward pass follows (and a KV cache is never trained).
         recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None

@@ -23,9 +23,10 @@ class CausalLM(nn.Module):
         else:
             nn.init.normal_(self.head.weight, std=0.02)
 
-    def forward(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor:
-        """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only."""
-        return self.head(self.decoder(self.embed(ids), cache=cache))
+    def forward(self, ids: Tensor, *, cache: KVCache | None = None, documents: Tensor | None = None) -> Tensor:
+        """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
+        ``documents``: (B, T) document ids of packed rows (see :meth:`trident.backbone.TransformerStack.forward`)."""
+        return self.head(self.decoder(self.embed(ids), cache=cache, documents=documents))
 
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""

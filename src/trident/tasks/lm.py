@@ -11,6 +11,7 @@ from torch import Tensor
 from torchmetrics.text import Perplexity
 
 from trident.data.base import TridentDataModule
+from trident.data.chat import IGNORE_INDEX
 from trident.data.lm import LMDataModule
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
@@ -44,8 +45,9 @@ class LanguageModelTask(TridentTask):
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
-        self.val_perplexity = Perplexity()
-        self.test_perplexity = Perplexity()
+        # Targets of IGNORE_INDEX (prompt tokens of chat data, padding) count in neither the loss nor perplexity.
+        self.val_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
+        self.test_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.net(ids)
@@ -58,32 +60,34 @@ class LanguageModelTask(TridentTask):
         ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
         return [NetInput("ids", "input_ids", ids, dynamic)]
 
-    def throughput_units(self, batch: tuple[Tensor, Tensor]) -> dict[str, int]:
+    def throughput_units(self, batch: tuple[Tensor, ...]) -> dict[str, int]:
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}
 
-    def flops_per_batch(self, batch: tuple[Tensor, Tensor]) -> int:
+    def flops_per_batch(self, batch: tuple[Tensor, ...]) -> int:
         """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
         return causal_lm_flops(self.net.cfg, self.net.vocab_size, *batch[0].shape)
 
-    def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        inputs, targets = batch  # (B, T), (B, T)
-        logits = self.net(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    def _loss(self, batch: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``)
+        their document ids (B, T), which keep each document's attention to itself."""
+        inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
+        logits = self.net(inputs, documents=documents[0] if documents else None)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return loss, logits
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
         # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.val_perplexity(logits.float(), batch[1])
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/ppl", self.val_perplexity)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         self.test_perplexity(logits.float(), batch[1])
         self.log("test/loss", loss, sync_dist=True)

@@ -60,12 +60,12 @@ class SinusoidalEncoding(PositionalEncoding):
         return ("base",)
 
     def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
-        last = int(positions[-1]) if positions.numel() else -1
+        last = int(positions.max()) if positions.numel() else -1
         if last < self.table.size(0):
             pe = self.table[positions]
         else:
             pe = self._table(positions)
-        return x + pe.to(x.dtype)  # (B, T, D) + (T, D)
+        return x + pe.to(x.dtype)  # (B, T, D) + (T, D) or (B, T, D)
 
 
 @register_pos_encoding

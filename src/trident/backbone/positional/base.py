@@ -84,7 +84,8 @@ class PositionalEncoding(nn.Module):
             )
 
     def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
-        """``x``: (B, T, D) embeddings; ``positions``: (T,) absolute positions."""
+        """``x``: (B, T, D) embeddings; ``positions``: (T,) absolute positions, or (B, T) for rows packed
+        with several documents (each restarting at 0)."""
         return x
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
