@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +153,7 @@ class ChatDataModule(LMDataModule):
 
     def _build_cache(self) -> None:
         conversations = self.conversations()
-        cut = np.cumsum([int(round(f * len(conversations))) for f in self.split[:2]])
+        cut = np.cumsum([round(f * len(conversations)) for f in self.split[:2]])
         parts = dict(zip(SPLITS, np.split(np.arange(len(conversations)), cut), strict=True))
         train_texts = (self.template.render(conversations[i]) for i in parts["train"])
         tokenizer = tokenizer_for(self.tokenizer_kind, train_texts, vocab_size=self.vocab_size_target,

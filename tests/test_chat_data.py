@@ -1,0 +1,142 @@
+"""Instruction data (issue 41, data=chat): the answer mask token by token, packing that keeps conversations
+apart through the real model, and the real-token rate of the shipped set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trident.backbone.masks import document_positions
+from trident.data.chat import IGNORE_INDEX, PADDING, ChatDataModule, pack
+from trident.data.chat_template import ChatTemplate, conversation_of, encode_conversation, read_template
+from trident.data.tokenization import train_tokenizer
+from trident.models import CausalLM
+
+from .backbone_helpers import make_cfg, perturb_
+
+TWO_TURNS = [
+    {"role": "system", "content": "Speak briefly."},
+    {"role": "user", "content": "Who is there?"},
+    {"role": "assistant", "content": "Nay, answer me."},
+    {"role": "user", "content": "Long live the king!"},
+    {"role": "assistant", "content": "Bernardo?"},
+]
+# ChatML, as Qwen2's tokenizer_config.json writes it (shortened: no tools).
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def runs_of(pieces: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """Consecutive pieces with the same flag joined: the token-by-token mask read as text."""
+    joined: list[tuple[str, bool]] = []
+    for text, trained in pieces:
+        if joined and joined[-1][1] == trained:
+            joined[-1] = (joined[-1][0] + text, trained)
+        else:
+            joined.append((text, trained))
+    return joined
+
+
+def test_the_default_template_masks_every_prompt_and_template_character_and_no_answer_character() -> None:
+    template = read_template(None, "char")
+    tokenizer = train_tokenizer("char", [template.render(TWO_TURNS)])
+    ids, trained = encode_conversation(tokenizer, template, TWO_TURNS)
+    expected = [
+        ("SYSTEM:\nSpeak briefly.\n\nUSER:\nWho is there?\n\nASSISTANT:\n", False), ("Nay, answer me.\n\n", True),
+        ("USER:\nLong live the king!\n\nASSISTANT:\n", False), ("Bernardo?\n\n", True),
+    ]
+    # One token a character: the mask, character by character, is the expected one.
+    assert [tokenizer.id_to_token(i) for i in ids] == list("".join(text for text, _ in expected))
+    assert trained == [flag for text, flag in expected for _ in text]
+
+
+def test_a_tokenizer_directorys_template_masks_its_markers_and_trains_the_end_marker(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    template = read_template(str(tmp_path), "bpe")
+    tokenizer = train_tokenizer("bpe", [template.render(TWO_TURNS)] * 20, vocab_size=300)
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    ids, trained = encode_conversation(tokenizer, template, TWO_TURNS)
+    pieces = [(tokenizer.decode([i], skip_special_tokens=False), flag) for i, flag in zip(ids, trained, strict=True)]
+    assert runs_of(pieces) == [
+        ("<|im_start|>system\nSpeak briefly.<|im_end|>\n<|im_start|>user\nWho is there?<|im_end|>\n<|im_start|>assistant\n", False),
+        ("Nay, answer me.<|im_end|>\n", True),
+        ("<|im_start|>user\nLong live the king!<|im_end|>\n<|im_start|>assistant\n", False),
+        ("Bernardo?<|im_end|>\n", True),
+    ]
+    assert tokenizer.token_to_id("<|im_end|>") in [i for i, flag in zip(ids, trained, strict=True) if flag]
+    assert template.end_marker() == "<|im_end|>" and read_template(None, "char").end_marker() == "\n\n"
+
+
+def test_packed_targets_are_the_answer_tokens_of_the_same_conversation_only() -> None:
+    first = ([1, 2, 3, 4], [False, False, True, True])
+    second = ([5, 6, 7], [False, True, True])
+    rows = pack([first, second], block_size=10, pad_id=0)
+    assert rows["ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 0, 0, 0]]
+    # Token 4 ends the first conversation: it predicts nothing (never the second's 5); 5 predicts 6 (an answer token).
+    assert rows["targets"].tolist() == [[IGNORE_INDEX, 3, 4, IGNORE_INDEX, 6, 7, *[IGNORE_INDEX] * 4]]
+    assert rows["documents"].tolist() == [[0, 0, 0, 0, 1, 1, 1, PADDING, PADDING, PADDING]]
+
+
+def test_a_conversation_longer_than_the_row_keeps_its_first_block_size_tokens() -> None:
+    rows = pack([(list(range(1, 9)), [True] * 8)], block_size=5, pad_id=0)
+    assert rows["ids"].tolist() == [[1, 2, 3, 4, 5]] and rows["targets"].tolist() == [[2, 3, 4, 5, IGNORE_INDEX]]
+
+
+def test_positions_restart_with_each_packed_document() -> None:
+    documents = torch.tensor([[0, 0, 0, 1, 1, PADDING], [0, 1, 1, 1, 1, 1]])
+    assert document_positions(documents).tolist() == [[0, 1, 2, 0, 1, 0], [0, 0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned", "alibi"])
+def test_a_packed_conversation_neither_sees_another_nor_its_position(pos_encoding: str) -> None:
+    """Conversation B's logits in a packed row equal its logits alone, and do not move when A's tokens change."""
+    torch.manual_seed(0)
+    net = perturb_(CausalLM(make_cfg(pos_encoding=pos_encoding), vocab_size=50)).eval()
+    first, second = torch.randint(1, 50, (1, 6)), torch.randint(1, 50, (1, 9))
+    documents = torch.tensor([[0] * 6 + [1] * 9 + [PADDING] * 3])
+    row = torch.cat([first, second, torch.zeros(1, 3, dtype=torch.long)], dim=1)  # (1, 18)
+    with torch.no_grad():
+        alone = net(second)[0]
+        packed = net(row, documents=documents)[0, 6:15]
+        other = torch.cat([torch.randint(1, 50, (1, 6)), second, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+        perturbed = net(other, documents=documents)[0, 6:15]
+        unmasked = net(row)[0, 6:15]
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(perturbed, packed, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unmasked, alone, atol=1e-3), "without documents B sees A: the check can fail"
+
+
+def test_the_shipped_set_fills_at_least_95_percent_of_its_rows_with_real_tokens(tmp_path: Path) -> None:
+    data = ChatDataModule(cache_dir=str(tmp_path))
+    data.prepare_data()
+    data.setup()
+    rates = {split: data.real_token_rate(split) for split in ("train", "validation", "test")}
+    assert all(rate >= 0.95 for rate in rates.values()), rates
+    inputs, targets, documents = data.blocks("train")[0]
+    assert inputs.shape == targets.shape == documents.shape == (512,)
+    assert data.tokenizer is not None and "Continue " in data.tokenizer.decode(inputs.tolist())
+    assert 0 < (targets != IGNORE_INDEX).float().mean() < 0.6  # answers are trained, prompts are not
+
+
+def test_alpaca_rows_and_openai_messages_read_as_conversations() -> None:
+    alpaca = conversation_of({"instruction": "Translate.", "input": "Guten Tag", "output": "Good day"}, "row 1")
+    assert alpaca == [{"role": "user", "content": "Translate.\n\nGuten Tag"}, {"role": "assistant", "content": "Good day"}]
+    assert conversation_of({"messages": TWO_TURNS}, "row 2") == TWO_TURNS
+
+
+def test_a_files_source_trains_with_its_own_template_file(tmp_path: Path) -> None:
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": TWO_TURNS}) + "\n" for _ in range(20)))
+    (tmp_path / "t.jinja").write_text(CHATML)
+    data = ChatDataModule(source="files", files=str(chats), template=str(tmp_path / "t.jinja"), block_size=128,
+                          cache_dir=str(tmp_path / "cache"))
+    data.prepare_data()
+    data.setup()
+    assert isinstance(data.template, ChatTemplate) and data.template.text == CHATML
+    assert data.task_inputs()["sample_prompts"] == []
+    assert data.tokenizer is not None and "<|im_start|>" in data.tokenizer.decode(data.blocks("train")[0][0].tolist())
