@@ -65,6 +65,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_classify_files(root)
     readme_error_files(root)
     hf_family_files(root)
+    chat_files(root)
     return root
 
 
@@ -150,6 +151,18 @@ def hf_family_files(root: Path) -> None:
         ("qwen2_mixed_window", transformers.Qwen2Config(**sizes, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     ):
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+
+
+def chat_files(root: Path) -> None:
+    """``chat/``: chat files with a tool role, no rows, a row without messages; a tokenizer directory without a template."""
+    folder = root / "chat"
+    (folder / "no_template").mkdir(parents=True)
+    (folder / "no_template" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    turns = [{"role": "user", "content": "Who is there?"}, {"role": "assistant", "content": "Nay, answer me."}]
+    (folder / "roles.jsonl").write_text(json.dumps({"messages": turns}) + "\n" +
+                                        json.dumps({"messages": [*turns, {"role": "tool", "content": "{}"}]}) + "\n")
+    (folder / "empty.jsonl").write_text("")
+    (folder / "no_messages.jsonl").write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"prompt": "Hi"}) + "\n")
 
 
 def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
@@ -363,6 +376,15 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("window-zero", "train.py", ["model.attention_window=0"], ["model.attention_window must be a positive integer or null, got 0"]),
     ("window-not-an-integer", "train.py", ["model.attention_window=2.5"], ["model.attention_window must be a positive integer or null, got 2.5"]),
     ("window-larger-than-context", "train.py", ["data.max_seq_len=32", "model.attention_window=64"], ["model.attention_window=64 is larger than the context data.max_seq_len=32", "lower model.attention_window"]),
+    # Issue 41: chat data (files: chat_files)
+    ("chat-role-not-allowed", "train.py", ["data=chat", "data.source=files", "data.files=[chat/roles.jsonl]"],
+     ["chat/roles.jsonl line 2: role 'tool' is not one of system, user, assistant"]),
+    ("chat-template-missing", "train.py", ["data=chat", "data.template=chat/no_template"],
+     ["data.template=chat/no_template: the tokenizer directory has no chat template", "data.template=default"]),
+    ("chat-empty-file", "train.py", ["data=chat", "data.source=files", "data.files=[chat/empty.jsonl]"],
+     ["chat/empty.jsonl holds no conversations"]),
+    ("chat-row-without-messages", "train.py", ["data=chat", "data.source=files", "data.files=[chat/no_messages.jsonl]"],
+     ["chat/no_messages.jsonl line 2 has neither 'messages' nor 'instruction' and 'output'"]),
 ]
 
 
