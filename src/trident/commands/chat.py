@@ -1,0 +1,150 @@
+"""Chat with a language model in the terminal: each turn goes through the run's chat template (``data=chat``'s
+``data.template``, else trident's default), the answer streams token by token until the template's end marker,
+and one KV cache holds the whole conversation, so a turn feeds only its new tokens.
+
+    trident-chat outputs/runs/<date>/<run>                      # interactive: an empty line or Ctrl-D ends
+    trident-chat <run> --message "Continue ROMEO's speech:
+    But soft, what light through yonder window breaks?" --message "And then?"   # one turn per --message
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from trident.data.chat_template import ChatTemplate, Message, read_template
+from trident.data.tokenization import decode
+from trident.errors import run_with_clear_errors
+from trident.models.sampling import check_filters, sample_next_token
+from trident.tasks.lm import LanguageModelTask
+from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, run_config_of
+
+
+class Chat:
+    """A conversation with ``task``'s model: the messages so far, the text the KV cache holds, the cache."""
+
+    def __init__(self, task: LanguageModelTask, template: ChatTemplate, *, max_new_tokens: int, temperature: float,
+                 top_k: int | None, top_p: float | None, seed: int) -> None:
+        assert task.tokenizer is not None  # load_task_checkpoint refuses an lm checkpoint without one
+        self.task, self.tokenizer, self.template = task, task.tokenizer, template
+        self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                         "generator": torch.Generator().manual_seed(seed)}
+        self.max_new_tokens = max_new_tokens
+        self.end_marker = template.end_marker()
+        # Longest sequence the model serves; None (a rolling sliding-window cache): no limit.
+        self.context = task.net.context_length
+        self.messages: list[Message] = []
+        self._restart()
+
+    def _restart(self) -> None:
+        self.fed_text = ""  # the conversation as text, as far as the cache holds it
+        self.fed = 0  # tokens in the cache
+        self.cache = self.task.net.new_cache(self.context or 1 << 16)
+
+    def _feed(self, ids: list[int]) -> torch.Tensor:
+        """Run ``ids`` through the model on top of the cache; the next-token logits (V,)."""
+        self.fed += len(ids)
+        return self.task.net(torch.tensor([ids]), cache=self.cache)[0, -1]
+
+    @torch.no_grad()
+    def reply(self, text: str, write: Callable[[str], None]) -> str:
+        """The answer to the user's ``text``, written piece by piece to ``write`` as it is sampled (the end
+        marker is not written); it joins the conversation."""
+        self.messages.append({"role": "user", "content": text})
+        prompt = self.template.render(self.messages, add_generation_prompt=True)
+        if not prompt.startswith(self.fed_text):  # the template rewrote an earlier turn: feed it all again
+            self._restart()
+        new_ids = self.tokenizer.encode(prompt[len(self.fed_text):], add_special_tokens=False).ids
+        if self.context is not None and self.fed + len(new_ids) + self.max_new_tokens > self.context:
+            # The model's context is full: keep the last question only.
+            print(f"(the conversation outgrew the model's {self.context} tokens: starting afresh)", file=sys.stderr)
+            self.messages = self.messages[-1:]
+            self._restart()
+            prompt = self.template.render(self.messages, add_generation_prompt=True)
+            new_ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        logits = self._feed(new_ids)
+        answer_ids: list[int] = []
+        written = ""
+        for _ in range(self.max_new_tokens):
+            answer_ids.append(int(sample_next_token(logits[None], **self.sampling)))
+            text_so_far = decode(self.tokenizer, answer_ids)
+            visible, ended = text_so_far.split(self.end_marker, 1)[0], self.end_marker in text_so_far
+            held = 0 if ended else _partial_marker(visible, self.end_marker)
+            write(visible[len(written): len(visible) - held])
+            written = visible[: len(visible) - held]
+            if ended:
+                break
+            logits = self._feed(answer_ids[-1:])
+        generated = decode(self.tokenizer, answer_ids)
+        self.fed_text = prompt + generated
+        answer = generated.split(self.end_marker, 1)[0]
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def _partial_marker(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that starts ``marker``: withheld until the marker is told apart."""
+    return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
+
+
+def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
+    """``--template``, else the template of the run's data settings (its ``data.template`` and ``data.tokenizer``)."""
+    config = run_config_of(checkpoint)
+    data = OmegaConf.load(config).get("data", {}) if config is not None else {}
+    if choice is not None:
+        return read_template(choice, "char")
+    return read_template(data.get("template"), str(data.get("tokenizer", "char")))
+
+
+def chat(session: Chat, messages: Iterable[str]) -> None:
+    """Answer each message in turn, streaming each answer to stdout on a line of its own."""
+    for message in messages:
+        session.reply(message, lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+        sys.stdout.write("\n")
+
+
+def ask() -> Iterable[str]:
+    """The user's lines until an empty one or end of input."""
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            return
+        if not line.strip():
+            return
+        yield line
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="trident-chat", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a task=lm run directory or .ckpt (fine-tuned with data=chat, or not)")
+    parser.add_argument("--message", action="append", default=None,
+                        help="a user turn (repeat for several); without it, read turns from the terminal")
+    parser.add_argument("--template", default=None,
+                        help="default, a tokenizer directory or a .jinja file (default: the run's data.template)")
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="most tokens of one answer")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        check_filters(args.top_k, args.top_p)
+        checkpoint = checkpoint_of(args.run)
+        task = load_task_checkpoint(LanguageModelTask, checkpoint)
+        session = Chat(task, run_template(checkpoint, args.template), max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        chat(session, args.message if args.message is not None else ask())
+
+    run_with_clear_errors(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""trident-chat (issue 41): a train.py run on data=chat answers turn after turn through the template and one KV
+cache, exactly as a fresh pass over the whole conversation would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trident.commands.chat import Chat, run_template
+from trident.runs.compose import compose_train_config
+from trident.runs.pipeline import train
+from trident.tasks.lm import LanguageModelTask
+from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint
+
+from .backbone_helpers import perturb_
+from .conftest import SMALL
+from .entry_points import run_in_process
+
+TURNS = [{"role": "user", "content": f"Say {word}."} for word in ("yes", "no", "maybe")]
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-step data=chat run from scratch on a small file of conversations."""
+    root = tmp_path_factory.mktemp("chat_run")
+    rows = [{"messages": [turn, {"role": "assistant", "content": turn["content"].upper()}]} for turn in TURNS] * 20
+    (root / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    train(compose_train_config(
+        [*SMALL, "task=lm", "data=chat", "data.source=files", f"data.files=[{root / 'chats.jsonl'}]", "data.block_size=64", "data.max_seq_len=256",
+         "data.batch_size=2", "trainer.max_steps=1", "logger=none", "test=false"],
+        output_dir=root / "run",
+    ))
+    return root / "run"
+
+
+def greedy_answer(task: LanguageModelTask, prompt: str, end_marker: str, max_new_tokens: int) -> str:
+    """The greedy answer recomputed from the whole prompt every step (no cache)."""
+    assert task.tokenizer is not None
+    ids = task.tokenizer.encode(prompt, add_special_tokens=False).ids
+    answer: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            answer.append(int(task.net(torch.tensor([ids + answer]))[0, -1].argmax()))
+            if end_marker in task.tokenizer.decode(answer, skip_special_tokens=False):
+                break
+    return task.tokenizer.decode(answer, skip_special_tokens=False).split(end_marker, 1)[0]
+
+
+def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversation(chat_run: Path) -> None:
+    checkpoint = checkpoint_of(chat_run)
+    task = load_task_checkpoint(LanguageModelTask, checkpoint)
+    perturb_(task.net, std=0.3)  # answers of some length, which a wrong cache would change
+    template = run_template(checkpoint, None)
+    session = Chat(task, template, max_new_tokens=12, temperature=0.0, top_k=None, top_p=None, seed=0)
+    history: list[dict[str, str]] = []
+    for turn in TURNS:
+        streamed: list[str] = []
+        answer = session.reply(turn["content"], streamed.append)
+        expected = greedy_answer(task, template.render([*history, turn], add_generation_prompt=True), template.end_marker(), 12)
+        assert answer == expected == "".join(streamed)
+        history += [turn, {"role": "assistant", "content": answer}]
+    assert session.messages == history and any(h["content"] for h in history[1::2])
+
+
+def test_the_message_mode_answers_each_message_on_a_line(chat_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_in_process("trident.commands.chat", [str(chat_run), "--message", "Say yes.", "--message", "Say no.",
+                                                       "--max-new-tokens", "5", "--temperature", "0"], chat_run, monkeypatch)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 2 and "Traceback" not in result.stderr
