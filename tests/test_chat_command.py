@@ -70,3 +70,19 @@ def test_the_message_mode_answers_each_message_on_a_line(chat_run: Path, monkeyp
                                                        "--max-new-tokens", "5", "--temperature", "0"], chat_run, monkeypatch)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 2 and "Traceback" not in result.stderr
+
+
+def test_the_lm_loss_of_a_packed_batch_is_the_answer_loss_of_each_conversation_alone(chat_run: Path) -> None:
+    """Through the task: the documents reach the model, and only answer targets count."""
+    task = load_task_checkpoint(LanguageModelTask, checkpoint_of(chat_run))
+    perturb_(task.net, std=0.3)
+    first, second = torch.randint(1, task.net.vocab_size, (2, 7))
+    targets = torch.full((14,), -100)
+    targets[3:6], targets[9:13] = first[4:7], second[3:7]  # the answers: the last tokens of each
+    documents = torch.tensor([0] * 7 + [1] * 7)
+    with torch.no_grad():
+        loss, _ = task._loss((torch.cat([first, second])[None], targets[None], documents[None]))
+        alone = [task.net(ids[None])[0] for ids in (first, second)]
+    picked = torch.cat([torch.log_softmax(alone[0][3:6], -1).gather(-1, first[4:7, None]),
+                        torch.log_softmax(alone[1][2:6], -1).gather(-1, second[3:7, None])])
+    torch.testing.assert_close(loss, -picked.mean(), atol=1e-5, rtol=1e-5)
