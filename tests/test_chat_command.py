@@ -19,6 +19,9 @@ from .backbone_helpers import perturb_
 from .conftest import SMALL
 from .entry_points import run_in_process
 
+# A template whose end marker, "O", the perturbed one-step model writes soon: answers end before the token limit.
+O_TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}:\n{{ m['content'] }}O\n{% endfor %}"
+                "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
 TURNS = [{"role": "user", "content": f"Say {word}."} for word in ("yes", "no", "maybe")]
 
 
@@ -49,12 +52,17 @@ def greedy_answer(task: LanguageModelTask, prompt: str, end_marker: str, max_new
     return task.tokenizer.decode(answer, skip_special_tokens=False).split(end_marker, 1)[0]
 
 
-def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversation(chat_run: Path) -> None:
+@pytest.mark.parametrize("template_file", [None, "o.jinja"])
+def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversation(
+    chat_run: Path, template_file: str | None, tmp_path: Path
+) -> None:
     checkpoint = checkpoint_of(chat_run)
     task = load_task_checkpoint(LanguageModelTask, checkpoint)
     perturb_(task.net, std=0.3)  # answers of some length, which a wrong cache would change
-    template = run_template(checkpoint, None)
+    (tmp_path / "o.jinja").write_text(O_TEMPLATE)
+    template = run_template(checkpoint, str(tmp_path / template_file) if template_file else None)
     session = Chat(task, template, max_new_tokens=12, temperature=0.0, top_k=None, top_p=None, seed=0)
+    session._restart = lambda: pytest.fail("the conversation was fed again from its start")  # type: ignore[method-assign]
     history: list[dict[str, str]] = []
     for turn in TURNS:
         streamed: list[str] = []
@@ -62,7 +70,14 @@ def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversa
         expected = greedy_answer(task, template.render([*history, turn], add_generation_prompt=True), template.end_marker(), 12)
         assert answer == expected == "".join(streamed)
         history += [turn, {"role": "assistant", "content": answer}]
-    assert session.messages == history and any(h["content"] for h in history[1::2])
+        # The cache holds the conversation up to the end of this answer, each token fed once.
+        assert template.render(history).startswith(session.fed_text) and session.fed_text.endswith((answer, answer + template.end_marker()))
+        assert session.fed == len(session.fed_text)  # one token a character
+    assert session.messages == history
+    if template_file is None:
+        assert any(h["content"] for h in history[1::2]), "answers of some length"
+    else:
+        assert session.fed_text.endswith("O"), "an answer that ended at its marker, which the cache holds"
 
 
 def test_the_message_mode_answers_each_message_on_a_line(chat_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:

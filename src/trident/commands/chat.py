@@ -72,6 +72,7 @@ class Chat:
         written = ""
         for _ in range(self.max_new_tokens):
             answer_ids.append(int(sample_next_token(logits[None], **self.sampling)))
+            logits = self._feed(answer_ids[-1:])  # the cache holds every token of the answer, the end marker too
             text_so_far = decode(self.tokenizer, answer_ids)
             visible, ended = text_so_far.split(self.end_marker, 1)[0], self.end_marker in text_so_far
             held = 0 if ended else _partial_marker(visible, self.end_marker)
@@ -79,7 +80,6 @@ class Chat:
             written = visible[: len(visible) - held]
             if ended:
                 break
-            logits = self._feed(answer_ids[-1:])
         generated = decode(self.tokenizer, answer_ids)
         self.fed_text = prompt + generated
         answer = generated.split(self.end_marker, 1)[0]

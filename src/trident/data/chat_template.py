@@ -51,12 +51,13 @@ class ChatTemplate:
                             "fix the template or the conversation") from err
 
     def end_marker(self) -> str:
-        """What the template writes after an answer (``<|im_end|>\\n``, or the default's blank line), stripped
-        of surrounding white space unless that is all of it: where a generated answer ends."""
+        """What the template writes after an answer (``<|im_end|>\\n``, or the default's blank line), without
+        trailing white space unless that is all of it: where a generated answer ends (the white space after it
+        is the template's to write)."""
         asked = [{"role": "user", "content": "?"}]
         prompt = self.render(asked, add_generation_prompt=True)
         after = self.render([*asked, {"role": "assistant", "content": "ANSWER"}])[len(prompt):].split("ANSWER", 1)[-1]
-        return after.strip() or after
+        return after.rstrip() or after
 
     def segments(self, messages: list[Message]) -> list[tuple[str, bool]]:
         """The rendered conversation as pieces of text, each with whether the loss trains on it: the text the
