@@ -70,6 +70,8 @@ def test_a_tokenizer_directorys_template_masks_its_markers_and_trains_the_end_ma
     ]
     assert tokenizer.token_to_id("<|im_end|>") in [i for i, flag in zip(ids, trained, strict=True) if flag]
     assert template.end_marker() == "<|im_end|>" and read_template(None, "char").end_marker() == "\n\n"
+    # White space before the marker is the answer's end too: the cache then holds the start of the next prompt.
+    assert ChatTemplate("dot", "{% for m in messages %}{{ m['content'] }}\n.\n{% endfor %}", {}).end_marker() == "\n."
 
 
 def test_packed_targets_are_the_answer_tokens_of_the_same_conversation_only() -> None:
