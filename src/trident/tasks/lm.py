@@ -71,7 +71,7 @@ class LanguageModelTask(TridentTask):
         """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``)
         their document ids (B, T), which keep each document's attention to itself."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
-        logits = self.net(inputs, documents=documents[0] if documents else None)  # (B, T, V)
+        logits = self.net(inputs, documents=documents[0]) if documents else self.net(inputs)  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return loss, logits
 
