@@ -32,7 +32,7 @@ def test_every_group_has_options() -> None:
 
 # Data options belong to one task: compose them with it.
 TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit",
-                "TextClassificationDataModule": "classify"}
+                "TextClassificationDataModule": "classify", "ChatDataModule": "lm"}
 
 
 @pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))
@@ -42,7 +42,7 @@ def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
     if group == "data":
         task = TASK_OF_DATA[cfg.data._target_.rsplit(".", 1)[-1]]
         cfg = compose_config([f"task={task}", *overrides], output_dir=tmp_path)
-        if task == "lm":  # the masked LM reads the same data options
+        if cfg.data._target_.endswith(".LMDataModule"):  # the masked LM reads the same data options (not data=chat's)
             check_config(compose_config(["task=mlm", *overrides], output_dir=tmp_path))
     if group == "augment":  # image augmentation: settings of the ViT task and its data
         cfg = compose_config(["task=vit", *overrides], output_dir=tmp_path)
