@@ -75,7 +75,8 @@ class Chat:
             logits = self._feed(answer_ids[-1:])  # the cache holds every token of the answer, the end marker too
             text_so_far = decode(self.tokenizer, answer_ids)
             visible, ended = text_so_far.split(self.end_marker, 1)[0], self.end_marker in text_so_far
-            held = 0 if ended else _partial_marker(visible, self.end_marker)
+            # Withheld until told apart: the start of a marker, a character whose bytes are not all sampled yet.
+            held = 0 if ended else max(_partial_marker(visible, self.end_marker), int(visible.endswith("\ufffd")))
             write(visible[len(written): len(visible) - held])
             written = visible[: len(visible) - held]
             if ended:
@@ -88,7 +89,7 @@ class Chat:
 
 
 def _partial_marker(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that starts ``marker``: withheld until the marker is told apart."""
+    """Length of the longest end of ``text`` that starts ``marker``."""
     return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
 
 
