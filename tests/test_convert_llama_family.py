@@ -16,6 +16,7 @@ from trident.errors import ConfigError, DataError
 from trident.models import CausalLM, generate
 from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
+from trident.weights.init_from import ATTENTION_SHAPE_SETTINGS
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +44,12 @@ READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, {}),
     ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0}}, {}),
-    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}}, {}),
+    # Dynamic NTK from max_position_embeddings=16 on: the 17 tokens and the 69 generated grow the base step by step.
+    ("llama", {"max_position_embeddings": 16, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0,
+                                                                  "factor": 8.0}}, {}),
+    # YaRN's factor null: max_position_embeddings / original_max_position_embeddings (4), as transformers reads it.
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": None,
+                                   "original_max_position_embeddings": 32}}, {}),
     ("llama", {"attention_bias": True}, {"qkv_bias": True, "attn_out_bias": True}),
     ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
                                      "original_max_position_embeddings": 32}}, {}),
@@ -69,6 +75,11 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2}),
     ("qwen3", {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2}),
     ("qwen3", {"qk_norm": True, "bias": True, "mlp_bias": False, "attention_window": 16}),
+    # Dynamic NTK: transformers' original length is max_position_embeddings (24), the context 24 x 4 = data.max_seq_len.
+    ("llama", {"pos_encoding_options": {"base": 500000.0, "scaling": {
+        "type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}}}),
+    ("mistral", {"attention_window": 16, "pos_encoding_options": {"base": 10000.0, "scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 16.0}}}),
 ]
 
 
@@ -144,6 +155,7 @@ def test_trident_lm_to_the_family_and_back_is_exact(tmp_path: Path, family: str,
     ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
     back = assert_hf_round_trip(net, ids, tmp_path)
     assert back.format == f"hf-{family}"
+    assert set(ATTENTION_SHAPE_SETTINGS) <= back.model.keys(), "each stated, resolved: init_from fixes each"
     assert back.pos_encoding_options == net.cfg.pos_encoding_options
     assert back.task_options["tie_embeddings"] is bool(settings.get("tie_embeddings", False))
     assert back.data_options["max_seq_len"] == net.cfg.max_seq_len
@@ -187,6 +199,59 @@ def test_an_older_config_with_rope_theta_and_rope_scaling_is_read(tmp_path: Path
     (tmp_path / "config.json").write_text(json.dumps(config))
     options = read_pretrained(tmp_path).pos_encoding_options
     assert options == {"base": 500000.0, "scaling": {"type": "linear", "factor": 4.0}}
+
+
+# (rope_parameters config.json states, max_position_embeddings, the scaling trident reads, its data.max_seq_len):
+# the lengths and factor transformers fills in where the file leaves them out (modeling_rope_utils).
+FILLED_ROPE_CASES: list[tuple[dict[str, Any], int, dict[str, Any], int]] = [
+    # dynamic starts growing at max_position_embeddings; the context trident serves is that x factor.
+    ({"rope_type": "dynamic", "factor": 4.0}, 16, {"factor": 4.0, "original_max_position_embeddings": 16}, 64),
+    # an original length in a dynamic dict is one transformers does not read (it warns, and uses max_position_embeddings)
+    ({"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 8}, 16,
+     {"factor": 4.0, "original_max_position_embeddings": 16}, 64),
+    # yarn and llama3 without an original length: max_position_embeddings.
+    ({"rope_type": "yarn", "factor": 4.0}, 128, {"factor": 4.0, "original_max_position_embeddings": 128}, 128),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 128,
+     {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}, 128),
+    # yarn's factor null: max_position_embeddings / original.
+    ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 16, "beta_fast": 8.0}, 128,
+     {"factor": 8.0, "original_max_position_embeddings": 16, "beta_fast": 8.0}, 128),
+]
+
+
+@pytest.mark.parametrize(("parameters", "context", "scaling", "max_seq_len"), FILLED_ROPE_CASES,
+                         ids=[case_id(case[0]) for case in FILLED_ROPE_CASES])
+def test_a_rope_scaling_reads_what_transformers_fills_in(tmp_path: Path, parameters: dict[str, Any], context: int,
+                                                        scaling: dict[str, Any], max_seq_len: int) -> None:
+    """config.json states the rope_parameters exactly as given (the lengths transformers would add left out); the
+    model transformers reads from that file and trident's have the same logits, over 40 tokens (past a dynamic
+    scaling's original length)."""
+    hf_model("llama", tmp_path, max_position_embeddings=context)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 500000.0, **parameters}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    weights = read_pretrained(tmp_path)
+    assert weights.pos_encoding_options == {"base": 500000.0, "scaling": {"type": parameters["rope_type"], **scaling}}
+    assert weights.data_options["max_seq_len"] == max_seq_len
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(net_from(weights)(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_dynamic_scaling_whose_context_is_not_its_original_length_times_factor_exports_its_logits(tmp_path: Path) -> None:
+    """transformers' dynamic scaling starts at max_position_embeddings: the export writes the original length there,
+    so the logits stay trident's; read back, the context is that length x factor."""
+    scaling = {"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
+    net = trident_lm({"pos_encoding_options": {"base": 10000.0, "scaling": scaling}})
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    hf = to_transformers(net)
+    assert hf.config.max_position_embeddings == 16 and "original_max_position_embeddings" not in hf.config.rope_parameters
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path)
+    back = read_pretrained(tmp_path)
+    assert (back.pos_encoding_options["scaling"], back.data_options["max_seq_len"]) == (scaling, 32)
 
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
