@@ -306,3 +306,68 @@ def test_init_from_a_llama_directory_fine_tunes_and_exports_with_its_tokenizer_a
         ["LlamaForCausalLM"], tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
     back = read_pretrained(tmp_path / "exported")
     assert back.tokenizer_settings["chat_template"] == CHAT_TEMPLATE
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_init_from_a_qwen3_directory_fine_tunes_and_trident_export_writes_a_qwen3_with_its_logits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3 with heads of 32 in a width of 64 (head_dim != width / heads), QK-norm, 2 key/value heads for 4 query heads
+    and a window of 8: the run takes each setting from the source, fine-tunes, and trident-export --format hf writes a
+    Qwen3 that transformers reads with the run's logits."""
+    import trident
+    from tests.conftest import compose_config
+    from tests.entry_points import run_in_process
+    from trident.runs.pipeline import train
+
+    tokenizer = bpe_tokenizer()
+    hf_dir, corpus, run = tmp_path / "qwen3", tmp_path / "corpus.txt", tmp_path / "run"
+    corpus.write_text(CORPUS)
+    reference = hf_model("qwen3", hf_dir, vocab_size=tokenizer.get_vocab_size(), head_dim=32, num_key_value_heads=2,
+                         use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    train(compose_config(["logger=none", "test=false", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                          "trainer.limit_val_batches=1", "data.block_size=32", "data.batch_size=4", "print_config=false",
+                          f"init_from={hf_dir}", "data=text_files", f"data.files=[{corpus}]"], output_dir=run))
+    net = trident.load(run).net
+    shape = {key: getattr(net.cfg, key) for key in ("head_dim", "n_kv_heads", "qk_norm", "attention_window", "qkv_bias")}
+    assert shape == {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True, "attention_window": 8, "qkv_bias": False}
+    start = reference.model.layers[0].self_attn.q_norm.weight
+    moved = net.decoder.blocks[0].self_attn.q_norm.weight
+    assert moved.shape == start.shape and not torch.equal(moved, start), "three steps of fine-tuning from the source"
+    exported = run_in_process("trident.commands.export", [str(run), "--format", "hf", "--out", str(tmp_path / "hf")],
+                              tmp_path, monkeypatch)
+    assert exported.returncode == 0, exported.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    ids = torch.randint(0, tokenizer.get_vocab_size(), (2, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "settings", "fixed"), [
+    ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8},
+     {"n_kv_heads": 2, "head_dim": 8, "qk_norm": False, "qkv_bias": False, "attn_out_bias": False, "mlp_bias": False}),
+    ("mistral", {"sliding_window": 16}, {"attention_window": 16, "n_kv_heads": 4, "head_dim": 16}),
+    ("qwen2", {}, {"qkv_bias": True, "attn_out_bias": False, "mlp_bias": False, "bias": False}),
+])
+def test_init_from_fixes_the_attention_settings_a_family_directory_states(tmp_path: Path, family: str,
+                                                                            settings: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The run takes each from the source (architecture=llama's two key/value heads do not outlive a Llama of 4)."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import read_init_source, settings_fixed_by
+
+    hf_model(family, tmp_path / family, **settings)
+    cfg = compose_config(["architecture=llama", f"init_from={tmp_path / family}"], output_dir=tmp_path / "run")
+    wanted = settings_fixed_by(cfg, read_init_source(str(tmp_path / family)), [])
+    assert {key: wanted[f"model.{key}"] for key in fixed} == fixed
+
+
+def test_a_contradicted_setting_a_source_leaves_null_is_named_by_the_value_it_stands_for(tmp_path: Path) -> None:
+    """A GPT-2 states no key/value heads: one per query head, which the error line names (not its null)."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import settings_fixed_by
+
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, vocab_size=VOCAB)).save_pretrained(tmp_path)
+    cfg = compose_config(["model.n_kv_heads=2"], output_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^model.n_kv_heads=2 contradicts init_from=\S+, which has model.n_kv_heads=4: drop"):
+        settings_fixed_by(cfg, read_pretrained(tmp_path), ["model.n_kv_heads"])

@@ -173,11 +173,11 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
         # a task or data option chosen by name (data=imagefolder) chooses the task or data, not the weights' shape.
         in_group = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
         set_by_user = key in explicit or (group in ARCHITECTURE_GROUPS and group in explicit and in_group)
-        if set_by_user and not _same(followed.get(key) if current is None else current,
-                                     followed.get(key) if value is None else value):
+        stated = followed.get(key) if value is None else value  # a null the source has: the value it stands for
+        if set_by_user and not _same(followed.get(key) if current is None else current, stated):
             shown = key.removesuffix(".name")
             raise ConfigError(
-                f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "
+                f"{shown}={current} contradicts init_from={source.source}, which has {shown}={stated}: drop that "
                 "override (the architecture comes from the weights)"
             )
     if source.tokenizer is not None and "tokenizer" in cfg.data:
