@@ -371,3 +371,19 @@ def test_a_contradicted_setting_a_source_leaves_null_is_named_by_the_value_it_st
     cfg = compose_config(["model.n_kv_heads=2"], output_dir=tmp_path / "run")
     with pytest.raises(ConfigError, match=r"^model.n_kv_heads=2 contradicts init_from=\S+, which has model.n_kv_heads=4: drop"):
         settings_fixed_by(cfg, read_pretrained(tmp_path), ["model.n_kv_heads"])
+
+
+def test_a_source_of_the_other_kind_is_one_line_naming_every_family_the_task_reads(tmp_path: Path) -> None:
+    """The line names the registry's families: the Llama family among the text models, ViT and timm among the images."""
+    from trident.tasks.registry import TASKS
+    from trident.weights.init_from import check_source_task
+
+    hf_model("llama", tmp_path / "llama")
+    transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32,
+                                                 image_size=8, patch_size=4)).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ConfigError, match=r"pass the weights of an image model \(a trident vit run, a Hugging Face directory "
+                                          r"of model_type vit, a timm ViT state-dict file .*\), or train from scratch$"):
+        check_source_task(TASKS["vit"], read_pretrained(tmp_path / "llama"))
+    with pytest.raises(ConfigError, match=r"pass the weights of a text model \(a trident lm, mlm or classify run, a Hugging "
+                                          r"Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3\), or"):
+        check_source_task(TASKS["lm"], read_pretrained(tmp_path / "vit"))
