@@ -78,6 +78,9 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
     # Dynamic NTK: transformers' original length is max_position_embeddings (24), the context 24 x 4 = data.max_seq_len.
     ("llama", {"pos_encoding_options": {"base": 500000.0, "scaling": {
         "type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}}}),
+    # A window longer than dynamic's original length (max_position_embeddings), shorter than the context (96).
+    ("mistral", {"attention_window": 32, "pos_encoding_options": {"base": 10000.0, "scaling": {
+        "type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}}}),
     ("mistral", {"attention_window": 16, "pos_encoding_options": {"base": 10000.0, "scaling": {
         "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 16.0}}}),
 ]
