@@ -159,6 +159,7 @@ def test_trident_lm_to_the_family_and_back_is_exact(tmp_path: Path, family: str,
     back = assert_hf_round_trip(net, ids, tmp_path)
     assert back.format == f"hf-{family}"
     assert set(ATTENTION_SHAPE_SETTINGS) <= back.model.keys(), "each stated, resolved: init_from fixes each"
+    assert back.model.get("attention_window") == net.cfg.attention_window
     assert back.pos_encoding_options == net.cfg.pos_encoding_options
     assert back.task_options["tie_embeddings"] is bool(settings.get("tie_embeddings", False))
     assert back.data_options["max_seq_len"] == net.cfg.max_seq_len
@@ -390,3 +391,21 @@ def test_a_source_of_the_other_kind_is_one_line_naming_every_family_the_task_rea
     with pytest.raises(ConfigError, match=r"pass the weights of a text model \(a trident lm, mlm or classify run, a Hugging "
                                           r"Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3\), or"):
         check_source_task(TASKS["lm"], read_pretrained(tmp_path / "vit"))
+
+
+def test_a_source_that_states_the_value_a_null_stands_for_agrees_with_the_null(tmp_path: Path) -> None:
+    """A trident run saves n_kv_heads=4 and head_dim=16 resolved, biases as bools; model=tiny leaves them null."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import settings_fixed_by
+    from trident.weights.pretrained import PretrainedWeights
+
+    cfg = compose_config(["model=tiny"], output_dir=tmp_path)
+    sizes = {key: cfg.model[key] for key in ("d_model", "n_heads", "bias")}
+    resolved = TransformerConfig(**sizes)
+    model = sizes | {key: getattr(resolved, key) for key in ATTENTION_SHAPE_SETTINGS}
+    source = PretrainedWeights(source="run", format="trident", task="lm", model=model, pos_encoding=cfg.pos_encoding.name,
+                               pos_encoding_options=dict(cfg.pos_encoding.options), task_options={}, data_options={},
+                               state_dict={}, tokenizer=None)
+    assert settings_fixed_by(cfg, source, ["model"])["model.n_kv_heads"] == cfg.model.n_heads
+    with pytest.raises(ConfigError, match=r"^model.n_kv_heads=None contradicts init_from=run, which has model.n_kv_heads=2"):
+        settings_fixed_by(cfg, PretrainedWeights(**{**vars(source), "model": model | {"n_kv_heads": 2}}), ["model"])

@@ -79,7 +79,7 @@ def _transformers_lengths(kind: str, parameters: dict[str, Any], context: int) -
     if kind == "linear":
         return parameters
     filled = {"original_max_position_embeddings": context} | parameters
-    if kind == "yarn" and filled["factor"] is None:
+    if kind == "yarn" and filled.get("factor") is None:
         filled["factor"] = context / filled["original_max_position_embeddings"]
     return filled
 
@@ -111,13 +111,13 @@ def _window(family: Family, config: dict[str, Any], n_layers: int, source: str, 
 
 
 def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[str, Any]:
-    """The ``model`` values of a config; the backbone switches only where they differ from their default."""
+    """The ``model`` values of a config: every attention-shape setting stated, resolved; the window where there is one."""
     require_source(config.get("hidden_act", "silu") == "silu", source,
                    f"activation {config.get('hidden_act')!r} (the family's SwiGLU gate is silu; trident's swiglu)")
     d_model, n_heads, n_layers = int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     settings: dict[str, Any] = {
         "d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "d_ff": int(config["intermediate_size"]),
-        "activation": "swiglu", "norm": "rmsnorm", "norm_first": True, "bias": False,
+        "activation": "swiglu", "norm": "rmsnorm", "norm_first": True,
         "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "embedding_norm": False,
     }
     n_kv_heads = int(config.get("num_key_value_heads") or n_heads)
