@@ -149,6 +149,7 @@ def hf_family_files(root: Path) -> None:
             "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
             "original_max_position_embeddings": 32})),
         ("qwen2_mixed_window", transformers.Qwen2Config(**sizes, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+        ("llama_gqa", transformers.LlamaConfig(**(sizes | {"num_attention_heads": 8}), num_key_value_heads=2, head_dim=8)),
     ):
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
 
@@ -367,6 +368,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-llama-gelu", "train.py", ["init_from=llama_gelu"], ["llama_gelu", "activation 'gelu'", "cannot reproduce exactly"]),
     ("init-from-llama-longrope", "train.py", ["init_from=llama_longrope"], ["rope scaling 'longrope'", "llama3"]),
     ("init-from-qwen2-mixed-window", "train.py", ["init_from=qwen2_mixed_window"], ["a sliding window in 1 of 2 layers", "max_window_layers"]),
+    ("init-from-llama-other-kv-heads", "train.py", ["init_from=llama_gqa", "model.n_kv_heads=4"],
+     ["model.n_kv_heads=4 contradicts init_from=llama_gqa, which has model.n_kv_heads=2", "drop that override"]),
+    ("init-from-run-other-kv-heads", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "model.n_kv_heads=2"],
+     ["model.n_kv_heads=2 contradicts init_from=outputs/", "which has model.n_kv_heads=4"]),
     # Issue 40: attention shapes
     ("kv-heads-not-dividing-heads", "train.py", ["model.n_kv_heads=3"], ["model.n_heads=4 is not divisible by model.n_kv_heads=3: choose n_kv_heads among the divisors of n_heads (1, 2, 4)"]),
     ("kv-heads-not-dividing-llama-heads", "train.py", ["architecture=llama", "model.n_heads=5", "model.head_dim=32"], ["model.n_heads=5 is not divisible by model.n_kv_heads=2"]),

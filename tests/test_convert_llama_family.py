@@ -16,6 +16,7 @@ from trident.errors import ConfigError, DataError
 from trident.models import CausalLM, generate
 from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
+from trident.weights.init_from import ATTENTION_SHAPE_SETTINGS
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +44,12 @@ READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, {}),
     ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0}}, {}),
-    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}}, {}),
+    # Dynamic NTK from max_position_embeddings=16 on: the 17 tokens and the 69 generated grow the base step by step.
+    ("llama", {"max_position_embeddings": 16, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0,
+                                                                  "factor": 8.0}}, {}),
+    # YaRN's factor null: max_position_embeddings / original_max_position_embeddings (4), as transformers reads it.
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": None,
+                                   "original_max_position_embeddings": 32}}, {}),
     ("llama", {"attention_bias": True}, {"qkv_bias": True, "attn_out_bias": True}),
     ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
                                      "original_max_position_embeddings": 32}}, {}),
@@ -69,6 +75,14 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2}),
     ("qwen3", {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2}),
     ("qwen3", {"qk_norm": True, "bias": True, "mlp_bias": False, "attention_window": 16}),
+    # Dynamic NTK: transformers' original length is max_position_embeddings (24), the context 24 x 4 = data.max_seq_len.
+    ("llama", {"pos_encoding_options": {"base": 500000.0, "scaling": {
+        "type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}}}),
+    # A window longer than dynamic's original length (max_position_embeddings), shorter than the context (96).
+    ("mistral", {"attention_window": 32, "pos_encoding_options": {"base": 10000.0, "scaling": {
+        "type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}}}),
+    ("mistral", {"attention_window": 16, "pos_encoding_options": {"base": 10000.0, "scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 16.0}}}),
 ]
 
 
@@ -144,6 +158,8 @@ def test_trident_lm_to_the_family_and_back_is_exact(tmp_path: Path, family: str,
     ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
     back = assert_hf_round_trip(net, ids, tmp_path)
     assert back.format == f"hf-{family}"
+    assert set(ATTENTION_SHAPE_SETTINGS) <= back.model.keys(), "each stated, resolved: init_from fixes each"
+    assert back.model.get("attention_window") == net.cfg.attention_window
     assert back.pos_encoding_options == net.cfg.pos_encoding_options
     assert back.task_options["tie_embeddings"] is bool(settings.get("tie_embeddings", False))
     assert back.data_options["max_seq_len"] == net.cfg.max_seq_len
@@ -187,6 +203,59 @@ def test_an_older_config_with_rope_theta_and_rope_scaling_is_read(tmp_path: Path
     (tmp_path / "config.json").write_text(json.dumps(config))
     options = read_pretrained(tmp_path).pos_encoding_options
     assert options == {"base": 500000.0, "scaling": {"type": "linear", "factor": 4.0}}
+
+
+# (rope_parameters config.json states, max_position_embeddings, the scaling trident reads, its data.max_seq_len):
+# the lengths and factor transformers fills in where the file leaves them out (modeling_rope_utils).
+FILLED_ROPE_CASES: list[tuple[dict[str, Any], int, dict[str, Any], int]] = [
+    # dynamic starts growing at max_position_embeddings; the context trident serves is that x factor.
+    ({"rope_type": "dynamic", "factor": 4.0}, 16, {"factor": 4.0, "original_max_position_embeddings": 16}, 64),
+    # an original length in a dynamic dict is one transformers does not read (it warns, and uses max_position_embeddings)
+    ({"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 8}, 16,
+     {"factor": 4.0, "original_max_position_embeddings": 16}, 64),
+    # yarn and llama3 without an original length: max_position_embeddings.
+    ({"rope_type": "yarn", "factor": 4.0}, 128, {"factor": 4.0, "original_max_position_embeddings": 128}, 128),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 128,
+     {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}, 128),
+    # yarn's factor null: max_position_embeddings / original.
+    ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 16, "beta_fast": 8.0}, 128,
+     {"factor": 8.0, "original_max_position_embeddings": 16, "beta_fast": 8.0}, 128),
+]
+
+
+@pytest.mark.parametrize(("parameters", "context", "scaling", "max_seq_len"), FILLED_ROPE_CASES,
+                         ids=[case_id(case[0]) for case in FILLED_ROPE_CASES])
+def test_a_rope_scaling_reads_what_transformers_fills_in(tmp_path: Path, parameters: dict[str, Any], context: int,
+                                                        scaling: dict[str, Any], max_seq_len: int) -> None:
+    """config.json states the rope_parameters exactly as given (the lengths transformers would add left out); the
+    model transformers reads from that file and trident's have the same logits, over 40 tokens (past a dynamic
+    scaling's original length)."""
+    hf_model("llama", tmp_path, max_position_embeddings=context)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 500000.0, **parameters}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    weights = read_pretrained(tmp_path)
+    assert weights.pos_encoding_options == {"base": 500000.0, "scaling": {"type": parameters["rope_type"], **scaling}}
+    assert weights.data_options["max_seq_len"] == max_seq_len
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(net_from(weights)(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_dynamic_scaling_whose_context_is_not_its_original_length_times_factor_exports_its_logits(tmp_path: Path) -> None:
+    """transformers' dynamic scaling starts at max_position_embeddings: the export writes the original length there,
+    so the logits stay trident's; read back, the context is that length x factor."""
+    scaling = {"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
+    net = trident_lm({"pos_encoding_options": {"base": 10000.0, "scaling": scaling}})
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    hf = to_transformers(net)
+    assert hf.config.max_position_embeddings == 16 and "original_max_position_embeddings" not in hf.config.rope_parameters
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path)
+    back = read_pretrained(tmp_path)
+    assert (back.pos_encoding_options["scaling"], back.data_options["max_seq_len"]) == (scaling, 32)
 
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -241,3 +310,102 @@ def test_init_from_a_llama_directory_fine_tunes_and_exports_with_its_tokenizer_a
         ["LlamaForCausalLM"], tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"))
     back = read_pretrained(tmp_path / "exported")
     assert back.tokenizer_settings["chat_template"] == CHAT_TEMPLATE
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_init_from_a_qwen3_directory_fine_tunes_and_trident_export_writes_a_qwen3_with_its_logits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3 with heads of 32 in a width of 64 (head_dim != width / heads), QK-norm, 2 key/value heads for 4 query heads
+    and a window of 8: the run takes each setting from the source, fine-tunes, and trident-export --format hf writes a
+    Qwen3 that transformers reads with the run's logits."""
+    import trident
+    from tests.conftest import compose_config
+    from tests.entry_points import run_in_process
+    from trident.runs.pipeline import train
+
+    tokenizer = bpe_tokenizer()
+    hf_dir, corpus, run = tmp_path / "qwen3", tmp_path / "corpus.txt", tmp_path / "run"
+    corpus.write_text(CORPUS)
+    reference = hf_model("qwen3", hf_dir, vocab_size=tokenizer.get_vocab_size(), head_dim=32, num_key_value_heads=2,
+                         use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    train(compose_config(["logger=none", "test=false", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                          "trainer.limit_val_batches=1", "data.block_size=32", "data.batch_size=4", "print_config=false",
+                          f"init_from={hf_dir}", "data=text_files", f"data.files=[{corpus}]"], output_dir=run))
+    net = trident.load(run).net
+    shape = {key: getattr(net.cfg, key) for key in ("head_dim", "n_kv_heads", "qk_norm", "attention_window", "qkv_bias")}
+    assert shape == {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True, "attention_window": 8, "qkv_bias": False}
+    start = reference.model.layers[0].self_attn.q_norm.weight
+    moved = net.decoder.blocks[0].self_attn.q_norm.weight
+    assert moved.shape == start.shape and not torch.equal(moved, start), "three steps of fine-tuning from the source"
+    exported = run_in_process("trident.commands.export", [str(run), "--format", "hf", "--out", str(tmp_path / "hf")],
+                              tmp_path, monkeypatch)
+    assert exported.returncode == 0, exported.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    ids = torch.randint(0, tokenizer.get_vocab_size(), (2, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "settings", "fixed"), [
+    ("llama", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8},
+     {"n_kv_heads": 2, "head_dim": 8, "qk_norm": False, "qkv_bias": False, "attn_out_bias": False, "mlp_bias": False}),
+    ("mistral", {"sliding_window": 16}, {"attention_window": 16, "n_kv_heads": 4, "head_dim": 16}),
+    ("qwen2", {}, {"qkv_bias": True, "attn_out_bias": False, "mlp_bias": False, "bias": False}),
+])
+def test_init_from_fixes_the_attention_settings_a_family_directory_states(tmp_path: Path, family: str,
+                                                                            settings: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The run takes each from the source (architecture=llama's two key/value heads do not outlive a Llama of 4)."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import read_init_source, settings_fixed_by
+
+    hf_model(family, tmp_path / family, **settings)
+    cfg = compose_config(["architecture=llama", f"init_from={tmp_path / family}"], output_dir=tmp_path / "run")
+    wanted = settings_fixed_by(cfg, read_init_source(str(tmp_path / family)), [])
+    assert {key: wanted[f"model.{key}"] for key in fixed} == fixed
+
+
+def test_a_contradicted_setting_a_source_leaves_null_is_named_by_the_value_it_stands_for(tmp_path: Path) -> None:
+    """A GPT-2 states no key/value heads: one per query head, which the error line names (not its null)."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import settings_fixed_by
+
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, vocab_size=VOCAB)).save_pretrained(tmp_path)
+    cfg = compose_config(["model.n_kv_heads=2"], output_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^model.n_kv_heads=2 contradicts init_from=\S+, which has model.n_kv_heads=4: drop"):
+        settings_fixed_by(cfg, read_pretrained(tmp_path), ["model.n_kv_heads"])
+
+
+def test_a_source_of_the_other_kind_is_one_line_naming_every_family_the_task_reads(tmp_path: Path) -> None:
+    """The line names the registry's families: the Llama family among the text models, ViT and timm among the images."""
+    from trident.tasks.registry import TASKS
+    from trident.weights.init_from import check_source_task
+
+    hf_model("llama", tmp_path / "llama")
+    transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=32,
+                                                 image_size=8, patch_size=4)).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ConfigError, match=r"pass the weights of an image model \(a trident vit run, a Hugging Face directory "
+                                          r"of model_type vit, a timm ViT state-dict file .*\), or train from scratch$"):
+        check_source_task(TASKS["vit"], read_pretrained(tmp_path / "llama"))
+    with pytest.raises(ConfigError, match=r"pass the weights of a text model \(a trident lm, mlm or classify run, a Hugging "
+                                          r"Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3\), or"):
+        check_source_task(TASKS["lm"], read_pretrained(tmp_path / "vit"))
+
+
+def test_a_source_that_states_the_value_a_null_stands_for_agrees_with_the_null(tmp_path: Path) -> None:
+    """A trident run saves n_kv_heads=4 and head_dim=16 resolved, biases as bools; model=tiny leaves them null."""
+    from tests.conftest import compose_config
+    from trident.weights.init_from import settings_fixed_by
+    from trident.weights.pretrained import PretrainedWeights
+
+    cfg = compose_config(["model=tiny"], output_dir=tmp_path)
+    sizes = {key: cfg.model[key] for key in ("d_model", "n_heads", "bias")}
+    resolved = TransformerConfig(**sizes)
+    model = sizes | {key: getattr(resolved, key) for key in ATTENTION_SHAPE_SETTINGS}
+    source = PretrainedWeights(source="run", format="trident", task="lm", model=model, pos_encoding=cfg.pos_encoding.name,
+                               pos_encoding_options=dict(cfg.pos_encoding.options), task_options={}, data_options={},
+                               state_dict={}, tokenizer=None)
+    assert settings_fixed_by(cfg, source, ["model"])["model.n_kv_heads"] == cfg.model.n_heads
+    with pytest.raises(ConfigError, match=r"^model.n_kv_heads=None contradicts init_from=run, which has model.n_kv_heads=2"):
+        settings_fixed_by(cfg, PretrainedWeights(**{**vars(source), "model": model | {"n_kv_heads": 2}}), ["model"])

@@ -48,9 +48,8 @@ _ABSENT = object()
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
 # The copy of the source inside the run directory: the run stays self-contained.
 COPY_DIR = "init"
-# The sources a task that reads text or images can start from (TridentTask.READS).
-SOURCES_READING = {"images": "an image model (a trident vit run, a Hugging Face ViT directory, a timm ViT file)",
-                   "text": "a text model (a trident lm, mlm or classify run, a GPT-2 or BERT directory)"}
+# The trident runs a task that reads text or images can start from (TridentTask.READS); sources_reading adds the rest.
+RUNS_READING = {"images": "a trident vit run", "text": "a trident lm, mlm or classify run"}
 
 
 def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
@@ -120,7 +119,19 @@ def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> Non
     if task.READS != trained_for.READS:
         raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which reads {trained_for.READS}; "
                           f"task={task.NAME} reads {task.READS}, so only its blocks would fit, without their embedding: "
-                          f"pass the weights of {SOURCES_READING[task.READS]}, or train from scratch")
+                          f"pass the weights of {sources_reading(task.READS)}, or train from scratch")
+
+
+def sources_reading(reads: str) -> str:
+    """The sources a task that reads ``reads`` (text or images) can start from: trident runs, the Hugging Face families
+    of the adapter registry whose network reads it (by config.json's model_type) and, for images, the file formats."""
+    from trident.models.vit import VisionTransformer  # here: the registry loads every adapter
+    from trident.weights.adapters.registry import ADAPTERS, FILE_ADAPTERS
+
+    families = [adapter.MODEL_TYPE for adapter in ADAPTERS if (adapter.NETWORK is VisionTransformer) == (reads == "images")]
+    files = [adapter.DESCRIPTION for adapter in FILE_ADAPTERS] if reads == "images" else []
+    return (f"{'an image' if reads == 'images' else 'a text'} model ({RUNS_READING[reads]}, a Hugging Face directory of "
+            f"model_type {', '.join(families)}{''.join(f', {described}' for described in files)})")
 
 
 def check_source_stack(task: type[TridentTask], options: DictConfig, source: PretrainedWeights, embeddings_only: bool) -> None:
@@ -173,11 +184,11 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
         # a task or data option chosen by name (data=imagefolder) chooses the task or data, not the weights' shape.
         in_group = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
         set_by_user = key in explicit or (group in ARCHITECTURE_GROUPS and group in explicit and in_group)
-        if set_by_user and not _same(followed.get(key) if current is None else current,
-                                     followed.get(key) if value is None else value):
+        stated = followed.get(key) if value is None else value  # a null the source has: the value it stands for
+        if set_by_user and not _same(followed.get(key) if current is None else current, stated):
             shown = key.removesuffix(".name")
             raise ConfigError(
-                f"{shown}={current} contradicts init_from={source.source}, which has {shown}={value}: drop that "
+                f"{shown}={current} contradicts init_from={source.source}, which has {shown}={stated}: drop that "
                 "override (the architecture comes from the weights)"
             )
     if source.tokenizer is not None and "tokenizer" in cfg.data:

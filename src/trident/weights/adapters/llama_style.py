@@ -46,34 +46,20 @@ class Family:
     window: str  # "none", "all" (Mistral's sliding_window on every layer), "layers" (Qwen's use_sliding_window)
 
 
-def switches(cfg: TransformerConfig) -> dict[str, Any]:
-    """The grouped-query, head width, QK-norm, bias and window settings of ``cfg``, resolved (a bias left
-    null follows ``model.bias``); the backbone fields absent from an older trident read as their defaults."""
-    bias = cfg.bias
-    resolved = {name: getattr(cfg, name, None) for name in ("qkv_bias", "attn_out_bias", "mlp_bias")}
-    return {
-        "n_kv_heads": getattr(cfg, "n_kv_heads", None) or cfg.n_heads,
-        "head_dim": cfg.head_dim,
-        "qk_norm": bool(getattr(cfg, "qk_norm", False)),
-        "attention_window": getattr(cfg, "attention_window", None),
-        **{name: bias if value is None else bool(value) for name, value in resolved.items()},
-    }
-
-
 def family_name(cfg: TransformerConfig) -> str:
     """The family a rope decoder is exported as: QK-norm is Qwen3's, biases on q/k/v alone Qwen2's, a
     window Mistral's; anything else Llama (whose export then names what it lacks)."""
-    own = switches(cfg)
-    if own["qk_norm"]:
+    if cfg.qk_norm:
         return "qwen3"
-    if own["qkv_bias"] and not own["attn_out_bias"]:
+    if cfg.qkv_bias and not cfg.attn_out_bias:
         return "qwen2"
-    return "mistral" if own["attention_window"] is not None else "llama"
+    return "mistral" if cfg.attention_window is not None else "llama"
 
 
 def rope_options(config: dict[str, Any], source: str) -> dict[str, Any]:
     """``pos_encoding.options`` of a config: transformers 5's ``rope_parameters``, or the older files'
-    ``rope_theta`` + ``rope_scaling`` (whose type is ``rope_type``, or ``type`` in the oldest)."""
+    ``rope_theta`` + ``rope_scaling`` (whose type is ``rope_type``, or ``type`` in the oldest), with the
+    lengths transformers fills in (:func:`_transformers_lengths`)."""
     parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     kind = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
     parameters.pop("type", None)
@@ -81,10 +67,32 @@ def rope_options(config: dict[str, Any], source: str) -> dict[str, Any]:
     if kind == "default":
         return options
     require_source(kind in ROPE_SCALINGS, source, f"rope scaling {kind!r} (trident has {', '.join(ROPE_SCALINGS)})")
-    return options | {"scaling": {"type": kind, **parameters}}
+    return options | {"scaling": {"type": kind, **_transformers_lengths(kind, parameters, int(config["max_position_embeddings"]))}}
 
 
-def _window(family: Family, config: dict[str, Any], n_layers: int, source: str) -> int | None:
+def _transformers_lengths(kind: str, parameters: dict[str, Any], context: int) -> dict[str, Any]:
+    """``parameters`` (a scaling's, without its type) with the original length and factor transformers reads
+    (modeling_rope_utils): dynamic grows from ``max_position_embeddings`` (``context``), whatever the dict says;
+    yarn and llama3 default their original length to it; yarn's null factor is ``context`` / original."""
+    if kind == "dynamic":
+        return parameters | {"original_max_position_embeddings": context}
+    if kind == "linear":
+        return parameters
+    filled = {"original_max_position_embeddings": context} | parameters
+    if kind == "yarn" and filled.get("factor") is None:
+        filled["factor"] = context / filled["original_max_position_embeddings"]
+    return filled
+
+
+def context_length(config: dict[str, Any], options: dict[str, Any]) -> int:
+    """``data.max_seq_len`` of a config: ``max_position_embeddings``, times the factor of a dynamic scaling, which
+    transformers applies past that length (trident's generation feeds at most ``data.max_seq_len`` tokens)."""
+    context = int(config["max_position_embeddings"])
+    scaling = options.get("scaling") or {}
+    return int(context * scaling["factor"]) if scaling.get("type") == "dynamic" else context
+
+
+def _window(family: Family, config: dict[str, Any], n_layers: int, source: str, context: int) -> int | None:
     """The one sliding window of every layer, None for none; layers of both kinds are one line."""
     if family.window == "none" or not config.get("sliding_window"):
         return None
@@ -98,41 +106,36 @@ def _window(family: Family, config: dict[str, Any], n_layers: int, source: str) 
         if not any(sliding):
             return None
     window = int(config["sliding_window"])
-    # A window as long as the context changes nothing (Mistral's 4096 in a shorter model).
-    return window if window < int(config["max_position_embeddings"]) else None
+    # A window as long as the context (data.max_seq_len) changes nothing (Mistral's 4096 in a shorter model).
+    return window if window < context else None
 
 
 def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[str, Any]:
-    """The ``model`` values of a config; the backbone switches only where they differ from their default."""
+    """The ``model`` values of a config: every attention-shape setting stated, resolved; the window where there is one."""
     require_source(config.get("hidden_act", "silu") == "silu", source,
                    f"activation {config.get('hidden_act')!r} (the family's SwiGLU gate is silu; trident's swiglu)")
     d_model, n_heads, n_layers = int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     settings: dict[str, Any] = {
         "d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "d_ff": int(config["intermediate_size"]),
-        "activation": "swiglu", "norm": "rmsnorm", "norm_first": True, "bias": False,
+        "activation": "swiglu", "norm": "rmsnorm", "norm_first": True,
         "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "embedding_norm": False,
     }
     n_kv_heads = int(config.get("num_key_value_heads") or n_heads)
     head_dim = int(config.get("head_dim") or d_model // n_heads)
     attention_bias = family.attention_bias == "config" and bool(config.get("attention_bias", False))
-    switched = {
-        "n_kv_heads": (n_kv_heads, n_heads), "head_dim": (head_dim, d_model // n_heads), "qk_norm": (family.qk_norm, False),
-        "qkv_bias": (attention_bias or family.attention_bias == "qkv", False), "attn_out_bias": (attention_bias, False),
-        "mlp_bias": (family.mlp_bias and bool(config.get("mlp_bias", False)), False),
-        "attention_window": (_window(family, config, n_layers, source), None),
-    }
-    biases = {switched[name][0] for name in ("qkv_bias", "attn_out_bias", "mlp_bias")}
-    if len(biases) == 1:  # biases on every projection or on none: model.bias says it alone
-        settings["bias"] = biases.pop()
-        switched = {name: value for name, value in switched.items() if name not in ("qkv_bias", "attn_out_bias", "mlp_bias")}
-    return settings | {name: value for name, (value, default) in switched.items() if value != default}
+    biases = {"qkv_bias": attention_bias or family.attention_bias == "qkv", "attn_out_bias": attention_bias,
+              "mlp_bias": family.mlp_bias and bool(config.get("mlp_bias", False))}
+    # Every attention-shape setting stated, resolved (init_from fixes each; an error line names its value). RMSNorm
+    # has no bias, so model.bias only says whether every projection has one.
+    settings |= {"n_kv_heads": n_kv_heads, "head_dim": head_dim, "qk_norm": family.qk_norm, **biases,
+                 "bias": all(biases.values())}
+    window = _window(family, config, n_layers, source, context_length(config, rope_options(config, source)))
+    return settings | ({"attention_window": window} if window is not None else {})
 
 
 def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                source: str) -> PretrainedWeights:
     model = model_settings(family, config, source)
-    own = {name: bool(model.get(name, model["bias"])) for name in ("qkv_bias", "attn_out_bias", "mlp_bias")}
-    own["qk_norm"] = bool(model.get("qk_norm", False))
     tied = bool(config.get("tie_word_embeddings", False))
     backbone = strip_prefix(state, "model.")
     out = {"embed.weight": backbone["embed_tokens.weight"], "decoder.final_norm.weight": backbone["norm.weight"]}
@@ -141,23 +144,23 @@ def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor],
         out |= {f"{trident}.{name}": backbone[f"{hf}.{theirs}"] for name, theirs in _BLOCK.items()}
         out[f"{trident}.self_attn.qkv_proj.weight"] = torch.cat([backbone[f"{hf}.self_attn.{p}_proj.weight"] for p in "qkv"])
         out[f"{trident}.ffn.fc_in.weight"] = torch.cat([backbone[f"{hf}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
-        if own["qkv_bias"]:
+        if model["qkv_bias"]:
             out[f"{trident}.self_attn.qkv_proj.bias"] = torch.cat([backbone[f"{hf}.self_attn.{p}_proj.bias"] for p in "qkv"])
-        if own["attn_out_bias"]:
+        if model["attn_out_bias"]:
             out[f"{trident}.self_attn.out_proj.bias"] = backbone[f"{hf}.self_attn.o_proj.bias"]
-        if own["mlp_bias"]:
+        if model["mlp_bias"]:
             out[f"{trident}.ffn.fc_in.bias"] = torch.cat([backbone[f"{hf}.mlp.{p}_proj.bias"] for p in ("gate", "up")])
             out[f"{trident}.ffn.fc_out.bias"] = backbone[f"{hf}.mlp.down_proj.bias"]
-        if own["qk_norm"]:
+        if model["qk_norm"]:
             for part in ("q_norm", "k_norm"):
                 out[f"{trident}.self_attn.{part}.weight"] = backbone[f"{hf}.self_attn.{part}.weight"]
     head = state.get("lm_head.weight")
     out["head.weight"] = out["embed.weight"] if tied or head is None else head
+    options = rope_options(config, source)
     return PretrainedWeights(
         source=source, format=f"hf-{family.model_type}", task="lm", model=model, pos_encoding="rope",
-        pos_encoding_options=rope_options(config, source),
-        task_options={"tie_embeddings": tied, "scale_embeddings": False},
-        data_options={"max_seq_len": int(config["max_position_embeddings"])},
+        pos_encoding_options=options, task_options={"tie_embeddings": tied, "scale_embeddings": False},
+        data_options={"max_seq_len": context_length(config, options)},
         state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
     )
 
@@ -167,7 +170,7 @@ def writes(family: Family, net: CausalLM) -> bool:
     return net.cfg.pos_encoding == "rope" and family_name(net.cfg) == family.model_type
 
 
-def _require_family(family: Family, cfg: TransformerConfig, own: dict[str, Any], net: CausalLM) -> None:
+def _require_family(family: Family, cfg: TransformerConfig, net: CausalLM) -> None:
     """One line for each setting the family's config cannot state."""
     target = family.target
     require_equivalent(cfg.pos_encoding == "rope", "pos_encoding", cfg.pos_encoding, target, "it has rope positions only")
@@ -178,71 +181,74 @@ def _require_family(family: Family, cfg: TransformerConfig, own: dict[str, Any],
                        "it does not normalise its embeddings")
     require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, target, "it has no layer scale")
     require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, target, "it does not scale its embeddings")
-    require_equivalent(own["qk_norm"] == family.qk_norm, "model.qk_norm", own["qk_norm"], target,
+    require_equivalent(cfg.qk_norm == family.qk_norm, "model.qk_norm", cfg.qk_norm, target,
                        "it has QK-norm in every layer" if family.qk_norm else "it has no QK-norm (Qwen3 has)")
-    biases = {"config": own["qkv_bias"], "qkv": True, "none": False}[family.attention_bias]
-    require_equivalent(own["qkv_bias"] == biases, "model.qkv_bias", own["qkv_bias"], target,
+    biases = {"config": cfg.qkv_bias, "qkv": True, "none": False}[family.attention_bias]
+    require_equivalent(cfg.qkv_bias == biases, "model.qkv_bias", cfg.qkv_bias, target,
                        "its q/k/v projections have biases" if biases else "its q/k/v projections have no biases")
-    out_bias = own["qkv_bias"] if family.attention_bias == "config" else False
-    require_equivalent(own["attn_out_bias"] == out_bias, "model.attn_out_bias", own["attn_out_bias"], target,
+    out_bias = cfg.qkv_bias if family.attention_bias == "config" else False
+    require_equivalent(cfg.attn_out_bias == out_bias, "model.attn_out_bias", cfg.attn_out_bias, target,
                        "its attention_bias puts a bias on q, k, v and o alike" if family.attention_bias == "config"
                        else "its o_proj has no bias")
-    require_equivalent(family.mlp_bias or not own["mlp_bias"], "model.mlp_bias", True, target, "its MLP has no biases")
-    require_equivalent(family.window != "none" or own["attention_window"] is None, "model.attention_window",
-                       own["attention_window"], target, "it has no sliding window (Mistral, Qwen2 and Qwen3 have)")
+    require_equivalent(family.mlp_bias or not cfg.mlp_bias, "model.mlp_bias", True, target, "its MLP has no biases")
+    require_equivalent(family.window != "none" or cfg.attention_window is None, "model.attention_window",
+                       cfg.attention_window, target, "it has no sliding window (Mistral, Qwen2 and Qwen3 have)")
 
 
-def rope_parameters(options: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5's ``rope_parameters`` of trident's rope options."""
+def rope_parameters(options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """transformers 5's ``rope_parameters`` of trident's rope options, and the ``max_position_embeddings`` a
+    dynamic scaling needs (its original length, where transformers' dynamic reads it; None for the others)."""
     scaling = dict(options.get("scaling") or {})
-    return {"rope_theta": float(options.get("base", 10000.0)), "rope_type": scaling.pop("type", "default"), **scaling}
+    kind = scaling.pop("type", "default")
+    original = scaling.pop("original_max_position_embeddings") if kind == "dynamic" else None
+    return {"rope_theta": float(options.get("base", 10000.0)), "rope_type": kind, **scaling}, original
 
 
 def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, config arguments and state dict (the family's names) of ``net``."""
-    cfg, own = net.cfg, switches(net.cfg)
-    _require_family(family, cfg, own, net)
+    cfg = net.cfg
+    _require_family(family, cfg, net)
+    rope, dynamic_start = rope_parameters(cfg.pos_encoding_options)
     config: dict[str, Any] = {
         "vocab_size": net.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": own["n_kv_heads"],
-        "head_dim": own["head_dim"],
-        "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": net.head.weight is net.embed.weight, "attention_dropout": cfg.attn_dropout,
-        "rope_parameters": rope_parameters(cfg.pos_encoding_options),
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": dynamic_start or cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": net.head.weight is net.embed.weight,
+        "attention_dropout": cfg.attn_dropout, "rope_parameters": rope,
     }
     if family.attention_bias == "config":
-        config["attention_bias"] = own["qkv_bias"]
+        config["attention_bias"] = cfg.qkv_bias
     if family.mlp_bias:
-        config["mlp_bias"] = own["mlp_bias"]
+        config["mlp_bias"] = cfg.mlp_bias
     if family.window == "all":
-        config["sliding_window"] = own["attention_window"]
+        config["sliding_window"] = cfg.attention_window
     elif family.window == "layers":
-        sliding = own["attention_window"] is not None
-        config |= {"use_sliding_window": sliding, "sliding_window": own["attention_window"], "max_window_layers": 0,
+        sliding = cfg.attention_window is not None
+        config |= {"use_sliding_window": sliding, "sliding_window": cfg.attention_window, "max_window_layers": 0,
                    "layer_types": ["sliding_attention" if sliding else "full_attention"] * cfg.n_layers}
-    return family.architecture, config, _state_to_hf(net, own)
+    return family.architecture, config, _state_to_hf(net)
 
 
-def _state_to_hf(net: CausalLM, own: dict[str, Any]) -> dict[str, Tensor]:
+def _state_to_hf(net: CausalLM) -> dict[str, Tensor]:
     state, cfg = net.state_dict(), net.cfg
-    q_rows, kv_rows = cfg.n_heads * own["head_dim"], own["n_kv_heads"] * own["head_dim"]
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["decoder.final_norm.weight"],
            "lm_head.weight": state["head.weight"]}
     for i in range(cfg.n_layers):
         hf, trident = f"model.layers.{i}", f"decoder.blocks.{i}"
         out |= {f"{hf}.{theirs}": state[f"{trident}.{name}"] for name, theirs in _BLOCK.items()}
-        kinds = ["weight"] + (["bias"] if own["qkv_bias"] else [])
+        kinds = ["weight"] + (["bias"] if cfg.qkv_bias else [])
         for kind in kinds:
             # (q_rows + 2 * kv_rows, ...) -> q (q_rows, ...), k and v (kv_rows, ...)
             parts = state[f"{trident}.self_attn.qkv_proj.{kind}"].split([q_rows, kv_rows, kv_rows])
             out |= {f"{hf}.self_attn.{p}_proj.{kind}": part.contiguous() for p, part in zip("qkv", parts)}
-        for kind in ["weight"] + (["bias"] if own["mlp_bias"] else []):
+        for kind in ["weight"] + (["bias"] if cfg.mlp_bias else []):
             gate, up = state[f"{trident}.ffn.fc_in.{kind}"].chunk(2)  # (2 * d_ff, ...) -> (d_ff, ...) each
             out |= {f"{hf}.mlp.gate_proj.{kind}": gate.contiguous(), f"{hf}.mlp.up_proj.{kind}": up.contiguous()}
-        if own["attn_out_bias"]:
+        if cfg.attn_out_bias:
             out[f"{hf}.self_attn.o_proj.bias"] = state[f"{trident}.self_attn.out_proj.bias"]
-        if own["mlp_bias"]:
+        if cfg.mlp_bias:
             out[f"{hf}.mlp.down_proj.bias"] = state[f"{trident}.ffn.fc_out.bias"]
-        if own["qk_norm"]:
+        if cfg.qk_norm:
             out |= {f"{hf}.self_attn.{p}.weight": state[f"{trident}.self_attn.{p}.weight"] for p in ("q_norm", "k_norm")}
     return out
