@@ -46,3 +46,4 @@ def test_a_cache_that_keeps_the_expanded_heads_fails_the_row(monkeypatch: pytest
     monkeypatch.setattr(kv_cache, "bytes_per_position", expanded)
     with pytest.raises(AssertionError, match="n_kv_heads=2: 256 cache bytes per token, not 256 / 4"):
         kv_cache.kv_heads_rows(QUICK)
+
