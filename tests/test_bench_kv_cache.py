@@ -10,6 +10,7 @@ from trident.backbone import TransformerConfig
 from trident.bench import kv_cache
 from trident.bench.results import Settings
 from trident.models import CausalLM
+from trident.models.sampling import kv_cache_bytes_per_token
 
 QUICK = Settings(device=torch.device("cpu"), quick=True, warmup=0, repeats=1)
 
@@ -34,8 +35,8 @@ def test_bytes_come_from_the_cache_tensors_of_the_key_value_heads_only() -> None
                             pos_encoding="rope")
     model = CausalLM(cfg, 50).eval()
     prompt = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(0))
-    assert kv_cache.bytes_per_position(model, prompt) == 2 * 2 * 3 * 8 * 4  # keys and values, layers, heads, width, fp32
-    assert kv_cache.bytes_per_position(model.to(torch.float64), prompt) == 2 * 2 * 3 * 8 * 8
+    assert kv_cache_bytes_per_token(model, prompt) == 2 * 2 * 3 * 8 * 4  # keys and values, layers, heads, width, fp32
+    assert kv_cache_bytes_per_token(model.to(torch.float64), prompt) == 2 * 2 * 3 * 8 * 8
 
 
 def test_a_cache_that_keeps_the_expanded_heads_fails_the_row(monkeypatch: pytest.MonkeyPatch, single_thread: None) -> None:
@@ -43,7 +44,7 @@ def test_a_cache_that_keeps_the_expanded_heads_fails_the_row(monkeypatch: pytest
     def expanded(model: CausalLM, prompt: torch.Tensor) -> int:
         return 2 * model.cfg.n_layers * model.cfg.n_heads * model.cfg.head_dim * 4
 
-    monkeypatch.setattr(kv_cache, "bytes_per_position", expanded)
+    monkeypatch.setattr(kv_cache, "kv_cache_bytes_per_token", expanded)
     with pytest.raises(AssertionError, match="n_kv_heads=2: 256 cache bytes per token, not 256 / 4"):
         kv_cache.kv_heads_rows(QUICK)
 

@@ -9,35 +9,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trident.backbone import KVCache, TransformerConfig
+from trident.backbone import TransformerConfig
 from trident.bench.results import Row, Settings, verdict
 from trident.bench.timing import Budget, interleaved, synchronize
 from trident.models import CausalLM, generate
+from trident.models.sampling import cache_bytes, kv_cache_bytes_per_token
 
 PROMPT = 16
 VOCAB = 256
-
-
-def cache_bytes(cache: KVCache) -> int:
-    """Bytes of the distinct storages that hold the cache's keys and values (all layers)."""
-    storages: dict[int, int] = {}
-    for layer in cache.layers:
-        for tensor in (layer.keys, layer.values):
-            if tensor is not None:
-                storage = tensor.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
-def bytes_per_position(model: CausalLM, prompt: Tensor) -> int:
-    """Cache bytes per stored position, measured after prefilling ``prompt`` into a fresh cache."""
-    cache = model.new_cache(prompt.size(1))
-    with torch.no_grad():
-        model(prompt, cache=cache)
-    total = cache_bytes(cache)
-    if total % cache.max_len:
-        raise AssertionError(f"cache holds {total} bytes, not a whole number of bytes per each of {cache.max_len} positions")
-    return total // cache.max_len
 
 
 def _config(settings: Settings, n_kv_heads: int | None, *, window: int | None, max_seq_len: int) -> TransformerConfig:
@@ -65,7 +44,7 @@ def kv_heads_rows(settings: Settings) -> list[Row]:
     models = {n: _model(_config(settings, n, window=None, max_seq_len=PROMPT + new_tokens), settings.device)
               for n in kv_heads}
     prompt = torch.randint(0, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(settings.device)
-    per_token = {n: bytes_per_position(model, prompt) for n, model in models.items()}
+    per_token = {n: kv_cache_bytes_per_token(model, prompt) for n, model in models.items()}
 
     def run(model: CausalLM) -> None:
         generate(model, prompt, new_tokens, temperature=0.0)
