@@ -7,7 +7,6 @@ Bytes are read from the cache's own tensors (their storages), never computed fro
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from trident.backbone import TransformerConfig
 from trident.bench.results import Row, Settings, verdict

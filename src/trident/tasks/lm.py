@@ -18,7 +18,6 @@ from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
 from trident.training.text_logging import log_text_table
 
-
 # Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
 DECODE_TOKENS = 64
 
