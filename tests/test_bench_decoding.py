@@ -1,5 +1,6 @@
-"""``python -m trident.bench --only kv_cache`` (quick shapes): grouped-query cache bytes fall exactly by
-n_heads / n_kv_heads, measured from the cache's tensors, and a sliding window's cache stays flat."""
+"""``python -m trident.bench --only kv_cache generation`` (quick shapes): grouped-query cache bytes fall exactly
+by n_heads / n_kv_heads, measured from the cache's tensors; a sliding window's cache stays flat; the cached
+decoding rows come at torch's thread count and at one thread."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from trident.backbone import TransformerConfig
-from trident.bench import kv_cache
+from trident.bench import generation, kv_cache
 from trident.bench.results import Settings
 from trident.models import CausalLM
 from trident.models.sampling import kv_cache_bytes_per_token
@@ -48,3 +49,15 @@ def test_a_cache_that_keeps_the_expanded_heads_fails_the_row(monkeypatch: pytest
     with pytest.raises(AssertionError, match="n_kv_heads=2: 256 cache bytes per token, not 256 / 4"):
         kv_cache.kv_heads_rows(QUICK)
 
+
+
+def test_generation_rows_come_at_torchs_threads_and_at_one_thread() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rows = generation.generation_rows(QUICK)
+        assert torch.get_num_threads() == 2, "the row restores torch's thread count"
+    finally:
+        torch.set_num_threads(threads)
+    assert [row.benchmark.split(", ")[-1] for row in rows] == ["2 torch thread(s)"] * 2 + ["1 torch thread(s)"] * 2
+    assert all("identical greedy tokens" in row.notes for row in rows)
