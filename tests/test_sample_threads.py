@@ -18,6 +18,7 @@ def test_sample_threads_sets_torch_threads_and_refuses_zero(monkeypatch: pytest.
 
     threads = torch.get_num_threads()
     monkeypatch.setattr(sample, "load_lm_checkpoint", load)
+    torch.set_num_threads(2)  # not already the asked-for count
     try:
         with pytest.raises(SystemExit):
             sample.main(["run.ckpt", "--threads", "1"])
