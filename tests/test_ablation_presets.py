@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from trident.errors import ConfigError
-from trident.runs.pipeline import check_config
+from trident.runs.pipeline import backbone_options, check_config
 
 from .conftest import CONF_DIR, ROOT, SWEEPS_PAGE, compose_config
 
@@ -146,3 +146,18 @@ def test_the_ablations_script_refuses_max_seeds_it_cannot_use(tmp_path: Path, pr
                                                               error: str) -> None:
     result, calls = run_script_with_a_logging_python(tmp_path, *presets, MAX_SEEDS=max_seeds)
     assert (result.returncode, result.stderr.splitlines(), calls) == (2, [error], [])
+
+
+def test_kv_heads_preset_sweeps_key_value_heads_from_n_heads_down_to_one_at_equal_compute() -> None:
+    """Issue 40: every divisor of the nano LM's query heads, multi-head first; each composes at equal compute
+    into a backbone with that many key/value heads (fewer: a cheaper step, so more steps on the same FLOPs)."""
+    params = sweeper_params("ablation_kv_heads")
+    cfg = compose_config(["experiment=ablation_kv_heads"])
+    n_heads = cfg.model.n_heads
+    assert params["model.n_kv_heads"] == [str(n) for n in range(n_heads, 0, -1) if n_heads % n == 0]
+    for n in params["model.n_kv_heads"]:
+        cfg = compose_config(["experiment=ablation_kv_heads", "budget=equal_compute", f"model.n_kv_heads={n}"])
+        check_config(cfg)
+        options = backbone_options(cfg)
+        assert options["n_kv_heads"] == int(n) and options["pos_encoding"] == "rope"
+        assert cfg.budget.flops == 2.0e12 and cfg.trainer.max_steps == -1

@@ -62,8 +62,15 @@ class TransformerBlock(nn.Module):
         self, x: Tensor, norm: nn.Module, scale: nn.Module, sublayer: Callable[[Tensor], Tensor]
     ) -> Tensor:
         if self.norm_first:
-            return x + self.drop_path(scale(self.dropout(sublayer(norm(x)))))
-        return norm(x + self.drop_path(scale(self.dropout(sublayer(x)))))
+            return x + self._branch(sublayer(norm(x)), scale)
+        return norm(x + self._branch(sublayer(x), scale))
+
+    def _branch(self, out: Tensor, scale: nn.Module) -> Tensor:
+        """Dropout, layer scale and stochastic depth on a sub-layer's output. Outside training dropout and
+        stochastic depth return their input: not calling them saves a decoding step per-call overhead."""
+        if not self.training:
+            return scale(out)
+        return self.drop_path(scale(self.dropout(out)))
 
     def forward(
         self,

@@ -73,4 +73,5 @@ class TokenEmbedding(nn.Embedding):
         nn.init.normal_(self.weight, std=d_model**-0.5 if scale else 0.02)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return super().forward(ids) * self.scale  # (B, T) -> (B, T, D)
+        embeddings = super().forward(ids)  # (B, T) -> (B, T, D)
+        return embeddings if self.scale == 1.0 else embeddings * self.scale  # x * 1.0 is x: no op per decoding step

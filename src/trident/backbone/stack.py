@@ -138,7 +138,9 @@ class TransformerStack(nn.Module):
             device=x.device,
         )
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
-        h = self.dropout(self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions)))
+        h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))
+        if self.training:  # dropout returns its input otherwise: one call less per decoding step
+            h = self.dropout(h)
         all_weights: list[Tensor | None] = []
         # Checkpointing only pays off when a backward pass follows (and a KV cache is never trained).
         recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None

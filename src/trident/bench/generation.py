@@ -30,30 +30,44 @@ def _model(settings: Settings, longest: int) -> tuple[CausalLM, int]:
 
 
 def generation_rows(settings: Settings) -> list[Row]:
+    """At torch's thread count and at one thread: a batch-1 decoding step is one-row matmuls, where
+    splitting each tiny kernel over threads can cost more than it gives (most of all on a busy machine)."""
     lengths = (8, 16) if settings.quick else tuple(TARGETS)
     model, vocab = _model(settings, max(lengths))
     prompt = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(0)).to(settings.device)
     rows = []
-    for new_tokens, target in zip(lengths, TARGETS.values()):
-        outputs: dict[str, torch.Tensor] = {}
-
-        def run(use_cache: bool, n: int = new_tokens, outputs: dict[str, torch.Tensor] = outputs) -> None:
-            outputs[str(use_cache)] = generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
-            synchronize(settings.device)
-
-        run(True, 8), run(False, 8)  # warm-up on a short generation: the long ones take seconds each
-        # The long no-cache generations dominate the benchmark's time: fewer repeats for them.
-        repeats = 1 if settings.quick else max(1, min(settings.repeats, 5 if new_tokens <= 256 else 2))
-        times = interleaved({"cache": lambda: run(True), "recompute": lambda: run(False)}, Budget(0, repeats))
-        if not torch.equal(outputs["True"], outputs["False"]):
-            raise AssertionError(f"greedy tokens differ with and without the KV cache at {new_tokens} new tokens")
-        gain = speedup(times["cache"], times["recompute"])
-        rows.append(Row(
-            "generation",
-            f"Greedy generation, {new_tokens} new tokens after a {PROMPT}-token prompt: d={model.cfg.d_model}, "
-            f"{model.cfg.n_layers} layers, vocab {vocab}, batch 1",
-            f"KV cache {times['cache']:.2f} s", f"recompute prefix {times['recompute']:.2f} s", f"{gain:.1f}x faster",
-            f">= {target:g}x", verdict(gain >= target), "identical greedy tokens (asserted); median of "
-            f"{repeats} run(s)",
-        ))
+    default_threads = torch.get_num_threads()
+    for threads in dict.fromkeys((default_threads, 1)):
+        torch.set_num_threads(threads)
+        try:
+            rows += [_generation_row(settings, model, vocab, prompt, n, target, threads)
+                     for n, target in zip(lengths, TARGETS.values())]
+        finally:
+            torch.set_num_threads(default_threads)
     return rows
+
+
+def _generation_row(
+    settings: Settings, model: CausalLM, vocab: int, prompt: torch.Tensor, new_tokens: int, target: float, threads: int
+) -> Row:
+    outputs: dict[str, torch.Tensor] = {}
+
+    def run(use_cache: bool, n: int = new_tokens) -> None:
+        outputs[str(use_cache)] = generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
+        synchronize(settings.device)
+
+    run(True, 8), run(False, 8)  # warm-up on a short generation: the long ones take seconds each
+    # The long no-cache generations dominate the benchmark's time: fewer repeats for them.
+    repeats = 1 if settings.quick else max(1, min(settings.repeats, 5 if new_tokens <= 256 else 2))
+    times = interleaved({"cache": lambda: run(True), "recompute": lambda: run(False)}, Budget(0, repeats))
+    if not torch.equal(outputs["True"], outputs["False"]):
+        raise AssertionError(f"greedy tokens differ with and without the KV cache at {new_tokens} new tokens")
+    gain = speedup(times["cache"], times["recompute"])
+    return Row(
+        "generation",
+        f"Greedy generation, {new_tokens} new tokens after a {PROMPT}-token prompt: d={model.cfg.d_model}, "
+        f"{model.cfg.n_layers} layers, vocab {vocab}, batch 1, {threads} torch thread(s)",
+        f"KV cache {times['cache']:.2f} s", f"recompute prefix {times['recompute']:.2f} s", f"{gain:.1f}x faster",
+        f">= {target:g}x", verdict(gain >= target), "identical greedy tokens (asserted); median of "
+        f"{repeats} run(s)",
+    )

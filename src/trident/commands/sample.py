@@ -23,6 +23,13 @@ def load_lm_checkpoint(path: Path) -> LanguageModelTask:
     return load_task_checkpoint(LanguageModelTask, path)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse prints the refusal as one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trident.commands.sample", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -36,7 +43,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=positive_int, default=None,
+        help="torch's intra-op threads (default: torch's choice). On a CPU, 1 often decodes one sequence of a small "
+        "model fastest: its kernels are one-row matmuls too small to split (docs/benchmarks.md, generation rows)",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     def run() -> None:
         task = load_lm_checkpoint(args.checkpoint)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import torch
@@ -102,3 +103,36 @@ def generate(
         )
         step_input = out[:, length : length + 1]
     return out
+
+
+def cache_bytes(cache: KVCache) -> int:
+    """Bytes of the distinct storages that hold a KV cache's keys and values (every layer)."""
+    storages: dict[int, int] = {}
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):
+            if tensor is not None:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@torch.no_grad()
+def kv_cache_bytes_per_token(model: Generative, prompt: Tensor) -> int:
+    """Bytes a KV cache keeps per position of one sequence, read from a real cache's tensors after
+    ``prompt`` (1, T) went through it (2 * layers * n_kv_heads * head_dim * dtype bytes, if the cache is right)."""
+    cache = model.new_cache(prompt.size(1))
+    model(prompt, cache=cache)
+    total = cache_bytes(cache)
+    if total % cache.max_len:
+        raise AssertionError(f"a KV cache of {cache.max_len} positions holds {total} bytes, not a whole number per position")
+    return total // cache.max_len
+
+
+def greedy_tokens_per_second(model: Generative, prompt: Tensor, new_tokens: int) -> float:
+    """Speed of greedy generation of ``new_tokens`` after ``prompt`` with the KV cache (one timed run:
+    the caller warms up and repeats where it needs a stable number)."""
+    start = time.perf_counter()
+    out = generate(model, prompt, new_tokens, temperature=0.0)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return new_tokens / (time.perf_counter() - start)
