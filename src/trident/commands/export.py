@@ -4,7 +4,8 @@
 
 - ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit) that
   ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
-  with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it.
+  with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it. A
+  ``finetune=lora`` run's adapters are merged into the weights.
 - ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
   (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
 - ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``) of every task, on the inputs its
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_model
 
+from trident.backbone.lora import merge_lora
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
@@ -36,6 +38,7 @@ from trident.weights.adapters.hf_export import write_hf
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
+    merge_lora(task.net)  # a finetune=lora run: the adapters folded into the weights Hugging Face reads
     write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
 
 
