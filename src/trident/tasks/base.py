@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from trident.backbone import TransformerConfig
+from trident.backbone.lora import add_lora, freeze_base
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
-from trident.backbone.lora import add_lora, freeze_base
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 
