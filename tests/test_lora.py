@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from torch import nn
 
 import trident
-from trident.backbone.lora import LoRALinear, is_lora_parameter, merge_lora
+from trident.backbone import LoRALinear, is_lora_parameter, merge_lora
 from trident.runs.pipeline import train
 from trident.tasks.base import TridentTask
 from trident.tasks.lm import LanguageModelTask
-from trident.training.lora import load_adapter
+from trident.weights.lora_adapter import load_adapter
 
 from .conftest import SMALL, compose_config
 from .test_task_contract import BACKBONE, OPTIMIZER, SCHEDULER, _every_task

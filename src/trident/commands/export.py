@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_model
 
-from trident.backbone.lora import merge_lora
+from trident.backbone import merge_lora
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 from trident.tasks.base import TridentTask

@@ -35,13 +35,14 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
-from trident.training.lora import load_adapter, lora_settings, save_adapter, trainable_parameters
+from trident.training.lora import lora_settings, trainable_parameters
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
+from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 
 log = logging.getLogger(__name__)

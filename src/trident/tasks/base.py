@@ -15,8 +15,7 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.export import Dim
 
-from trident.backbone import TransformerConfig
-from trident.backbone.lora import add_lora, freeze_base
+from trident.backbone import TransformerConfig, add_lora, freeze_base
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint

@@ -22,8 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
-from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.backbone.lora import merge_lora
+from trident.backbone import TransformerConfig, merge_lora, pos_encoding_class
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
