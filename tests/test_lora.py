@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from torch import nn
 
@@ -132,7 +133,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 def test_a_lora_run_saves_its_adapter_which_rebuilds_it(base_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "lora"
-    train(compose_config([*RUN, "finetune=lora", f"init_from={base_run}", "finetune.dropout=0.1"], output_dir=run))
+    train(compose_config([*RUN, *CSV, "finetune=lora", f"init_from={base_run}", "finetune.dropout=0.1"], output_dir=run))
     adapter = load_file(str(run / "adapter" / "adapter.safetensors"))
     assert adapter and all(is_lora_parameter(name) for name in adapter), "an LM has no new head: adapters alone"
     assert {name.rsplit(".", 1)[-1] for name in adapter} == {"q", "v"}  # finetune.targets' default
@@ -142,6 +143,12 @@ def test_a_lora_run_saves_its_adapter_which_rebuilds_it(base_run: Path, tmp_path
 
     tuned, base = trident.load(run), trident.load(base_run)
     assert tuned.hparams["lora"] == saved["lora"]
+    # The run's logged hyperparameters say what trains: the adapters, a small share of the network.
+    logged = yaml.safe_load((run / "csv" / "version_0" / "hparams.yaml").read_text())
+    total = sum(p.numel() for p in base.net.parameters())
+    assert logged["params/trainable"] == sum(t.numel() for t in adapter.values())
+    assert logged["params/total"] == total + logged["params/trainable"]
+    assert logged["params/trainable_share"] == pytest.approx(logged["params/trainable"] / logged["params/total"])
     rebuilt = type(base)(**{**base.hparams, "lora": saved["lora"]}).eval()
     rebuilt.net.load_state_dict(base.net.state_dict(), strict=False)
     load_adapter(rebuilt.net, str(run), saved["lora"])
