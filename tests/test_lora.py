@@ -17,10 +17,11 @@ from torch import nn
 
 import trident
 from trident.backbone import LoRALinear, is_lora_parameter, merge_lora
+from trident.errors import ConfigError, DataError
 from trident.runs.pipeline import train
 from trident.tasks.base import TridentTask
 from trident.tasks.lm import LanguageModelTask
-from trident.weights.lora_adapter import load_adapter
+from trident.weights.lora_adapter import load_adapter, save_adapter
 
 from .conftest import SMALL, compose_config
 from .test_task_contract import BACKBONE, OPTIMIZER, SCHEDULER, _every_task
@@ -170,3 +171,23 @@ def test_a_resumed_lora_run_equals_the_uninterrupted_one_step_for_step(base_run:
     resumed = {step: loss for step, loss in _losses(cut).items() if step >= 3}
     assert sorted(resumed) == [3, 4, 5]
     torch.testing.assert_close(resumed, {step: expected[step] for step in resumed}, rtol=0, atol=1e-6)
+
+
+def test_the_adapter_dropout_acts_in_training_only() -> None:
+    torch.manual_seed(0)
+    layer = _randomised(LoRALinear(nn.Linear(6, 4), {"o": (0, 4)}, rank=2, alpha=2.0, dropout=0.5))
+    x = torch.randn(8, 6)
+    assert not torch.allclose(layer.train()(x), layer.eval()(x))
+    torch.testing.assert_close(layer.eval()(x), layer.merged()(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_adapter_of_other_settings_or_shapes_is_one_line(tmp_path: Path) -> None:
+    settings = {**LORA, "targets": ["q", "v"]}
+    task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=settings)
+    save_adapter(task.net, tmp_path, "base", settings, None)
+    other = {**settings, "rank": 4}
+    with pytest.raises(ConfigError, match=r"was trained with finetune.rank=2: set finetune.rank=2 to rebuild it"):
+        load_adapter(LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=other).net, str(tmp_path), other)
+    wider = LanguageModelTask({**BACKBONE, "d_model": 16}, 11, OPTIMIZER, SCHEDULER, lora=settings)
+    with pytest.raises(DataError, match="does not fit this model"):
+        load_adapter(wider.net, str(tmp_path), settings)
