@@ -69,6 +69,12 @@ def test_adapters_go_on_each_slice_of_the_fused_projections() -> None:
     assert {n: tuple(b.shape) for n, b in ffn.fc_in.lora_B.items()} == {"gate": (16, 2), "up": (16, 2)}
     assert set(ffn.fc_out.lora_B) == {"out"} and set(attention.out_proj.lora_B) == {"o"}
     assert "decoder.blocks.0.self_attn.qkv_proj.weight" in task.net.state_dict(), "the base keeps its names"
+    # The k adapter changes the k rows (8:12 of [q 8; k 4; v 4]) and no other.
+    qkv, x = attention.qkv_proj, torch.randn(3, 8)
+    with torch.no_grad():
+        qkv.lora_B["k"].normal_()
+        changed = (qkv(x) - nn.functional.linear(x, qkv.weight, qkv.bias)).abs().amax(dim=0)  # (16,)
+    assert changed[8:12].min() > 0 and changed[:8].max() == 0 and changed[12:].max() == 0
 
 
 def _lora_task(task: TridentTask) -> TridentTask:
