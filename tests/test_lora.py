@@ -197,3 +197,14 @@ def test_an_adapter_of_other_settings_or_shapes_is_one_line(tmp_path: Path) -> N
     wider = LanguageModelTask({**BACKBONE, "d_model": 16}, 11, OPTIMIZER, SCHEDULER, lora=settings)
     with pytest.raises(DataError, match="does not fit this model"):
         load_adapter(wider.net, str(tmp_path), settings)
+
+
+def test_the_adapter_is_the_best_checkpoints(tmp_path: Path) -> None:
+    """``trident.load(run)`` reads the best checkpoint: the adapter beside it holds that checkpoint's tensors."""
+    task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=LORA)
+    best = {f"net.{name}": torch.full_like(t, 3.0) for name, t in task.net.state_dict().items()}
+    torch.save({"state_dict": best}, tmp_path / "best.ckpt")
+    save_adapter(task.net, tmp_path, "base", LORA, str(tmp_path / "best.ckpt"))
+    adapter = load_file(str(tmp_path / "adapter" / "adapter.safetensors"))
+    assert adapter.keys() == {name for name in task.net.state_dict() if is_lora_parameter(name)}
+    assert all((t == 3.0).all() for t in adapter.values())
