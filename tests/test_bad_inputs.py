@@ -136,6 +136,8 @@ def readme_error_files(root: Path) -> None:
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+# finetune=lora on the earlier run (nano: d_model 64), its tokenizer.
+LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"init_from=outputs/{PREVIOUS_RUN}"]
 
 
 def hf_family_files(root: Path) -> None:
@@ -390,6 +392,13 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["chat/empty.jsonl holds no conversations"]),
     ("chat-row-without-messages", "train.py", ["data=chat", "data.source=files", "data.files=[chat/no_messages.jsonl]"],
      ["chat/no_messages.jsonl line 2 has neither 'messages' nor 'instruction' and 'output'"]),
+    # Issue 41: LoRA
+    ("lora-without-init-from", "train.py", ["finetune=lora"], ["finetune=lora adapts a trained model and none is given: add init_from="]),
+    ("lora-unknown-target", "train.py", [*LORA_TUNE, "finetune.targets=[q,query,ffn]"],
+     ["finetune.targets names query, ffn, which the model does not have: choose among q, k, v, o, mlp"]),
+    ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
+    ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
+    ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
 ]
 
 

@@ -18,7 +18,9 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "
 REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": ["data.data_dir=images"],
             # The pre-trained run (text: and its tokenizer file, which composing cannot check here).
             "experiment/pretrain_pays_vision": ["pretrained_run=run"],
-            "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"]}
+            "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"],
+            # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
+            "finetune/lora": ["init_from=run"]}
 
 
 def all_options() -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
+from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, freeze_base, is_lora_parameter, merge_lora
 from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.positional import (
     PositionalEncoding,
@@ -27,6 +28,7 @@ from trident.backbone.stack import Decoder, Encoder, TransformerStack
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_IMPLS",
+    "LORA_TARGETS",
     "NORMS",
     "SDPA_KERNELS",
     "Decoder",
@@ -34,17 +36,22 @@ __all__ = [
     "FeedForward",
     "KVCache",
     "LayerKVCache",
+    "LoRALinear",
     "MultiHeadAttention",
     "PositionalEncoding",
     "TokenEmbedding",
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
+    "add_lora",
     "available_pos_encodings",
     "bidirectional_pos_encodings",
     "build_attention_mask",
     "causal_mask",
+    "freeze_base",
+    "is_lora_parameter",
     "make_norm",
+    "merge_lora",
     "pos_encoding_class",
     "register_pos_encoding",
 ]

@@ -1,15 +1,18 @@
-"""Export a trained trident model: ``trident-export CKPT --format hf|safetensors|onnx --out DIR``.
+"""Export a trained trident model: ``trident-export CKPT --format hf|safetensors|onnx|peft --out DIR``.
 
 ``CKPT`` is a checkpoint or a run directory (its best, else last checkpoint; ``trident.load``).
 
 - ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit) that
   ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
-  with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it.
+  with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it. A
+  ``finetune=lora`` run's adapters are merged into the weights.
 - ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
   (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
 - ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``) of every task, on the inputs its
   ``example_input`` names (``input_ids``; classify also ``padding_mask``; translation ``source_ids`` and
   ``target_ids``; vit ``pixel_values``), batch and text lengths dynamic.
+- ``peft``: a ``finetune=lora`` run's adapters alone as a peft LoRA directory (``adapter_config.json``,
+  ``adapter_model.safetensors``) for the hf export of its base (Llama family; ``adapters.peft_export``).
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
 existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and
@@ -29,13 +32,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_model
 
+from trident.backbone import merge_lora
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
 from trident.weights.adapters.hf_export import write_hf
+from trident.weights.adapters.peft_export import write_peft
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
+    merge_lora(task.net)  # a finetune=lora run: the adapters folded into the weights Hugging Face reads
     write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
 
 
@@ -65,6 +71,7 @@ FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "hf": export_hf,
     "safetensors": export_safetensors,
     "onnx": export_onnx,
+    "peft": write_peft,
 }
 
 

@@ -35,12 +35,14 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, record_summary
+from trident.training.lora import lora_settings, trainable_parameters
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
+from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     if key is not None and (not is_int(cfg.data[key]) or cfg.data[key] <= 0):  # before data.max_seq_len follows it
         raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
+    lora_settings(cfg, backbone)  # finetune=lora's settings fit this model
     if key is not None:
         check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone
@@ -210,6 +213,7 @@ def build_data_and_task(cfg: DictConfig, backbone: TransformerConfig, stage: str
             _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
         ),
         scheduler=_plain(cfg.scheduler),
+        lora=lora_settings(cfg, backbone),
         **datamodule.task_inputs(),
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
@@ -316,6 +320,9 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
     transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes, embeddings_only)
                    if source and not resume_from else None)
+    adapter = (cfg.get("finetune") or {}).get("adapter")
+    if adapter and task.lora is not None and not resume_from:
+        load_adapter(task.net, str(adapter), task.lora)
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
@@ -339,6 +346,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     trainer.loggers = loggers
     if transferred is not None and writes_outputs:
         report_transfer(transferred, run_dir / "init" / "weights.csv", loggers)
+    report_trainable(task, loggers)
     succeeded = False
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.
@@ -349,6 +357,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
                 preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
             _raise_stop(preemption, writes_outputs)  # also when the signal came with the last step: no test
+            if task.lora is not None and writes_outputs:
+                save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, _best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
@@ -365,6 +375,16 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         finish_wandb(succeeded, signalled=preemption.received is not None)
     log.info("Run directory: %s", run_dir)
     return metrics
+
+
+def report_trainable(task: TridentTask, loggers: list[Any]) -> None:
+    """The log line and the run's hyperparameters say how much of the network trains (finetune=lora: a fraction)."""
+    counts = trainable_parameters(task.net)
+    log.info("Trainable parameters: %d of %d (%.2f%%)", counts["params/trainable"], counts["params/total"],
+             100 * counts["params/trainable_share"])
+    for logger in loggers:
+        logger.log_hyperparams(counts)
+    record_summary(loggers, counts)
 
 
 def _raise_stop(preemption: PreemptionCheckpoint, writes_outputs: bool) -> None:

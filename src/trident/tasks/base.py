@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.export import Dim
 
-from trident.backbone import TransformerConfig
+from trident.backbone import TransformerConfig, add_lora, freeze_base
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
@@ -71,6 +71,9 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     ENCODER_DECODER: ClassVar[bool] = False
     #: The stack a single-stack network runs, ``"decoder"`` or ``"encoder"`` (see :meth:`stack`).
     STACK: ClassVar[str | None] = None
+    #: The parameters of ``net`` (name prefixes) that a fine-tuning adds and that train under ``finetune=lora``
+    #: beside the adapters, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
+    HEAD: ClassVar[tuple[str, ...]] = ()
 
     #: The task's network: all its weights, and the module ``compile=true`` and the exports use.
     net: nn.Module
@@ -91,6 +94,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         optimizer: dict[str, Any],
         scheduler: dict[str, Any],
         tokenizer_json: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # Plain values only: Lightning collects the arguments of every constructor up the chain
@@ -100,6 +104,14 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
+        self.lora = lora  # finetune=lora: the adapters' settings (trident.training.lora); None: full fine-tuning
+
+    def add_adapters(self) -> None:
+        """``finetune=lora``: adapters on ``net`` (built by then), which is frozen but for them and :attr:`HEAD`.
+        Called by every task's constructor once ``net`` exists, so a checkpoint rebuilds the adapters too."""
+        if self.lora is not None:
+            add_lora(self.net, **self.lora)
+            freeze_base(self.net, self.HEAD)
 
     @classmethod
     def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
@@ -153,5 +165,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         every optimizer step over the run's estimated steps."""
         check_optimizer_config(self.optimizer_cfg)  # weight_decay is read below: a number, or one clear line
         groups = self.parameter_groups(float(self.optimizer_cfg.get("weight_decay", 0.0)))
+        # finetune=lora: the frozen base takes no optimizer state (a task's groups may still name it).
+        groups = [{**group, "params": [p for p in group["params"] if p.requires_grad]} for group in groups
+                  if not group["params"] or any(p.requires_grad for p in group["params"])]
         steps = int(self.trainer.estimated_stepping_batches)
         return optimizers_for(self.net, self.optimizer_cfg, self.scheduler_cfg, steps, groups=groups)

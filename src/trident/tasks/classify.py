@@ -30,6 +30,7 @@ class SequenceClassificationTask(TridentTask):
     NAME = "classify"
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
     net: SequenceClassifier
+    HEAD = ("head.",)  # trains under finetune=lora
 
     def __init__(
         self,
@@ -47,13 +48,15 @@ class SequenceClassificationTask(TridentTask):
         head_lr: float | None = None,
         tokenizer_json: str | None = None,
         class_token_in_text: bool = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
         num_classes = len(class_names)
         self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
                                       scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
+        self.add_adapters()
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:

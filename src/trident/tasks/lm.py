@@ -40,11 +40,13 @@ class LanguageModelTask(TridentTask):
         sample_prompts: list[str] | None = None,
         sampling: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
         self.net = CausalLM(
             self.backbone_config, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
+        self.add_adapters()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after

@@ -35,6 +35,7 @@ class MaskedLanguageModelTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"
     net: MaskedLM
+    HEAD = ("transform.", "head.bias")  # trains under finetune=lora
 
     def __init__(
         self,
@@ -52,9 +53,11 @@ class MaskedLanguageModelTask(TridentTask):
         seed: int = 0,
         num_examples: int = 4,
         tokenizer_json: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
         self.net = MaskedLM(self.backbone_config, vocab_size, scale_embeddings=scale_embeddings)
+        self.add_adapters()
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.num_examples = seed, num_examples

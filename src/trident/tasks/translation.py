@@ -58,11 +58,13 @@ class TranslationTask(TridentTask):
         test_greedy: bool = True,
         num_examples: int = 8,
         tokenizer_json: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
         self.net = EncoderDecoder(
             self.backbone_config, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
+        self.add_adapters()
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.label_smoothing = label_smoothing
         # Decoding settings as attributes, so the translate command can override them per call.

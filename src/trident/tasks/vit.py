@@ -30,6 +30,7 @@ class ImageClassificationTask(TridentTask):
     READS = "images"
     STACK = "encoder"
     net: VisionTransformer
+    HEAD = ("head.",)  # trains under finetune=lora
 
     def __init__(
         self,
@@ -47,11 +48,13 @@ class ImageClassificationTask(TridentTask):
         label_smoothing: float = 0.0,
         mixup: dict[str, Any] | None = None,
         num_figure_images: int = 16,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler)
+        super().__init__(backbone, optimizer, scheduler, lora=lora)
         self.net = VisionTransformer(
             self.backbone_config, patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
         )
+        self.add_adapters()
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
         self.num_figure_images = num_figure_images
         mixup = dict(mixup or {})

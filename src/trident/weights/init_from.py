@@ -22,10 +22,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
-from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.backbone import TransformerConfig, merge_lora, pos_encoding_class
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import STACK_KINDS, TridentTask
-from trident.weights.checkpoints import read_checkpoint
+from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
 from trident.weights.load import checkpoint_of, task_class_of
 from trident.weights.pretrained import PretrainedWeights
 
@@ -83,11 +83,16 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
         data_options["max_seq_len"] = backbone["max_seq_len"]
     tokenizer_json = checkpoint.get("tokenizer_json")
+    state_dict = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+    if settings.get("lora"):  # a finetune=lora run hands on its weights with the adapters folded in
+        task = load_task_checkpoint(task_class, checkpoint_path)
+        merge_lora(task.net)
+        state_dict = task.net.state_dict()
     return PretrainedWeights(
         source=str(path), format="trident", task=task_class.NAME, model=model,
         pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
         task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
-        state_dict={k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")},
+        state_dict=state_dict,
         tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
         tokenizer_settings=dict(checkpoint.get("tokenizer_settings") or {}),
     )

@@ -1,0 +1,57 @@
+"""A ``finetune=lora`` run's adapter as an artifact: ``<run>/adapter/adapter.safetensors`` (the tensors that
+trained: adapters and a new head, kilobytes to a few MB) and ``adapter.json`` (the base it adapts, as
+``init_from`` named it, and the LoRA settings). ``init_from=<base> finetune=lora finetune.adapter=<run>``
+puts it back on the base."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trident.errors import ConfigError, DataError
+from trident.training.lora import LORA_KEYS
+from trident.weights.checkpoints import read_checkpoint
+
+ADAPTER_DIR, ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter", "adapter.safetensors", "adapter.json"
+
+
+def save_adapter(net: nn.Module, run_dir: Path, base: str, settings: dict[str, Any], best: str | None) -> Path:
+    """Write the trainable tensors of ``net`` (adapters, head) and what they adapt to ``<run_dir>/adapter``:
+    those of the ``best`` checkpoint when there is one (the weights ``trident.load(run)`` gives), else ``net``'s."""
+    directory = run_dir / ADAPTER_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    trainable = {name for name, p in net.named_parameters() if p.requires_grad}
+    weights = (net.state_dict() if best is None else
+               {k.removeprefix("net."): v for k, v in read_checkpoint(Path(best), "the best checkpoint")["state_dict"].items()})
+    save_file({n: t.detach().contiguous() for n, t in weights.items() if n in trainable}, str(directory / ADAPTER_WEIGHTS))
+    (directory / ADAPTER_CONFIG).write_text(json.dumps({"base": base, "lora": settings}, indent=2) + "\n")
+    return directory
+
+
+def load_adapter(net: nn.Module, source: str, settings: dict[str, Any]) -> None:
+    """Put the adapter of ``source`` (a LoRA run or its ``adapter`` directory) on ``net``, which has the
+    adapters of ``settings``; a missing adapter, other settings or other shapes is one error line."""
+    path = Path(source)
+    directory = path / ADAPTER_DIR if (path / ADAPTER_DIR).is_dir() else path
+    if not (directory / ADAPTER_WEIGHTS).is_file() or not (directory / ADAPTER_CONFIG).is_file():
+        raise DataError(f"finetune.adapter={source} holds no {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG}: pass a "
+                        f"finetune=lora run directory or its {ADAPTER_DIR}/ directory")
+    saved = json.loads((directory / ADAPTER_CONFIG).read_text())["lora"]
+    if saved != settings:
+        differ = ", ".join(f"finetune.{k}={saved[k]}" for k in LORA_KEYS if saved.get(k) != settings.get(k))
+        raise ConfigError(f"finetune.adapter={source} was trained with {differ}: set {differ} to rebuild it")
+    try:
+        weights = load_file(str(directory / ADAPTER_WEIGHTS))
+    except (SafetensorError, OSError) as err:
+        raise DataError(f"finetune.adapter={source}: {ADAPTER_WEIGHTS} cannot be read ({err}): pass another adapter") from err
+    target = net.state_dict()
+    wrong = [n for n, t in weights.items() if n not in target or target[n].shape != t.shape]
+    if wrong:
+        raise DataError(f"finetune.adapter={source} does not fit this model ({wrong[0]}): pass the adapter of a run "
+                        "of this task on this base")
+    net.load_state_dict(weights, strict=False)
