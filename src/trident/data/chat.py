@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -144,12 +143,6 @@ class ChatDataModule(LMDataModule):
         if self.source == "shakespeare":
             return shakespeare_conversations()
         return [c for path in self.files for c in read_conversations(Path(path))]
-
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.cache_path) + ".lock"):
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
 
     def _build_cache(self) -> None:
         conversations = self.conversations()

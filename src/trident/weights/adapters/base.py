@@ -2,8 +2,9 @@
 spirit of torchtitan's state-dict adapters).
 
 - :class:`Adapter`: a Hugging Face family, recognised by ``config.json``'s ``model_type``. A module
-  (``hf_gpt2.py``, ``hf_llama.py``, ``hf_bert.py``...) whose constants and two functions match it, registered
-  once, in ``registry.ADAPTERS``, for reading and for export.
+  (``hf_gpt2.py``, ``hf_bert.py``, ``hf_vit.py``) whose constants and functions match it, or an object that
+  does (``llama_style.Family``: ``hf_llama.ADAPTER``...), registered once, in ``registry.ADAPTERS``, for reading
+  and for export.
 - :class:`FileAdapter`: a format recognised by its files instead (timm's ViT: a bare state-dict file, or
   timm's directory, whose ``config.json`` has no ``model_type``), registered once, in ``registry.FILE_ADAPTERS``.
 """

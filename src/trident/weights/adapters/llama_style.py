@@ -11,7 +11,7 @@ trident's fused ``qkv_proj`` rows are ``[q; k; v]`` and its SwiGLU ``fc_in`` row
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tokenizers import Tokenizer
@@ -44,6 +44,36 @@ class Family:
     attention_bias: str  # "config": attention_bias on q, k, v and o (Llama, Qwen3); "qkv": always on q, k, v (Qwen2); "none"
     mlp_bias: bool  # config.mlp_bias can be true (Llama)
     window: str  # "none", "all" (Mistral's sliding_window on every layer), "layers" (Qwen's use_sliding_window)
+
+    # The Adapter interface (base.py): a family is registered as it is (registry.ADAPTERS).
+    NETWORK: ClassVar[type[CausalLM]] = CausalLM
+    SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
+
+    @property
+    def FORMAT(self) -> str:
+        return f"hf-{self.model_type}"
+
+    @property
+    def MODEL_TYPE(self) -> str:
+        return self.model_type
+
+    @property
+    def ARCHITECTURES(self) -> tuple[str, ...]:
+        return self.architecture, self.architecture.replace("ForCausalLM", "Model")
+
+    @property
+    def TARGET(self) -> str:
+        return self.target
+
+    def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
+                   source: str) -> PretrainedWeights:
+        return to_trident(self, config, state, tokenizer, source)
+
+    def from_trident(self, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+        return from_trident(self, net)
+
+    def writes(self, net: CausalLM) -> bool:
+        return writes(self, net)
 
 
 def family_name(cfg: TransformerConfig) -> str:

@@ -38,7 +38,7 @@ def write_peft(task: TridentTask, directory: Path) -> None:
         raise ConfigError("--format peft writes a finetune=lora run's adapters and this run has none: "
                           "export it with --format hf")
     adapter = adapter_for_network(task.net)
-    if not isinstance(getattr(adapter, "FAMILY", None), llama_style.Family):
+    if not isinstance(adapter, llama_style.Family):
         raise ConfigError(f"--format peft writes adapters of the Llama family (rope, rmsnorm, swiglu), and this run "
                           f"exports as {adapter.ARCHITECTURES[0]}, whose fused projections peft cannot adapt per "
                           "part: export it with --format hf (the adapters merged into the weights)")

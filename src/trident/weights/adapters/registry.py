@@ -12,7 +12,9 @@ from trident.errors import ConfigError
 from trident.weights.adapters import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, hf_vit, timm_vit
 from trident.weights.adapters.base import Adapter, FileAdapter
 
-ADAPTERS: tuple[Adapter, ...] = (hf_gpt2, hf_bert, hf_vit, hf_llama, hf_mistral, hf_qwen2, hf_qwen3)
+ADAPTERS: tuple[Adapter, ...] = (
+    hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
+)
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
 
 
