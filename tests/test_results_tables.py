@@ -50,7 +50,8 @@ REPORT_LINK = re.compile(r"\]\(results/([\w-]+)/report\.md\)")
 AXIS_HEADER = re.compile(r"^\| setting \| n \| (\S+) \| − best \[95 % CI\] \| p \| p \(Holm\) \| verdict \|$")
 TASKS_HEADER = re.compile(r"^\| setting( \| \w+: \S+)+ \|$")
 # Columns the text may quote besides the tables' metrics, with their decimals.
-EXTRA_COLUMNS = {"job_wall_s": 1, "val/ppl": 1, "test/ppl": 1, "val/bleu": 3}
+EXTRA_COLUMNS = {"job_wall_s": 1, "val/ppl": 1, "test/ppl": 1, "val/bleu": 3,
+                 "test/kv_cache_bytes_per_token": 0, "test/greedy_tokens_per_s": 1}
 METRIC_DECIMALS = 3
 
 
@@ -268,7 +269,7 @@ def table_metrics(table: Table) -> list[str]:
 
 SECTIONS = sections()
 # The sweeps the page ran with seeds until decided (MAX_SEEDS=8 or 6, or `python -m trident.report.adaptive`).
-ADAPTIVE = ["ablation_heads", "ablation_width", "ablation_depth", "ablation_ffn", "ablation_dropout",
+ADAPTIVE = ["ablation_heads", "ablation_kv_heads_equal_compute", "ablation_width", "ablation_depth", "ablation_ffn", "ablation_dropout",
             "ablation_label_smoothing", "ablation_pos_encoding", "ablation_pos_encoding_scaled", "ablation_norm",
             "pretrain_pays_vision_adaptive"]
 TABLES = [table for section in SECTIONS for table in section_tables(section)]
