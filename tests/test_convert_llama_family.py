@@ -136,6 +136,13 @@ def test_logits_equal_those_of_transformers_with_padding(tmp_path: Path, family:
     with torch.no_grad():
         expected = reference(ids, attention_mask=mask.long()).logits
         torch.testing.assert_close(net(ids)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+        # The same texts left-padded, as a batch of prompts is: the padding takes the first positions (transformers
+        # numbers positions 0..T-1 whatever the mask), and no real token may attend to it.
+        left = torch.stack([row.roll(int(17 - n)) for row, n in zip(ids, lengths, strict=True)])  # (3, 17)
+        left_mask = mask.flip(1)
+        expected = reference(left, attention_mask=left_mask.long()).logits
+        produced = net(left, key_padding_mask=~left_mask)
+        torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("family", "settings", "read"), READ_CASES, ids=case_id)

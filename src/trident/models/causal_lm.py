@@ -23,10 +23,20 @@ class CausalLM(nn.Module):
         else:
             nn.init.normal_(self.head.weight, std=0.02)
 
-    def forward(self, ids: Tensor, *, cache: KVCache | None = None, documents: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        cache: KVCache | None = None,
+        documents: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
         """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
-        ``documents``: (B, T) document ids of packed rows (see :meth:`trident.backbone.TransformerStack.forward`)."""
-        return self.head(self.decoder(self.embed(ids), cache=cache, documents=documents))
+        ``documents``: (B, T) document ids of packed rows (see :meth:`trident.backbone.TransformerStack.forward`).
+        ``key_padding_mask``: (B, T) True at padding, e.g. the left padding of a batch of prompts (transformers'
+        ``attention_mask == 0``); no position attends to a padded one."""
+        hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask)
+        return self.head(hidden)
 
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""
