@@ -59,6 +59,14 @@ READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
      {"attention_window": 16, "n_kv_heads": 2, "qkv_bias": True}),
     ("qwen3", {"head_dim": 32, "num_key_value_heads": 2}, {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True}),
     ("qwen3", {"attention_bias": True, "num_key_value_heads": 1}, {"qkv_bias": True, "attn_out_bias": True, "n_kv_heads": 1, "qk_norm": True}),
+    # Qwen's long-context configs: YaRN over a large base, here with grouped-query attention (and Qwen3's QK-norm).
+    ("qwen2", {"num_key_value_heads": 2, "rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                                             "original_max_position_embeddings": 32}},
+     {"n_kv_heads": 2, "qkv_bias": True}),
+    ("qwen3", {"head_dim": 32, "num_key_value_heads": 2,
+               "rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 32}},
+     {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True}),
 ]
 # (family, trident settings) of trident models exported and read back.
 WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
