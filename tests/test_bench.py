@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from trident.backbone import TransformerConfig
 from trident.bench.__main__ import NOT_QUICK, ON_REQUEST, ROWS, main
 from trident.bench.results import COLUMNS
 
@@ -49,3 +51,18 @@ def test_only_runs_the_named_rows_and_rejects_unknown_ones(tmp_path: Path, singl
     assert [row[0] for row in table_rows(out.read_text())] == ["fused", "checkpointing"]
     with pytest.raises(SystemExit):
         main(["--only", "nonsense", "--out", str(out)])
+
+
+def test_mfu_rows_build_the_model_that_train_py_builds_at_model_base() -> None:
+    """The GPU rows' LM is ``python train.py model=base``'s backbone: sizes and architecture switches
+    from conf/model/base.yaml and the shared file it extends (their only difference: the geometry)."""
+    from trident.bench.mfu import base_config
+    from trident.runs.compose import compose_train_config
+    from trident.runs.pipeline import backbone_options
+
+    options = backbone_options(compose_train_config(["task=lm", "model=base"]))
+    trained = TransformerConfig(**options)
+    benched = base_config(False, max_seq_len=trained.max_seq_len, pos_encoding=trained.pos_encoding,
+                          pos_encoding_options=trained.pos_encoding_options)
+    assert (benched.d_model, benched.n_layers, benched.dropout) == (768, 12, 0.1)
+    assert dataclasses.asdict(benched) == dataclasses.asdict(trained)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +41,23 @@ gpu_check = load_gpu_check()
 def test_shell_scripts_parse(script: str) -> None:
     result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def bash_list(script: str, name: str) -> set[str]:
+    """The words of the bash array ``name=( ... )`` in ``scripts/<script>``."""
+    body = re.search(rf"^{name}=\((.*?)\)", (SCRIPTS / script).read_text(), re.MULTILINE | re.DOTALL)
+    assert body, f"{script} has no {name}=( ... )"
+    return set(body.group(1).split())
+
+
+def test_the_bundle_accounts_for_every_core_dependency() -> None:
+    """A core dependency the device lacks and the bundle does not carry stops every test and training
+    there at import (submitit did, on the first GPU run)."""
+    pyproject = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())
+    names = {re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower() for requirement in pyproject["project"]["dependencies"]}
+    on_device, carried = bash_list("gpu_bundle.sh", "ON_DEVICE"), bash_list("gpu_bundle.sh", "PACKAGES")
+    assert "submitit" in carried and not on_device & carried
+    assert names - on_device - carried == set(), "classify each in scripts/gpu_bundle.sh: ON_DEVICE or PACKAGES"
 
 
 def run_check(*args: str, out: Path) -> subprocess.CompletedProcess[str]:

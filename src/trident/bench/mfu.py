@@ -52,7 +52,10 @@ def base_config(quick: bool, **geometry: object) -> TransformerConfig:
     """``conf/model/base.yaml`` as a backbone config (tiny sizes under --quick)."""
     if quick:
         return TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, **geometry)
-    sizes = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "base.yaml"))
+    # The size file extends the shared architecture file (its Hydra defaults list): compose as Hydra does.
+    size = OmegaConf.load(CONF_DIR / "model" / "base.yaml")
+    shared = [OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml") for name in size.pop("defaults", [])]
+    sizes = OmegaConf.to_container(OmegaConf.merge(*shared, size))
     sizes.pop("name")  # type: ignore[union-attr]
     return TransformerConfig(**sizes, **geometry)  # type: ignore[arg-type]
 
