@@ -1,6 +1,6 @@
 """Every task under real 2-process DDP (``trainer=ddp_cpu``: gloo on CPU) with the default logger
 (W&B, offline), each a real ``train.py`` / ``eval.py`` subprocess: a single run per task, resume
-after SIGKILL and SIGTERM, eval.py on a DDP checkpoint. (The ``-m`` sweep under DDP: tests/test_ddp.py;
+after SIGKILL and SIGTERM, eval.py on a DDP checkpoint, a ``finetune=lora`` run and its adapter. (The ``-m`` sweep under DDP: tests/test_ddp.py;
 SIGTERM to rank 0 alone and a rank that fails: tests/test_ddp_signals.py.)
 
 Every run must exit 0 with no traceback from any rank, and leave one run directory holding one
@@ -17,10 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import trident
+from trident.backbone import is_lora_parameter
+from trident.runs.pipeline import train
 from trident.training.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
 
-from .conftest import SMALL
+from .conftest import SMALL, compose_config
 from .shared_runs import assert_clean, one_node_run, run_script
 
 pytestmark = pytest.mark.slow
@@ -163,3 +167,31 @@ def test_eval_on_a_ddp_checkpoint_scores_the_same_test_blocks_in_one_process(lm_
     assert_clean(result)
     metrics = json.loads((lm_run / "eval" / f"{best.stem}.json").read_text())["metrics"]
     assert metrics["test/loss"] == pytest.approx(one_wandb_run(lm_run).summary["test/loss"], rel=1e-5)
+
+
+def test_a_lora_run_under_ddp_writes_one_w_and_b_run_and_the_adapter_of_its_best_weights(tmp_path: Path) -> None:
+    """finetune=lora from a tiny base (trained here in-process), 2 ranks, the default logger: one W&B run that
+    says what trains, one adapter (rank 0's), holding the adapters of the best checkpoint alone, which on the
+    base reproduce the run's logits."""
+    base = tmp_path / "base"
+    train(compose_config([*SMALL, "logger=none", "test=false", "trainer.max_steps=2", "callbacks.lr_monitor=null"],
+                         output_dir=base))
+    (tmp_path / "lora").mkdir()
+    run_dir = ddp_run(tmp_path / "lora", *SMALL, *DDP, "finetune=lora", f"init_from={base}")
+    wandb_run = one_wandb_run(run_dir)
+    assert wandb_run.finished and wandb_run.config["finetune"]["name"] == "lora"
+    assert 0 < wandb_run.summary["params/trainable_share"] < 0.2
+    adapter = load_file(str(run_dir / "adapter" / "adapter.safetensors"))
+    assert adapter and all(is_lora_parameter(name) for name in adapter)
+    assert wandb_run.summary["params/trainable"] == sum(t.numel() for t in adapter.values())
+    (best,) = (run_dir / "checkpoints").glob("best-*.ckpt")
+    state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.equal(t, state[f"net.{name}"]) for name, t in adapter.items())
+    assert any(t.abs().sum() > 0 for name, t in adapter.items() if ".lora_B." in name), "the adapters trained"
+    tuned, plain = trident.load(run_dir), trident.load(base)
+    rebuilt = type(plain)(**{**plain.hparams, "lora": tuned.hparams["lora"]}).eval()
+    rebuilt.net.load_state_dict(plain.net.state_dict(), strict=False)
+    rebuilt.net.load_state_dict(adapter, strict=False)
+    ids = torch.randint(0, tuned.net.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.net(ids), tuned.net(ids), rtol=0, atol=0)
