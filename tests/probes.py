@@ -1,8 +1,9 @@
 """Test-only callbacks that train.py loads by ``_target_`` to look inside a run: the dtype its
-matrix products ran in, and a failure of one DDP rank at a chosen step."""
+matrix products ran in, the network as training starts, and a failure of one DDP rank at a chosen step."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 import lightning as L
@@ -37,6 +38,15 @@ class LinearOutputDtypes(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.in_step = False
+
+
+class NetworkAtStart(L.Callback):
+    """A copy of the task's network as training starts (step 0, in ``nets``, shared by the class), in eval mode."""
+
+    nets: ClassVar[list[nn.Module]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.nets.append(copy.deepcopy(pl_module.net).eval())
 
 
 class FailOnRank(L.Callback):

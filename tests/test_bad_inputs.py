@@ -66,6 +66,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     readme_error_files(root)
     hf_family_files(root)
     chat_files(root)
+    lora_adapter_files(root)
     return root
 
 
@@ -166,6 +167,15 @@ def chat_files(root: Path) -> None:
                                         json.dumps({"messages": [*turns, {"role": "tool", "content": "{}"}]}) + "\n")
     (folder / "empty.jsonl").write_text("")
     (folder / "no_messages.jsonl").write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"prompt": "Hi"}) + "\n")
+
+
+def lora_adapter_files(root: Path) -> None:
+    """``lora/other_base``: an adapter directory trained on a base that is not the workspace's earlier run."""
+    folder = root / "lora" / "other_base"
+    folder.mkdir(parents=True)
+    settings = {"rank": 8, "alpha": 16, "dropout": 0.05, "targets": ["q", "v"]}
+    (folder / "adapter.json").write_text(json.dumps({"base": "/elsewhere/base", "lora": settings}))
+    save_file({"decoder.blocks.0.self_attn.qkv_proj.lora_A.q": torch.zeros(8, 64)}, str(folder / "adapter.safetensors"))
 
 
 def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
@@ -399,6 +409,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
     ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
     ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
+    # Issue 41: LoRA adapters and new vocabulary (files: lora_adapter_files)
+    ("lora-adapter-of-another-base", "train.py", [*LORA_TUNE, "finetune.adapter=lora/other_base"],
+     [f"finetune.adapter=lora/other_base adapts init_from=/elsewhere/base, not init_from=outputs/{PREVIOUS_RUN}",
+      "set init_from=/elsewhere/base"]),
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from trident.tasks.lm import LanguageModelTask
 from trident.weights.lora_adapter import load_adapter, save_adapter
 
 from .conftest import SMALL, compose_config
+from .probes import NetworkAtStart
 from .test_task_contract import BACKBONE, OPTIMIZER, SCHEDULER, _every_task
 
 LORA = {"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q", "k", "v", "o", "mlp"]}
@@ -158,11 +160,35 @@ def test_a_lora_run_saves_its_adapter_which_rebuilds_it(base_run: Path, tmp_path
     assert logged["params/trainable_share"] == pytest.approx(logged["params/trainable"] / logged["params/total"])
     rebuilt = type(base)(**{**base.hparams, "lora": saved["lora"]}).eval()
     rebuilt.net.load_state_dict(base.net.state_dict(), strict=False)
-    load_adapter(rebuilt.net, str(run), saved["lora"])
+    load_adapter(rebuilt.net, str(run), saved["lora"], str(base_run))
     ids = torch.randint(0, tuned.net.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(rebuilt.net(ids), tuned.net(ids), rtol=0, atol=0)
         assert not torch.allclose(base.net(ids), tuned.net(ids))
+
+
+def test_init_from_and_finetune_adapter_start_train_py_where_the_adapter_run_ended(base_run: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The real pipeline, not load_adapter alone: ``init_from=<base> finetune=lora finetune.adapter=<run>`` has,
+    at step 0, the logits of the adapter run's weights; an adapter trained on another base is one error line."""
+    lora = [*RUN, "finetune=lora", f"init_from={base_run}"]
+    adapted = tmp_path / "adapted"
+    train(compose_config(lora, output_dir=adapted))
+    NetworkAtStart.nets.clear()
+    probe = ["+callbacks.probe._target_=tests.probes.NetworkAtStart", "trainer.max_steps=1"]
+    train(compose_config([*lora, *probe, f"finetune.adapter={adapted}"], output_dir=tmp_path / "continued"))
+    (at_start,) = NetworkAtStart.nets
+    tuned, base = trident.load(adapted), trident.load(base_run)
+    ids = torch.randint(0, tuned.net.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(at_start(ids), tuned.net(ids), rtol=0, atol=0)
+        assert not torch.allclose(base.net(ids), tuned.net(ids)), "the adapter changes the base's logits"
+    other_base = tmp_path / "other_base"
+    shutil.copytree(base_run, other_base)
+    with pytest.raises(ConfigError, match=rf"finetune.adapter={adapted} adapts init_from={base_run}, not "
+                                          rf"init_from={other_base}: set init_from={base_run}"):
+        train(compose_config([*RUN, "finetune=lora", f"init_from={other_base}", f"finetune.adapter={adapted}"],
+                             output_dir=tmp_path / "refused"))
 
 
 def test_a_resumed_lora_run_equals_the_uninterrupted_one_step_for_step(base_run: Path, tmp_path: Path) -> None:
@@ -193,10 +219,10 @@ def test_an_adapter_of_other_settings_or_shapes_is_one_line(tmp_path: Path) -> N
     save_adapter(task.net, tmp_path, "base", settings, None)
     other = {**settings, "rank": 4}
     with pytest.raises(ConfigError, match=r"was trained with finetune.rank=2: set finetune.rank=2 to rebuild it"):
-        load_adapter(LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=other).net, str(tmp_path), other)
+        load_adapter(LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=other).net, str(tmp_path), other, "base")
     wider = LanguageModelTask({**BACKBONE, "d_model": 16}, 11, OPTIMIZER, SCHEDULER, lora=settings)
     with pytest.raises(DataError, match="does not fit this model"):
-        load_adapter(wider.net, str(tmp_path), settings)
+        load_adapter(wider.net, str(tmp_path), settings, "base")
 
 
 def test_the_adapter_is_the_best_checkpoints(tmp_path: Path) -> None:

@@ -322,7 +322,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                    if source and not resume_from else None)
     adapter = (cfg.get("finetune") or {}).get("adapter")
     if adapter and task.lora is not None and not resume_from:
-        load_adapter(task.net, str(adapter), task.lora)
+        load_adapter(task.net, str(adapter), task.lora, str(cfg.init_from))
     compile_network(task, cfg.get("compile", False))
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
