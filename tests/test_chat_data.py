@@ -4,10 +4,12 @@ apart through the real model, and the real-token rate of the shipped set."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from trident.backbone.masks import document_positions
 from trident.data.chat import IGNORE_INDEX, PADDING, ChatDataModule, pack
@@ -142,3 +144,70 @@ def test_a_files_source_trains_with_its_own_template_file(tmp_path: Path) -> Non
     assert isinstance(data.template, ChatTemplate) and data.template.text == CHATML
     assert data.task_inputs()["sample_prompts"] == []
     assert data.tokenizer is not None and "<|im_start|>" in data.tokenizer.decode(data.blocks("train")[0][0].tolist())
+
+
+def llama_with_a_chat_template(path: Path, conversations: list[list[dict[str, str]]]) -> None:
+    """A tiny Llama saved by transformers with its tokenizer (a byte-level BPE of the ChatML-rendered
+    ``conversations``) and that tokenizer's chat template, ChatML, as a Hub directory has them."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [ChatTemplate("chatml", CHATML, {}).render(c) for c in conversations]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<|im_end|>",
+                                         chat_template=CHATML).save_pretrained(path)
+    config = transformers.LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+
+
+def test_init_from_a_hugging_face_directory_renders_chat_data_with_its_template(tmp_path: Path) -> None:
+    """``data=chat init_from=<HF dir>`` without ``data.template``: the directory's template (and special tokens) render
+    the training rows and their answer mask; an explicit data.template wins; trident-chat of the run reads the
+    same template, staged again from the run's copy when the data cache lost it."""
+    from tests.conftest import compose_config
+    from trident.commands.chat import run_template
+    from trident.runs.pipeline import build_data_and_task, check_config, configured_task_class, train
+    from trident.weights.checkpoints import checkpoint_of
+    from trident.weights.init_from import source_for_run
+
+    conversations = [[{"role": "user", "content": f"Who is there, {i}?"},
+                      {"role": "assistant", "content": f"Nay, answer me {i} times."}] for i in range(40)]
+    hf_dir, chats = tmp_path / "llama", tmp_path / "chats.jsonl"
+    llama_with_a_chat_template(hf_dir, conversations)
+    chats.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    chat = ["data=chat", "data.source=files", f"data.files=[{chats}]", "data.block_size=64", "data.batch_size=4",
+            f"init_from={hf_dir}", "logger=none", "test=false", "print_config=false", "trainer.max_steps=1",
+            "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "task.sampling.max_new_tokens=4"]
+
+    def data_of(overrides: list[str]) -> ChatDataModule:
+        cfg = compose_config(overrides, output_dir=tmp_path / "unused")
+        source_for_run(configured_task_class(cfg), cfg, tmp_path / "unused", None, False)
+        datamodule, _ = build_data_and_task(cfg, check_config(cfg), "fit")
+        assert isinstance(datamodule, ChatDataModule)
+        return datamodule
+
+    data = data_of(chat)
+    assert data.template.text == CHATML and data.template.special_tokens["eos_token"] == "<|im_end|>"
+    assert data.tokenizer is not None
+    ids, targets, documents = (data.rows["train"][k][0] for k in ("ids", "targets", "documents"))  # row 0: (T,) each
+    first = documents == 0
+    text = data.tokenizer.decode(ids[first].tolist(), skip_special_tokens=False)
+    (conversation,) = [c for c in conversations if ChatTemplate("chatml", CHATML, {}).render(c) == text]
+    trained = data.tokenizer.decode(targets[first & (targets != IGNORE_INDEX)].tolist(), skip_special_tokens=False)
+    assert trained == conversation[1]["content"] + "<|im_end|>\n", "the loss on the answer and ChatML's end marker"
+    assert data_of([*chat, "data.template=default"]).template.text == read_template("default", "char").text
+
+    run = tmp_path / "run"
+    train(compose_config(chat, output_dir=run))
+    staged = Path(yaml.safe_load((run / "config_resolved.yaml").read_text())["data"]["template"])
+    assert (staged / "tokenizer_config.json").is_file()
+    shutil.rmtree(staged)  # the data cache lost the staged template
+    assert run_template(checkpoint_of(run), None).text == CHATML

@@ -99,6 +99,10 @@ def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
     data = OmegaConf.load(config).get("data", {}) if config is not None else {}
     if choice is not None:
         return read_template(choice, "char")
+    if config is not None:  # a template that came with init_from: staged again if the data cache lost it
+        from trident.weights.init_from import stage_run_tokenizer
+
+        stage_run_tokenizer(config.parent, data)
     return read_template(data.get("template"), str(data.get("tokenizer", "char")))
 
 

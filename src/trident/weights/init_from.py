@@ -203,7 +203,22 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
         # Text data reads the source's tokenizer (never a retrained one) from a file named by its content.
         digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
         wanted["data.tokenizer"] = str(Path(cfg.data.cache_dir) / "tokenizers" / f"{digest}.json")
+    template = staged_template(cfg.data, source.tokenizer_settings)
+    # data=chat renders with the source's chat template, as the source's tokenizer directory would give it,
+    # unless data.template names one.
+    if template is not None and cfg.data.get("template") in (None, template):
+        wanted["data.template"] = template
     return wanted
+
+
+def staged_template(data: DictConfig, tokenizer_settings: dict[str, str]) -> str | None:
+    """Where the source's chat template and special tokens (``tokenizer_settings``) are staged for data that
+    reads a template (``data.template``): a tokenizer directory under the data cache named by its content;
+    None when the data reads none or the source has no template."""
+    if "template" not in data or not tokenizer_settings.get("chat_template"):
+        return None
+    digest = hashlib.sha256(json.dumps(tokenizer_settings, sort_keys=True).encode()).hexdigest()[:16]
+    return str(Path(data.cache_dir) / "templates" / digest)
 
 
 def apply_settings(cfg: DictConfig, fixed: dict[str, Any]) -> None:
@@ -221,19 +236,28 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
-    """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), where
-    :func:`settings_fixed_by` named one; the run directory gets its own copy once the run starts."""
+    """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), and its chat template in
+    the directory ``data.template`` names, where :func:`settings_fixed_by` named them; the run directory gets its
+    own copy once the run starts."""
     if "data.tokenizer" in fixed and source.tokenizer is not None:
         _stage(source.tokenizer.to_str(), Path(fixed["data.tokenizer"]))
+    if "data.template" in fixed:
+        _stage(json.dumps(source.tokenizer_settings), Path(fixed["data.template"]) / "tokenizer_config.json")
 
 
 def stage_run_tokenizer(run_dir: Path, data: DictConfig) -> None:
-    """The tokenizer file that the ``data`` settings of a run from an ``init_from`` source name, staged again
-    from the run's copy (``<run>/init/tokenizer.json``) where the data cache lost it: eval.py of such a run
-    needs neither the source nor the cache."""
+    """The tokenizer file and chat template that the ``data`` settings of a run from an ``init_from`` source name,
+    staged again from the run's copy (``<run>/init/``) where the data cache lost them: eval.py and trident-chat of
+    such a run need neither the source nor the cache."""
     copy = run_dir / COPY_DIR / "tokenizer.json"
     if data.get("tokenizer") and copy.is_file():
         _stage(Tokenizer.from_file(str(copy)).to_str(), Path(str(data.tokenizer)))
+    described = run_dir / COPY_DIR / "source.json"
+    settings = (json.loads(described.read_text()).get("tokenizer_settings") or {}) if described.is_file() else {}
+    template = staged_template(data, settings)
+    # By its name: eval.py may have moved data.cache_dir (TRIDENT_CACHE_DIR), not data.template.
+    if template is not None and data.get("template") and Path(str(data.template)).name == Path(template).name:
+        _stage(json.dumps(settings), Path(str(data.template)) / "tokenizer_config.json")
 
 
 def _stage(tokenizer_json: str, staged: Path) -> None:
