@@ -413,6 +413,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-adapter-of-another-base", "train.py", [*LORA_TUNE, "finetune.adapter=lora/other_base"],
      [f"finetune.adapter=lora/other_base adapts init_from=/elsewhere/base, not init_from=outputs/{PREVIOUS_RUN}",
       "set init_from=/elsewhere/base"]),
+    ("lora-vocabulary-does-not-fit", "train.py", [*LORA_TUNE[:2], "data.block_size=32", "finetune=lora", "init_from=llama_gqa"],
+     ["init_from=llama_gqa has a vocabulary of 32 tokens"]),
+    ("lora-mlm-vocabulary-does-not-fit", "train.py", ["task=mlm", "init_only=embeddings", *LORA_TUNE],
+     ["has a vocabulary of"]),
 ]
 
 
