@@ -225,6 +225,17 @@ def test_an_adapter_of_other_settings_or_shapes_is_one_line(tmp_path: Path) -> N
         load_adapter(wider.net, str(tmp_path), settings, "base")
 
 
+def test_an_adapter_names_its_base_by_the_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """init_from=base from one directory and init_from=<its absolute path> from another are the same base."""
+    task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=LORA)
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path)
+    save_adapter(task.net, tmp_path / "lora", "base", LORA, None)
+    assert json.loads((tmp_path / "lora" / "adapter" / "adapter.json").read_text())["base"] == str(tmp_path / "base")
+    monkeypatch.chdir(tmp_path / "lora")
+    load_adapter(task.net, str(tmp_path / "lora"), LORA, str(tmp_path / "base"))
+
+
 def test_the_adapter_is_the_best_checkpoints(tmp_path: Path) -> None:
     """``trident.load(run)`` reads the best checkpoint: the adapter beside it holds that checkpoint's tensors."""
     task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=LORA)
