@@ -1,6 +1,6 @@
 """``python -m trident.bench``: measure trident against the references and write docs/benchmarks.md.
 
-    python -m trident.bench                     # every row (about 10 minutes on an idle 2-core CPU)
+    python -m trident.bench                     # every row (about 15 minutes on an idle 2-core CPU)
     python -m trident.bench --only lm generation
     python -m trident.bench --only kv_cache      # grouped-query cache bytes and speed, a sliding window's cache
     python -m trident.bench --only lora          # full fine-tuning vs LoRA of a 124 M LM: bytes, peak RSS, step
