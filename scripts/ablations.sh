@@ -19,6 +19,8 @@
 # has one family per task, which the loop does not split: it keeps its fixed seeds and is refused).
 # A sweep with failed jobs still gets its report (the failures are listed in it); the script goes on
 # to the next preset and exits with status 1 at the end.
+# A preset that fine-tunes a pre-trained run (its pretrained_run) gets one: pre-trained first into
+# <out>/<preset>_base with the overrides in `pretrain` below, or reused when it completed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${ABLATIONS_DIR:-outputs/ablations}
@@ -36,6 +38,7 @@ fi
 # on (default: best/val/loss).
 declare -A compare=([ablation_label_smoothing]="best/val/bleu test/bleu test/ppl"
                     [ablation_dropout]="val/loss best/val/loss test/loss")
+declare -A pretrain=([ablation_lora_rank]="task=lm model=nano data.block_size=512 data.batch_size=8 trainer.max_steps=1200 trainer.val_check_interval=300")
 max_seeds=${MAX_SEEDS:-}
 if [ -n "$max_seeds" ] && ! [[ $max_seeds =~ ^[1-9][0-9]*$ ]]; then
   echo "error: MAX_SEEDS=$max_seeds is not a number of seeds: set e.g. MAX_SEEDS=8, or unset it for the presets' seeds" >&2
@@ -66,12 +69,20 @@ for preset in "${presets[@]}"; do
   [ "$budget" = steps ] || name=${preset}_$budget
   names+=("$name")
   started=$(date +%s)
+  base=()
+  if [ -n "${pretrain[$preset]:-}" ]; then
+    base=("pretrained_run=$out/${preset}_base")
+    if ! grep -qs '"status": "completed"' "$out/${preset}_base/status.json"; then
+      # shellcheck disable=SC2086  # the overrides split into arguments
+      python train.py ${pretrain[$preset]} "hydra.run.dir=$out/${preset}_base" || status=1
+    fi
+  fi
   if [ -n "$max_seeds" ]; then
     metric=${compare[$preset]:-best/val/loss}
-    python -m trident.report.adaptive "experiment=$preset" "budget=$budget" --metric "${metric%% *}" \
+    python -m trident.report.adaptive "experiment=$preset" "budget=$budget" "${base[@]}" --metric "${metric%% *}" \
         --max-seeds "$max_seeds" --sweep-dir "$out/$name" || status=1
   else
-    python train.py -m "experiment=$preset" "budget=$budget" "hydra.sweep.dir=$out/$name" || status=1
+    python train.py -m "experiment=$preset" "budget=$budget" "${base[@]}" "hydra.sweep.dir=$out/$name" || status=1
   fi
   echo "$name $(( $(date +%s) - started )) s $(date -u +%Y-%m-%dT%H:%M:%SZ)" | tee -a "$out/times.txt"
 done

@@ -20,6 +20,8 @@ from trident.runs.pipeline import backbone_options, check_config
 from .conftest import CONF_DIR, ROOT, SWEEPS_PAGE, compose_config
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("ablation_*.yaml"))
+# Values only the user (or scripts/ablations.sh) can give: the pre-trained run a fine-tuning preset starts from.
+REQUIRED = {"ablation_lora_rank": ["pretrained_run=run"]}
 # | command | axis | jobs | (measured wall time) |
 PRESET_ROW = re.compile(
     r"^\| `python train\.py -m experiment=(ablation_\w+)` \| (.+?) \| (\d+) \|(?: [^|]+ \|)?$", re.MULTILINE
@@ -74,11 +76,12 @@ def test_the_sweep_has_the_jobs_the_sweeps_page_states(preset: str) -> None:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_swept_setting_is_a_valid_config_and_every_excluded_one_is_refused(preset: str) -> None:
     run, excluded = swept_settings(preset)  # seeds change no shape
+    required = REQUIRED.get(preset, [])
     for overrides in run:
-        check_config(compose_config([f"experiment={preset}", *overrides]))
+        check_config(compose_config([f"experiment={preset}", *required, *overrides]))
     for overrides in excluded:  # left out because the task refuses it, not to hide a failure
         with pytest.raises(ConfigError):
-            check_config(compose_config([f"experiment={preset}", *overrides]))
+            check_config(compose_config([f"experiment={preset}", *required, *overrides]))
 
 
 def test_the_ablations_script_checks_every_name_before_running_a_sweep(tmp_path: Path) -> None:

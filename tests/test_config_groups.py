@@ -19,6 +19,7 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             # The pre-trained run (text: and its tokenizer file, which composing cannot check here).
             "experiment/pretrain_pays_vision": ["pretrained_run=run"],
             "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"],
+            "experiment/ablation_lora_rank": ["pretrained_run=run"],
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
             "finetune/lora": ["init_from=run"]}
 

@@ -22,7 +22,7 @@ def test_test_stage_logs_cache_bytes_of_the_key_value_heads_and_a_speed(
     logged: dict[str, Any] = {}
     monkeypatch.setattr(task, "log", lambda name, value, **kwargs: logged.update({name: value}))
     task.on_test_epoch_end()
-    assert set(logged) == {"test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s"}
+    assert set(logged) == {"test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s", "test/trainable_params"}
     # keys and values, 3 layers, n_kv_heads heads of width 8, fp32
     assert logged["test/kv_cache_bytes_per_token"] == 2 * 3 * n_kv_heads * 8 * 4
     assert logged["test/greedy_tokens_per_s"] > 0 and torch.isfinite(torch.tensor(logged["test/greedy_tokens_per_s"]))

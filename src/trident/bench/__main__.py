@@ -1,8 +1,9 @@
 """``python -m trident.bench``: measure trident against the references and write docs/benchmarks.md.
 
-    python -m trident.bench                     # every row (about 10 minutes on an idle 2-core CPU)
+    python -m trident.bench                     # every row (about 15 minutes on an idle 2-core CPU)
     python -m trident.bench --only lm generation
     python -m trident.bench --only kv_cache      # grouped-query cache bytes and speed, a sliding window's cache
+    python -m trident.bench --only lora          # full fine-tuning vs LoRA of a 124 M LM: bytes, peak RSS, step
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
     python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from trident.bench import data, generation, kv_cache, levers, mfu, preparation, steps
+from trident.bench import data, generation, kv_cache, levers, lora, mfu, preparation, steps
 from trident.bench.results import Row, Settings, render, write
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -31,6 +32,7 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "pipeline": data.pipeline_rows,
     "generation": generation.generation_rows,
     "kv_cache": kv_cache.kv_cache_rows,
+    "lora": lora.lora_rows,
     "batching": data.batching_rows,
     "bf16": steps.bf16_rows,
     "compile": levers.compile_rows,

@@ -17,6 +17,7 @@ from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters, greedy_tokens_per_second, kv_cache_bytes_per_token
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
+from trident.training.lora import trainable_parameters
 from trident.training.text_logging import log_text_table
 
 # Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
@@ -101,7 +102,8 @@ class LanguageModelTask(TridentTask):
     def on_test_epoch_end(self) -> None:
         """Beside the test loss, what grouped-query attention trades for it: the KV cache's bytes per token
         (read from a real cache's tensors) and greedy decoding speed of one sequence (tokens/s, the
-        machine's load included: compare within one sweep)."""
+        machine's load included: compare within one sweep); and what trains, the parameters a LoRA rank buys
+        that quality with (experiment=ablation_lora_rank)."""
         context = self.net.context_length
         new_tokens = DECODE_TOKENS if context is None else max(1, min(DECODE_TOKENS, context - 1))
         prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1): any token will do
@@ -109,6 +111,7 @@ class LanguageModelTask(TridentTask):
         speed = greedy_tokens_per_second(self.net, prompt, new_tokens)
         self.log("test/kv_cache_bytes_per_token", float(kv_cache_bytes_per_token(self.net, prompt)), rank_zero_only=True)
         self.log("test/greedy_tokens_per_s", speed, rank_zero_only=True)
+        self.log("test/trainable_params", float(trainable_parameters(self.net)["params/trainable"]), rank_zero_only=True)
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
