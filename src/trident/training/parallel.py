@@ -1,0 +1,82 @@
+"""Models larger than one device: FSDP2 (``fully_shard``) on a device mesh, through Lightning's
+``ModelParallelStrategy`` (``trainer=fsdp``, ``trainer=fsdp_cpu``).
+
+Lightning builds the device mesh and calls the task's ``configure_model``, which hands the network
+to :func:`parallelize`: the one place a model is parallelized. Each Transformer block is its own
+FSDP unit (its weights gathered just before it runs, freed after), then the root takes the rest
+(embeddings, head, final norm). A tensor-parallel plan goes in :func:`parallelize` too, before the
+blocks are sharded (``parallelize_module`` on the mesh's ``tensor_parallel`` dimension).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trident.backbone import TransformerBlock
+
+# The mesh dimension FSDP shards over (Lightning's name for it).
+DATA_PARALLEL = "data_parallel"
+
+
+class ShardedStrategy(ModelParallelStrategy):
+    """``ModelParallelStrategy`` sharding over every process: Lightning's ``auto`` data-parallel
+    size is the node count, which on one node would leave FSDP nothing to shard over."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(data_parallel_size=1, tensor_parallel_size=1, **kwargs)
+
+    def setup_environment(self) -> None:
+        # The world size is known only once the cluster environment is: here, before the mesh is built.
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """bf16 runs compute and gather bf16 parameters but reduce gradients in fp32 (a sum of bf16
+    gradients over ranks loses digits); other precisions keep fp32 throughout."""
+    if precision.startswith("bf16"):
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str) -> None:
+    """Shard ``net`` in place over ``mesh``'s data-parallel dimension: each TransformerBlock, then the root.
+    A network already sharded (``configure_model`` runs again for the test after fit) stays as it is."""
+    if isinstance(net, FSDPModule):
+        return
+    shard_mesh = mesh[DATA_PARALLEL]
+    policy = mixed_precision(precision)
+    for block in net.modules():
+        if isinstance(block, TransformerBlock):
+            fully_shard(block, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
+    # The root's weights (embeddings, head) stay gathered from forward to backward: the backward needs them first.
+    fully_shard(net, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+@contextmanager
+def whole_weights(net: nn.Module) -> Iterator[None]:
+    """Entered by every rank: inside, a sharded ``net`` keeps all its weights gathered, so forward
+    passes need no collective and one rank may run forwards the others do not (rank 0's samples, a
+    decoding loop that stops when its own batch is done); outside FSDP they would hang. Without FSDP, nothing."""
+    if not isinstance(net, FSDPModule):
+        yield
+        return
+    units = [module for module in net.modules() if isinstance(module, FSDPModule)]
+    net.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        net.set_reshard_after_forward(True)
+        net.set_reshard_after_forward(False, recurse=False)  # as parallelize left it
