@@ -399,6 +399,12 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
     ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
     ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
+    # Issue 42: FSDP2
+    ("fsdp-with-ema", "train.py", ["trainer=fsdp_cpu", "callbacks=ema"],
+     ["callbacks=ema does not work with FSDP's sharded weights", "use trainer=ddp"]),
+    ("fsdp-tensor-parallel-size", "train.py", ["trainer=fsdp_cpu", "+trainer.strategy.tensor_parallel_size=2"],
+     ["trainer.strategy.tensor_parallel_size cannot be set", "remove trainer.strategy.tensor_parallel_size"]),
+    ("fsdp1-by-name", "train.py", ["trainer=ddp_cpu", "trainer.strategy=fsdp"], ["trainer.strategy=fsdp is Lightning's FSDP1", "choose trainer=fsdp"]),
 ]
 
 

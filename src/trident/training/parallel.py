@@ -10,20 +10,25 @@ blocks are sharded (``parallelize_module`` on the mesh's ``tensor_parallel`` dim
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trident.backbone import TransformerBlock
+from trident.errors import ConfigError
 
 # The mesh dimension FSDP shards over (Lightning's name for it).
 DATA_PARALLEL = "data_parallel"
+
+
+# The mesh sizes ShardedStrategy derives from the world size itself.
+_SIZES_SET_BY_TRIDENT = ("data_parallel_size", "tensor_parallel_size")
 
 
 class ShardedStrategy(ModelParallelStrategy):
@@ -37,6 +42,30 @@ class ShardedStrategy(ModelParallelStrategy):
         # The world size is known only once the cluster environment is: here, before the mesh is built.
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+
+# The strategies (class names) that shard the weights over the ranks.
+_SHARDING_STRATEGIES = {ShardedStrategy.__name__, ModelParallelStrategy.__name__, FSDPStrategy.__name__}
+
+
+def shards_weights(strategy: Any) -> bool:
+    """Whether a ``trainer.strategy`` value (a name or a ``_target_`` mapping) shards the weights."""
+    if isinstance(strategy, Mapping):
+        return str(strategy.get("_target_", "")).rsplit(".", 1)[-1] in _SHARDING_STRATEGIES
+    return "fsdp" in str(strategy).lower()
+
+
+def check_sharding_config(strategy: Any) -> None:
+    """``trainer=fsdp`` settings it cannot honour, and Lightning's FSDP1 by name, are one line before any work."""
+    if isinstance(strategy, str) and shards_weights(strategy):
+        raise ConfigError(f"trainer.strategy={strategy} is Lightning's FSDP1, which trident does not use: "
+                          "choose trainer=fsdp (FSDP2: fully_shard per Transformer block), or trainer=fsdp_cpu on CPUs")
+    if not isinstance(strategy, Mapping) or not shards_weights(strategy):
+        return
+    for key in _SIZES_SET_BY_TRIDENT:
+        if key in strategy:
+            raise ConfigError(f"trainer.strategy.{key} cannot be set: trainer=fsdp shards over every process "
+                              f"(data parallel, no tensor parallelism), remove trainer.strategy.{key}")
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
