@@ -67,3 +67,18 @@ def test_fsdp_trains_as_ddp_does_each_rank_holding_half_the_weights(task: list[s
 @pytest.mark.parametrize("task", list(TASKS))
 def test_every_other_task_trains_under_fsdp_with_the_default_logger(task: str, tmp_path: Path) -> None:
     assert_completed_with_one_wandb_run(train(tmp_path, "fsdp_cpu", *TASKS[task], "trainer.limit_test_batches=1"))
+
+
+def test_fsdp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path) -> None:
+    """SIGTERM to every rank during step 5 of 8 (epochs of 4 steps per rank: mid-epoch): the run saves the
+    step it was on; resumed under FSDP, it ends like the uninterrupted run, each rank's losses and the weights."""
+    task = [*LM_20, "trainer.max_steps=8", "trainer.limit_train_batches=4", "trainer.val_check_interval=4",
+            "trainer.check_val_every_n_epoch=null", "logger=none"]
+    straight = train(tmp_path / "straight", "fsdp_cpu", *task)
+    stopped = train(tmp_path / "stopped", "fsdp_cpu", *task, "+callbacks.signal._target_=tests.resume_helpers.SignalAtStep",
+                    "+callbacks.signal.step=5", "+callbacks.signal.signal_name=SIGTERM", "+callbacks.signal.rank=null")
+    assert torch.load(stopped / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 6
+    assert_clean(run_script("train.py", f"resume={stopped}", "++callbacks.signal=null", cwd=tmp_path / "stopped"))
+    for whole, resumed in zip(ranks(straight), ranks(stopped)):
+        torch.testing.assert_close(resumed["losses"], whole["losses"][6:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(weights(stopped), weights(straight), rtol=0, atol=1e-6)
