@@ -105,7 +105,8 @@ def test_fsdp_presets_build_the_sharded_strategy() -> None:
         trainer = compose_config([f"trainer={preset}"]).trainer
         assert (trainer.accelerator, trainer.devices) == (accelerator, devices)
         assert shards_weights(trainer.strategy)
-        assert isinstance(hydra.utils.instantiate(trainer.strategy), ShardedStrategy)
+        strategy = hydra.utils.instantiate(trainer.strategy)
+        assert isinstance(strategy, ShardedStrategy) and not strategy._save_distributed_checkpoint  # one file
     assert not shards_weights(compose_config(["trainer=ddp"]).trainer.strategy)
 
 
@@ -115,6 +116,8 @@ def test_fsdp_presets_build_the_sharded_strategy() -> None:
      "trainer.strategy.tensor_parallel_size cannot be set"),
     ({"_target_": "trident.training.parallel.ShardedStrategy", "data_parallel_size": 1},
      "trainer.strategy.data_parallel_size cannot be set"),
+    ({"_target_": "trident.training.parallel.ShardedStrategy", "save_distributed_checkpoint": True},
+     "trainer.strategy.save_distributed_checkpoint cannot be set"),
 ])
 def test_what_fsdp_cannot_honour_is_refused(strategy: object, named: str) -> None:
     with pytest.raises(ConfigError, match=named):

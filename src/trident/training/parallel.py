@@ -27,16 +27,22 @@ from trident.errors import ConfigError
 DATA_PARALLEL = "data_parallel"
 
 
-# The mesh sizes ShardedStrategy derives from the world size itself.
-_SIZES_SET_BY_TRIDENT = ("data_parallel_size", "tensor_parallel_size")
+# What ShardedStrategy sets itself, and why a user's value cannot be honoured.
+_SET_BY_TRIDENT = {
+    "data_parallel_size": "trainer=fsdp shards over every process",
+    "tensor_parallel_size": "trainer=fsdp has no tensor parallelism",
+    # A DCP directory per checkpoint: resume, eval.py, export, init_from and the requeue read checkpoint files.
+    "save_distributed_checkpoint": "rank 0 saves one gathered checkpoint file, the file every trident reader takes",
+}
 
 
 class ShardedStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` sharding over every process: Lightning's ``auto`` data-parallel
-    size is the node count, which on one node would leave FSDP nothing to shard over."""
+    size is the node count, which on one node would leave FSDP nothing to shard over. Its checkpoints
+    are whole: rank 0 gathers the weights and optimizer state into one ordinary checkpoint file."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(data_parallel_size=1, tensor_parallel_size=1, **kwargs)
+        super().__init__(data_parallel_size=1, tensor_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
 
     def setup_environment(self) -> None:
         # The world size is known only once the cluster environment is: here, before the mesh is built.
@@ -62,10 +68,9 @@ def check_sharding_config(strategy: Any) -> None:
                           "choose trainer=fsdp (FSDP2: fully_shard per Transformer block), or trainer=fsdp_cpu on CPUs")
     if not isinstance(strategy, Mapping) or not shards_weights(strategy):
         return
-    for key in _SIZES_SET_BY_TRIDENT:
+    for key, reason in _SET_BY_TRIDENT.items():
         if key in strategy:
-            raise ConfigError(f"trainer.strategy.{key} cannot be set: trainer=fsdp shards over every process "
-                              f"(data parallel, no tensor parallelism), remove trainer.strategy.{key}")
+            raise ConfigError(f"trainer.strategy.{key} cannot be set ({reason}): remove trainer.strategy.{key}")
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
