@@ -60,6 +60,9 @@ def test_fsdp_trains_as_ddp_does_each_rank_holding_half_the_weights(task: list[s
         assert held["total"] == whole["total"] == whole["local"]
         # fully_shard splits each tensor's first dimension in two (rounded up): about half each.
         assert 0.45 < held["local"] / held["total"] < 0.55, held
+        # Gradients and optimizer state are sharded like the parameters (AdamW: two moments a parameter).
+        for kind in ("parameters", "gradients", "optimizer_state"):
+            assert 0.45 < held["bytes"][kind] / whole["bytes"][kind] < 0.55, (kind, held["bytes"], whole["bytes"])
     # The checkpoint holds the whole weights, gathered: the same as DDP's after 20 steps.
     torch.testing.assert_close(weights(fsdp), weights(ddp), rtol=0, atol=1e-5)
 
