@@ -417,6 +417,12 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["init_from=llama_gqa has a vocabulary of 32 tokens"]),
     ("lora-mlm-vocabulary-does-not-fit", "train.py", ["task=mlm", "init_only=embeddings", *LORA_TUNE],
      ["has a vocabulary of"]),
+    # Issue 42: FSDP2
+    ("fsdp-with-ema", "train.py", ["trainer=fsdp_cpu", "callbacks=ema"],
+     ["callbacks=ema does not work with FSDP's sharded weights", "use trainer=ddp"]),
+    ("fsdp-tensor-parallel-size", "train.py", ["trainer=fsdp_cpu", "+trainer.strategy.tensor_parallel_size=2"],
+     ["trainer.strategy.tensor_parallel_size cannot be set", "remove trainer.strategy.tensor_parallel_size"]),
+    ("fsdp1-by-name", "train.py", ["trainer=ddp_cpu", "trainer.strategy=fsdp"], ["trainer.strategy=fsdp is Lightning's FSDP1", "choose trainer=fsdp"]),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Scaling-out configs: submitit launchers (a real submitit_local sweep), the SLURM preset, FSDP."""
+"""Scaling-out configs: submitit launchers (a real submitit_local sweep), the SLURM preset (FSDP: tests/test_parallel.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hydra.utils
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.plugins import Plugins
-from lightning.pytorch.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.fsdp import ShardingStrategy
 
-from trident.backbone import TransformerBlock, TransformerConfig
 from trident.errors import ConfigError
-from trident.models import CausalLM, EncoderDecoder
 from trident.runs.command_line import check_group_choices, prepare_command_line
 from trident.runs.pipeline import train
 
@@ -90,25 +85,9 @@ def test_slurm_preset_asks_for_one_task_per_device(overrides: list[str], gpus: i
     assert (launcher["gpus_per_node"], launcher["tasks_per_node"], launcher["nodes"]) == (gpus, tasks, 2)
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "default"])
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "fsdp_cpu", "default"])
 def test_every_trainer_preset_has_num_nodes(preset: str) -> None:
     assert compose_config([f"trainer={preset}"]).trainer.num_nodes == 1
-
-
-def test_fsdp_config_shards_per_transformer_block() -> None:
-    cfg = compose_config(["trainer=fsdp", "precision=bf16", "model=nano"])
-    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
-    strategy = hydra.utils.instantiate(cfg.trainer.strategy)
-    assert isinstance(strategy, FSDPStrategy) and strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
-    policy = strategy.kwargs["auto_wrap_policy"]
-    backbone = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, max_seq_len=16)
-    for net, stacks in [
-        (CausalLM(backbone, vocab_size=50), "decoder"),
-        (EncoderDecoder(backbone, vocab_size=50), "encoder decoder"),
-    ]:
-        wrapped = [m for m in net.modules() if policy(module=m, recurse=False, nonwrapped_numel=0)]
-        blocks = [block for name in stacks.split() for block in getattr(net, name).blocks]
-        assert wrapped == blocks and all(isinstance(b, TransformerBlock) for b in blocks)
 
 
 def test_launcher_choices_include_the_plugins_options(capsys: pytest.CaptureFixture[str]) -> None:

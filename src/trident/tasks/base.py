@@ -20,6 +20,7 @@ from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
+from trident.training.parallel import parallelize
 
 # What a network's stack is, in the words of the error lines.
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
@@ -159,6 +160,12 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         """The optimizer's parameter groups, the one place a task changes them (e.g. per-layer
         learning rates): by default matrices decay, biases, norm gains and positional tables not."""
         return parameter_groups(self.net, weight_decay, positional_parameter_names(self.net))
+
+    def configure_model(self) -> None:
+        """``trainer=fsdp``: Lightning's ModelParallelStrategy has built the device mesh; ``net`` is sharded
+        on it (trident.training.parallel). Under any other strategy there is no mesh and nothing to do."""
+        if self.device_mesh is not None:
+            parallelize(self.net, self.device_mesh, str(self.trainer.precision))
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         """The ``optimizer`` config over :meth:`parameter_groups`, and the ``scheduler`` stepped

@@ -18,6 +18,7 @@ from trident.models.sampling import check_filters, greedy_tokens_per_second, kv_
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
 from trident.training.lora import trainable_parameters
+from trident.training.parallel import whole_weights
 from trident.training.text_logging import log_text_table
 
 # Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
@@ -114,9 +115,11 @@ class LanguageModelTask(TridentTask):
         self.log("test/trainable_params", float(trainable_parameters(self.net)["params/trainable"]), rank_zero_only=True)
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+        if self.trainer.sanity_checking:
             return
-        samples = self.sample_texts()
+        # Every rank enters: under FSDP, gathering the weights for rank 0's samples takes them all.
+        with whole_weights(self.net):
+            samples = self.sample_texts() if self.trainer.is_global_zero else []
         if samples:
             log_text_table(self, "samples", ["step", "prompt", "sample"], [[self.global_step, p, s] for p, s in samples])
 

@@ -21,6 +21,7 @@ from trident.models.seq2seq import EncoderDecoder
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import encoder_decoder_flops
 from trident.training.losses import label_smoothed_cross_entropy
+from trident.training.parallel import whole_weights
 from trident.training.text_logging import log_text_table
 
 
@@ -124,7 +125,8 @@ class TranslationTask(TridentTask):
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=int(n_tokens))
         nll_metric.update(nll, weight=n_tokens)
         for suffix, beam in self._decoders(stage).items():
-            hypotheses = self.decode_ids(batch["src"], beam_size=beam)
+            with whole_weights(self.net):  # under FSDP, each rank's decoding loop stops when its own batch is done
+                hypotheses = self.decode_ids(batch["src"], beam_size=beam)
             texts = [self._detokenize(h.tokens) for h in hypotheses]
             self._outputs.setdefault(suffix, []).extend(zip(batch["src_text"], batch["tgt_text"], texts))
 

@@ -19,6 +19,7 @@ from trident.tasks.base import NetInput, TridentTask
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
+from trident.training.parallel import whole_weights
 
 Batch = tuple[Tensor, Tensor]
 
@@ -148,9 +149,12 @@ class ImageClassificationTask(TridentTask):
 
     def _attention_figure(self, images: Tensor) -> None:
         """Attention rollout of the class token (or the mean over patches) over the image."""
-        if not self.trainer.is_global_zero or self.trainer.sanity_checking:
+        if self.trainer.sanity_checking:
             return
-        logits, weights = self.net.forward_with_attention(images)
+        with whole_weights(self.net):  # every rank enters: under FSDP, gathering rank 0's weights takes them all
+            if not self.trainer.is_global_zero:
+                return
+            logits, weights = self.net.forward_with_attention(images)
         rollout = attention_rollout(weights)  # (B, T, T)
         prefix = self.net.num_prefix_tokens
         grid = self.net.encoder.cfg.grid

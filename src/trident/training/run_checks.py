@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trident.errors import ConfigError, is_int, is_number
+from trident.training.parallel import check_sharding_config, shards_weights
 
 SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
 
@@ -66,6 +67,7 @@ def check_trainer_config(trainer: dict[str, Any]) -> None:
     )
     _check(devices is None or valid_devices, "devices", devices,
            "a count >= 1, -1 or auto (all), or a list of device indices", "1")
+    check_sharding_config(trainer.get("strategy"))
 
 
 def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
@@ -90,8 +92,9 @@ def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
             f"callbacks.ema.update_starting_at_step must be null or an integer >= 0, got {start!r}: "
             "set e.g. callbacks.ema.update_starting_at_step=null"
         )
-    # The average is a whole copy of the model, which FSDP's sharded weights cannot update or swap in.
-    if "fsdp" in str(strategy).lower():
+    # The average is a deep copy of the whole model (torch's AveragedModel), which FSDP2's sharded modules refuse.
+    if shards_weights(strategy):
         raise ConfigError(
-            "callbacks=ema does not work with FSDP's sharded weights: use trainer=ddp, or leave out callbacks=ema"
+            "callbacks=ema does not work with FSDP's sharded weights (the average is a deep copy of the whole model): "
+            "use trainer=ddp, or leave out callbacks=ema"
         )

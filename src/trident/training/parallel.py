@@ -1,0 +1,116 @@
+"""Models larger than one device: FSDP2 (``fully_shard``) on a device mesh, through Lightning's
+``ModelParallelStrategy`` (``trainer=fsdp``, ``trainer=fsdp_cpu``).
+
+Lightning builds the device mesh and calls the task's ``configure_model``, which hands the network
+to :func:`parallelize`: the one place a model is parallelized. Each Transformer block is its own
+FSDP unit (its weights gathered just before it runs, freed after), then the root takes the rest
+(embeddings, head, final norm). A tensor-parallel plan goes in :func:`parallelize` too, before the
+blocks are sharded (``parallelize_module`` on the mesh's ``tensor_parallel`` dimension).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trident.backbone import TransformerBlock
+from trident.errors import ConfigError
+
+# The mesh dimension FSDP shards over (Lightning's name for it).
+DATA_PARALLEL = "data_parallel"
+
+
+# What ShardedStrategy sets itself, and why a user's value cannot be honoured.
+_SET_BY_TRIDENT = {
+    "data_parallel_size": "trainer=fsdp shards over every process",
+    "tensor_parallel_size": "trainer=fsdp has no tensor parallelism",
+    # A DCP directory per checkpoint: resume, eval.py, export, init_from and the requeue read checkpoint files.
+    "save_distributed_checkpoint": "rank 0 saves one gathered checkpoint file, the file every trident reader takes",
+}
+
+
+class ShardedStrategy(ModelParallelStrategy):
+    """``ModelParallelStrategy`` sharding over every process: Lightning's ``auto`` data-parallel
+    size is the node count, which on one node would leave FSDP nothing to shard over. Its checkpoints
+    are whole: rank 0 gathers the weights and optimizer state into one ordinary checkpoint file."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(data_parallel_size=1, tensor_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
+
+    def setup_environment(self) -> None:
+        # The world size is known only once the cluster environment is: here, before the mesh is built.
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+# The strategies (class names) that shard the weights over the ranks.
+_SHARDING_STRATEGIES = {ShardedStrategy.__name__, ModelParallelStrategy.__name__, FSDPStrategy.__name__}
+
+
+def shards_weights(strategy: Any) -> bool:
+    """Whether a ``trainer.strategy`` value (a name or a ``_target_`` mapping) shards the weights."""
+    if isinstance(strategy, Mapping):
+        return str(strategy.get("_target_", "")).rsplit(".", 1)[-1] in _SHARDING_STRATEGIES
+    return "fsdp" in str(strategy).lower()
+
+
+def check_sharding_config(strategy: Any) -> None:
+    """``trainer=fsdp`` settings it cannot honour, and Lightning's FSDP1 by name, are one line before any work."""
+    if isinstance(strategy, str) and shards_weights(strategy):
+        raise ConfigError(f"trainer.strategy={strategy} is Lightning's FSDP1, which trident does not use: "
+                          "choose trainer=fsdp (FSDP2: fully_shard per Transformer block), or trainer=fsdp_cpu on CPUs")
+    if not isinstance(strategy, Mapping) or not shards_weights(strategy):
+        return
+    for key, reason in _SET_BY_TRIDENT.items():
+        if key in strategy:
+            raise ConfigError(f"trainer.strategy.{key} cannot be set ({reason}): remove trainer.strategy.{key}")
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """bf16 runs compute and gather bf16 parameters but reduce gradients in fp32 (a sum of bf16
+    gradients over ranks loses digits); other precisions keep fp32 throughout."""
+    if precision.startswith("bf16"):
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str) -> None:
+    """Shard ``net`` in place over ``mesh``'s data-parallel dimension: each TransformerBlock, then the root.
+    A network already sharded (``configure_model`` runs again for the test after fit) stays as it is."""
+    if isinstance(net, FSDPModule):
+        return
+    shard_mesh = mesh[DATA_PARALLEL]
+    policy = mixed_precision(precision)
+    for block in net.modules():
+        if isinstance(block, TransformerBlock):
+            fully_shard(block, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
+    # The root's weights (embeddings, head) stay gathered from forward to backward: the backward needs them first.
+    fully_shard(net, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+@contextmanager
+def whole_weights(net: nn.Module) -> Iterator[None]:
+    """Entered by every rank: inside, a sharded ``net`` keeps all its weights gathered, so forward
+    passes need no collective and one rank may run forwards the others do not (rank 0's samples, a
+    decoding loop that stops when its own batch is done); outside FSDP they would hang. Without FSDP, nothing."""
+    if not isinstance(net, FSDPModule):
+        yield
+        return
+    units = [module for module in net.modules() if isinstance(module, FSDPModule)]
+    net.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        net.set_reshard_after_forward(True)
+        net.set_reshard_after_forward(False, recurse=False)  # as parallelize left it

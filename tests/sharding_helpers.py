@@ -1,0 +1,68 @@
+"""Test-only callback that train.py loads by ``_target_``: what each rank of a run holds and computes."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+
+# Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
+WARM_UP_STEPS = 2
+
+
+def local_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes this rank holds of ``tensors``: its shards of DTensors, the whole of the others."""
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)
+
+
+class RecordRank(L.Callback):
+    """Writes ``rank<r>.json`` into the run directory: this rank's training loss at every step (its
+    own batch, before any averaging over ranks), the parameters it holds (its shards under FSDP), the
+    bytes of its parameters, gradients and optimizer state at the second step, its peak RSS and its
+    mean step time after the warm-up steps."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.held: dict[str, Any] = {}
+        self.step_seconds: list[float] = []
+        self._step_start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        params = list(pl_module.parameters())
+        self.held = {
+            "total": sum(p.numel() for p in params),
+            "local": sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params),
+            "dtensors": sum(isinstance(p, DTensor) for p in params),
+            "tensors": len(params),
+        }
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
+        if trainer.global_step == 1:  # the optimizer state exists from the first step on
+            params = list(pl_module.parameters())
+            state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, Tensor)]
+            self.held["bytes"] = {"parameters": local_bytes(params),
+                                  "gradients": local_bytes(p.grad for p in params if p.grad is not None),
+                                  "optimizer_state": local_bytes(state)}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.losses.append(float(outputs["loss"]))
+        if len(self.losses) > WARM_UP_STEPS:
+            self.step_seconds.append(time.perf_counter() - self._step_start)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        record = {"world_size": trainer.world_size, "losses": self.losses, "params": self.held,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+                  "step_seconds": sum(self.step_seconds) / max(1, len(self.step_seconds))}
+        (Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
