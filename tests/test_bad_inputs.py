@@ -399,6 +399,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
     ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
     ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
+    # Issue 43: early stopping and the learning-rate finder
+    ("early-stopping-unknown-metric", "train.py", ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"],
+     ["callbacks.early_stopping.monitor=val/accuracy is not a metric task=lm logs at validation: choose among val/loss, val/ppl"]),
+    ("early-stopping-patience-zero", "train.py", ["callbacks=early_stopping", "callbacks.early_stopping.patience=0"],
+     ["callbacks.early_stopping.patience must be an integer >= 1", "got 0"]),
 ]
 
 

@@ -33,13 +33,13 @@ from trident.launch.requeue import latest_checkpoint
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
 from trident.tasks.base import TridentTask
-from trident.training.callbacks import MetricHistory
+from trident.training.callbacks import MetricHistory, early_stop_record
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.lora import lora_settings, trainable_parameters
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
-from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
+from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
@@ -129,6 +129,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
     # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
     configured_task_class(cfg).validate_config(cfg)
+    check_early_stopping((cfg.get("callbacks") or {}).get("early_stopping"), cfg.task.name,
+                         configured_task_class(cfg).VALIDATION_METRICS)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):
@@ -360,6 +362,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
             if task.lora is not None and writes_outputs:
                 save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, _best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            metrics.update(early_stop_record(trainer))  # callbacks=early_stopping: the step it stopped at
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
             if cfg.get("test", True):

@@ -75,6 +75,9 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     #: beside the adapters, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
     HEAD: ClassVar[tuple[str, ...]] = ()
 
+    #: The metrics the task logs at every validation: what early stopping (and a checkpoint) may monitor.
+    VALIDATION_METRICS: ClassVar[tuple[str, ...]]
+
     #: The task's network: all its weights, and the module ``compile=true`` and the exports use.
     net: nn.Module
 
