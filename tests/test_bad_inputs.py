@@ -404,6 +404,9 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["callbacks.early_stopping.monitor=val/accuracy is not a metric task=lm logs at validation: choose among val/loss, val/ppl"]),
     ("early-stopping-patience-zero", "train.py", ["callbacks=early_stopping", "callbacks.early_stopping.patience=0"],
      ["callbacks.early_stopping.patience must be an integer >= 1", "got 0"]),
+    ("lr-find-frozen-model", "train.py", ["tune=lr_find", "task._target_=tests.test_lr_find.FrozenLanguageModel"],
+     ["tune=lr_find: every parameter of task=lm's network is frozen", "e.g. finetune=full"]),
+    ("lr-find-too-few-steps", "train.py", ["tune=lr_find", "tune.num_training=5"], ["tune.num_training must be an integer >= 20", "got 5"]),
 ]
 
 

@@ -36,6 +36,7 @@ from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory, early_stop_record
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.lora import lora_settings, trainable_parameters
+from trident.training.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
@@ -137,6 +138,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
         read_tokenizer(str(cfg.data.tokenizer))  # a file: read now, not after the corpus is prepared
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
+    check_tune_config(cfg.get("tune"), cfg.get("resume"), cfg.get("ckpt_path"))
     if "tensorboard" in (cfg.get("logger") or {}):
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     key = next((k for k in SEQUENCE_LENGTH_KEYS if cfg.data.get(k) is not None), None)
@@ -326,6 +328,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     if adapter and task.lora is not None and not resume_from:
         load_adapter(task.net, str(adapter), task.lora)
     compile_network(task, cfg.get("compile", False))
+    check_tunable(cfg.get("tune"), task)
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
@@ -353,6 +356,10 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.
         with ranks_fail_together(trainer, workers):
+            if cfg.get("tune"):  # tune=lr_find: Lightning's learning-rate finder on the task as built, instead of training
+                metrics = find_learning_rate(cfg, trainer, task, datamodule)
+                succeeded = True
+                return metrics
             try:
                 trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:

@@ -109,6 +109,17 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
         self.lora = lora  # finetune=lora: the adapters' settings (trident.training.lora); None: full fine-tuning
 
+    @property
+    def learning_rate(self) -> float:
+        """``optimizer.lr``, by the name Lightning's learning-rate finder looks for (``Tuner.lr_find``
+        sets it to its suggestion; trident.training.lr_find)."""
+        return float(self.optimizer_cfg["lr"])
+
+    @learning_rate.setter
+    def learning_rate(self, lr: float) -> None:
+        self.optimizer_cfg = {**self.optimizer_cfg, "lr": float(lr)}
+        self.hparams["optimizer"] = self.optimizer_cfg  # what a checkpoint saved after it records
+
     def add_adapters(self) -> None:
         """``finetune=lora``: adapters on ``net`` (built by then), which is frozen but for them and :attr:`HEAD`.
         Called by every task's constructor once ``net`` exists, so a checkpoint rebuilds the adapters too."""
