@@ -31,12 +31,13 @@ from trident.launch.distributed import WorkerProcesses, check_workers_can_start,
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.launch.requeue import latest_checkpoint
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
+from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
+from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
-from trident.training.callbacks import MetricHistory, early_stop_record
+from trident.training.callbacks import MetricHistory, StopEarly
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.lora import lora_settings, trainable_parameters
-from trident.training.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
@@ -432,3 +433,11 @@ def _best_checkpoint(trainer: L.Trainer) -> str | None:
     if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
         return checkpoint.best_model_path
     return None
+
+
+def early_stop_record(trainer: L.Trainer) -> dict[str, float]:
+    """``callbacks=early_stopping``: the step the run stopped at and the best value it monitored; empty if it did not stop."""
+    stop = trainer.early_stopping_callback
+    if not isinstance(stop, StopEarly) or stop.stopped_step is None:
+        return {}
+    return {STOPPED_EARLY_STEP: float(stop.stopped_step), STOPPED_EARLY_BEST: float(stop.best_score)}

@@ -112,7 +112,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     @property
     def learning_rate(self) -> float:
         """``optimizer.lr``, by the name Lightning's learning-rate finder looks for (``Tuner.lr_find``
-        sets it to its suggestion; trident.training.lr_find)."""
+        sets it to its suggestion; trident.runs.lr_find)."""
         return float(self.optimizer_cfg["lr"])
 
     @learning_rate.setter

@@ -18,7 +18,6 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
-from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.training.flops import compute_dtype, device_peak_flops
 
 log = logging.getLogger(__name__)
@@ -181,8 +180,8 @@ class StopEarly(EarlyStopping):
 
     Three changes make it a run's record and let ``resume=<run dir>`` continue correctly:
 
-    - it keeps the step it stopped at (in its checkpointed state), which the run's final metrics hold
-      (:meth:`record`: ``status.json``, the sweep report);
+    - it keeps the step it stopped at, ``stopped_step`` (in its checkpointed state), which the run's final
+      metrics hold (``status.json``, the sweep report);
     - resuming the checkpoint of its stop does not train again (Lightning's callback would train on
       until the next validation): the run ends at the step it stopped at, as a finished run does;
     - the patience is the configured one, not the checkpoint's: ``resume=<run dir>
@@ -217,12 +216,6 @@ class StopEarly(EarlyStopping):
     def _summary(self) -> str:
         return f"{self.monitor} best {float(self.best_score):.6g} (patience {self.patience}, min_delta {abs(self.min_delta)})"
 
-    def record(self) -> dict[str, float]:
-        """The step the run stopped at and the best value of the monitored metric; empty if it did not stop."""
-        if self.stopped_step is None:
-            return {}
-        return {STOPPED_EARLY_STEP: float(self.stopped_step), STOPPED_EARLY_BEST: float(self.best_score)}
-
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stopped_step": self.stopped_step}
 
@@ -231,9 +224,3 @@ class StopEarly(EarlyStopping):
         super().load_state_dict(state_dict)
         self.patience = patience  # the configured one (Lightning would restore the checkpoint's)
         self.stopped_step = state_dict.get("stopped_step")
-
-
-def early_stop_record(trainer: L.Trainer) -> dict[str, float]:
-    """:meth:`StopEarly.record` of the run's early stopping; empty without one."""
-    callback = trainer.early_stopping_callback
-    return callback.record() if isinstance(callback, StopEarly) else {}
