@@ -14,9 +14,14 @@ import torch
 from trident.report import write_report
 from trident.report.sweep import Job, Sweep
 from trident.runs.jobs import run_job
+from trident.runs.pipeline import configured_task_class
 from trident.runs.sweeps import STOPPED_EARLY_STEP
 
-from .conftest import SMALL, compose_config
+from .conftest import SMALL, compose_config, one_step
+from .test_classify import CLASSIFY_SMALL
+from .test_mlm import SMALL_MLM
+from .test_translation_train import SMALL_MT
+from .test_vit_pipeline import VIT_SMALL
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -89,3 +94,13 @@ def test_the_report_marks_the_jobs_that_stopped_early(tmp_path: Path) -> None:
     assert "2 completed (1 stopped early)" in text
     assert "- `1_job` (model.n_heads=4): stopped early at step 300 of 1000" in text
     assert "`0_job`" not in text.split("## Stopped early")[1]
+
+
+# Translation prepares its BPE data first (about 20 s): slow.
+@pytest.mark.parametrize("task", ["lm", "mlm", "classify", "vit", pytest.param("translation", marks=pytest.mark.slow)])
+def test_each_task_declares_the_metrics_it_logs_at_validation(task: str, tmp_path: Path) -> None:
+    """``VALIDATION_METRICS`` (what callbacks.early_stopping.monitor may name) is what a validation logs."""
+    small = {"lm": SMALL, "mlm": SMALL_MLM, "classify": CLASSIFY_SMALL, "vit": VIT_SMALL, "translation": SMALL_MT}[task]
+    cfg = compose_config([*small, "logger=none"], output_dir=tmp_path / "run")
+    logged = sorted(name for name in one_step(cfg) if name.startswith("val/"))
+    assert logged == sorted(configured_task_class(cfg).VALIDATION_METRICS)
