@@ -407,6 +407,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lr-find-frozen-model", "train.py", ["tune=lr_find", "task._target_=tests.test_lr_find.FrozenLanguageModel"],
      ["tune=lr_find: every parameter of task=lm's network is frozen", "e.g. finetune=full"]),
     ("lr-find-too-few-steps", "train.py", ["tune=lr_find", "tune.num_training=5"], ["tune.num_training must be an integer >= 20", "got 5"]),
+    ("lr-find-on-a-checkpoint", "train.py", [*TEXT, "tune=lr_find", f"ckpt_path={LAST}"], ["tune=lr_find starts from the configured weights", "drop resume/ckpt_path"]),
 ]
 
 

@@ -46,6 +46,7 @@ def test_the_lm_finder_writes_its_curve_and_suggestion_and_leaves_no_training_st
     assert result["suggested_lr"] == lr and lr in result["lr"]
     assert 12 <= len(result["lr"]) == len(result["loss"]) <= 24
     assert result["command"].startswith("python train.py ") and result["command"].endswith(f" optimizer.lr={lr:.3g}")
+    assert "tune" not in result["command"] and "model=nano" in result["command"]
     assert (run_dir / FIGURE_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # No training state: no checkpoint (the finder's own one removed), no validation history.
     assert not (run_dir / "checkpoints").exists() and not list(run_dir.rglob("*.ckpt"))
