@@ -136,6 +136,8 @@ def readme_error_files(root: Path) -> None:
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+# Issue 43: a short run on TEXT (two steps).
+SHORT = [*TEXT, "trainer.max_steps=2"]
 # finetune=lora on the earlier run (nano: d_model 64), its tokenizer.
 LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"init_from=outputs/{PREVIOUS_RUN}"]
 
@@ -399,15 +401,15 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
     ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
     ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
-    # Issue 43: early stopping and the learning-rate finder
-    ("early-stopping-unknown-metric", "train.py", ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"],
+    # Issue 43: early stopping and the learning-rate finder (SHORT: a case whose check is missing ends in seconds)
+    ("early-stopping-unknown-metric", "train.py", [*SHORT, "callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"],
      ["callbacks.early_stopping.monitor=val/accuracy is not a metric task=lm logs at validation: choose among val/loss, val/ppl"]),
-    ("early-stopping-patience-zero", "train.py", ["callbacks=early_stopping", "callbacks.early_stopping.patience=0"],
+    ("early-stopping-patience-zero", "train.py", [*SHORT, "callbacks=early_stopping", "callbacks.early_stopping.patience=0"],
      ["callbacks.early_stopping.patience must be an integer >= 1", "got 0"]),
     ("lr-find-frozen-model", "train.py", ["tune=lr_find", "task._target_=tests.test_lr_find.FrozenLanguageModel"],
      ["tune=lr_find: every parameter of task=lm's network is frozen", "e.g. finetune=full"]),
     ("lr-find-too-few-steps", "train.py", ["tune=lr_find", "tune.num_training=5"], ["tune.num_training must be an integer >= 20", "got 5"]),
-    ("lr-find-on-a-checkpoint", "train.py", [*TEXT, "tune=lr_find", f"ckpt_path={LAST}"], ["tune=lr_find starts from the configured weights", "drop resume/ckpt_path"]),
+    ("lr-find-on-a-checkpoint", "train.py", [*SHORT, "tune=lr_find", "tune.num_training=20", f"ckpt_path={LAST}"], ["tune=lr_find starts from the configured weights", "drop resume/ckpt_path"]),
 ]
 
 

@@ -82,7 +82,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     net: nn.Module
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A task class that names no data module or no ``task=`` name fails where it is defined, not in its first run."""
+        """A task class that names no data module, no ``task=`` name or no validation metrics fails where it is
+        defined, not in its first run."""
         super().__init_subclass__(**kwargs)
         data_module = getattr(cls, "DATA_MODULE", None)
         if not (isinstance(data_module, type) and issubclass(data_module, TridentDataModule)):
@@ -90,6 +91,10 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
                             f"got {data_module!r}")
         if not isinstance(getattr(cls, "NAME", None), str):
             raise TypeError(f"{cls.__qualname__} must set NAME to its task= option (its conf/task yaml's task.name)")
+        metrics = getattr(cls, "VALIDATION_METRICS", None)
+        if not (isinstance(metrics, tuple) and metrics and all(isinstance(name, str) for name in metrics)):
+            raise TypeError(f"{cls.__qualname__} must set VALIDATION_METRICS to the names of the metrics its validation "
+                            "logs, e.g. (\"val/loss\",)")
 
     def __init__(
         self,
