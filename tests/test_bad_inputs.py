@@ -137,6 +137,8 @@ def readme_error_files(root: Path) -> None:
 LAST = f"outputs/{PREVIOUS_RUN}/checkpoints/last.ckpt"
 DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
+# Issue 43: a short run on TEXT (two steps).
+SHORT = [*TEXT, "trainer.max_steps=2"]
 # finetune=lora on the earlier run (nano: d_model 64), its tokenizer.
 LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"init_from=outputs/{PREVIOUS_RUN}"]
 
@@ -423,6 +425,15 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("fsdp-tensor-parallel-size", "train.py", ["trainer=fsdp_cpu", "+trainer.strategy.tensor_parallel_size=2"],
      ["trainer.strategy.tensor_parallel_size cannot be set", "remove trainer.strategy.tensor_parallel_size"]),
     ("fsdp1-by-name", "train.py", ["trainer=ddp_cpu", "trainer.strategy=fsdp"], ["trainer.strategy=fsdp is Lightning's FSDP1", "choose trainer=fsdp"]),
+    # Issue 43: early stopping and the learning-rate finder (SHORT: a case whose check is missing ends in seconds)
+    ("early-stopping-unknown-metric", "train.py", [*SHORT, "callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"],
+     ["callbacks.early_stopping.monitor=val/accuracy is not a metric task=lm logs at validation: choose among val/loss, val/ppl"]),
+    ("early-stopping-patience-zero", "train.py", [*SHORT, "callbacks=early_stopping", "callbacks.early_stopping.patience=0"],
+     ["callbacks.early_stopping.patience must be an integer >= 1", "got 0"]),
+    ("lr-find-frozen-model", "train.py", ["tune=lr_find", "task._target_=tests.test_lr_find.FrozenLanguageModel"],
+     ["tune=lr_find: every parameter of task=lm's network is frozen", "e.g. finetune=full"]),
+    ("lr-find-too-few-steps", "train.py", ["tune=lr_find", "tune.num_training=5"], ["tune.num_training must be an integer >= 20", "got 5"]),
+    ("lr-find-on-a-checkpoint", "train.py", [*SHORT, "tune=lr_find", "tune.num_training=20", f"ckpt_path={LAST}"], ["tune=lr_find starts from the configured weights", "drop resume/ckpt_path"]),
 ]
 
 

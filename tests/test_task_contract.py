@@ -125,6 +125,7 @@ def test_the_scan_finds_a_probe(tmp_path: Path) -> None:
 class _LanguageModelWithoutFlops(TridentTask):
     NAME = "lm_without_flops"
     DATA_MODULE = LMDataModule
+    VALIDATION_METRICS = ("val/loss",)
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
         return {"tokens": batch.numel()}
@@ -144,6 +145,11 @@ def test_a_task_without_a_data_module_fails_where_it_is_defined() -> None:
 def test_a_task_without_a_name_fails_where_it_is_defined() -> None:
     with pytest.raises(TypeError, match="Nameless must set NAME to its task= option"):
         type("Nameless", (TridentTask,), {"DATA_MODULE": LMDataModule})
+
+
+def test_a_task_without_its_validation_metrics_fails_where_it_is_defined() -> None:
+    with pytest.raises(TypeError, match="Unmonitored must set VALIDATION_METRICS to the names of the metrics"):
+        type("Unmonitored", (TridentTask,), {"DATA_MODULE": LMDataModule, "NAME": "unmonitored"})
 
 
 def test_the_default_geometry_is_the_data_context() -> None:

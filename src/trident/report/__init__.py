@@ -7,7 +7,8 @@ writes into the sweep directory (or ``--out``):
   setting against the best one (Welch's t-test and Wellek's equivalence test over every pair of
   settings, each with Holm's correction over the pairs, the difference with its 95 % confidence
   interval, Hedges' g and a verdict; a sweep of the seeds-until-decided loop: the loop's verdicts,
-  each with the round that decided it); the failed jobs;
+  each with the round that decided it); the jobs early stopping ended (``callbacks=early_stopping``), each
+  with its step; the failed jobs;
 - ``curves_<metric>.png`` (validation curves per setting, mean and spread over seeds) and
   ``final_<metric>.png`` (final value per setting with error bars);
 - ``jobs.csv``: one row per job (setting, seed, final metrics, wall time, git commit), from which

@@ -15,9 +15,10 @@ from trident.report.cross_task import cross_task_markdown, cross_task_table, tas
 from trident.report.plots import plot_curves, plot_final
 from trident.report.sequential import ADAPTIVE_FILE, read_record
 from trident.report.statistics import compare_to_best
-from trident.report.sweep import JOBS_FILE, Sweep, final_metrics, load, write_jobs_csv
+from trident.report.sweep import JOBS_FILE, Job, Sweep, final_metrics, load, write_jobs_csv
 from trident.report.tables import comparison_heading, comparison_table, markdown_table, summarize
 from trident.runs.budget import comparison_basis
+from trident.runs.sweeps import STOPPED_EARLY_STEP
 
 
 def _file_stem(metric: str) -> str:
@@ -44,6 +45,19 @@ def _length_line(sweep: Sweep) -> list[str]:
     cells = [f"`{setting}` " + ", ".join(f"{steps:.0f} x {per_step:.4g} = {steps * per_step:.4g}" for steps, per_step in sorted(pairs))
              for setting, pairs in lengths.items()]
     return ["Steps x FLOPs per step = model FLOPs of each setting's jobs: " + "; ".join(cells) + ".", ""]
+
+
+def _stopped_early(sweep: Sweep) -> list[Job]:
+    """The completed jobs that early stopping ended (``callbacks=early_stopping``): shorter than their setting's steps."""
+    return [job for job in sweep.completed if STOPPED_EARLY_STEP in job.metrics]
+
+
+def _stopped_early_section(sweep: Sweep) -> list[str]:
+    lines = []
+    for job in _stopped_early(sweep):
+        steps = f" of {job.length['max_steps']:.0f}" if "max_steps" in job.length else ""
+        lines.append(f"- `{job.dir.name}` ({job.setting}): stopped early at step {job.metrics[STOPPED_EARLY_STEP]:.0f}{steps}")
+    return ["## Stopped early", "", *lines, ""] if lines else []
 
 
 def _comparison_section(sweep: Sweep, metric: str, title: str) -> list[str]:
@@ -98,10 +112,11 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     finals = final_metrics(sweep)
     summary = summarize(sweep, [*finals, *(m for m in compare if m not in finals)])
+    stopped = f" ({len(_stopped_early(sweep))} stopped early)" if _stopped_early(sweep) else ""
     lines = [
         f"# Sweep `{sweep.name}`",
         "",
-        (f"`{sweep.dir}`: {len(sweep.jobs)} jobs, {len(sweep.completed)} completed, {len(sweep.failed)} failed; "
+        (f"`{sweep.dir}`: {len(sweep.jobs)} jobs, {len(sweep.completed)} completed{stopped}, {len(sweep.failed)} failed; "
          f"each job's results: [{JOBS_FILE}]({JOBS_FILE})."),
         "",
         *([basis, ""] if (basis := comparison_basis([job.dir for job in sweep.jobs])) else []),
@@ -120,6 +135,7 @@ def write_report(
         compared = list(compare) or ([final] if final else [])
         for tested in compared if len(summary) > 1 else []:
             lines += _comparison_section(sweep, tested, f"{tested}: each setting against the best")
+    lines += _stopped_early_section(sweep)
     lines += ["## Failed jobs", ""]
     lines += [f"- `{job.dir.name}` ({job.status}): {job.error}" for job in sweep.failed] or ["None."]
     jobs_csv = out_dir / JOBS_FILE

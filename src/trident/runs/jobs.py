@@ -1,6 +1,7 @@
 """One ``train.py`` job: a single run stops on a user error; a sweep job records how it ended.
 
-Each job writes ``<run dir>/status.json``: ``completed`` with its final metrics, ``failed`` with the
+Each job writes ``<run dir>/status.json``: ``completed`` with its final metrics (and ``stopped_early``,
+the step and best value, when early stopping ended it), ``failed`` with the
 error line (sweep jobs only; a single run keeps failing as one ``error:`` line and exit status 2),
 or, when a signal stopped it, ``requeued`` (until the next attempt rewrites it), ``cancelled`` or
 ``timeout``; a job that was requeued lists its earlier stops under ``requeues``.
@@ -24,7 +25,7 @@ from trident.launch.distributed import is_global_zero
 from trident.launch.requeue import REQUEUED, JobStopped, come_back_later
 from trident.runs.code_version import code_version
 from trident.runs.pipeline import train
-from trident.runs.sweeps import STATUS_FILE, apply_sweep_identity, in_multirun
+from trident.runs.sweeps import STATUS_FILE, STOPPED_EARLY_BEST, STOPPED_EARLY_STEP, apply_sweep_identity, in_multirun
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,16 @@ def objective(cfg: DictConfig, metrics: Mapping[str, float]) -> float | None:
     """What a sweeper optimises: the best value of the monitored metric, else its last value."""
     value = metrics.get(f"best/{cfg.task.monitor}", metrics.get(cfg.task.monitor))
     return None if value is None else float(value)
+
+
+def stopped_early(cfg: DictConfig, metrics: Mapping[str, float]) -> dict[str, str]:
+    """``status.json``'s ``stopped_early`` line for a run that early stopping ended (``callbacks=early_stopping``)."""
+    if STOPPED_EARLY_STEP not in metrics:
+        return {}
+    stop = cfg.callbacks.early_stopping
+    return {"stopped_early": f"stopped early at step {metrics[STOPPED_EARLY_STEP]:.0f}: {stop.monitor} best "
+                             f"{metrics[STOPPED_EARLY_BEST]:.6g}, no improvement above {stop.min_delta} in "
+                             f"{stop.patience} validations"}
 
 
 def write_status(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> None:
@@ -118,5 +129,5 @@ def run_job(cfg: DictConfig) -> float | None:
         print(f"error: {message}", file=sys.stderr)
         write_status(run_dir, cfg, "failed", error=message, **identity)
         return None
-    write_status(run_dir, cfg, "completed", metrics=metrics, **identity)
+    write_status(run_dir, cfg, "completed", metrics=metrics, **stopped_early(cfg, metrics), **identity)
     return objective(cfg, metrics)

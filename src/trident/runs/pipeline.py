@@ -31,15 +31,17 @@ from trident.launch.distributed import WorkerProcesses, check_workers_can_start,
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.launch.requeue import latest_checkpoint
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
+from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
+from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
-from trident.training.callbacks import MetricHistory
+from trident.training.callbacks import MetricHistory, StopEarly
 from trident.training.loggers import build_loggers, record_summary
 from trident.training.lora import lora_settings, trainable_parameters
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
-from trident.training.run_checks import check_ema_config, check_seed, check_trainer_config
+from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
@@ -129,12 +131,15 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
     # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
     configured_task_class(cfg).validate_config(cfg)
+    check_early_stopping((cfg.get("callbacks") or {}).get("early_stopping"), cfg.task.name,
+                         configured_task_class(cfg).VALIDATION_METRICS)
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):
         read_tokenizer(str(cfg.data.tokenizer))  # a file: read now, not after the corpus is prepared
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
+    check_tune_config(cfg.get("tune"), cfg.get("resume"), cfg.get("ckpt_path"))
     if "tensorboard" in (cfg.get("logger") or {}):
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     key = next((k for k in SEQUENCE_LENGTH_KEYS if cfg.data.get(k) is not None), None)
@@ -324,6 +329,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     if adapter and task.lora is not None and not resume_from:
         load_adapter(task.net, str(adapter), task.lora, str(cfg.init_from))
     compile_network(task, cfg.get("compile", False))
+    check_tunable(cfg.get("tune"), task)
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
@@ -351,6 +357,10 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     try:
         # The launching process answers for its DDP workers: the job fails if one of them does.
         with ranks_fail_together(trainer, workers):
+            if cfg.get("tune"):  # tune=lr_find: Lightning's learning-rate finder on the task as built, instead of training
+                metrics = find_learning_rate(cfg, trainer, task, datamodule)
+                succeeded = True
+                return metrics
             try:
                 trainer.fit(task, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
             except SIGTERMException:
@@ -360,6 +370,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
             if task.lora is not None and writes_outputs:
                 save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, _best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            metrics.update(early_stop_record(trainer))  # callbacks=early_stopping: the step it stopped at
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
             if cfg.get("test", True):
@@ -422,3 +433,11 @@ def _best_checkpoint(trainer: L.Trainer) -> str | None:
     if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
         return checkpoint.best_model_path
     return None
+
+
+def early_stop_record(trainer: L.Trainer) -> dict[str, float]:
+    """``callbacks=early_stopping``: the step the run stopped at and the best value it monitored; empty if it did not stop."""
+    stop = trainer.early_stopping_callback
+    if not isinstance(stop, StopEarly) or stop.stopped_step is None:
+        return {}
+    return {STOPPED_EARLY_STEP: float(stop.stopped_step), STOPPED_EARLY_BEST: float(stop.best_score)}

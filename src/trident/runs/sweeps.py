@@ -36,6 +36,10 @@ from trident.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
 STATUS_FILE = "status.json"
+# A run that early stopping ended (callbacks=early_stopping) has these final metrics: the step it stopped at
+# and the best value of the metric it monitored (trident.training.callbacks.StopEarly).
+STOPPED_EARLY_STEP = "stopped_early/step"
+STOPPED_EARLY_BEST = "stopped_early/best"
 # Jobs of one setting differ only by these keys, so they aggregate into one W&B group and report row.
 REPEAT_KEYS = ("seed",)
 

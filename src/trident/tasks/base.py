@@ -76,11 +76,15 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     #: beside the adapters, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
     HEAD: ClassVar[tuple[str, ...]] = ()
 
+    #: The metrics the task logs at every validation: what early stopping (and a checkpoint) may monitor.
+    VALIDATION_METRICS: ClassVar[tuple[str, ...]]
+
     #: The task's network: all its weights, and the module ``compile=true`` and the exports use.
     net: nn.Module
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A task class that names no data module or no ``task=`` name fails where it is defined, not in its first run."""
+        """A task class that names no data module, no ``task=`` name or no validation metrics fails where it is
+        defined, not in its first run."""
         super().__init_subclass__(**kwargs)
         data_module = getattr(cls, "DATA_MODULE", None)
         if not (isinstance(data_module, type) and issubclass(data_module, TridentDataModule)):
@@ -88,6 +92,10 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
                             f"got {data_module!r}")
         if not isinstance(getattr(cls, "NAME", None), str):
             raise TypeError(f"{cls.__qualname__} must set NAME to its task= option (its conf/task yaml's task.name)")
+        metrics = getattr(cls, "VALIDATION_METRICS", None)
+        if not (isinstance(metrics, tuple) and metrics and all(isinstance(name, str) for name in metrics)):
+            raise TypeError(f"{cls.__qualname__} must set VALIDATION_METRICS to the names of the metrics its validation "
+                            "logs, e.g. (\"val/loss\",)")
 
     def __init__(
         self,
@@ -106,6 +114,17 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
         self.lora = lora  # finetune=lora: the adapters' settings (trident.training.lora); None: full fine-tuning
+
+    @property
+    def learning_rate(self) -> float:
+        """``optimizer.lr``, by the name Lightning's learning-rate finder looks for (``Tuner.lr_find``
+        sets it to its suggestion; trident.runs.lr_find)."""
+        return float(self.optimizer_cfg["lr"])
+
+    @learning_rate.setter
+    def learning_rate(self, lr: float) -> None:
+        self.optimizer_cfg = {**self.optimizer_cfg, "lr": float(lr)}
+        self.hparams["optimizer"] = self.optimizer_cfg  # what a checkpoint saved after it records
 
     def add_adapters(self) -> None:
         """``finetune=lora``: adapters on ``net`` (built by then), which is frozen but for them and :attr:`HEAD`.

@@ -28,6 +28,7 @@ Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels
 
 class SequenceClassificationTask(TridentTask):
     NAME = "classify"
+    VALIDATION_METRICS = ("val/loss", "val/acc", "val/macro_f1", "val/majority_acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
     net: SequenceClassifier
     HEAD = ("head.",)  # trains under finetune=lora

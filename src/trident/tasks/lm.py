@@ -27,6 +27,7 @@ DECODE_TOKENS = 64
 
 class LanguageModelTask(TridentTask):
     NAME = "lm"
+    VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
     net: CausalLM

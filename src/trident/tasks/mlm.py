@@ -32,6 +32,7 @@ STAGES = {"train": 0, "val": 1, "test": 2}
 
 class MaskedLanguageModelTask(TridentTask):
     NAME = "mlm"
+    VALIDATION_METRICS = ("val/loss", "val/ppl", "val/acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"
     net: MaskedLM

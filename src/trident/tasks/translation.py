@@ -35,6 +35,7 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
 
 class TranslationTask(TridentTask):
     NAME = "translation"
+    VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True
     net: EncoderDecoder

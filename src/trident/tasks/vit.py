@@ -26,6 +26,7 @@ Batch = tuple[Tensor, Tensor]
 
 class ImageClassificationTask(TridentTask):
     NAME = "vit"
+    VALIDATION_METRICS = ("val/loss", "val/acc", "val/acc_top5")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False
     READS = "images"

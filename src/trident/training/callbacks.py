@@ -1,6 +1,7 @@
 """Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images) and
 MFU, metrics in train.log, and a metric history file that does not depend on the logger; and
-Lightning's EMA callback, adjusted to trident's end of training (:class:`ModelEMA`)."""
+Lightning's EMA callback, adjusted to trident's end of training (:class:`ModelEMA`), and its early
+stopping, adjusted to resume (:class:`StopEarly`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
-from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, EMAWeightAveraging
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
@@ -170,3 +172,55 @@ class ModelEMA(EMAWeightAveraging):
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
+
+
+class StopEarly(EarlyStopping):
+    """Lightning's early stopping (``callbacks=early_stopping``): the run stops when the monitored
+    validation metric has not improved by more than ``min_delta`` in ``patience`` validations.
+
+    Three changes make it a run's record and let ``resume=<run dir>`` continue correctly:
+
+    - it keeps the step it stopped at, ``stopped_step`` (in its checkpointed state), which the run's final
+      metrics hold (``status.json``, the sweep report);
+    - resuming the checkpoint of its stop does not train again (Lightning's callback would train on
+      until the next validation): the run ends at the step it stopped at, as a finished run does;
+    - the patience is the configured one, not the checkpoint's: ``resume=<run dir>
+      callbacks.early_stopping.patience=10`` trains on from the stop, the validations without an
+      improvement so far counted.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stopped_step: int | None = None
+
+    def _run_early_stopping_check(self, trainer: L.Trainer) -> None:
+        super()._run_early_stopping_check(trainer)
+        if self.stopping_reason_message is not None and self.stopped_step is None:  # set once it stops (every rank)
+            self.stopped_step = trainer.global_step
+            if trainer.is_global_zero:
+                log.warning("Stopped early at step %d: %s", self.stopped_step, self._summary())
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stopped_step is None:
+            return
+        if self.stopping_reason != EarlyStoppingReason.PATIENCE_EXHAUSTED or self.wait_count < self.patience:
+            # A resume with a larger patience (or after a non-finite value): training goes on.
+            self.stopped_step, self.stopping_reason, self.stopping_reason_message = None, EarlyStoppingReason.NOT_STOPPED, None
+            return
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            log.warning("The run stopped early at step %d (%s): it does not train again; to train on, resume with a "
+                        "larger callbacks.early_stopping.patience or with callbacks=default", self.stopped_step,
+                        self._summary())
+
+    def _summary(self) -> str:
+        return f"{self.monitor} best {float(self.best_score):.6g} (patience {self.patience}, min_delta {abs(self.min_delta)})"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        patience = self.patience
+        super().load_state_dict(state_dict)
+        self.patience = patience  # the configured one (Lightning would restore the checkpoint's)
+        self.stopped_step = state_dict.get("stopped_step")

@@ -1,4 +1,4 @@
-"""Checks of the ``seed``, the ``trainer`` group and the EMA callback before any work.
+"""Checks of the ``seed``, the ``trainer`` group and the EMA and early-stopping callbacks before any work.
 
 Lightning checks some trainer values only when the trainer is built (after the data is prepared)
 and others not at all: ``accumulate_grad_batches=0`` or ``val_check_interval=0`` end in a
@@ -98,3 +98,30 @@ def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
             "callbacks=ema does not work with FSDP's sharded weights (the average is a deep copy of the whole model): "
             "use trainer=ddp, or leave out callbacks=ema"
         )
+
+
+def check_early_stopping(stop: Mapping[str, Any] | None, task: str, validation_metrics: tuple[str, ...]) -> None:
+    """``callbacks.early_stopping`` (``callbacks=early_stopping``), null when off: it monitors a metric that
+    ``task`` logs at validation (``validation_metrics``), with a patience of at least one validation."""
+    if stop is None:
+        return
+    monitor = stop.get("monitor")
+    if monitor not in validation_metrics:
+        raise ConfigError(
+            f"callbacks.early_stopping.monitor={monitor} is not a metric task={task} logs at validation: choose "
+            f"among {', '.join(validation_metrics)} (e.g. callbacks.early_stopping.monitor={validation_metrics[0]})"
+        )
+    patience = stop.get("patience")
+    if not (is_int(patience) and patience >= 1):
+        raise ConfigError(
+            f"callbacks.early_stopping.patience must be an integer >= 1 (validations without an improvement before "
+            f"the stop), got {patience!r}: set e.g. callbacks.early_stopping.patience=3"
+        )
+    min_delta = stop.get("min_delta", 0.0)
+    if not (is_number(min_delta) and min_delta >= 0):
+        raise ConfigError(
+            f"callbacks.early_stopping.min_delta must be a number >= 0 (the smallest change that counts as an "
+            f"improvement), got {min_delta!r}: set e.g. callbacks.early_stopping.min_delta=0"
+        )
+    if stop.get("mode") not in ("min", "max"):
+        raise ConfigError(f"callbacks.early_stopping.mode={stop.get('mode')} is not a direction: set it to min or max")
