@@ -399,6 +399,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("lora-rank-zero", "train.py", [*LORA_TUNE, "finetune.rank=0"], ["finetune.rank must be an integer from 1 to 64", "got 0"]),
     ("lora-rank-wider-than-the-model", "train.py", [*LORA_TUNE, "finetune.rank=65"], ["finetune.rank must be an integer from 1 to 64", "got 65"]),
     ("lora-adapter-missing", "train.py", [*LORA_TUNE, "finetune.adapter=nowhere"], ["finetune.adapter=nowhere holds no adapter.safetensors"]),
+    # Issue 43: torchrun, MLflow, W&B artifacts
+    ("mlflow-server-unreachable", "train.py", ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],
+     ["logger.mlflow.tracking_uri=http://127.0.0.1:9 cannot be reached", "drop the override"]),
+    ("wandb-log-model-all", "train.py", ["logger.wandb.log_model=all"], ["logger.wandb.log_model=all is not a choice: set false"]),
 ]
 
 
