@@ -18,6 +18,7 @@ from torch.distributed import TCPStore
 
 from trident.errors import TridentError
 from trident.launch import torchrun
+from trident.launch.distributed import workers_follow
 from trident.launch.workers import JOB_VARIABLE
 from trident.runs.command_line import prepare_command_line
 from trident.training.wandb_files import wait_for_offline_runs
@@ -58,6 +59,12 @@ def test_rank_one_runs_the_job_rank_zero_published(agent_store: int, monkeypatch
     torchrun_env(monkeypatch, 1, agent_store, agent_store=True)
     argv = prepare_command_line(["model=nano", "seed=3", "hydra.run.dir=outputs/runs/${now:%H-%M-%S-%f}"])
     assert argv == ["model=nano", "seed=3", "hydra.run.dir='/runs/rank-zero\\'s'", "hydra.output_subdir=null"]
+
+
+def test_rank_zero_publishes_the_job_it_runs(agent_store: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    torchrun_env(monkeypatch, 0, agent_store, agent_store=True)
+    with workers_follow([], ["model=nano"], tmp_path / "run"):
+        assert json.loads(torchrun.job_of_rank_zero(1)) == {"overrides": ["model=nano"], "run_dir": str(tmp_path / "run")}
 
 
 def test_without_the_agent_store_rank_zero_hosts_it(monkeypatch: pytest.MonkeyPatch) -> None:
