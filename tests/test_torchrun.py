@@ -44,6 +44,12 @@ def torchrun_env(monkeypatch: pytest.MonkeyPatch, rank: int, port: int, agent_st
     monkeypatch.delenv(JOB_VARIABLE, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that gets no job fails in seconds here, not after torchrun's minutes."""
+    monkeypatch.setattr(torchrun, "JOB_WAIT_S", 5.0)
+
+
 @pytest.fixture
 def agent_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """The store torchrun's agent hosts: the port of a running TCPStore server."""
