@@ -61,7 +61,9 @@ def agent_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
 
 def test_rank_one_runs_the_job_rank_zero_published(agent_store: int, monkeypatch: pytest.MonkeyPatch) -> None:
     torchrun_env(monkeypatch, 0, agent_store, agent_store=True)
+    monkeypatch.setattr(torchrun, "_hosted", [])
     torchrun.publish_job(JOB)
+    assert not torchrun._hosted, "torchrun's agent hosts the store (in its own process): rank 0 is a client"
     torchrun_env(monkeypatch, 1, agent_store, agent_store=True)
     argv = prepare_command_line(["model=nano", "seed=3", "hydra.run.dir=outputs/runs/${now:%H-%M-%S-%f}"])
     assert argv == ["model=nano", "seed=3", "hydra.run.dir='/runs/rank-zero\\'s'", "hydra.output_subdir=null"]
@@ -76,7 +78,9 @@ def test_rank_zero_publishes_the_job_it_runs(agent_store: int, monkeypatch: pyte
 def test_without_the_agent_store_rank_zero_hosts_it(monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     torchrun_env(monkeypatch, 0, port, agent_store=False)
+    monkeypatch.setattr(torchrun, "_hosted", [])
     torchrun.publish_job(JOB)
+    assert len(torchrun._hosted) == 1
     torchrun_env(monkeypatch, 1, port, agent_store=False)
     assert torchrun.job_of_rank_zero(1) == JOB
 
