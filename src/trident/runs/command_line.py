@@ -2,7 +2,7 @@
 imported: a misspelt key or option fails in about a second, as one ``error:`` line and exit status 2.
 
 :func:`prepare_command_line` is that one step. A DDP worker gets its job's command line (see
-:mod:`trident.launch.distributed`); otherwise the ``group=option`` choices are checked against
+:mod:`trident.launch.distributed`; under torchrun, :mod:`trident.launch.torchrun`); otherwise the ``group=option`` choices are checked against
 ``conf/``, the config is composed once with the command line (a sweep with its first values), and
 ``resume=...`` becomes the resumed run's overrides (:mod:`trident.runs.resume`). Everything here
 imports Hydra and OmegaConf only.
@@ -10,6 +10,7 @@ imports Hydra and OmegaConf only.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
 from trident.extras import composition_extra, plugin_extra
-from trident.launch.workers import is_ddp_worker, worker_arguments
+from trident.launch.torchrun import check_one_job, job_of_rank_zero, torchrun_rank
+from trident.launch.workers import JOB_VARIABLE, is_ddp_worker, worker_arguments
 from trident.runs.compose import CONF_DIR, compose_train_config
 from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
 
@@ -32,6 +34,11 @@ from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
 def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list[str]:
     """The arguments Hydra gets for ``train.py <argv>``: checked, with ``resume=...`` expanded.
     A user error exits here with one ``error:`` line (status 2)."""
+    run_with_clear_errors(lambda: check_one_job(list(argv), MULTIRUN_FLAGS))
+    rank = torchrun_rank()
+    if rank not in (None, 0):  # torchrun started this rank: it runs rank 0's job (trident.launch.torchrun)
+        os.environ[JOB_VARIABLE] = run_with_clear_errors(lambda: job_of_rank_zero(rank))
+        return worker_arguments(argv)
     if is_ddp_worker():
         return worker_arguments(argv)  # its launching process checked this command line already
     # Other Hydra flags (--help, --cfg, -cn...) change what the command line means: Hydra checks
@@ -67,7 +74,7 @@ def check_group_choices(argv: Sequence[str], conf_dir: Path) -> None:
 
 
 def _group_values(arg: str) -> list[str]:
-    """The options a ``group=...`` argument names, one per job of a sweep."""
+    """The options a ``group=...`` argument names: one per job of a sweep, or the options of a list."""
     try:
         override = OverridesParser.create().parse_override(arg)
     except HydraException:  # OverrideParseException, or the grammar's own error
@@ -76,7 +83,11 @@ def _group_values(arg: str) -> list[str]:
         return []
     if override.is_choice_sweep():
         return list(override.sweep_string_iterator())
-    return [] if override.is_sweep_override() else [str(override.value())]
+    if override.is_sweep_override():
+        return []
+    value = override.value()
+    # A list (logger=[wandb,tensorboard]) picks several options of the group at once.
+    return [str(option) for option in value] if isinstance(value, list) else [str(value)]
 
 
 def compose_checked(argv: Sequence[str], conf_dir: Path) -> DictConfig:

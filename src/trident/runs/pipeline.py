@@ -26,7 +26,6 @@ from trident.backbone import TransformerConfig, pos_encoding_class
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
-from trident.extras import require_package
 from trident.launch.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.launch.requeue import latest_checkpoint
@@ -36,12 +35,13 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory, StopEarly
-from trident.training.loggers import build_loggers, record_summary
+from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import lora_settings, trainable_parameters
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
+from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
@@ -140,8 +140,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     check_optimizer_config(_plain(cfg.optimizer))
     check_scheduler_config(_plain(cfg.scheduler))
     check_tune_config(cfg.get("tune"), cfg.get("resume"), cfg.get("ckpt_path"))
-    if "tensorboard" in (cfg.get("logger") or {}):
-        require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
+    check_logger_config(cfg.get("logger") or {})
     key = next((k for k in SEQUENCE_LENGTH_KEYS if cfg.data.get(k) is not None), None)
     if key is not None and (not is_int(cfg.data[key]) or cfg.data[key] <= 0):  # before data.max_seq_len follows it
         raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
@@ -367,6 +366,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
                 preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
             _raise_stop(preemption, writes_outputs)  # also when the signal came with the last step: no test
+            log_best_checkpoint(trainer.loggers, _best_checkpoint(trainer), cfg, history.best)  # logger.wandb.log_model
             if task.lora is not None and writes_outputs:
                 save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, _best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -16,6 +16,8 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from trident.extras import require_package
+from trident.training.wandb_artifacts import check_log_model
 from trident.training.wandb_journal import JOURNAL, WandbJournal
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,18 @@ def resolve_wandb_mode(requested: str) -> str:
     return "online"
 
 
+def check_logger_config(loggers_cfg: DictConfig | dict[str, Any]) -> None:
+    """Before any work: what the chosen loggers need is installed, and MLflow's server answers."""
+    if "wandb" in loggers_cfg:
+        check_log_model(loggers_cfg["wandb"].get("log_model", False))
+    if "tensorboard" in loggers_cfg:
+        require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
+    if "mlflow" in loggers_cfg:
+        from trident.training.mlflow_logging import check_mlflow_config  # here: only logger=mlflow needs it
+
+        check_mlflow_config(loggers_cfg["mlflow"])
+
+
 def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str, resumed_step: int | None) -> list[Logger]:
     """Instantiate every entry of ``cfg.logger`` (a mapping name -> logger config). ``run_id``
     (kept in the run directory) makes a resumed run continue the same W&B run; an attempt that
@@ -87,8 +101,16 @@ def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str, resumed_step: int
             wandb_logger = _wandb_logger(cfg, logger_cfg, run_dir, run_id)
             # The journal first: it resends the earlier rows before W&B gets this attempt's first one.
             loggers += [WandbJournal(run_dir / "wandb" / JOURNAL, wandb_logger, resumed_step), wandb_logger]
+            continue
+        if name == "mlflow":
+            from trident.training.mlflow_logging import mlflow_logger  # here: only logger=mlflow needs it
+
+            logger = mlflow_logger(logger_cfg, run_dir)
         else:
-            loggers.append(hydra.utils.instantiate(logger_cfg, save_dir=str(run_dir)))
+            logger = hydra.utils.instantiate(logger_cfg, save_dir=str(run_dir))
+        # Every logger keeps the resolved config that W&B gets (_wandb_logger), not only the module's hyperparameters.
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        loggers.append(logger)
     return loggers
 
 
@@ -108,6 +130,7 @@ def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
     requested = options.pop("mode", "auto")
+    options.pop("log_model", None)  # trident uploads the best checkpoint itself (trident.training.wandb_artifacts)
     # Other DDP ranks get no W&B run (Lightning's stand-in): no login check, server probe or warning there.
     mode = resolve_wandb_mode(requested) if rank_zero_only.rank == 0 else requested  # type: ignore[attr-defined]
     # wandb.init retries for 90 s by default when the server answers badly; bound it.

@@ -31,6 +31,8 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: Every artifact the run logged (W&B's record: name, type, aliases, metadata as JSON, manifest).
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
     #: True once the file holds the run's exit record (everything it logged was written).
     finished: bool = False
 
@@ -85,6 +87,8 @@ def read_offline_run(run_file: Path) -> OfflineRun:
             run.history.append(_media_values(record["history"]["item"]))
         elif kind == "summary":
             run.summary.update(_media_values(record["summary"].get("update", {})))
+        elif kind == "artifact":
+            run.artifacts.append(record["artifact"])
         elif kind == "exit":
             run.finished = True
     run.config.pop("_wandb", None)  # W&B's own bookkeeping, not the run's config
