@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import logging
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import hydra.utils
 import lightning as L
 from hydra.errors import InstantiationException
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -32,11 +30,11 @@ from trident.launch.requeue import latest_checkpoint
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
-from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
+from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
-from trident.training.callbacks import MetricHistory, StopEarly
+from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
-from trident.training.lora import lora_settings, trainable_parameters
+from trident.training.lora import lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
@@ -366,15 +364,15 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 # Lightning stops by itself on a signal that came before trident's handler was in place.
                 preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
             _raise_stop(preemption, writes_outputs)  # also when the signal came with the last step: no test
-            log_best_checkpoint(trainer.loggers, _best_checkpoint(trainer), cfg, history.best)  # logger.wandb.log_model
+            log_best_checkpoint(trainer.loggers, best_checkpoint(trainer), cfg, history.best)  # logger.wandb.log_model
             if task.lora is not None and writes_outputs:
-                save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, _best_checkpoint(trainer))
+                save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             metrics.update(early_stop_record(trainer))  # callbacks=early_stopping: the step it stopped at
             if history.best is not None:
                 metrics[f"best/{history.monitor}"] = history.best
             if cfg.get("test", True):
-                best = _best_checkpoint(trainer)
+                best = best_checkpoint(trainer)
                 trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=True)
                 _raise_stop(preemption, writes_outputs)  # a signal during the test
                 metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
@@ -388,56 +386,9 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     return metrics
 
 
-def report_trainable(task: TridentTask, loggers: list[Any]) -> None:
-    """The log line and the run's hyperparameters say how much of the network trains (finetune=lora: a fraction)."""
-    counts = trainable_parameters(task.net)
-    log.info("Trainable parameters: %d of %d (%.2f%%)", counts["params/trainable"], counts["params/total"],
-             100 * counts["params/trainable_share"])
-    for logger in loggers:
-        logger.log_hyperparams(counts)
-    record_summary(loggers, counts)
-
-
 def _raise_stop(preemption: PreemptionCheckpoint, writes_outputs: bool) -> None:
     """End the job with its :class:`JobStopped` if a stop signal has stopped it."""
     if preemption.stop is not None:
         if writes_outputs:  # once per job, not once per DDP rank
             log.warning("Stopped by %s (%s)", preemption.stop.signal, preemption.stop.outcome)
         raise preemption.stop
-
-
-def finish_wandb(succeeded: bool, signalled: bool) -> None:
-    """Exactly one W&B run per job, also when a multirun reuses the process; a failed job shows as
-    failed, a stopped one as preempted (a requeued or resumed job continues the same run)."""
-    wandb = sys.modules.get("wandb")  # imported by the W&B logger only: without it, no W&B run
-    if wandb is None or wandb.run is None:
-        return
-    try:
-        if signalled and not succeeded:
-            wandb.mark_preempting()
-        wandb.finish(exit_code=0 if succeeded else 1)
-        # finish() returns before W&B's service has written the run's files; teardown waits for
-        # it, so the offline run on disk is complete when train() returns (a reader may follow).
-        wandb.teardown()
-    except (ConnectionError, OSError):
-        if not signalled:
-            raise
-        # SLURM's SIGTERM ended W&B's service with the job: the run keeps what it wrote until then.
-        log.warning("W&B's service process ended with the signal: the W&B run holds the steps logged before it")
-        with contextlib.suppress(ConnectionError, OSError):
-            wandb.teardown()
-
-
-def _best_checkpoint(trainer: L.Trainer) -> str | None:
-    checkpoint = trainer.checkpoint_callback
-    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_path:
-        return checkpoint.best_model_path
-    return None
-
-
-def early_stop_record(trainer: L.Trainer) -> dict[str, float]:
-    """``callbacks=early_stopping``: the step the run stopped at and the best value it monitored; empty if it did not stop."""
-    stop = trainer.early_stopping_callback
-    if not isinstance(stop, StopEarly) or stop.stopped_step is None:
-        return {}
-    return {STOPPED_EARLY_STEP: float(stop.stopped_step), STOPPED_EARLY_BEST: float(stop.best_score)}
