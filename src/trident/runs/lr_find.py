@@ -18,19 +18,21 @@ import math
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.tuner import Tuner
-from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, is_int, is_number
 from trident.tasks.base import TridentTask
 from trident.training.loggers import record_summary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,8 @@ def find_learning_rate(cfg: DictConfig, trainer: L.Trainer, task: TridentTask, d
 
 def finder_figure(results: dict[str, list[float]], mode: str, lr: float) -> Figure:
     """The smoothed training loss against the rate, the suggestion (the steepest descent) marked."""
+    from matplotlib.figure import Figure  # only the finder draws: train.py starts without matplotlib
+
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     ax.plot(results["lr"], results["loss"])
