@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import netrc
 import os
-import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,14 +16,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.extras import require_package
+from trident.training.server_probe import server_reachable
 from trident.training.wandb_artifacts import check_log_model
 from trident.training.wandb_journal import JOURNAL, WandbJournal
 
 log = logging.getLogger(__name__)
 
 SYNC_HINT = "upload later with `wandb sync <run dir>/wandb/offline-run-*`"
-# Seconds to wait for the W&B server to answer a connection before logging offline.
-PROBE_TIMEOUT_S = 5.0
 
 
 def wandb_base_url() -> str:
@@ -48,17 +46,6 @@ def wandb_logged_in() -> bool:
     return urlsplit(wandb_base_url()).hostname in hosts or "api.wandb.ai" in hosts
 
 
-def wandb_server_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """True when a TCP connection to the server of ``url`` opens within ``timeout`` seconds."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def resolve_wandb_mode(requested: str) -> str:
     """``auto`` -> ``online`` with a login, else ``offline``; ``WANDB_MODE`` in the environment wins,
     as W&B users expect. ``online`` without a login or a reachable server also becomes ``offline``,
@@ -72,7 +59,7 @@ def resolve_wandb_mode(requested: str) -> str:
         else:
             log.warning("No W&B login found: logging offline; %s", SYNC_HINT)
         return "offline"
-    if not wandb_server_reachable(wandb_base_url()):
+    if not server_reachable(wandb_base_url()):
         log.warning("W&B server %s cannot be reached: logging offline; %s", wandb_base_url(), SYNC_HINT)
         return "offline"
     return "online"

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError
 from trident.extras import require_package
+from trident.training.server_probe import server_reachable
 
 # Tracking URI schemes of a store on this machine's disk (a plain path has none).
 LOCAL_SCHEMES = ("", "file")
@@ -21,13 +22,9 @@ LOCAL_SCHEMES = ("", "file")
 
 def check_mlflow_config(logger_cfg: DictConfig) -> None:
     """MLflow is installed, and a tracking server named by ``tracking_uri`` answers."""
-    from trident.training.loggers import (
-        wandb_server_reachable,  # a TCP probe of any server; loggers imports this module
-    )
-
     require_package("mlflow")
     uri = str(logger_cfg.get("tracking_uri") or "")
-    if urlsplit(uri).scheme in ("http", "https") and not wandb_server_reachable(uri):
+    if urlsplit(uri).scheme in ("http", "https") and not server_reachable(uri):
         raise ConfigError(f"logger.mlflow.tracking_uri={uri} cannot be reached: start the MLflow server "
                           "(mlflow server --port ...) or drop the override for the local store under outputs/mlruns")
 
