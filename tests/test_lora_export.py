@@ -5,17 +5,25 @@ merged weights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from safetensors import safe_open
 
 import trident
 from trident.backbone import is_lora_parameter, merge_lora
-from trident.commands.export import main
+from trident.commands.export import FORMATS, main
 from trident.errors import ConfigError
 from trident.runs.pipeline import train
+from trident.tasks.base import TridentTask
+from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.mlm import MaskedLanguageModelTask
+from trident.tasks.vit import ImageClassificationTask
 from trident.weights.adapters.peft_export import write_peft
 from trident.weights.init_from import read_init_source
 
@@ -38,6 +46,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     train(compose_config([*LLAMA, "finetune=lora", f"init_from={base}", "finetune.targets=[q,k,v,o,mlp]",
                           "finetune.rank=4", "optimizer.lr=0.01"], output_dir=tuned))
     return base, tuned
+
+
+def _adapted(model: Any) -> set[str]:
+    """The modules of a PeftModel that carry a LoRA adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def _stored(adapter: Path) -> set[str]:
+    """The modules an exported adapter file holds LoRA weights for."""
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as file:
+        return {key.removesuffix(".lora_A.weight") for key in file.keys() if key.endswith(".lora_A.weight")}
 
 
 def _ids(vocab_size: int) -> torch.Tensor:
@@ -63,21 +84,83 @@ def test_peft_loads_the_exported_adapter_on_the_exported_base_with_the_same_logi
     main([str(runs[1]), "--format", "peft", "--out", str(tmp_path / "adapter")])
     base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
     model = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
-    assert sorted(model.peft_config["default"].target_modules) == ["down_proj", "gate_proj", "k_proj", "o_proj",
-                                                                   "q_proj", "up_proj", "v_proj"]
+    assert {name.rsplit(".", 1)[-1] for name in _adapted(model)} == {"down_proj", "gate_proj", "k_proj", "o_proj",
+                                                                      "q_proj", "up_proj", "v_proj"}
+    assert _adapted(model) == _stored(tmp_path / "adapter")
     tuned = trident.load(runs[1])
     ids = _ids(tuned.net.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=1e-5, atol=1e-5)
 
 
-def test_the_peft_export_refuses_a_gpt2_and_a_run_without_adapters(tmp_path: Path) -> None:
-    gpt2 = {**BACKBONE, "activation": "gelu_tanh"}
+def test_the_peft_export_refuses_a_run_without_adapters_and_a_model_without_hf_export(tmp_path: Path) -> None:
     lora = {"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q"]}
-    with pytest.raises(ConfigError, match="exports as GPT2LMHeadModel, whose fused projections peft cannot adapt"):
-        write_peft(LanguageModelTask(gpt2, 11, OPTIMIZER, SCHEDULER, lora=lora), tmp_path)
     with pytest.raises(ConfigError, match="this run has none: export it with --format hf"):
-        write_peft(LanguageModelTask(gpt2, 11, OPTIMIZER, SCHEDULER), tmp_path)
+        write_peft(LanguageModelTask(GPT2, 11, OPTIMIZER, SCHEDULER), tmp_path)
+    classify = SequenceClassificationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, class_names=["a", "b"],
+                                          majority_accuracy={"validation": 0.5, "test": 0.5}, lora=lora)
+    with pytest.raises(ConfigError, match="a SequenceClassifier has no Hugging Face equivalent"):
+        write_peft(classify, tmp_path)
+
+
+# trident's own GPT-2-style LM (fused c_attn, Conv1D), BERT (task=mlm) and ViT (task=vit), two blocks each.
+GPT2 = {**BACKBONE, "n_layers": 2, "max_seq_len": 16, "activation": "gelu_tanh"}
+BERT = {**BACKBONE, "n_layers": 2, "max_seq_len": 16, "norm_first": False, "embedding_norm": True}
+IMAGES = {"num_classes": 3, "image_size": 8, "in_channels": 1, "patch_size": 4, "class_names": ["a", "b", "c"],
+          "mean": [0.5], "std": [0.5]}
+VIT = {**BACKBONE, "n_layers": 2, **ImageClassificationTask.backbone_geometry({"image_size": 8, "patch_size": 4}, {})}
+FAMILIES: dict[str, tuple[Callable[..., TridentTask], Callable[[], torch.Tensor]]] = {
+    "gpt2": (partial(LanguageModelTask, GPT2, 11, OPTIMIZER, SCHEDULER), lambda: _ids(11)),
+    "bert": (partial(MaskedLanguageModelTask, BERT, 11, OPTIMIZER, SCHEDULER, mask_id=9, pad_id=10, num_regular_tokens=9),
+             lambda: _ids(11)),
+    "vit": (partial(ImageClassificationTask, VIT, OPTIMIZER, SCHEDULER, **IMAGES),
+            lambda: torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))),
+}
+AUTO = {"gpt2": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM", "vit": "AutoModelForImageClassification"}
+
+
+def _base_and_tuned(family: str, targets: list[str]) -> tuple[TridentTask, TridentTask]:
+    """A base and a LoRA task on its weights whose adapters and head are random (B not zero: the adapters count)."""
+    build = FAMILIES[family][0]
+    torch.manual_seed(0)
+    base, tuned = build().eval(), build(lora={"rank": 2, "alpha": 3.0, "dropout": 0.0, "targets": targets}).eval()
+    missing, unexpected = tuned.net.load_state_dict(base.net.state_dict(), strict=False)
+    assert not unexpected and all(is_lora_parameter(name) for name in missing)
+    with torch.no_grad():
+        for param in tuned.net.parameters():
+            if param.requires_grad:
+                param.copy_(torch.randn_like(param) / 2)
+    return base, tuned
+
+
+@pytest.mark.parametrize(("family", "targets"), [
+    ("gpt2", ["q"]), ("gpt2", ["q", "v"]), ("gpt2", ["q", "k", "v", "o", "mlp"]), ("gpt2", ["k", "mlp"]),
+    ("bert", ["q", "v"]), ("bert", ["q", "k", "v", "o", "mlp"]), ("bert", ["mlp"]),
+    ("vit", ["q", "v"]), ("vit", ["q", "k", "v", "o", "mlp"]),
+])
+def test_peft_loads_each_familys_adapter_on_its_hf_base_with_the_same_logits_merged_or_not(
+    family: str, targets: list[str], tmp_path: Path
+) -> None:
+    peft = pytest.importorskip("peft")
+    base, tuned = _base_and_tuned(family, targets)
+    FORMATS["hf"](base, tmp_path / "base")
+    (tmp_path / "adapter").mkdir()
+    write_peft(tuned, tmp_path / "adapter")
+    auto = getattr(transformers, AUTO[family])
+    model = peft.PeftModel.from_pretrained(auto.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    assert _adapted(model) == _stored(tmp_path / "adapter"), "peft adapts the modules the file holds, no other"
+    inputs = FAMILIES[family][1]()
+    with torch.no_grad():
+        expected = tuned.net(inputs)
+        assert not torch.allclose(base.net(inputs), expected, atol=1e-3), "the adapters change the model"
+        torch.testing.assert_close(model(inputs).logits, expected, rtol=1e-5, atol=1e-5)
+        FORMATS["hf"](tuned, tmp_path / "merged")  # the adapters folded into the weights
+        merged = auto.from_pretrained(tmp_path / "merged").eval()
+        unloaded = model.merge_and_unload()
+        torch.testing.assert_close(unloaded(inputs).logits, merged(inputs).logits, rtol=1e-5, atol=1e-5)
+    assert unloaded.state_dict().keys() == merged.state_dict().keys()
+    for name, tensor in merged.state_dict().items():
+        torch.testing.assert_close(unloaded.state_dict()[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_init_from_a_lora_run_takes_its_merged_weights(runs: tuple[Path, Path]) -> None:

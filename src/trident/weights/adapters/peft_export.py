@@ -2,60 +2,120 @@
 ``adapter_config.json`` and ``adapter_model.safetensors`` in the module names of the run's Hugging Face
 export, which ``peft.PeftModel.from_pretrained(<the base exported as hf>, DIR)`` loads with the same logits.
 
-Written for the Llama family (Llama, Mistral, Qwen2, Qwen3: rope, rmsnorm, swiglu), whose q, k, v, gate and
-up are Linears of their own, so each of trident's per-slice adapters is one peft adapter. GPT-2 fuses q, k
-and v into one ``c_attn`` (a Conv1D): trident's q-only adapter would be a rank-3r adapter there whose zero
-blocks peft would train, not the adapter that was trained; such a run is refused (``--format hf`` merges it).
+Every family the hf export writes has a :class:`PeftLayout`. Where the family splits a layer trident fuses
+(the Llama family's, BERT's and ViT's q, k, v; the Llama family's gate and up), each of trident's per-slice
+adapters is one peft adapter. Where the family fuses it too (GPT-2's ``c_attn``, a Conv1D), the slices'
+adapters are one exact adapter on the whole layer: A stacks the adapted slices' A (|S| r x in), B places each
+slice's B in its own rows and columns, zeros elsewhere (out x |S| r), so B A is the sum of the slices' updates;
+its rank is |S| r and its alpha |S| alpha (peft's ``rank_pattern`` and ``alpha_pattern``), so peft's scaling,
+alpha / r, stays trident's. A task's trained head (``TridentTask.HEAD``) goes in peft's ``modules_to_save``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
 from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.tasks.base import TridentTask
-from trident.weights.adapters import llama_style
+from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit, llama_style
+from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import adapter_for_network
 
-# trident's (module, slice) -> the Llama family's module, in a block.
-HF_MODULES = {
-    ("self_attn.qkv_proj", "q"): "self_attn.q_proj", ("self_attn.qkv_proj", "k"): "self_attn.k_proj",
-    ("self_attn.qkv_proj", "v"): "self_attn.v_proj", ("self_attn.out_proj", "o"): "self_attn.o_proj",
-    ("ffn.fc_in", "gate"): "mlp.gate_proj", ("ffn.fc_in", "up"): "mlp.up_proj", ("ffn.fc_out", "out"): "mlp.down_proj",
-}
-BLOCKS = "decoder.blocks."
+# One of the family's modules for each slice of a trident layer, or (a str) one module for the whole layer.
+Modules = dict[str, str | dict[str, str]]
+
+
+@dataclass(frozen=True)
+class PeftLayout:
+    """Where a family's hf export holds trident's adapted layers, in the modules peft adapts."""
+
+    blocks: str  # the family's blocks without their index: "transformer.h"
+    modules: Modules  # trident's layer in a block ("self_attn.qkv_proj") -> the family's module(s) in a block
+    task_type: str | None  # peft's TaskType: CAUSAL_LM for the decoders; the others have none of theirs
+    fan_in_fan_out: bool = False  # weights stored (in, out): GPT-2's Conv1D
+    modules_to_save: tuple[str, ...] = field(default=())  # the family's modules holding the task's HEAD
+
+
+LLAMA = PeftLayout("model.layers", {
+    "self_attn.qkv_proj": {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"},
+    "self_attn.out_proj": "self_attn.o_proj", "ffn.fc_in": {"gate": "mlp.gate_proj", "up": "mlp.up_proj"},
+    "ffn.fc_out": "mlp.down_proj"}, task_type="CAUSAL_LM")
+GPT2 = PeftLayout("transformer.h", {"self_attn.qkv_proj": "attn.c_attn", "self_attn.out_proj": "attn.c_proj",
+                                    "ffn.fc_in": "mlp.c_fc", "ffn.fc_out": "mlp.c_proj"},
+                  task_type="CAUSAL_LM", fan_in_fan_out=True)
+
+
+def _encoder(blocks: str, attention: str, head: str) -> PeftLayout:
+    """BERT's and ViT's layout: separate query, key and value under ``attention``; ``head`` trains."""
+    return PeftLayout(blocks, {
+        "self_attn.qkv_proj": {"q": f"{attention}.query", "k": f"{attention}.key", "v": f"{attention}.value"},
+        "self_attn.out_proj": "attention.output.dense", "ffn.fc_in": "intermediate.dense",
+        "ffn.fc_out": "output.dense"}, task_type=None, modules_to_save=(head,))
+
+
+# The MLM head (transform, and the decoder whose own bias trains) is cls.predictions; ViT's is classifier.
+LAYOUTS = {hf_gpt2.FORMAT: GPT2, hf_bert.FORMAT: _encoder("bert.encoder.layer", "attention.self", "cls.predictions"),
+           hf_vit.FORMAT: _encoder("vit.encoder.layer", "attention.attention", "classifier")}
+
+
+def layout_for(adapter: Adapter) -> PeftLayout:
+    """The peft layout of the family ``adapter`` writes (the Llama family's four share one)."""
+    return LLAMA if isinstance(adapter, llama_style.Family) else LAYOUTS[adapter.FORMAT]
+
+
+def peft_adapters(module: LoRALinear, modules: str | dict[str, str]) -> dict[str, tuple[Tensor, Tensor]]:
+    """The family's module (in a block) -> its peft (A, B) for trident's adapted layer ``module``: per slice
+    where ``modules`` splits it, else one adapter of rank |slices| x rank on the whole layer."""
+    if isinstance(modules, dict):
+        return {modules[name]: (module.lora_A[name], module.lora_B[name]) for name in module.slices}
+    ordered = sorted(module.slices.items(), key=lambda item: item[1])  # by their rows
+    rank = module.lora_A[ordered[0][0]].shape[0]
+    stacked = torch.cat([module.lora_A[name] for name, _ in ordered])  # (|S| r, in)
+    placed = stacked.new_zeros(module.out_features, len(ordered) * rank)  # (out, |S| r)
+    for column, (name, (start, stop)) in enumerate(ordered):
+        placed[start:stop, column * rank:(column + 1) * rank] = module.lora_B[name]
+    return {modules: (stacked, placed)}
 
 
 def write_peft(task: TridentTask, directory: Path) -> None:
-    """``task``'s adapters as peft's LoRA files in ``directory``; a run without adapters, or whose model peft
-    cannot hold them for, is one error line."""
+    """``task``'s adapters as peft's LoRA files in ``directory``; a run without adapters, or whose model has no
+    Hugging Face export, is one error line."""
     if task.lora is None:
         raise ConfigError("--format peft writes a finetune=lora run's adapters and this run has none: "
                           "export it with --format hf")
     adapter = adapter_for_network(task.net)
-    if not isinstance(adapter, llama_style.Family):
-        raise ConfigError(f"--format peft writes adapters of the Llama family (rope, rmsnorm, swiglu), and this run "
-                          f"exports as {adapter.ARCHITECTURES[0]}, whose fused projections peft cannot adapt per "
-                          "part: export it with --format hf (the adapters merged into the weights)")
-    tensors: dict[str, Tensor] = {}
+    layout = layout_for(adapter)
+    _, _, hf_state = adapter.from_trident(task.net)  # refuses, as the hf export does, a base it cannot write
+    prefix = "base_model.model."
+    tensors = {prefix + name: tensor for name, tensor in hf_state.items() if name.startswith(layout.modules_to_save)}
+    ranks: dict[str, int] = {}  # the family's module (in a block) -> its rank
     for name, module in task.net.named_modules():
         if not isinstance(module, LoRALinear):
             continue
-        block, _, part = name.removeprefix(BLOCKS).partition(".")  # "3", "self_attn.qkv_proj"
-        for piece in module.slices:
-            prefix = f"base_model.model.model.layers.{block}.{HF_MODULES[part, piece]}"
-            tensors[f"{prefix}.lora_A.weight"] = module.lora_A[piece].detach().contiguous()
-            tensors[f"{prefix}.lora_B.weight"] = module.lora_B[piece].detach().contiguous()
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-    targets = sorted({key.split(".")[-3] for key in tensors})
+        _, _, block, part = name.split(".", 3)  # "decoder", "blocks", "3", "ffn.fc_in"
+        for hf_module, (lora_a, lora_b) in peft_adapters(module, layout.modules[part]).items():
+            key = f"{prefix}{layout.blocks}.{block}.{hf_module}"
+            tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = lora_a, lora_b
+            ranks[hf_module] = lora_a.shape[0]
+    save_file({name: tensor.detach().clone().contiguous() for name, tensor in tensors.items()},  # tied: a copy each
+              str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    rank, alpha = task.lora["rank"], task.lora["alpha"]
+    wider = {name: width for name, width in sorted(ranks.items()) if width != rank}  # fused: |S| x rank
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": task.lora["rank"], "lora_alpha": task.lora["alpha"],
-        "lora_dropout": task.lora["dropout"], "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
-        "use_rslora": False, "modules_to_save": None, "inference_mode": True, "base_model_name_or_path": None,
+        "peft_type": "LORA", "task_type": layout.task_type, "r": rank, "lora_alpha": alpha,
+        "rank_pattern": wider, "alpha_pattern": {name: alpha * width / rank for name, width in wider.items()},
+        "lora_dropout": task.lora["dropout"], "bias": "none", "fan_in_fan_out": layout.fan_in_fan_out,
+        # Exactly the adapted modules: a bare suffix would catch more (BERT's output.dense ends attention.output.dense).
+        "target_modules": rf"{re.escape(layout.blocks)}\.\d+\.({'|'.join(re.escape(name) for name in sorted(ranks))})",
+        "modules_to_save": list(layout.modules_to_save) or None, "use_rslora": False, "inference_mode": True,
+        "base_model_name_or_path": None,
     }
     (directory / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
