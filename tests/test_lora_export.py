@@ -1,7 +1,7 @@
 """A finetune=lora run out of trident (issue 41): ``--format hf`` merges its adapters (transformers gives
-the run's logits), ``--format peft`` writes them for peft on the base's hf export (the same logits), a
-GPT-2-shaped run is refused by the peft export in one line, and ``init_from`` a LoRA run takes the
-merged weights."""
+the run's logits), ``--format peft`` writes them for peft on the base's hf export (the same logits, merged
+or not) for every family the hf export writes (Llama, GPT-2's fused c_attn, BERT, ViT), and ``init_from`` a
+LoRA run takes the merged weights."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.vit import ImageClassificationTask
-from trident.weights.adapters.peft_export import write_peft
+from trident.weights.adapters import llama_style
+from trident.weights.adapters.peft_export import LAYOUTS, write_peft
+from trident.weights.adapters.registry import ADAPTERS
 from trident.weights.init_from import read_init_source
 
 from .conftest import SMALL, compose_config
@@ -58,7 +60,8 @@ def _adapted(model: Any) -> set[str]:
 def _stored(adapter: Path) -> set[str]:
     """The modules an exported adapter file holds LoRA weights for."""
     with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as file:
-        return {key.removesuffix(".lora_A.weight") for key in file.keys() if key.endswith(".lora_A.weight")}
+        names = file.keys()  # safe_open is not iterable
+    return {key.removesuffix(".lora_A.weight") for key in names if key.endswith(".lora_A.weight")}
 
 
 def _ids(vocab_size: int) -> torch.Tensor:
@@ -172,3 +175,8 @@ def test_init_from_a_lora_run_takes_its_merged_weights(runs: tuple[Path, Path]) 
     assert source.state_dict.keys() == merged.keys()
     for name, tensor in merged.items():
         torch.testing.assert_close(source.state_dict[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_every_family_the_hf_export_writes_has_a_peft_layout() -> None:
+    families = [adapter for adapter in ADAPTERS if not isinstance(adapter, llama_style.Family)]
+    assert sorted(LAYOUTS) == sorted(adapter.FORMAT for adapter in families)

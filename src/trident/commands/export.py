@@ -12,7 +12,7 @@
   ``example_input`` names (``input_ids``; classify also ``padding_mask``; translation ``source_ids`` and
   ``target_ids``; vit ``pixel_values``), batch and text lengths dynamic.
 - ``peft``: a ``finetune=lora`` run's adapters alone as a peft LoRA directory (``adapter_config.json``,
-  ``adapter_model.safetensors``) for the hf export of its base (Llama family; ``adapters.peft_export``).
+  ``adapter_model.safetensors``) for the hf export of its base (``adapters.peft_export``).
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
 existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and

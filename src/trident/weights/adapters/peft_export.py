@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from trident.backbone import LoRALinear
 from trident.errors import ConfigError
+from trident.extras import require_package
 from trident.tasks.base import TridentTask
 from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit, llama_style
 from trident.weights.adapters.base import Adapter
@@ -53,22 +54,39 @@ GPT2 = PeftLayout("transformer.h", {"self_attn.qkv_proj": "attn.c_attn", "self_a
                   task_type="CAUSAL_LM", fan_in_fan_out=True)
 
 
-def _encoder(blocks: str, attention: str, head: str) -> PeftLayout:
-    """BERT's and ViT's layout: separate query, key and value under ``attention``; ``head`` trains."""
-    return PeftLayout(blocks, {
-        "self_attn.qkv_proj": {"q": f"{attention}.query", "k": f"{attention}.key", "v": f"{attention}.value"},
-        "self_attn.out_proj": "attention.output.dense", "ffn.fc_in": "intermediate.dense",
-        "ffn.fc_out": "output.dense"}, task_type=None, modules_to_save=(head,))
+def _encoder(blocks: str, modules: tuple[str, ...], head: str) -> PeftLayout:
+    """BERT's and ViT's layout: separate q, k, v, then o, the MLP's in and out (``modules``); ``head`` trains."""
+    q, k, v, o, fc_in, fc_out = modules
+    return PeftLayout(blocks, {"self_attn.qkv_proj": {"q": q, "k": k, "v": v}, "self_attn.out_proj": o,
+                               "ffn.fc_in": fc_in, "ffn.fc_out": fc_out}, task_type=None, modules_to_save=(head,))
 
 
+BERT = _encoder("bert.encoder.layer", ("attention.self.query", "attention.self.key", "attention.self.value",
+                                       "attention.output.dense", "intermediate.dense", "output.dense"), "cls.predictions")
+# ViT's modules as transformers < 5 names them (its checkpoints' names), and as transformers 5 does (it renames
+# the checkpoints' tensors on load; peft adapts modules by their names in the loaded model).
+VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.attention.key", "attention.attention.value",
+                                      "attention.output.dense", "intermediate.dense", "output.dense"), "classifier"),
+       _encoder("vit.layers", ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
+                               "mlp.fc1", "mlp.fc2"), "classifier"))
 # The MLM head (transform, and the decoder whose own bias trains) is cls.predictions; ViT's is classifier.
-LAYOUTS = {hf_gpt2.FORMAT: GPT2, hf_bert.FORMAT: _encoder("bert.encoder.layer", "attention.self", "cls.predictions"),
-           hf_vit.FORMAT: _encoder("vit.encoder.layer", "attention.attention", "classifier")}
+LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT}
 
 
-def layout_for(adapter: Adapter) -> PeftLayout:
-    """The peft layout of the family ``adapter`` writes (the Llama family's four share one)."""
-    return LLAMA if isinstance(adapter, llama_style.Family) else LAYOUTS[adapter.FORMAT]
+def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
+    """The peft layout of the family ``adapter`` writes ``net`` as (the Llama family's four share one); of a
+    family whose module names changed between transformers versions, the installed version's."""
+    layouts = (LLAMA,) if isinstance(adapter, llama_style.Family) else LAYOUTS[adapter.FORMAT]
+    if len(layouts) == 1:
+        return layouts[0]
+    require_package("transformers")
+    import transformers
+
+    architecture, settings, _ = adapter.from_trident(net)
+    model_class = getattr(transformers, architecture)
+    with torch.device("meta"):  # the module names alone: no weights
+        names = {name for name, _ in model_class(model_class.config_class(**settings)).named_modules()}
+    return next(layout for layout in layouts if f"{layout.blocks}.0.{layout.modules['self_attn.out_proj']}" in names)
 
 
 def peft_adapters(module: LoRALinear, modules: str | dict[str, str]) -> dict[str, tuple[Tensor, Tensor]]:
@@ -92,7 +110,7 @@ def write_peft(task: TridentTask, directory: Path) -> None:
         raise ConfigError("--format peft writes a finetune=lora run's adapters and this run has none: "
                           "export it with --format hf")
     adapter = adapter_for_network(task.net)
-    layout = layout_for(adapter)
+    layout = layout_for(adapter, task.net)
     _, _, hf_state = adapter.from_trident(task.net)  # refuses, as the hf export does, a base it cannot write
     prefix = "base_model.model."
     tensors = {prefix + name: tensor for name, tensor in hf_state.items() if name.startswith(layout.modules_to_save)}
