@@ -5,6 +5,7 @@ LoRA run takes the merged weights."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -150,13 +151,18 @@ def test_peft_loads_each_familys_adapter_on_its_hf_base_with_the_same_logits_mer
     (tmp_path / "adapter").mkdir()
     write_peft(tuned, tmp_path / "adapter")
     auto = getattr(transformers, AUTO[family])
-    model = peft.PeftModel.from_pretrained(auto.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = peft.PeftModel.from_pretrained(auto.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    assert not [w for w in caught if "fan_in_fan_out" in str(w.message)], "peft takes the config as written"
     assert _adapted(model) == _stored(tmp_path / "adapter"), "peft adapts the modules the file holds, no other"
     inputs = FAMILIES[family][1]()
     with torch.no_grad():
         expected = tuned.net(inputs)
         assert not torch.allclose(base.net(inputs), expected, atol=1e-3), "the adapters change the model"
         torch.testing.assert_close(model(inputs).logits, expected, rtol=1e-5, atol=1e-5)
+        with model.disable_adapter():  # the adapter (the head included) is peft's, the base stays the base
+            torch.testing.assert_close(model(inputs).logits, base.net(inputs), rtol=1e-5, atol=1e-5)
         FORMATS["hf"](tuned, tmp_path / "merged")  # the adapters folded into the weights
         merged = auto.from_pretrained(tmp_path / "merged").eval()
         unloaded = model.merge_and_unload()
