@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,11 @@ def test_init_from_a_lora_run_takes_its_merged_weights(runs: tuple[Path, Path]) 
 def test_every_family_the_hf_export_writes_has_a_peft_layout() -> None:
     families = [adapter for adapter in ADAPTERS if not isinstance(adapter, llama_style.Family)]
     assert sorted(LAYOUTS) == sorted(adapter.FORMAT for adapter in families)
+
+
+def test_a_vit_whose_module_names_no_layout_knows_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _, tuned = _base_and_tuned("vit", ["q"])
+    unknown = replace(LAYOUTS["hf-vit"][0], blocks="nowhere")
+    monkeypatch.setitem(LAYOUTS, "hf-vit", (unknown, unknown))
+    with pytest.raises(ConfigError, match="ViTForImageClassification's modules as no layout of trident's peft export"):
+        write_peft(tuned, tmp_path)

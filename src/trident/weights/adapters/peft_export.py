@@ -86,7 +86,11 @@ def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
     model_class = getattr(transformers, architecture)
     with torch.device("meta"):  # the module names alone: no weights
         names = {name for name, _ in model_class(model_class.config_class(**settings)).named_modules()}
-    return next(layout for layout in layouts if f"{layout.blocks}.0.{layout.modules['self_attn.out_proj']}" in names)
+    found = next((layout for layout in layouts if f"{layout.blocks}.0.{layout.modules['self_attn.out_proj']}" in names), None)
+    if found is None:
+        raise ConfigError(f"transformers {transformers.__version__} names {architecture}'s modules as no layout of "
+                          "trident's peft export does: export it with --format hf (the adapters merged)")
+    return found
 
 
 def peft_adapters(module: LoRALinear, modules: str | dict[str, str]) -> dict[str, tuple[Tensor, Tensor]]:
@@ -123,7 +127,7 @@ def write_peft(task: TridentTask, directory: Path) -> None:
             key = f"{prefix}{layout.blocks}.{block}.{hf_module}"
             tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = lora_a, lora_b
             ranks[hf_module] = lora_a.shape[0]
-    save_file({name: tensor.detach().clone().contiguous() for name, tensor in tensors.items()},  # tied: a copy each
+    save_file({name: tensor.detach().clone().contiguous() for name, tensor in tensors.items()},  # shared (BERT's tied bias): a copy each
               str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     rank, alpha = task.lora["rank"], task.lora["alpha"]
     wider = {name: width for name, width in sorted(ranks.items()) if width != rank}  # fused: |S| x rank
