@@ -218,16 +218,28 @@ def is_tensor_parallel(net: nn.Module) -> bool:
                for p in net.parameters())
 
 
+def grad_norm(parameters: Iterable[Tensor]) -> Tensor:
+    """The 2-norm of the gradients of ``parameters`` (a whole tensor, every rank alike), whichever device meshes
+    they live on: under tensor parallelism the split ones are DTensors on (data parallel x tensor parallel), the
+    whole ones on data parallel alone, whose norms torch cannot stack. Each mesh's norm is reduced over its ranks."""
+    norms = [_whole(torch.nn.utils.get_total_norm([p.grad for p in params])) for params in _by_mesh(parameters)]
+    return torch.linalg.vector_norm(torch.stack(norms))  # () each, then over the meshes
+
+
 def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` over parameters on several device meshes: under tensor parallelism
-    the split ones are DTensors on (data parallel x tensor parallel), the whole ones on data parallel alone,
-    whose norms torch cannot stack. Each mesh's norm is reduced over its ranks first. Returns the total norm."""
-    by_mesh: dict[DeviceMesh | None, list[Tensor]] = {}
-    for param in parameters:
-        if param.grad is not None:
-            by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
-    norms = [_whole(torch.nn.utils.get_total_norm(p.grad for p in params)) for params in by_mesh.values()]  # () each
-    total = torch.linalg.vector_norm(torch.stack(norms))
-    for params in by_mesh.values():
+    """``torch.nn.utils.clip_grad_norm_`` over parameters on several device meshes (:func:`grad_norm`): each
+    mesh's gradients scaled apart (torch's scaling takes one mesh). Returns the norm before clipping."""
+    groups = _by_mesh(parameters)
+    total = grad_norm(param for params in groups for param in params)
+    for params in groups:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def _by_mesh(parameters: Iterable[Tensor]) -> list[list[Tensor]]:
+    """The parameters that have a gradient, grouped by the device mesh it lives on (plain tensors: one group)."""
+    groups: dict[DeviceMesh | None, list[Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            groups.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    return list(groups.values())
