@@ -30,6 +30,7 @@ from trident.errors import ConfigError
 from trident.models import CausalLM
 from trident.runs.pipeline import build_data_and_task, check_config
 from trident.training.parallel import DATA_PARALLEL, ShardedStrategy, parallelize
+from trident.training.resilience import NonFiniteLossGuard
 from trident.training.tensor_parallel import (
     TENSOR_PARALLEL,
     check_tensor_parallel_config,
@@ -133,6 +134,9 @@ def test_split_net_computes_saves_and_loads_as_the_plain_one(mesh: DeviceMesh) -
     torch.testing.assert_close(clip_grad_norm(split.parameters(), 0.01), total)
     for (name, p), q in zip(plain.named_parameters(), split.parameters(), strict=True):
         torch.testing.assert_close(q.grad.full_tensor(), p.grad, msg=name)
+    # The non-finite gradient check sees them too: finite, nothing happens.
+    NonFiniteLossGuard().on_before_optimizer_step(SimpleNamespace(precision="32-true"), plain,  # type: ignore[arg-type]
+                                                  torch.optim.SGD(split.parameters()))
     torch.testing.assert_close(split(ids), plain(ids))
     # Saved as Lightning saves a sharded model: today's keys, order and values.
     saved = get_model_state_dict(split, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
