@@ -422,8 +422,6 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     # Issue 42: FSDP2
     ("fsdp-with-ema", "train.py", ["trainer=fsdp_cpu", "callbacks=ema"],
      ["callbacks=ema does not work with FSDP's sharded weights", "use trainer=ddp"]),
-    ("fsdp-tensor-parallel-size", "train.py", ["trainer=fsdp_cpu", "+trainer.strategy.tensor_parallel_size=2"],
-     ["trainer.strategy.tensor_parallel_size cannot be set", "remove trainer.strategy.tensor_parallel_size"]),
     ("fsdp1-by-name", "train.py", ["trainer=ddp_cpu", "trainer.strategy=fsdp"], ["trainer.strategy=fsdp is Lightning's FSDP1", "choose trainer=fsdp"]),
     # Issue 43: early stopping and the learning-rate finder (SHORT: a case whose check is missing ends in seconds)
     ("early-stopping-unknown-metric", "train.py", [*SHORT, "callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"],
@@ -438,6 +436,19 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("mlflow-server-unreachable", "train.py", ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],
      ["logger.mlflow.tracking_uri=http://127.0.0.1:9 cannot be reached", "drop the override"]),
     ("wandb-log-model-all", "train.py", ["logger.wandb.log_model=all"], ["logger.wandb.log_model=all is not a choice: set false"]),
+    # Issue 42: tensor parallelism (SHORT: a case whose check is missing ends in seconds)
+    ("tensor-parallel-not-dividing-heads", "train.py", [*SHORT, "model=nano", "trainer=fsdp_cpu", "trainer.devices=3", "trainer.strategy.tensor_parallel_size=3"],
+     ["trainer.strategy.tensor_parallel_size=3 does not divide model.n_heads=4", "choose a tensor-parallel size that divides model.n_heads"]),
+    ("tensor-parallel-not-dividing-kv-heads", "train.py", [*SHORT, "model=nano", "model.n_kv_heads=2", "trainer=fsdp_cpu", "trainer.devices=4", "trainer.strategy.tensor_parallel_size=4"],
+     ["trainer.strategy.tensor_parallel_size=4 does not divide model.n_kv_heads=2"]),
+    ("tensor-parallel-not-dividing-processes", "train.py", [*SHORT, "model=nano", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=4"],
+     ["trainer.strategy.tensor_parallel_size=4 does not divide the 2 processes", "choose a tensor-parallel size that divides 2"]),
+    ("tensor-parallel-alibi", "train.py", [*SHORT, "model=nano", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "pos_encoding=alibi"],
+     ["trainer.strategy.tensor_parallel_size=2 cannot split pos_encoding=alibi", "use pos_encoding=rope"]),
+    ("tensor-parallel-mlm", "train.py", ["task=mlm", "model=nano", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "trainer.max_steps=2"],
+     ["tensor parallelism is built for task=lm, not task=mlm", "set trainer.strategy.tensor_parallel_size=1"]),
+    ("tensor-parallel-lora", "train.py", [*LORA_TUNE, "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "trainer.max_steps=2"],
+     ["trainer.strategy.tensor_parallel_size=2 cannot split finetune=lora's adapters", "use finetune=full"]),
 ]
 
 

@@ -112,8 +112,6 @@ def test_fsdp_presets_build_the_sharded_strategy() -> None:
 
 @pytest.mark.parametrize(("strategy", "named"), [
     ("fsdp", "trainer.strategy=fsdp is Lightning's FSDP1"),
-    ({"_target_": "trident.training.parallel.ShardedStrategy", "tensor_parallel_size": 2},
-     "trainer.strategy.tensor_parallel_size cannot be set"),
     ({"_target_": "trident.training.parallel.ShardedStrategy", "data_parallel_size": 1},
      "trainer.strategy.data_parallel_size cannot be set"),
     ({"_target_": "trident.training.parallel.ShardedStrategy", "save_distributed_checkpoint": True},

@@ -65,10 +65,12 @@ class TridentDataModule(L.LightningDataModule, ABC):
 
     def shard(self) -> dict[str, int]:
         """``num_replicas`` and ``rank`` of the trainer this module feeds (one process outside
-        DDP), for a sampler that deals the training data out by rank itself."""
-        if self.trainer is None:
+        DDP), for a sampler that deals the training data out by rank itself. They are the data-parallel ones:
+        the ranks of one tensor-parallel group (trainer.strategy.tensor_parallel_size) share each batch."""
+        shard = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        if shard is None:
             return {"num_replicas": 1, "rank": 0}
-        return {"num_replicas": self.trainer.world_size, "rank": self.trainer.global_rank}
+        return {"num_replicas": shard["num_replicas"], "rank": shard["rank"]}
 
     @staticmethod
     def private_generator() -> torch.Generator:

@@ -39,6 +39,7 @@ from trident.training.optim import check_optimizer_config, check_scheduler_confi
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
+from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
@@ -144,6 +145,8 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
         raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
     lora_settings(cfg, backbone)  # finetune=lora's settings fit this model
+    finetune = (cfg.get("finetune") or {}).get("name", "full")
+    check_tensor_parallel_config(_plain(cfg.trainer), backbone, cfg.task.name, finetune)  # it fits the heads and processes
     if key is not None:
         check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone

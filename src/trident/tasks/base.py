@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.export import Dim
+from torch.optim import Optimizer
 
 from trident.backbone import TransformerConfig, add_lora, freeze_base
 from trident.data.base import TridentDataModule
@@ -21,6 +22,7 @@ from trident.errors import ConfigError
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.parallel import parallelize
+from trident.training.tensor_parallel import clip_grad_norm, is_tensor_parallel
 
 # What a network's stack is, in the words of the error lines.
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
@@ -185,6 +187,15 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         on it (trident.training.parallel). Under any other strategy there is no mesh and nothing to do."""
         if self.device_mesh is not None:
             parallelize(self.net, self.device_mesh, str(self.trainer.precision))
+
+    def configure_gradient_clipping(self, optimizer: Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Under tensor parallelism the parameters live on two device meshes, whose gradient norms torch's
+        ``clip_grad_norm_`` cannot stack: the norm is taken mesh by mesh (trident.training.tensor_parallel)."""
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and is_tensor_parallel(self.net):
+            clip_grad_norm([p for group in optimizer.param_groups for p in group["params"]], float(gradient_clip_val))
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         """The ``optimizer`` config over :meth:`parameter_groups`, and the ``scheduler`` stepped

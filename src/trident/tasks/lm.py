@@ -19,6 +19,7 @@ from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
 from trident.training.lora import trainable_parameters
 from trident.training.parallel import whole_weights
+from trident.training.tensor_parallel import is_tensor_parallel
 from trident.training.text_logging import log_text_table
 
 # Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
@@ -118,10 +119,11 @@ class LanguageModelTask(TridentTask):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             return
-        # Every rank enters: under FSDP, gathering the weights for rank 0's samples takes them all.
+        # Every rank enters: under FSDP, gathering the weights for rank 0's samples takes them all. Under tensor
+        # parallelism every forward is collective: every rank samples (the same tokens: same logits, same seed).
         with whole_weights(self.net):
-            samples = self.sample_texts() if self.trainer.is_global_zero else []
-        if samples:
+            samples = self.sample_texts() if self.trainer.is_global_zero or is_tensor_parallel(self.net) else []
+        if samples and self.trainer.is_global_zero:
             log_text_table(self, "samples", ["step", "prompt", "sample"], [[self.global_step, p, s] for p, s in samples])
 
     def sample_texts(self) -> list[tuple[str, str]]:

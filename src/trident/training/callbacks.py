@@ -62,8 +62,10 @@ class Throughput(L.Callback):
             self._start = now
             return
         counts = dict(pl_module.throughput_units(batch), flops=pl_module.flops_per_batch(batch))
+        # One batch per data-parallel rank: the ranks of a tensor-parallel group share theirs.
+        batches = (trainer.distributed_sampler_kwargs or {"num_replicas": 1})["num_replicas"]
         for unit, count in counts.items():
-            self._counts[unit] = self._counts.get(unit, 0) + count * trainer.world_size
+            self._counts[unit] = self._counts.get(unit, 0) + count * batches
         self._steps += 1
         if self._steps >= self.window:
             elapsed = now - self._start

@@ -4,8 +4,9 @@
 Lightning builds the device mesh and calls the task's ``configure_model``, which hands the network
 to :func:`parallelize`: the one place a model is parallelized. Each Transformer block is its own
 FSDP unit (its weights gathered just before it runs, freed after), then the root takes the rest
-(embeddings, head, final norm). A tensor-parallel plan goes in :func:`parallelize` too, before the
-blocks are sharded (``parallelize_module`` on the mesh's ``tensor_parallel`` dimension).
+(embeddings, head, final norm). With ``trainer.strategy.tensor_parallel_size`` > 1 the mesh is 2-D
+(data parallel x tensor parallel): the tensor-parallel plan (trident.training.tensor_parallel) first
+splits the network over each group's ranks, then FSDP shards every piece over the data-parallel dimension.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
@@ -22,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trident.backbone import TransformerBlock
 from trident.errors import ConfigError
+from trident.training.tensor_parallel import TENSOR_PARALLEL, check_world_size, keep_optimizer_rows, tensor_parallelize
 
 # The mesh dimension FSDP shards over (Lightning's name for it).
 DATA_PARALLEL = "data_parallel"
@@ -29,8 +32,7 @@ DATA_PARALLEL = "data_parallel"
 
 # What ShardedStrategy sets itself, and why a user's value cannot be honoured.
 _SET_BY_TRIDENT = {
-    "data_parallel_size": "trainer=fsdp shards over every process",
-    "tensor_parallel_size": "trainer=fsdp has no tensor parallelism",
+    "data_parallel_size": "trainer=fsdp shards over every process, or every tensor-parallel group",
     # A DCP directory per checkpoint: resume, eval.py, export, init_from and the requeue read checkpoint files.
     "save_distributed_checkpoint": "rank 0 saves one gathered checkpoint file, the file every trident reader takes",
 }
@@ -39,15 +41,25 @@ _SET_BY_TRIDENT = {
 class ShardedStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` sharding over every process: Lightning's ``auto`` data-parallel
     size is the node count, which on one node would leave FSDP nothing to shard over. Its checkpoints
-    are whole: rank 0 gathers the weights and optimizer state into one ordinary checkpoint file."""
+    are whole: rank 0 gathers the weights and optimizer state into one ordinary checkpoint file.
+    ``tensor_parallel_size`` processes form one tensor-parallel group; FSDP shards over the groups."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(data_parallel_size=1, tensor_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
+    def __init__(self, tensor_parallel_size: int = 1, **kwargs: Any) -> None:
+        super().__init__(data_parallel_size=1, tensor_parallel_size=tensor_parallel_size,
+                         save_distributed_checkpoint=False, **kwargs)
 
     def setup_environment(self) -> None:
         # The world size is known only once the cluster environment is: here, before the mesh is built.
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        world_size = self.num_nodes * self.num_processes
+        check_world_size(world_size, self._tensor_parallel_size)  # trainer.devices=-1: known only now
+        self._data_parallel_size = world_size // self._tensor_parallel_size
         super().setup_environment()
+
+    def setup_optimizers(self, trainer: L.Trainer) -> None:
+        super().setup_optimizers(trainer)
+        assert self.model is not None
+        for optimizer in self.optimizers:
+            keep_optimizer_rows(optimizer, self.model)  # tensor parallelism: its state is saved as the weights are
 
 
 # The strategies (class names) that shard the weights over the ranks.
@@ -82,10 +94,13 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str) -> None:
-    """Shard ``net`` in place over ``mesh``'s data-parallel dimension: each TransformerBlock, then the root.
-    A network already sharded (``configure_model`` runs again for the test after fit) stays as it is."""
+    """Split ``net`` in place over ``mesh``'s tensor-parallel dimension (when it has more than one rank), then
+    shard it over the data-parallel dimension: each TransformerBlock, then the root. A network already sharded
+    (``configure_model`` runs again for the test after fit) stays as it is."""
     if isinstance(net, FSDPModule):
         return
+    if TENSOR_PARALLEL in (mesh.mesh_dim_names or ()) and mesh[TENSOR_PARALLEL].size() > 1:
+        tensor_parallelize(net, mesh[TENSOR_PARALLEL])
     shard_mesh = mesh[DATA_PARALLEL]
     policy = mixed_precision(precision)
     for block in net.modules():

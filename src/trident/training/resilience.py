@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from trident.errors import ConfigError, TrainingDiverged
+from trident.training.tensor_parallel import grad_norm
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,10 @@ class NonFiniteLossGuard(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         loss_finite = self._loss is None or bool(torch.isfinite(self._loss))
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         loss_scaling = str(trainer.precision).startswith("16")
-        grads_finite = loss_scaling or not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+        # Over every device mesh the gradients live on (tensor parallelism: two).
+        grads_finite = loss_scaling or not params or bool(torch.isfinite(grad_norm(params)))
         if loss_finite and grads_finite:
             return
         step = trainer.global_step + 1

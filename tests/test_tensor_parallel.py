@@ -1,0 +1,240 @@
+"""Tensor parallelism (``trainer=fsdp_cpu trainer.strategy.tensor_parallel_size=2``, trident.training.tensor_parallel).
+
+Fast, in one process: the rank-major row order of the fused projections and the weights and optimizer state saved
+and loaded in today's order, the plan on a one-rank 2-D mesh (the network's outputs, its state dict, loading one as
+Lightning does), one rank of two on torch's fake process group (the shapes it holds and computes), the data shared
+by the ranks of a tensor-parallel group, the size from the preset and the settings refused. Slow: a real 2-process run
+whose losses equal one process's, and whose checkpoint is the one-process run's weights in today's layout."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import hydra.utils
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.fabric.strategies.model_parallel import _load_raw_module_state
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from trident.backbone import TransformerConfig
+from trident.errors import ConfigError
+from trident.models import CausalLM
+from trident.runs.pipeline import build_data_and_task, check_config
+from trident.training.parallel import DATA_PARALLEL, ShardedStrategy, parallelize
+from trident.training.resilience import NonFiniteLossGuard
+from trident.training.tensor_parallel import (
+    TENSOR_PARALLEL,
+    check_tensor_parallel_config,
+    clip_grad_norm,
+    is_tensor_parallel,
+    keep_optimizer_rows,
+    rank_major_rows,
+    split_fused_rows,
+    tensor_parallelize,
+)
+
+from .conftest import SMALL, compose_config
+from .shared_runs import QUIET
+from .test_fsdp import ranks, train, weights
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[DeviceMesh]:
+    """The 2-D mesh Lightning builds (data parallel x tensor parallel), here of one rank."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1, 1), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def two_ranks() -> Iterator[DeviceMesh]:
+    """Rank 0 of a tensor-parallel group of 2 whose collectives exchange nothing (torch's fake process group):
+    shapes and placements are real, values are not."""
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (1, 2), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+    finally:
+        dist.destroy_process_group()
+
+
+def backbone(**options: object) -> TransformerConfig:
+    """Grouped key/value heads and swiglu: both fused projections the plan reorders."""
+    settings = {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "d_ff": 48, "max_seq_len": 16,
+                "dropout": 0.0, "activation": "swiglu", "pos_encoding": "rope", **options}
+    return TransformerConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_rank_major_rows_give_each_rank_its_slice_of_every_part() -> None:
+    # [q: 0-7 | k: 8-11 | v: 12-15] over 2 ranks: rank 0 takes q 0-3, k 8-9, v 12-13; rank 1 the rest.
+    assert rank_major_rows((8, 4, 4), 2).tolist() == [0, 1, 2, 3, 8, 9, 12, 13, 4, 5, 6, 7, 10, 11, 14, 15]
+    assert rank_major_rows((6, 6), 3).tolist() == [0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]
+    assert rank_major_rows((8, 4, 4), 1).tolist() == list(range(16))
+
+
+def test_reordered_rows_are_saved_and_loaded_in_todays_order(mesh: DeviceMesh) -> None:
+    """On one rank, the rank-major order of 2 ranks is a real permutation: the weights and the optimizer state
+    are held in it, saved in today's order, and loaded back into it."""
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 16)
+    split = copy.deepcopy(plain)
+    order = rank_major_rows((8, 4, 4), 2)
+    split_fused_rows(split, order, mesh[TENSOR_PARALLEL])
+    torch.testing.assert_close(split.weight.full_tensor(), plain.weight[order])
+    inputs = torch.randn(3, 4)
+    optimizers = [torch.optim.AdamW(net.parameters()) for net in (plain, split)]
+    for net, optimizer in zip((plain, split), optimizers, strict=True):
+        net(inputs).square().sum().backward()  # the same loss: a sum over the rows in any order
+        optimizer.step()
+    keep_optimizer_rows(optimizers[1], split)
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(split.state_dict()[key], value, msg=key)
+    plain_state, split_state = (optimizer.state_dict()["state"] for optimizer in optimizers)
+    for index, moments in plain_state.items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(split_state[index][name], moments[name], msg=f"{index} {name}")
+    assert isinstance(optimizers[1].state[split.weight]["exp_avg"], DTensor), "saving leaves the optimizer as it was"
+    # Loaded back (a resume): weights and moments in rank-major order again.
+    fresh = nn.Linear(4, 16)
+    split_fused_rows(fresh, order, mesh[TENSOR_PARALLEL])
+    fresh.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(fresh.weight.full_tensor(), plain.weight[order])
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+    keep_optimizer_rows(fresh_optimizer, fresh)
+    fresh_optimizer.load_state_dict(optimizers[0].state_dict())
+    torch.testing.assert_close(fresh_optimizer.state[fresh.weight]["exp_avg"].full_tensor(),
+                               optimizers[0].state[plain.weight]["exp_avg"][order])
+
+
+def test_split_net_computes_saves_and_loads_as_the_plain_one(mesh: DeviceMesh) -> None:
+    torch.manual_seed(0)
+    plain = CausalLM(backbone(), vocab_size=50)
+    split = copy.deepcopy(plain)
+    tensor_parallelize(split, mesh[TENSOR_PARALLEL])
+    parallelize(split, mesh, "32-true")  # then FSDP over the data-parallel dimension, as configure_model does
+    assert is_tensor_parallel(split) and not is_tensor_parallel(plain)
+    assert split.head.weight is split.embed.weight, "the tied matrix stays one parameter"
+    assert all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == (DATA_PARALLEL, TENSOR_PARALLEL)
+               for name, p in split.named_parameters() if "proj" in name or "fc_" in name or "embed" in name)
+    ids = torch.randint(0, 50, (2, 8))
+    for net in (split, plain):
+        net(ids).square().mean().backward()
+    # Clipped over both meshes (split matrices on data x tensor parallel, norms on data parallel): torch's own refuses.
+    total = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.01)
+    torch.testing.assert_close(clip_grad_norm(split.parameters(), 0.01), total)
+    for (name, p), q in zip(plain.named_parameters(), split.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.full_tensor(), p.grad, msg=name)
+    # The non-finite gradient check sees them too: finite, nothing happens.
+    NonFiniteLossGuard().on_before_optimizer_step(SimpleNamespace(precision="32-true"), plain,  # type: ignore[arg-type]
+                                                  torch.optim.SGD(split.parameters()))
+    torch.testing.assert_close(split(ids), plain(ids))
+    # Saved as Lightning saves a sharded model: today's keys, order and values.
+    saved = get_model_state_dict(split, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    expected = plain.state_dict()
+    assert list(saved) == list(expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(saved[key], value, msg=key)
+    # Loaded as Lightning resumes one: another split network takes the plain weights.
+    torch.manual_seed(1)
+    other = CausalLM(backbone(), vocab_size=50)
+    tensor_parallelize(other, mesh[TENSOR_PARALLEL])
+    parallelize(other, mesh, "32-true")
+    _load_raw_module_state(expected, other)
+    torch.testing.assert_close(other(ids), plain(ids))
+
+def test_a_rank_of_two_holds_half_of_each_split_matrix_and_computes_its_heads(two_ranks: DeviceMesh) -> None:
+    net = CausalLM(backbone(), vocab_size=50)  # d_model 32: 4 query heads and 2 key/value heads of 8, d_ff 48
+    parallelize(net, two_ranks, "32-true")
+    attention = net.decoder.blocks[0].self_attn
+    assert (attention.n_heads, attention.n_kv_heads, attention.split_sizes) == (2, 1, (16, 8, 8))
+    held = {name: tuple(p.to_local().shape) for name, p in net.named_parameters()}
+    block = "decoder.blocks.0."
+    assert held[block + "self_attn.qkv_proj.weight"] == (32, 32) and held[block + "self_attn.qkv_proj.bias"] == (32,)
+    assert held[block + "self_attn.out_proj.weight"] == (32, 16)
+    assert held[block + "ffn.fc_in.weight"] == (48, 32) and held[block + "ffn.fc_out.weight"] == (32, 24)
+    assert held["embed.weight"] == (25, 32) and net.head.weight is net.embed.weight
+    assert held[block + "self_attn_norm.weight"] == (32,), "norms stay whole"
+    logits = net(torch.randint(0, 50, (2, 8)))  # (B, T, V): gathered over the vocabulary
+    assert logits.shape == (2, 8, 50)
+    logits.sum().backward()
+    assert held[block + "self_attn.qkv_proj.weight"] == tuple(net.decoder.blocks[0].self_attn.qkv_proj.weight.grad.to_local().shape)
+
+
+
+def test_the_ranks_of_a_tensor_parallel_group_read_the_same_batches(tmp_path: Path) -> None:
+    """Lightning's data-parallel share (``distributed_sampler_kwargs``), not the global rank: under
+    tensor_parallel_size=2 on 2 processes (one data-parallel rank) both read every batch."""
+    cfg = compose_config([*SMALL, "logger=none"], output_dir=tmp_path / "run")
+    datamodule, _ = build_data_and_task(cfg, check_config(cfg), "fit")
+    orders = []
+    for rank in range(2):
+        datamodule.trainer = SimpleNamespace(  # type: ignore[assignment]
+            world_size=2, global_rank=rank, distributed_sampler_kwargs={"num_replicas": 1, "rank": 0})
+        orders.append(list(datamodule.train_dataloader().sampler))
+    assert orders[0] == orders[1] and len(orders[0]) > 1
+
+
+def test_the_preset_builds_the_tensor_parallel_size() -> None:
+    for size in (1, 2):
+        trainer = compose_config(["trainer=fsdp_cpu", f"trainer.strategy.tensor_parallel_size={size}"]).trainer
+        strategy = hydra.utils.instantiate(trainer.strategy)
+        assert isinstance(strategy, ShardedStrategy) and strategy._tensor_parallel_size == size
+
+
+@pytest.mark.parametrize(("size", "devices", "options", "named"), [
+    (3, 3, {}, "tensor_parallel_size=3 does not divide model.n_heads=4"),
+    (4, 4, {}, "tensor_parallel_size=4 does not divide model.n_kv_heads=2"),
+    (2, 2, {"d_ff": 49}, "tensor_parallel_size=2 does not divide model.d_ff=49"),
+    (2, 3, {}, "tensor_parallel_size=2 does not divide the 3 processes"),
+    (2, 2, {"pos_encoding": "alibi"}, "cannot split pos_encoding=alibi"),
+    (2, 2, {"pos_encoding": "relative"}, "cannot split pos_encoding=relative"),
+    (2, 2, {"qk_norm": True}, "cannot split model.qk_norm"),
+    (0, 2, {}, "tensor_parallel_size must be a positive integer, got 0"),
+])
+def test_what_tensor_parallelism_cannot_honour_is_refused(size: int, devices: int, options: dict[str, object],
+                                                          named: str) -> None:
+    trainer = {"devices": devices, "num_nodes": 1, "strategy": {"tensor_parallel_size": size}}
+    with pytest.raises(ConfigError, match=named):
+        check_tensor_parallel_config(trainer, backbone(**options), "lm", "full")
+    check_tensor_parallel_config({**trainer, "strategy": {"tensor_parallel_size": 1}}, backbone(**options), "lm", "full")
+
+
+def test_tensor_parallelism_is_refused_for_other_tasks_and_lora() -> None:
+    trainer = {"devices": 2, "num_nodes": 1, "strategy": {"tensor_parallel_size": 2}}
+    check_tensor_parallel_config(trainer, backbone(), "lm", "full")
+    with pytest.raises(ConfigError, match="tensor parallelism is built for task=lm, not task=mlm"):
+        check_tensor_parallel_config(trainer, backbone(), "mlm", "full")
+    with pytest.raises(ConfigError, match="cannot split finetune=lora's adapters"):
+        check_tensor_parallel_config(trainer, backbone(), "lm", "lora")
+
+
+# 12 steps of the nano LM with grouped key/value heads and swiglu (both fused projections), dropout off: under
+# tensor parallelism dropout draws its masks on each rank's share of the heads, which one process cannot match.
+TP_LM = [*SMALL, *QUIET, "model.activation=swiglu", "model.n_kv_heads=2", "model.dropout=0.0", "trainer.max_steps=12",
+         "trainer.val_check_interval=12", "seed=3", "logger=none"]
+
+
+@pytest.mark.slow
+def test_two_way_tensor_parallel_trains_as_one_process_and_saves_todays_layout(tmp_path: Path) -> None:
+    one = train(tmp_path / "one", "cpu", *TP_LM)
+    split = train(tmp_path / "split", "fsdp_cpu", *TP_LM, "trainer.strategy.tensor_parallel_size=2")
+    whole = json.loads((one / "rank0.json").read_text())
+    for rank in ranks(split):
+        assert rank["world_size"] == 2 and len(rank["losses"]) == 12
+        torch.testing.assert_close(rank["losses"], whole["losses"], rtol=0, atol=1e-5)
+        # Each rank holds its share of every split matrix: a little over half the parameters (norms are whole).
+        assert 0.5 < rank["params"]["local"] / rank["params"]["total"] < 0.6, rank["params"]
+    # The checkpoint is whole and in today's layout: the one-process run's weights, key for key.
+    saved, expected = weights(split), weights(one)
+    assert list(saved) == list(expected)
+    torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
