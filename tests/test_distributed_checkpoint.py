@@ -91,6 +91,21 @@ def test_a_save_replaces_the_checkpoint_of_its_name_file_or_directory(tmp_path: 
         assert os.listdir(tmp_path) == ["last.ckpt"]
 
 
+def test_a_failed_save_leaves_the_previous_checkpoint_of_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save(checkpoint(1), tmp_path / "last.ckpt")
+
+    def fails_midway(state: dict[str, Any], path: Path) -> None:  # Lightning's DCP save, cut off by a full disk
+        (Path(path) / "__0_0.distcp").write_bytes(b"half a shard")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("lightning.pytorch.strategies.model_parallel._distributed_checkpoint_save", fails_midway)
+    with pytest.raises(OSError, match="No space"):
+        save(checkpoint(2), tmp_path / "last.ckpt")
+    assert os.listdir(tmp_path) == ["last.ckpt"]
+    torch.testing.assert_close(read_checkpoint(tmp_path / "last.ckpt", "ckpt_path")["state_dict"], checkpoint(1)["state_dict"],
+                               rtol=0, atol=0)
+
+
 def test_a_save_cut_off_never_counts_as_a_checkpoint(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "checkpoints"
     save(checkpoint(1), folder / "last.ckpt")
