@@ -1,4 +1,5 @@
-"""Test-only callback that train.py loads by ``_target_``: what each rank of a run holds and computes."""
+"""Test-only callback that train.py loads by ``_target_``: what each rank of a run holds and computes;
+and :func:`save_sharded_copy`, a checkpoint file rewritten as the sharded checkpoint ``trainer=fsdp`` writes."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
+
+from trident.training.parallel import ShardedStrategy
 
 # Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
 WARM_UP_STEPS = 2
@@ -26,12 +30,15 @@ def local_bytes(tensors: Iterable[Tensor]) -> int:
 class RecordRank(L.Callback):
     """Writes ``rank<r>.json`` into the run directory: this rank's training loss at every step (its
     own batch, before any averaging over ranks), the parameters it holds (its shards under FSDP), the
-    bytes of its parameters, gradients and optimizer state at the second step, its peak RSS and its
-    mean step time after the warm-up steps."""
+    bytes of its parameters, gradients and optimizer state at the second step, its peak RSS, its
+    mean step time after the warm-up steps, and the sum of each whole parameter at the start (after a
+    resume: as loaded). A run stopped by a signal writes it too, and a resumed run continues its
+    record: the losses of every step, over all attempts."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
         self.held: dict[str, Any] = {}
+        self.start_sums: dict[str, float] = {}
         self.step_seconds: list[float] = []
         self._step_start = 0.0
 
@@ -43,6 +50,15 @@ class RecordRank(L.Callback):
             "dtensors": sum(isinstance(p, DTensor) for p in params),
             "tensors": len(params),
         }
+        # full_tensor() gathers the shards: every rank calls it.
+        self.start_sums = {name: float((p.full_tensor() if isinstance(p, DTensor) else p).detach().double().sum())
+                           for name, p in pl_module.named_parameters()}
+        earlier = self._path(trainer)
+        if trainer.global_step and earlier.is_file():  # resumed: the attempts before wrote the steps up to here
+            record = json.loads(earlier.read_text())
+            self.losses = record["losses"][: trainer.global_step]
+            if "bytes" in record["params"]:
+                self.held["bytes"] = record["params"]["bytes"]
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
         if trainer.global_step == 1:  # the optimizer state exists from the first step on
@@ -62,7 +78,26 @@ class RecordRank(L.Callback):
             self.step_seconds.append(time.perf_counter() - self._step_start)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._write(trainer)  # a stop signal ends fit with an exception: the steps so far count
+
+    def _path(self, trainer: L.Trainer) -> Path:
+        return Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.json"
+
+    def _write(self, trainer: L.Trainer) -> None:
         record = {"world_size": trainer.world_size, "losses": self.losses, "params": self.held,
+                  "start_sums": self.start_sums,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
                   "step_seconds": sum(self.step_seconds) / max(1, len(self.step_seconds))}
-        (Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+        self._path(trainer).write_text(json.dumps(record))
+
+
+def save_sharded_copy(checkpoint_file: Path, directory: Path) -> None:
+    """The checkpoint file rewritten as the sharded checkpoint directory ``trainer=fsdp`` writes with
+    ``save_distributed_checkpoint=true`` (here by one process: its shards are the whole tensors), without the
+    optimizer state (no reader outside a resume takes it)."""
+    checkpoint = torch.load(checkpoint_file, map_location="cpu", weights_only=True)
+    checkpoint.pop("optimizer_states", None)
+    ShardedStrategy(save_distributed_checkpoint=True).save_checkpoint(checkpoint, directory)

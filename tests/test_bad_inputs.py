@@ -27,6 +27,7 @@ from trident.runs.pipeline import train
 
 from .conftest import ROOT, SMALL
 from .entry_points import run_in_process, run_subprocess
+from .sharding_helpers import save_sharded_copy
 
 # A small corpus for the earlier run and the vocabulary cases (fast to prepare).
 CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
@@ -67,6 +68,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hf_family_files(root)
     chat_files(root)
     lora_adapter_files(root)
+    sharded_checkpoint_files(root)
     return root
 
 
@@ -139,6 +141,8 @@ DAMAGED = "outputs/runs/2000-01-01/00-00-01_damaged/checkpoints/last.ckpt"
 TEXT = ["data=text_files", "data.files=[corpus.txt]", "data.tokenizer=char"]
 # Issue 43: a short run on TEXT (two steps).
 SHORT = [*TEXT, "trainer.max_steps=2"]
+# Issue 42: the earlier run's last checkpoint, sharded (files: sharded_checkpoint_files).
+SHARDED = "sharded/{}/checkpoints/last.ckpt"
 # finetune=lora on the earlier run (nano: d_model 64), its tokenizer.
 LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"init_from=outputs/{PREVIOUS_RUN}"]
 
@@ -178,6 +182,23 @@ def lora_adapter_files(root: Path) -> None:
     settings = {"rank": 8, "alpha": 16, "dropout": 0.05, "targets": ["q", "v"]}
     (folder / "adapter.json").write_text(json.dumps({"base": "/elsewhere/base", "lora": settings}))
     save_file({"decoder.blocks.0.self_attn.qkv_proj.lora_A.q": torch.zeros(8, 64)}, str(folder / "adapter.safetensors"))
+
+
+def sharded_checkpoint_files(root: Path) -> None:
+    """``sharded/run``: the earlier run with its last checkpoint sharded (a directory, as trainer=fsdp writes it with
+    save_distributed_checkpoint=true); ``sharded/cut_short``: a copy whose shard file was cut in half;
+    ``sharded/no_index``: a copy without DCP's index of its shards."""
+    run = root / "sharded" / "run"
+    shutil.copytree(root / "outputs" / PREVIOUS_RUN, run)
+    for whole in run.glob("checkpoints/*.ckpt"):  # its best and last checkpoint files
+        whole.unlink()
+    last = run / "checkpoints" / "last.ckpt"
+    save_sharded_copy(root / "outputs" / PREVIOUS_RUN / "checkpoints" / "last.ckpt", last)
+    for copy in ("cut_short", "no_index"):
+        shutil.copytree(run, root / "sharded" / copy)
+    shard = root / "sharded" / "cut_short" / "checkpoints" / "last.ckpt" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (root / "sharded" / "no_index" / "checkpoints" / "last.ckpt" / ".metadata").unlink()
 
 
 def classify_files(train: str, validation: str = "validation.csv", test: str = "test.csv") -> list[str]:
@@ -449,6 +470,21 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["tensor parallelism is built for task=lm, not task=mlm", "set trainer.strategy.tensor_parallel_size=1"]),
     ("tensor-parallel-lora", "train.py", [*LORA_TUNE, "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "trainer.max_steps=2"],
      ["trainer.strategy.tensor_parallel_size=2 cannot split finetune=lora's adapters", "use finetune=full"]),
+    # Issue 42: distributed checkpoints (files: sharded_checkpoint_files)
+    ("resume-sharded-other-model-size", "train.py", [*TEXT, "model=nano", "model.d_model=128", "trainer=fsdp_cpu",
+                                                     "data.batch_size=4", f"ckpt_path={SHARDED.format('run')}"], ["does not fit", "128"]),
+    ("resume-sharded-without-fsdp", "train.py", [*TEXT, "model=nano", f"ckpt_path={SHARDED.format('run')}"],
+     ["is a sharded checkpoint", "which only FSDP resumes", "add trainer=fsdp"]),
+    ("eval-sharded-other-model-size", "eval.py", [f"ckpt_path={SHARDED.format('run')}", "model.d_model=128"], ["does not fit", "128"]),
+    ("eval-sharded-shard-cut-short", "eval.py", [f"ckpt_path={SHARDED.format('cut_short')}"],
+     ["is incomplete: its shard __0_0.distcp is missing or shorter than its index says"]),
+    ("export-sharded-without-index", "trident.commands.export",
+     [SHARDED.format("no_index"), "--format", "safetensors", "--out", "exported"], ["is not a complete sharded checkpoint (it has no .metadata)"]),
+    ("fsdp-sharded-setting-not-boolean", "train.py", ["trainer=fsdp_cpu", "trainer.strategy.save_distributed_checkpoint=yes"],
+     ["trainer.strategy.save_distributed_checkpoint must be true or false, got 'yes'"]),
+    ("fsdp-sharded-with-tensor-parallel", "train.py", ["trainer=fsdp_cpu", "trainer.strategy.save_distributed_checkpoint=true",
+                                                       "trainer.strategy.tensor_parallel_size=2"],
+     ["trainer.strategy.save_distributed_checkpoint=true does not work with tensor parallelism"]),
 ]
 
 

@@ -114,8 +114,8 @@ def test_fsdp_presets_build_the_sharded_strategy() -> None:
     ("fsdp", "trainer.strategy=fsdp is Lightning's FSDP1"),
     ({"_target_": "trident.training.parallel.ShardedStrategy", "data_parallel_size": 1},
      "trainer.strategy.data_parallel_size cannot be set"),
-    ({"_target_": "trident.training.parallel.ShardedStrategy", "save_distributed_checkpoint": True},
-     "trainer.strategy.save_distributed_checkpoint cannot be set"),
+    ({"_target_": "trident.training.parallel.ShardedStrategy", "save_distributed_checkpoint": "yes"},
+     "trainer.strategy.save_distributed_checkpoint must be true or false"),
 ])
 def test_what_fsdp_cannot_honour_is_refused(strategy: object, named: str) -> None:
     with pytest.raises(ConfigError, match=named):

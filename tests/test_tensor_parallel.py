@@ -44,7 +44,7 @@ from trident.training.tensor_parallel import (
 
 from .conftest import SMALL, compose_config
 from .shared_runs import QUIET
-from .test_fsdp import ranks, train, weights
+from .test_fsdp import net_weights, ranks, train
 
 
 @pytest.fixture
@@ -235,6 +235,6 @@ def test_two_way_tensor_parallel_trains_as_one_process_and_saves_todays_layout(t
         # Each rank holds its share of every split matrix: a little over half the parameters (norms are whole).
         assert 0.5 < rank["params"]["local"] / rank["params"]["total"] < 0.6, rank["params"]
     # The checkpoint is whole and in today's layout: the one-process run's weights, key for key.
-    saved, expected = weights(split), weights(one)
+    saved, expected = net_weights(split), net_weights(one)
     assert list(saved) == list(expected)
     torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)

@@ -19,12 +19,15 @@ from typing import Any
 import torch
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.weights.checkpoints import READ_ERRORS, unreadable_checkpoint
+from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
+from trident.weights.distributed_checkpoint import holds_shards
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 
 
 def _load(path: Path) -> dict[str, Any]:
+    if holds_shards(path):  # a sharded checkpoint (trainer=fsdp): its weights gathered
+        return read_checkpoint(path, "the checkpoints to average")
     if not path.is_file():
         raise DataError(f"checkpoint {str(path)!r} not found: pass .ckpt files or a run directory with --last N")
     try:

@@ -98,7 +98,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
 
     backbone = check_config(cfg)
-    saved = read_checkpoint(checkpoint, "ckpt_path")  # fails on a damaged file before the data is prepared
+    saved = read_checkpoint(checkpoint, "ckpt_path", weights=False)  # fails on a damaged file before the data is prepared
     L.seed_everything(cfg.get("seed", 0), workers=True)
     datamodule, task = build_data_and_task(cfg, backbone, "test")
     check_checkpoint_fits(saved, task, checkpoint)

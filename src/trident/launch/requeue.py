@@ -29,6 +29,8 @@ from typing import Any
 
 from submitit.core.utils import UncompletedJobError
 
+from trident.weights.distributed_checkpoint import is_checkpoint
+
 log = logging.getLogger(__name__)
 
 REQUEUED, CANCELLED, TIMEOUT = "requeued", "cancelled", "timeout"
@@ -122,8 +124,8 @@ def requeued_attempt(run_dir: Path) -> bool:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run under ``checkpoints/`` (hidden ``.*.tmp`` files are
-    writes in progress, never picked)."""
-    candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if p.is_file() and not p.name.startswith(".")]
+    """The newest complete checkpoint of a run under ``checkpoints/``, a file or a sharded checkpoint directory
+    (hidden ``.*.tmp`` files and directories are writes in progress, never picked)."""
+    candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if is_checkpoint(p) and not p.name.startswith(".")]
     # On equal times (same save), last.ckpt: it is the name users expect.
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)

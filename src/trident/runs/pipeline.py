@@ -36,12 +36,14 @@ from trident.training.callbacks import MetricHistory
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
+from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
+from trident.weights.distributed_checkpoint import check_sharded_resume
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
@@ -244,12 +246,14 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
         raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
 
 
-def read_resume_checkpoint(ckpt_path: str | None) -> tuple[Path, dict[str, Any]] | None:
+def read_resume_checkpoint(ckpt_path: str | None, strategy: Any) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from, read (and so checked) before any work; None when starting
-    fresh or when it names one of Lightning's own choices (``last``, ``hpc``, ...)."""
+    fresh or when it names one of Lightning's own choices (``last``, ``hpc``, ...). Of a sharded
+    checkpoint, only the shapes of the weights: each rank of ``trainer.strategy`` loads its shards itself."""
     if not ckpt_path or ckpt_path in LIGHTNING_CHECKPOINT_NAMES or str(ckpt_path).startswith("registry"):
         return None
-    return Path(ckpt_path), read_checkpoint(Path(ckpt_path), "ckpt_path")
+    check_sharded_resume(Path(ckpt_path), shards_weights(strategy))
+    return Path(ckpt_path), read_checkpoint(Path(ckpt_path), "ckpt_path", weights=False)
 
 
 def build_callbacks(cfg: DictConfig, has_logger: bool) -> list[Callback]:
@@ -305,7 +309,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     backbone = check_config(cfg)
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
-    saved = read_resume_checkpoint(resume_from)
+    saved = read_resume_checkpoint(resume_from, cfg.trainer.get("strategy"))
     # Every DDP rank runs this function; only rank 0 writes the run's files.
     writes_outputs = is_global_zero()
     if writes_outputs and cfg.get("print_config", True):

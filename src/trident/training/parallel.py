@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -25,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from trident.backbone import TransformerBlock
 from trident.errors import ConfigError
 from trident.training.tensor_parallel import TENSOR_PARALLEL, check_world_size, keep_optimizer_rows, tensor_parallelize
+from trident.weights.distributed_checkpoint import save_sharded
 
 # The mesh dimension FSDP shards over (Lightning's name for it).
 DATA_PARALLEL = "data_parallel"
@@ -33,20 +35,27 @@ DATA_PARALLEL = "data_parallel"
 # What ShardedStrategy sets itself, and why a user's value cannot be honoured.
 _SET_BY_TRIDENT = {
     "data_parallel_size": "trainer=fsdp shards over every process, or every tensor-parallel group",
-    # A DCP directory per checkpoint: resume, eval.py, export, init_from and the requeue read checkpoint files.
-    "save_distributed_checkpoint": "rank 0 saves one gathered checkpoint file, the file every trident reader takes",
 }
 
 
 class ShardedStrategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` sharding over every process: Lightning's ``auto`` data-parallel
     size is the node count, which on one node would leave FSDP nothing to shard over. Its checkpoints
-    are whole: rank 0 gathers the weights and optimizer state into one ordinary checkpoint file.
+    are whole by default: rank 0 gathers the weights and optimizer state into one ordinary checkpoint
+    file. With ``save_distributed_checkpoint=True`` each rank writes its own shards instead, into a
+    directory put in place once complete (:mod:`trident.weights.distributed_checkpoint`).
     ``tensor_parallel_size`` processes form one tensor-parallel group; FSDP shards over the groups."""
 
-    def __init__(self, tensor_parallel_size: int = 1, **kwargs: Any) -> None:
+    def __init__(self, tensor_parallel_size: int = 1, save_distributed_checkpoint: bool = False, **kwargs: Any) -> None:
         super().__init__(data_parallel_size=1, tensor_parallel_size=tensor_parallel_size,
-                         save_distributed_checkpoint=False, **kwargs)
+                         save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        write = super().save_checkpoint
+        if self._save_distributed_checkpoint:
+            save_sharded(self, lambda staging: write(checkpoint, staging, storage_options), filepath)
+        else:
+            write(checkpoint, filepath, storage_options)
 
     def setup_environment(self) -> None:
         # The world size is known only once the cluster environment is: here, before the mesh is built.
@@ -83,6 +92,15 @@ def check_sharding_config(strategy: Any) -> None:
     for key, reason in _SET_BY_TRIDENT.items():
         if key in strategy:
             raise ConfigError(f"trainer.strategy.{key} cannot be set ({reason}): remove trainer.strategy.{key}")
+    sharded = strategy.get("save_distributed_checkpoint", False)
+    if not isinstance(sharded, bool):
+        raise ConfigError(f"trainer.strategy.save_distributed_checkpoint must be true or false, got {sharded!r}: set "
+                          "it to true for sharded checkpoints (each rank writes its shards) or false for whole files")
+    if sharded and strategy.get("tensor_parallel_size", 1) != 1:
+        # Tensor parallelism saves its split rows whole and in today's order (tensor_parallel's hooks):
+        # DCP would write every rank's copy of them, and no test has shown that such a directory reloads.
+        raise ConfigError("trainer.strategy.save_distributed_checkpoint=true does not work with tensor parallelism "
+                          "(its checkpoints are gathered whole): set trainer.strategy.save_distributed_checkpoint=false")
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:

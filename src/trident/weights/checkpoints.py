@@ -9,6 +9,7 @@ dicts; the RNG states too), so every read, of our own files or anyone else's, us
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import pickle
 import tempfile
@@ -24,6 +25,7 @@ from torch import nn
 
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
+from trident.weights.distributed_checkpoint import holds_shards, is_checkpoint, read_sharded_checkpoint
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -68,6 +70,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         if not get_filesystem(path).exists(path):
             raise DataError(f"checkpoint {str(path)!r} not found: pass an existing .ckpt file or resume=<run dir>")
+        if Path(path).is_dir():  # a sharded checkpoint tested in one process (eval.py): its weights gathered
+            return read_sharded_checkpoint(Path(path), "ckpt_path")
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
         except READ_ERRORS as err:
@@ -88,7 +92,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     path = checkpoint_of(path)
     task_name = task_class.NAME
     # Another task's checkpoint has settings this task's constructor does not take.
-    settings = read_checkpoint(path, "the checkpoint argument").get("hyper_parameters") or {}
+    settings = read_checkpoint(path, "the checkpoint argument", weights=False).get("hyper_parameters") or {}
     foreign = sorted(set(settings) - set(inspect.signature(task_class.__init__).parameters) - RETIRED_SETTINGS)
     if foreign:
         raise DataError(
@@ -96,7 +100,9 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
             f"use a checkpoint of a task={task_name} run (last.ckpt or best-*.ckpt)"
         )
     try:
-        task = task_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+        # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
+        source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
+        task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:
         raise unreadable_checkpoint(
             path, err, f"it may not be a trident {task_name} checkpoint; use another checkpoint of a task={task_name} "
@@ -107,19 +113,27 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     return task.eval()
 
 
+def _in_memory(checkpoint: dict[str, Any]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def checkpoint_of(path: Path) -> Path:
-    """``path`` itself when it is a file, else the run directory's best checkpoint, else its last."""
-    if path.is_file():
+    """``path`` itself when it is a checkpoint file or a sharded checkpoint directory, else the run
+    directory's best checkpoint, else its last."""
+    if path.is_file() or holds_shards(path):
         return path
     if not path.is_dir():
         raise DataError(f"{str(path)!r} not found: pass a trident checkpoint (.ckpt) or a train.py run directory")
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    best = sorted(p for p in folder.glob("best-*.ckpt") if p.is_file())
+    best = sorted(p for p in folder.glob("best-*.ckpt") if is_checkpoint(p))
     if len(best) > 1:  # save_top_k > 1: the one the last checkpoint's ModelCheckpoint calls best
         best = [p for p in best if p.name == _recorded_best(folder / "last.ckpt")] or best[-1:]
     if best:
         return best[0]
-    if (folder / "last.ckpt").is_file():
+    if is_checkpoint(folder / "last.ckpt"):
         return folder / "last.ckpt"
     raise DataError(
         f"{str(path)!r} holds no checkpoint (no checkpoints/best-*.ckpt or last.ckpt): pass a .ckpt file or the "
@@ -128,9 +142,9 @@ def checkpoint_of(path: Path) -> Path:
 
 
 def _recorded_best(last: Path) -> str | None:
-    if not last.is_file():
+    if not is_checkpoint(last):
         return None
-    for state in (read_checkpoint(last, "the path").get("callbacks") or {}).values():
+    for state in (read_checkpoint(last, "the path", weights=False).get("callbacks") or {}).values():
         if isinstance(state, dict) and state.get("best_model_path"):
             return Path(state["best_model_path"]).name
     return None
@@ -144,9 +158,13 @@ def run_config_of(checkpoint: Path) -> Path | None:
     return None
 
 
-def read_checkpoint(path: Path, setting: str) -> dict[str, Any]:
+def read_checkpoint(path: Path, setting: str, weights: bool = True) -> dict[str, Any]:
     """The checkpoint file at ``path`` (named by the config key ``setting``), memory-mapped and read
-    with ``weights_only=True`` (tensors and plain values: safe for a file from elsewhere)."""
+    with ``weights_only=True`` (tensors and plain values: safe for a file from elsewhere). A sharded
+    checkpoint directory gives the same dict, its weights gathered (``weights=False``: their shapes only).
+    :func:`read_sharded_checkpoint` is the one place trident reads one outside FSDP."""
+    if holds_shards(path):
+        return read_sharded_checkpoint(path, setting, weights)
     if not path.is_file():
         raise DataError(f"checkpoint {str(path)!r} not found: fix {setting} (paths are relative to the directory you run from)")
     try:

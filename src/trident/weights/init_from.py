@@ -26,6 +26,7 @@ from trident.backbone import TransformerConfig, merge_lora, pos_encoding_class
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
+from trident.weights.distributed_checkpoint import holds_shards
 from trident.weights.load import checkpoint_of, task_class_of
 from trident.weights.pretrained import PretrainedWeights
 
@@ -64,7 +65,8 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
         return _read_copy(location)
     if (location / "config.json").is_file() or (location.is_file() and location.suffix != ".ckpt"):
         return _from_outside(path, n_heads)
-    if location.is_dir() and not any(location.glob("checkpoints/*.ckpt")) and not any(location.glob("*.ckpt")):
+    if (location.is_dir() and not holds_shards(location) and not any(location.glob("checkpoints/*.ckpt"))
+            and not any(location.glob("*.ckpt"))):
         raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
                         "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
     return _from_trident_checkpoint(path, checkpoint_of(location))

@@ -39,7 +39,7 @@ def load(path: str | Path) -> TridentTask:
     """A trident checkpoint (.ckpt) or a run directory (its best, else last checkpoint) -> the task
     with its ``net`` and ``tokenizer``, on CPU, in eval mode; whatever task wrote it."""
     checkpoint = checkpoint_of(Path(path))
-    task_class = task_class_of(read_checkpoint(checkpoint, "the path"), checkpoint)
+    task_class = task_class_of(read_checkpoint(checkpoint, "the path", weights=False), checkpoint)
     return load_task_checkpoint(task_class, checkpoint)
 
 
