@@ -24,14 +24,14 @@ from trident.commands.average_checkpoints import average_checkpoints
 from trident.errors import ConfigError, DataError
 from trident.launch.requeue import latest_checkpoint
 from trident.runs.pipeline import read_resume_checkpoint
-from trident.training.parallel import ShardedStrategy
-from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, checkpoint_of, read_checkpoint
-from trident.weights.distributed_checkpoint import (
+from trident.training.distributed_checkpoint import (
     REST,
     check_sharded_resume,
     is_sharded_checkpoint,
     save_sharded,
 )
+from trident.training.parallel import ShardedStrategy
+from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, checkpoint_of, read_checkpoint
 from trident.weights.init_from import read_init_source
 
 from .conftest import compose_config

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
+from trident.training.distributed_checkpoint import holds_shards
 from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
-from trident.weights.distributed_checkpoint import holds_shards
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 

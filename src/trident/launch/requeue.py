@@ -29,7 +29,7 @@ from typing import Any
 
 from submitit.core.utils import UncompletedJobError
 
-from trident.weights.distributed_checkpoint import is_checkpoint
+from trident.training.distributed_checkpoint import is_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
+from trident.training.distributed_checkpoint import check_sharded_resume
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
@@ -43,7 +44,6 @@ from trident.training.run_checks import check_early_stopping, check_ema_config, 
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
-from trident.weights.distributed_checkpoint import check_sharded_resume
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights

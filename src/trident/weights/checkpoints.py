@@ -25,7 +25,7 @@ from torch import nn
 
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
-from trident.weights.distributed_checkpoint import holds_shards, is_checkpoint, read_sharded_checkpoint
+from trident.training.distributed_checkpoint import holds_shards, is_checkpoint, read_sharded_checkpoint
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)

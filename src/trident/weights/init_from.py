@@ -25,8 +25,8 @@ from tokenizers import Tokenizer
 from trident.backbone import TransformerConfig, merge_lora, pos_encoding_class
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import STACK_KINDS, TridentTask
+from trident.training.distributed_checkpoint import holds_shards
 from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
-from trident.weights.distributed_checkpoint import holds_shards
 from trident.weights.load import checkpoint_of, task_class_of
 from trident.weights.pretrained import PretrainedWeights
 
