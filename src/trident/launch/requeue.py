@@ -29,8 +29,6 @@ from typing import Any
 
 from submitit.core.utils import UncompletedJobError
 
-from trident.training.distributed_checkpoint import is_checkpoint
-
 log = logging.getLogger(__name__)
 
 REQUEUED, CANCELLED, TIMEOUT = "requeued", "cancelled", "timeout"
@@ -126,6 +124,9 @@ def requeued_attempt(run_dir: Path) -> bool:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run under ``checkpoints/``, a file or a sharded checkpoint directory
     (hidden ``.*.tmp`` files and directories are writes in progress, never picked)."""
+    # Here, not at the top: trident.training's package imports torch, and train.py imports this module before its checks.
+    from trident.training.distributed_checkpoint import is_checkpoint
+
     candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if is_checkpoint(p) and not p.name.startswith(".")]
     # On equal times (same save), last.ckpt: it is the name users expect.
     return max(candidates, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), default=None)
