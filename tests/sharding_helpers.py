@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import resource
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
@@ -101,3 +103,13 @@ def save_sharded_copy(checkpoint_file: Path, directory: Path) -> None:
     checkpoint = torch.load(checkpoint_file, map_location="cpu", weights_only=True)
     checkpoint.pop("optimizer_states", None)
     ShardedStrategy(save_distributed_checkpoint=True).save_checkpoint(checkpoint, directory)
+
+
+@contextmanager
+def one_rank_process_group(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of one rank (its file store under ``tmp_path``): the fast tests' device meshes need one."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

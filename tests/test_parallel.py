@@ -11,7 +11,6 @@ from pathlib import Path
 import hydra.utils
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -31,15 +30,13 @@ from trident.training.parallel import (
 from trident.training.run_checks import check_ema_config
 
 from .conftest import compose_config
+from .sharding_helpers import one_rank_process_group
 
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Iterator[DeviceMesh]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
+    with one_rank_process_group(tmp_path):
         yield init_device_mesh("cpu", (1,), mesh_dim_names=(DATA_PARALLEL,))
-    finally:
-        dist.destroy_process_group()
 
 
 def backbone(**options: object) -> TransformerConfig:

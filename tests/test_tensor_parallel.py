@@ -43,6 +43,7 @@ from trident.training.tensor_parallel import (
 )
 
 from .conftest import SMALL, compose_config
+from .sharding_helpers import one_rank_process_group
 from .shared_runs import QUIET
 from .test_fsdp import net_weights, ranks, train
 
@@ -50,11 +51,8 @@ from .test_fsdp import net_weights, ranks, train
 @pytest.fixture
 def mesh(tmp_path: Path) -> Iterator[DeviceMesh]:
     """The 2-D mesh Lightning builds (data parallel x tensor parallel), here of one rank."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
+    with one_rank_process_group(tmp_path):
         yield init_device_mesh("cpu", (1, 1), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture
