@@ -1,7 +1,7 @@
 """The Python half of the GPU check (scripts/gpu_bundle.sh, scripts/gpu_check.sh; docs/gpu.md).
 
     python scripts/gpu_check.py extract-translation .gpu_bundle/data/bible_en_de   # here: the Bible pairs as TSV
-    python scripts/gpu_check.py trainings OUT [--steps 200] [--deadline EPOCH] [--dry-run]
+    python scripts/gpu_check.py trainings OUT [--steps 200] [--deadline EPOCH] [--dry-run] [--only PATTERN ...]
     python scripts/gpu_check.py summary OUT                                        # OUT/summary.md
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,7 +27,7 @@ TRANSLATION_DATA = ROOT / ".gpu_bundle" / "data" / "bible_en_de"
 SPLITS = ("train", "validation", "test")
 # Every training: no progress bar or summary in the logs, CSV metrics to read back, no test pass
 # (beam search over the test split would dominate these short runs).
-COMMON = ["trainer=gpu", "logger=csv", "test=false", "print_config=false", "callbacks.progress_bar=null",
+COMMON = ["logger=csv", "test=false", "print_config=false", "callbacks.progress_bar=null",
           "callbacks.model_summary=null", "+callbacks.device_stats._target_=lightning.pytorch.callbacks.DeviceStatsMonitor"]
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -59,16 +61,22 @@ class Training:
     final: dict[str, float] = field(default_factory=dict)  # last val/* values
 
 
+# How each training runs on the one GPU: Lightning's single-device loop, or FSDP2 over NCCL (one rank, the bf16 policy).
+TRAINERS = {"": ["trainer=gpu"], "-fsdp": ["trainer=fsdp", "trainer.devices=1"]}
+
+
 def trainings(steps: int, output_root: Path) -> list[Training]:
-    """Per task: fp32, fp16 and bf16 eager, and bf16 compiled. Translation is not compiled: its
-    batches change shape every step (token budget), so torch.compile would recompile and mislead."""
+    """Per task: fp32, fp16 and bf16 eager, bf16 compiled, and bf16 under trainer=fsdp. Translation is not
+    compiled: its batches change shape every step (token budget), so torch.compile would recompile and mislead."""
     runs = []
     for task in ("lm", "translation", "vit"):
-        variants = [(precision, False) for precision in PRECISIONS] + ([("bf16", True)] if task != "translation" else [])
-        for precision, compiled in variants:
-            name = f"{task}-{precision}{'-compile' if compiled else ''}"
-            command = [sys.executable, str(ROOT / "train.py"), *task_overrides(task, steps), *COMMON,
-                       f"precision={precision}", f"compile={str(compiled).lower()}",
+        variants = [(precision, False, "") for precision in PRECISIONS]
+        variants += [] if task == "translation" else [("bf16", True, "")]
+        variants += [("bf16", False, "-fsdp")]
+        for precision, compiled, trainer in variants:
+            name = f"{task}-{precision}{'-compile' if compiled else ''}{trainer}"
+            command = [sys.executable, str(ROOT / "train.py"), *task_overrides(task, steps), *TRAINERS[trainer],
+                       *COMMON, f"precision={precision}", f"compile={str(compiled).lower()}",
                        f"paths.output_root={output_root / name}"]
             runs.append(Training(name, command))
     return runs
@@ -92,14 +100,16 @@ def read_metrics(run_root: Path) -> tuple[dict[str, float], float | None, dict[s
     return rates, (max(peaks) / 2**30 if peaks else None), final
 
 
-def run_trainings(out: Path, steps: int, deadline: float, dry_run: bool) -> list[Training]:
-    """Runs each training not finished yet: a later call on the same (warm) machine goes on where
-    an earlier one stopped at its deadline, reading ``out/trainings.json``."""
+def run_trainings(out: Path, steps: int, deadline: float, dry_run: bool, only: Sequence[str] = ("*",)) -> list[Training]:
+    """Runs each training not finished yet whose name matches a pattern of ``only`` (fnmatch): a later call on
+    the same (warm) machine goes on where an earlier one stopped at its deadline, reading ``out/trainings.json``."""
     logs, record = out / "logs", out / "trainings.json"
     runs = trainings(steps, Path(os.environ.get("GPU_CHECK_RUNS", "/tmp/gpu_check_runs")))
     done = {r["name"]: Training(**r) for r in json.loads(record.read_text())} if record.exists() else {}
     runs = [done[r.name] if r.name in done and done[r.name].status not in ("not run", "timed out") else r for r in runs]
     for run in runs:
+        if not any(fnmatch.fnmatchcase(run.name, pattern) for pattern in only):
+            continue
         if dry_run:
             print(shlex.join(run.command))
             continue
@@ -202,14 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--steps", type=int, default=100)
     train.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start no run after it")
     train.add_argument("--dry-run", action="store_true", help="print the commands only")
+    train.add_argument("--only", nargs="+", default=["*"], help="name patterns of the trainings to run (lm-*, *-fsdp)")
     summary = commands.add_parser("summary", help="write OUT/summary.md")
     summary.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "extract-translation":
         extract_translation(args.directory)
     elif args.command == "trainings":
-        runs = run_trainings(args.out, args.steps, args.deadline, args.dry_run)
-        return 0 if args.dry_run or all(r.status == "ok" for r in runs) else 1
+        runs = run_trainings(args.out, args.steps, args.deadline, args.dry_run, args.only)
+        chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, pattern) for pattern in args.only)]
+        return 0 if args.dry_run or all(r.status == "ok" for r in chosen) else 1
     else:
         print(write_summary(args.out))
     return 0

@@ -14,6 +14,7 @@
 # one stops at the deadline, keeping what it finished; the summary is written in any case. The
 # trainings go on where they stopped when called again on the same machine while it is warm
 # (their record lives in /tmp/gpu_check_logs). GPU_CHECK_STEPS (default 100) sets their length,
+# GPU_CHECK_TRAININGS which of them run (name patterns, e.g. "translation-* *-fsdp"; default all),
 # GPU_CHECK_BENCH_ROWS the benchmark rows (GPU rows first, so a deadline cuts the CPU-minded ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ SITE=/tmp/gpu_check_site
 LOGS=/tmp/gpu_check_logs
 DEADLINE=$(( $(date +%s) + BUDGET ))
 STEPS=${GPU_CHECK_STEPS:-100}
+read -ra TRAININGS <<< "${GPU_CHECK_TRAININGS:-*}"  # patterns: read splits them without expanding them
 BENCH_ROWS=${GPU_CHECK_BENCH_ROWS:-mfu compile sdpa bf16 lm vit_b16 translation generation fused checkpointing pipeline}
 
 run() {  # print the command; run it unless --dry-run
@@ -81,7 +83,8 @@ for stage in "${STAGES[@]}"; do
                 --only $BENCH_ROWS --out "$OUT/bench.md" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
         train)
             dry=(); (( DRY_RUN )) && dry=(--dry-run)
-            python3 scripts/gpu_check.py trainings "$LOGS" --steps "$STEPS" --deadline $(( DEADLINE - 20 )) "${dry[@]}"
+            python3 scripts/gpu_check.py trainings "$LOGS" --steps "$STEPS" --deadline $(( DEADLINE - 20 )) \
+                --only "${TRAININGS[@]}" "${dry[@]}"
             [[ -f "$LOGS/trainings.json" ]] && cp "$LOGS/trainings.json" "$OUT/" ;;
     esac
 done

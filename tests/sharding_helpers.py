@@ -89,7 +89,8 @@ class RecordRank(L.Callback):
         return Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.json"
 
     def _write(self, trainer: L.Trainer) -> None:
-        record = {"world_size": trainer.world_size, "losses": self.losses, "params": self.held,
+        record = {"world_size": trainer.world_size, "backend": dist.get_backend() if dist.is_initialized() else None,
+                  "device": str(trainer.strategy.root_device), "losses": self.losses, "params": self.held,
                   "start_sums": self.start_sums,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
                   "step_seconds": sum(self.step_seconds) / max(1, len(self.step_seconds))}

@@ -74,8 +74,18 @@ def test_dry_run_lists_every_stage_without_running_it(tmp_path: Path) -> None:
     assert any("python3 -m pytest -m gpu" in line and f"--junitxml={tmp_path}/junit.xml" in line for line in lines)
     assert any("python3 -m trident.bench --device cuda" in line for line in lines)
     trainings = [line for line in lines if "train.py" in line]
-    assert len(trainings) == len(gpu_check.trainings(200, tmp_path)) == 11
+    assert len(trainings) == len(gpu_check.trainings(200, tmp_path)) == 14
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+def test_gpu_check_trainings_picks_the_trainings_by_name_pattern(tmp_path: Path) -> None:
+    env = {"GPU_CHECK_TRAININGS": "translation-* *-fsdp"}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", "train"], capture_output=True,
+                            text=True, env={**os.environ, "OUT": str(tmp_path), **env}, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = [line.rsplit("/", 1)[-1] for line in result.stdout.splitlines() if "train.py" in line]
+    assert names == ["lm-bf16-fsdp", "translation-fp32", "translation-fp16", "translation-bf16",
+                     "translation-bf16-fsdp", "vit-bf16-fsdp"]
 
 
 def test_unknown_argument_is_one_error_line(tmp_path: Path) -> None:
@@ -84,11 +94,14 @@ def test_unknown_argument_is_one_error_line(tmp_path: Path) -> None:
     assert result.stderr.strip().startswith("error: unknown argument 'benchmark'")
 
 
+@pytest.mark.parametrize("trainer", list(gpu_check.TRAINERS))
 @pytest.mark.parametrize("task", ["lm", "translation", "vit"])
-def test_training_overrides_compose_into_valid_configs(task: str, tmp_path: Path) -> None:
-    cfg = compose_config([*gpu_check.task_overrides(task, 200), *gpu_check.COMMON], output_dir=tmp_path)
+def test_training_overrides_compose_into_valid_configs(task: str, trainer: str, tmp_path: Path) -> None:
+    cfg = compose_config([*gpu_check.task_overrides(task, 200), *gpu_check.TRAINERS[trainer], *gpu_check.COMMON],
+                         output_dir=tmp_path)
     check_config(cfg)  # fails like train.py would on a bad key or value
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.max_steps == 200 and cfg.logger is not None
+    assert ("strategy" in cfg.trainer and cfg.trainer.devices == 1) == (trainer == "-fsdp")
 
 
 def test_metrics_and_summary_are_read_back_from_a_real_run(tmp_path: Path, single_thread: None) -> None:
