@@ -32,7 +32,9 @@ ONE_NODE = ["trainer=ddp_cpu", "seed=1"]
 
 def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python <script> <args>`` in a fresh process with one torch thread and its own W&B service."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    # The caller's PYTHONPATH stays after the project's (the GPU machine finds its carried packages there).
+    path = [str(ROOT / "src"), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
     env.pop("HYDRA_FULL_ERROR", None)
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
     return subprocess.run([sys.executable, str(ROOT / script), *args], check=False, capture_output=True, text=True,
