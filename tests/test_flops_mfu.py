@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -128,6 +129,28 @@ def test_cpu_peak_is_measured_once_per_process() -> None:
     hits = measured_peak_flops.cache_info().hits
     assert device_peak_flops(torch.device("cpu"), "fp32") == peak
     assert measured_peak_flops.cache_info().hits == hits + 1  # cached, not measured again
+
+
+def test_throughput_reports_an_epoch_shorter_than_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 batches an epoch, a window of 20: the epoch's end logs the 4 steps after the first, timed from the
+    first batch's end to the last's (the GPU check's ViT runs, 18 batches an epoch, used to log nothing)."""
+    clock = iter([10.0, 11.0, 12.0, 13.0, 14.0])  # each batch end, one second apart
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    logged: list[dict[str, float]] = []
+    module = SimpleNamespace(throughput_units=lambda batch: {"tokens": 100}, flops_per_batch=lambda batch: 1e6,
+                             log_dict=logged.append, device=torch.device("cpu"))
+    trainer = SimpleNamespace(distributed_sampler_kwargs=None, world_size=1, precision="32-true")
+    callback = Throughput(window=20, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    callback.on_train_epoch_start(trainer, module)
+    for index in range(5):
+        callback.on_train_batch_end(trainer, module, {}, None, index)
+    assert logged == []
+    callback.on_train_epoch_end(trainer, module)
+    assert logged == [pytest.approx({"throughput/tokens_per_sec": 100.0, "throughput/flops_per_sec": 1e6,
+                                     "throughput/mfu": 0.1})]
+    callback.on_train_epoch_end(trainer, module)  # nothing since: nothing more
+    assert len(logged) == 1
 
 
 def test_throughput_rejects_a_bad_peak() -> None:

@@ -30,9 +30,10 @@ class Throughput(L.Callback):
     The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}`` and its
     model FLOPs through ``flops_per_batch(batch)`` (hooks every trident.tasks.base.TridentTask
     implements; trident.training.flops); the wall-clock window
-    runs from one batch end to the next, so it measures what a user waits for. ``peak_flops`` is
-    the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures it once
-    (trident.training.flops.device_peak_flops). MFU is achieved FLOP/s over the peak of all devices.
+    runs from one batch end to the next, so it measures what a user waits for. An epoch's last window
+    is logged when the epoch ends, however short: epochs of fewer steps than ``window`` still report.
+    ``peak_flops`` is the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures
+    it once (trident.training.flops.device_peak_flops). MFU is achieved FLOP/s over the peak of all devices.
     """
 
     def __init__(self, window: int = 20, peak_flops: float | None = None) -> None:
@@ -45,6 +46,7 @@ class Throughput(L.Callback):
         self._device_peak: float | None = None
         self._counts: dict[str, float] = {}
         self._start: float | None = None
+        self._last_end = 0.0
         self._steps = 0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -66,14 +68,22 @@ class Throughput(L.Callback):
         batches = (trainer.distributed_sampler_kwargs or {"num_replicas": 1})["num_replicas"]
         for unit, count in counts.items():
             self._counts[unit] = self._counts.get(unit, 0) + count * batches
-        self._steps += 1
+        self._steps, self._last_end = self._steps + 1, now
         if self._steps >= self.window:
-            elapsed = now - self._start
-            rates = {f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()}
-            if self._device_peak:
-                rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / (self._device_peak * trainer.world_size)
-            pl_module.log_dict(rates)
-            self._start, self._counts, self._steps = now, {}, 0
+            self._log(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._steps:  # the window the epoch ended in; it ends at the last batch, before any validation
+            self._log(trainer, pl_module)
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        assert self._start is not None
+        elapsed = self._last_end - self._start
+        rates = {f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()}
+        if self._device_peak:
+            rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / (self._device_peak * trainer.world_size)
+        pl_module.log_dict(rates)
+        self._start, self._counts, self._steps = self._last_end, {}, 0
 
 
 class MetricsToLog(L.Callback):
