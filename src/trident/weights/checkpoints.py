@@ -46,9 +46,10 @@ def unreadable_checkpoint(path: _PATH, err: BaseException, fix: str) -> DataErro
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file in the same directory, fsyncs it, then renames
-    it over the target (a file, or the sharded checkpoint directory of a run that went back to files):
-    a crash mid-write never leaves a half-written ``last.ckpt`` in place of a good one. (Lightning's own save stages in the system temp dir, possibly another file system,
-    where the final move is a copy, and never fsyncs.) Remote paths (s3://...) use Lightning's save."""
+    it over the target (a file, or the sharded checkpoint directory of a run that went back to
+    files): a crash mid-write never leaves a half-written ``last.ckpt`` in place of a good one.
+    (Lightning's own save stages in the system temp dir, possibly another file system, where the
+    final move is a copy, and never fsyncs.) Remote paths (s3://...) use Lightning's save."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if not isinstance(get_filesystem(path), LocalFileSystem):
