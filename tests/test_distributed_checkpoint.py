@@ -10,12 +10,14 @@ import os
 import pickle
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import hydra.utils
 import pytest
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.utilities.load import _METADATA_FILENAME
 from torch import nn
 
@@ -104,6 +106,65 @@ def test_a_failed_save_leaves_the_previous_checkpoint_of_its_name(tmp_path: Path
     assert os.listdir(tmp_path) == ["last.ckpt"]
     torch.testing.assert_close(read_checkpoint(tmp_path / "last.ckpt", "ckpt_path")["state_dict"], checkpoint(1)["state_dict"],
                                rtol=0, atol=0)
+
+
+def whole(rank: int = 0) -> ShardedStrategy:
+    """The strategy of a run that saves checkpoint files (the default), as global rank ``rank``, with the writer
+    that train.py gives it."""
+    strategy = ShardedStrategy()
+    strategy.checkpoint_io = AtomicCheckpointIO()
+    environment = LightningEnvironment()
+    environment.set_global_rank(rank)
+    strategy.cluster_environment = environment
+    return strategy
+
+
+def test_a_run_switched_back_to_files_replaces_its_sharded_checkpoint_once_the_file_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sharded run resumed with save_distributed_checkpoint=false: rank 0 alone replaces the directory (the ranks
+    share it; Lightning deletes it on every rank), and only once its file is complete: a save that fails (or is
+    stopped) midway leaves the sharded checkpoint, which the requeue resumes from."""
+    folder = tmp_path / "run" / "checkpoints"
+    save(checkpoint(1), folder / "last.ckpt")
+    whole(rank=1).save_checkpoint(checkpoint(2), folder / "last.ckpt")  # rank 1 writes nothing
+    assert is_sharded_checkpoint(folder / "last.ckpt")
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "save", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            whole().save_checkpoint(checkpoint(2), folder / "last.ckpt")
+    assert os.listdir(folder) == ["last.ckpt"] and latest_checkpoint(tmp_path / "run") == folder / "last.ckpt"
+    assert read_checkpoint(folder / "last.ckpt", "ckpt_path", weights=False)["global_step"] == 1
+    whole().save_checkpoint(checkpoint(2), folder / "last.ckpt")
+    assert os.listdir(folder) == ["last.ckpt"] and (folder / "last.ckpt").is_file()
+    read = read_checkpoint(folder / "last.ckpt", "ckpt_path")
+    assert read["global_step"] == 2
+    torch.testing.assert_close(read["state_dict"], checkpoint(2)["state_dict"], rtol=0, atol=0)
+    (folder / "notes.ckpt").mkdir()  # a directory of the user's, not a checkpoint: kept, in one line
+    (folder / "notes.ckpt" / "todo.txt").write_text("keep")
+    with pytest.raises(DataError, match="a directory that is not a sharded checkpoint has its name: move it away"):
+        whole().save_checkpoint(checkpoint(3), folder / "notes.ckpt")
+    assert (folder / "notes.ckpt" / "todo.txt").read_text() == "keep"
+
+
+def test_the_requeue_resumes_the_newest_save_across_a_switch_of_checkpoint_kind(tmp_path: Path) -> None:
+    """A run that saved checkpoint files, then sharded ones, then files again: ``last.ckpt`` is replaced in place by
+    each kind (never a file and a directory of one name), and the requeue takes the newest save by its real time."""
+    folder = tmp_path / "run" / "checkpoints"
+    whole().save_checkpoint(checkpoint(4), folder / "best-step4.ckpt")
+    whole().save_checkpoint(checkpoint(5), folder / "last.ckpt")
+    for step, strategy in [(6, ShardedStrategy(save_distributed_checkpoint=True)), (7, whole())]:
+        time.sleep(0.02)  # file times tick in steps of a few milliseconds
+        strategy.save_checkpoint(checkpoint(step), folder / "last.ckpt")
+        assert sorted(os.listdir(folder)) == ["best-step4.ckpt", "last.ckpt"]
+        assert latest_checkpoint(tmp_path / "run") == folder / "last.ckpt"
+        assert read_checkpoint(folder / "last.ckpt", "ckpt_path", weights=False)["global_step"] == step
+    time.sleep(0.02)
+    save(checkpoint(8), folder / "best-step8.ckpt")  # a newer sharded checkpoint of another name
+    assert latest_checkpoint(tmp_path / "run") == folder / "best-step8.ckpt"
 
 
 def test_a_save_cut_off_never_counts_as_a_checkpoint(tmp_path: Path) -> None:

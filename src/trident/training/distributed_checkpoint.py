@@ -83,18 +83,34 @@ def save_sharded(strategy: Strategy, write: Callable[[Path], None], filepath: st
 def _put_in_place(staging: Path, target: Path) -> None:
     _fsync(staging / REST)  # Lightning's torch.save does not sync it; DCP's writer syncs its own files
     _fsync(staging)
-    if os.path.lexists(target):
-        # A directory cannot be renamed over another: the old checkpoint steps aside (hidden) for a moment.
-        retired = staging.with_suffix(".old")
+    replace_checkpoint(staging, target)
+
+
+def replace_checkpoint(staged: Path, target: Path) -> None:
+    """Rename the complete checkpoint ``staged`` (a file or a sharded directory, beside ``target``) to ``target``,
+    replacing the checkpoint of that name, a file or a sharded directory: a run that switches between whole and
+    sharded checkpoints replaces one kind by the other in place."""
+    if (staged.is_file() and not _is_directory(target)) or not os.path.lexists(target):
+        os.replace(staged, target)  # at once
+    else:
+        if _is_directory(target) and not holds_shards(target):
+            raise DataError(f"cannot save checkpoint {str(target)!r}: a directory that is not a sharded checkpoint has "
+                            "its name: move it away, or set another checkpoint directory or file name")
+        # A directory cannot be renamed over another, nor a file over a directory: the old checkpoint steps aside
+        # (hidden) for a moment.
+        retired = staged.with_suffix(".old")
         os.replace(target, retired)
-        os.replace(staging, target)
-        if retired.is_dir() and not retired.is_symlink():
+        os.replace(staged, target)
+        if _is_directory(retired):
             shutil.rmtree(retired)
         else:
             retired.unlink()
-    else:
-        os.replace(staging, target)
     _fsync(target.parent)  # the rename itself survives a power loss
+
+
+def _is_directory(path: Path) -> bool:
+    """A directory itself, not a link to one (a link is replaced, not what it points to)."""
+    return path.is_dir() and not path.is_symlink()
 
 
 def _fsync(path: Path) -> None:

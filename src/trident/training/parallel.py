@@ -54,8 +54,11 @@ class ShardedStrategy(ModelParallelStrategy):
         write = super().save_checkpoint
         if self._save_distributed_checkpoint:
             save_sharded(self, lambda staging: write(checkpoint, staging, storage_options), filepath)
-        else:
-            write(checkpoint, filepath, storage_options)
+        elif self.is_global_zero:
+            # Not Lightning's save, which first deletes a sharded checkpoint of this name on every rank (the ranks of
+            # the nodes race on a shared one), then writes the file: a run switched back to checkpoint files would lose
+            # its newest checkpoint to a stop in between. Rank 0 alone replaces it, once the file is complete.
+            self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options)
 
     def setup_environment(self) -> None:
         # The world size is known only once the cluster environment is: here, before the mesh is built.

@@ -25,7 +25,12 @@ from torch import nn
 
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
-from trident.training.distributed_checkpoint import holds_shards, is_checkpoint, read_sharded_checkpoint
+from trident.training.distributed_checkpoint import (
+    holds_shards,
+    is_checkpoint,
+    read_sharded_checkpoint,
+    replace_checkpoint,
+)
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -41,9 +46,10 @@ def unreadable_checkpoint(path: _PATH, err: BaseException, fix: str) -> DataErro
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file in the same directory, fsyncs it, then renames
-    it over the target: a crash mid-write never leaves a half-written ``last.ckpt`` in place of a
-    good one. (Lightning's own save stages in the system temp dir, possibly another file system,
-    where the final move is a copy, and never fsyncs.) Remote paths (s3://...) use Lightning's save."""
+    it over the target (a file, or the sharded checkpoint directory of a run that went back to
+    files): a crash mid-write never leaves a half-written ``last.ckpt`` in place of a good one.
+    (Lightning's own save stages in the system temp dir, possibly another file system, where the
+    final move is a copy, and never fsyncs.) Remote paths (s3://...) use Lightning's save."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if not isinstance(get_filesystem(path), LocalFileSystem):
@@ -57,15 +63,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(temp_name, target)
+            replace_checkpoint(Path(temp_name), target)  # a sharded checkpoint of its name too
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)
             raise
-        directory = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a power loss
-        finally:
-            os.close(directory)
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         if not get_filesystem(path).exists(path):
