@@ -11,9 +11,9 @@ The rest stays whole on every rank of a group (FSDP still shards it over the dat
 MLM's transform, the patch embedding, class tokens, classifier heads, translation's shared embeddings and head.
 
 The fused projections hold their parts one after the other ([q; k; v] in ``qkv_proj``, [k; v] in cross-attention's
-``kv_proj``, [gate; value] in a swiglu ``fc_in``): an even split of their rows would hand rank 0 all the queries. Their rows are put in rank-major order
-([q_0; k_0; v_0; q_1; k_1; v_1], q_r: rank r's heads) before the split, so each rank holds its own heads' q, k and
-v. Their state dict and their optimizer state keep today's order (checkpoints, exports, a one-process model read
+``kv_proj``, [gate; value] in a swiglu ``fc_in``): an even split of their rows would hand rank 0 all the queries.
+Their rows are put in rank-major order ([q_0; k_0; v_0; q_1; k_1; v_1], q_r: rank r's heads) before the split, so
+each rank holds its own heads' q, k and v. Their state dict and their optimizer state keep today's order (checkpoints, exports, a one-process model read
 them unchanged): the rows go back on saving and to rank-major order on loading.
 """
 
@@ -125,6 +125,7 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
                 parallelize_module(module.fc_in, mesh, ColwiseParallel())
             parallelize_module(module.fc_out, mesh, RowwiseParallel())
     embed, head = getattr(net, "embed", None), getattr(net, "head", None)
+    # A vocabulary head only (the LM's, the MLM's): a classifier's head and its token embedding stay whole.
     if isinstance(embed, TokenEmbedding) and isinstance(head, nn.Linear) and head.out_features == embed.num_embeddings:
         tied = head.weight is embed.weight
         # Both split the vocabulary (dim 0 of either weight): a tied matrix is one DTensor for both.
