@@ -1,7 +1,7 @@
 """Tensor parallelism beyond the LM (trident.training.tensor_parallel): the networks of task=mlm (encoder, split
 vocabulary), translation (encoder-decoder with cross-attention, shared embeddings whole), vit and classify (whole
 patch embedding, class token and head), split 2 ways over 2 gloo processes, compute, train and save as one process;
-the ranks of a tensor-parallel group mask, batch and draw the same; vit and classify train through train.py."""
+the ranks of a tensor-parallel group mask and batch the same; vit trains and tests through train.py."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ NETWORKS = {"mlm": mlm, "translation": translation, "vit": vit, "classify": clas
 
 def _worker(rank: int, store: str) -> None:
     """One rank of 2 (one tensor-parallel group): each network split and trained beside its plain copy, on the same
-    batch (dropout off), whose losses, gradients, attention weights and saved weights it must equal."""
+    batch (dropout off), whose losses, saved weights, decoding and attention weights it must equal."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
