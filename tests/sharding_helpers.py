@@ -15,10 +15,13 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from trident.training.parallel import ShardedStrategy
+from trident.training.parallel import DATA_PARALLEL, ShardedStrategy
+from trident.training.tensor_parallel import TENSOR_PARALLEL
 
 # Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
 WARM_UP_STEPS = 2
@@ -104,6 +107,17 @@ def save_sharded_copy(checkpoint_file: Path, directory: Path) -> None:
     checkpoint = torch.load(checkpoint_file, map_location="cpu", weights_only=True)
     checkpoint.pop("optimizer_states", None)
     ShardedStrategy(save_distributed_checkpoint=True).save_checkpoint(checkpoint, directory)
+
+
+@contextmanager
+def fake_two_ranks() -> Iterator[DeviceMesh]:
+    """Rank 0 of a tensor-parallel group of 2 whose collectives exchange nothing (torch's fake process group):
+    shapes and placements are real, values are not."""
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (1, 2), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+    finally:
+        dist.destroy_process_group()
 
 
 @contextmanager

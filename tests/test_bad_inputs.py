@@ -466,8 +466,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["trainer.strategy.tensor_parallel_size=4 does not divide the 2 processes", "choose a tensor-parallel size that divides 2"]),
     ("tensor-parallel-alibi", "train.py", [*SHORT, "model=nano", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "pos_encoding=alibi"],
      ["trainer.strategy.tensor_parallel_size=2 cannot split pos_encoding=alibi", "use pos_encoding=rope"]),
-    ("tensor-parallel-mlm", "train.py", ["task=mlm", "model=nano", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "trainer.max_steps=2"],
-     ["tensor parallelism is built for task=lm, not task=mlm", "set trainer.strategy.tensor_parallel_size=1"]),
+    ("tensor-parallel-vit-qk-norm", "train.py", ["task=vit", "model=nano", "model.qk_norm=true", "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2"],
+     ["trainer.strategy.tensor_parallel_size=2 cannot split model.qk_norm", "set model.qk_norm=false"]),
     ("tensor-parallel-lora", "train.py", [*LORA_TUNE, "trainer=fsdp_cpu", "trainer.strategy.tensor_parallel_size=2", "trainer.max_steps=2"],
      ["trainer.strategy.tensor_parallel_size=2 cannot split finetune=lora's adapters", "use finetune=full"]),
     # Issue 42: distributed checkpoints (files: sharded_checkpoint_files)

@@ -213,7 +213,7 @@ def test_translation_ranks_get_disjoint_token_budget_batches_of_the_whole_split(
     shares = []
     for rank in range(2):
         # All that the data module reads of its trainer.
-        module.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # type: ignore[assignment]
+        module.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": rank})  # type: ignore[assignment]
         batches = module.split_loader(split, train=split == "train").batch_sampler
         assert batches is not None
         shares.append([sorted(batch) for batch in batches])

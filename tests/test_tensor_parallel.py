@@ -17,13 +17,11 @@ from types import SimpleNamespace
 import hydra.utils
 import pytest
 import torch
-import torch.distributed as dist
 from lightning.fabric.strategies.model_parallel import _load_raw_module_state
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
@@ -43,7 +41,7 @@ from trident.training.tensor_parallel import (
 )
 
 from .conftest import SMALL, compose_config
-from .sharding_helpers import one_rank_process_group
+from .sharding_helpers import fake_two_ranks, one_rank_process_group
 from .shared_runs import QUIET
 from .test_fsdp import net_weights, ranks, train
 
@@ -57,13 +55,9 @@ def mesh(tmp_path: Path) -> Iterator[DeviceMesh]:
 
 @pytest.fixture
 def two_ranks() -> Iterator[DeviceMesh]:
-    """Rank 0 of a tensor-parallel group of 2 whose collectives exchange nothing (torch's fake process group):
-    shapes and placements are real, values are not."""
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        yield init_device_mesh("cpu", (1, 2), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
-    finally:
-        dist.destroy_process_group()
+    """Rank 0 of a tensor-parallel group of 2 (torch's fake process group)."""
+    with fake_two_ranks() as mesh:
+        yield mesh
 
 
 def backbone(**options: object) -> TransformerConfig:
@@ -203,17 +197,17 @@ def test_what_tensor_parallelism_cannot_honour_is_refused(size: int, devices: in
                                                           named: str) -> None:
     trainer = {"devices": devices, "num_nodes": 1, "strategy": {"tensor_parallel_size": size}}
     with pytest.raises(ConfigError, match=named):
-        check_tensor_parallel_config(trainer, backbone(**options), "lm", "full")
-    check_tensor_parallel_config({**trainer, "strategy": {"tensor_parallel_size": 1}}, backbone(**options), "lm", "full")
+        check_tensor_parallel_config(trainer, backbone(**options), "full")
+    check_tensor_parallel_config({**trainer, "strategy": {"tensor_parallel_size": 1}}, backbone(**options), "full")
 
 
-def test_tensor_parallelism_is_refused_for_other_tasks_and_lora() -> None:
+@pytest.mark.parametrize("task", ["lm", "mlm", "classify", "vit", "translation"])
+def test_every_task_takes_tensor_parallelism_and_lora_is_refused(task: str) -> None:
+    check_config(compose_config([f"task={task}", "model=nano", "trainer=fsdp_cpu",
+                                 "trainer.strategy.tensor_parallel_size=2"]))
     trainer = {"devices": 2, "num_nodes": 1, "strategy": {"tensor_parallel_size": 2}}
-    check_tensor_parallel_config(trainer, backbone(), "lm", "full")
-    with pytest.raises(ConfigError, match="tensor parallelism is built for task=lm, not task=mlm"):
-        check_tensor_parallel_config(trainer, backbone(), "mlm", "full")
     with pytest.raises(ConfigError, match="cannot split finetune=lora's adapters"):
-        check_tensor_parallel_config(trainer, backbone(), "lm", "lora")
+        check_tensor_parallel_config(trainer, backbone(), "lora")
 
 
 # 12 steps of the nano LM with grouped key/value heads and swiglu (both fused projections), dropout off: under

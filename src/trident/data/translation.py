@@ -351,14 +351,12 @@ class TranslationDataModule(TextDataModule):
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
         src_lengths, tgt_lengths = self.datasets[split].lengths()
-        trainer = self.trainer
         sampler = TokenBudgetBatchSampler(
             src_lengths, tgt_lengths, self.max_tokens if train else self.eval_max_tokens,
             # Evaluation batches in one fixed random order: `limit_val_batches` then takes the same
             # subset of all lengths at every validation, not the shortest sentences.
             shuffle=True, reshuffle_each_epoch=train, seed=self.seed,
-            num_replicas=trainer.world_size if trainer is not None else 1,
-            rank=trainer.global_rank if trainer is not None else 0,
+            **self.shard(),
         )
         pad_id = special_id(self.tokenizer, PAD) if self.tokenizer is not None else 0
         return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=functools.partial(collate_pairs, pad_id=pad_id),

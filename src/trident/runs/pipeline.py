@@ -148,7 +148,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     backbone = TransformerConfig(**backbone_options(cfg))
     lora_settings(cfg, backbone)  # finetune=lora's settings fit this model
     finetune = (cfg.get("finetune") or {}).get("name", "full")
-    check_tensor_parallel_config(_plain(cfg.trainer), backbone, cfg.task.name, finetune)  # it fits the heads and processes
+    check_tensor_parallel_config(_plain(cfg.trainer), backbone, finetune)  # it fits the heads and processes
     if key is not None:
         check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone

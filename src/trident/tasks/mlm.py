@@ -122,8 +122,10 @@ class MaskedLanguageModelTask(TridentTask):
 
     def mask(self, ids: Tensor, stage: str, index: int) -> tuple[Tensor, Tensor]:
         """Masks for batch ``index`` of ``stage`` (training: the batch counter across epochs, which a
-        resumed run restores), different on every DDP rank; returns (inputs, targets)."""
-        generator = masking_generator(ids.device, self.seed, STAGES[stage], index, self.global_rank)
+        resumed run restores), different on every DDP rank; returns (inputs, targets). The ranks of one
+        tensor-parallel group compute on one batch together: they share its data-parallel rank, and its masks."""
+        shard = self._trainer.distributed_sampler_kwargs if self._trainer is not None else None
+        generator = masking_generator(ids.device, self.seed, STAGES[stage], index, shard["rank"] if shard else 0)
         return mask_tokens(
             ids, self.masking, mask_id=self.mask_id, num_regular_tokens=self.num_regular_tokens, generator=generator
         )

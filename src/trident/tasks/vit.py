@@ -20,6 +20,7 @@ from trident.training.figures import confusion_matrix_figure, image_grid_figure,
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
 from trident.training.parallel import whole_weights
+from trident.training.tensor_parallel import is_tensor_parallel
 
 Batch = tuple[Tensor, Tensor]
 
@@ -152,10 +153,14 @@ class ImageClassificationTask(TridentTask):
         """Attention rollout of the class token (or the mean over patches) over the image."""
         if self.trainer.sanity_checking:
             return
-        with whole_weights(self.net):  # every rank enters: under FSDP, gathering rank 0's weights takes them all
-            if not self.trainer.is_global_zero:
+        # Every rank enters: under FSDP, gathering rank 0's weights takes them all. Under tensor parallelism every
+        # forward is collective: every rank runs it (each group on its own batch), rank 0 draws it.
+        with whole_weights(self.net):
+            if not (self.trainer.is_global_zero or is_tensor_parallel(self.net)):
                 return
             logits, weights = self.net.forward_with_attention(images)
+        if not self.trainer.is_global_zero:
+            return
         rollout = attention_rollout(weights)  # (B, T, T)
         prefix = self.net.num_prefix_tokens
         grid = self.net.encoder.cfg.grid

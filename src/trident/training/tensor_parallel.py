@@ -1,16 +1,19 @@
 """Tensor parallelism (``trainer=fsdp trainer.strategy.tensor_parallel_size=N``): Megatron-LM's plan through
 ``torch.distributed.tensor.parallel``, on the device mesh's ``tensor_parallel`` dimension (N processes).
 
-In each Transformer block the q/k/v projection and the feed-forward input (gate and value for swiglu) are split
-column-wise: each rank computes its own heads (its query heads and the key/value heads they read) and its own
-hidden units from the whole input. The attention output and feed-forward output projections are split row-wise:
-each rank's partial sum, added over the ranks (one all-reduce per sub-layer). The LM's token embedding is split
-by vocabulary rows (each rank looks up the ids it holds) and its head by vocabulary columns, gathered for the loss.
+In each Transformer block (encoder, decoder, and a decoder's cross-attention) the q/k/v projections and the
+feed-forward input (gate and value for swiglu) are split column-wise: each rank computes its own heads (its query
+heads and the key/value heads they read) and its own hidden units from the whole input. The attention output and
+feed-forward output projections are split row-wise: each rank's partial sum, added over the ranks (one all-reduce
+per sub-layer). A token embedding whose head projects onto its vocabulary (the LM's, the MLM's) is split by
+vocabulary rows (each rank looks up the ids it holds) and the head by vocabulary columns, gathered for the loss.
+The rest stays whole on every rank of a group (FSDP still shards it over the data-parallel dimension): norms, the
+MLM's transform, the patch embedding, class tokens, classifier heads, translation's shared embeddings and head.
 
-The fused projections hold their parts one after the other ([q; k; v] in ``qkv_proj``, [gate; value] in a swiglu
-``fc_in``): an even split of their rows would hand rank 0 all the queries. Their rows are put in rank-major order
-([q_0; k_0; v_0; q_1; k_1; v_1], q_r: rank r's heads) before the split, so each rank holds its own heads' q, k and
-v. Their state dict and their optimizer state keep today's order (checkpoints, exports, a one-process model read
+The fused projections hold their parts one after the other ([q; k; v] in ``qkv_proj``, [k; v] in cross-attention's
+``kv_proj``, [gate; value] in a swiglu ``fc_in``): an even split of their rows would hand rank 0 all the queries.
+Their rows are put in rank-major order ([q_0; k_0; v_0; q_1; k_1; v_1], q_r: rank r's heads) before the split, so
+each rank holds its own heads' q, k and v. Their state dict and their optimizer state keep today's order (checkpoints, exports, a one-process model read
 them unchanged): the rows go back on saving and to rank-major order on loading.
 """
 
@@ -21,6 +24,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
@@ -39,8 +43,6 @@ from trident.errors import ConfigError, is_int
 
 # The mesh dimension the tensor-parallel plan splits over (Lightning's name for it).
 TENSOR_PARALLEL = "tensor_parallel"
-# The tasks whose networks the plan covers (an LM: decoder blocks, token embedding and head).
-TENSOR_PARALLEL_TASKS = ("lm",)
 
 
 def tensor_parallel_size(strategy: Any) -> int:
@@ -48,9 +50,7 @@ def tensor_parallel_size(strategy: Any) -> int:
     return strategy.get("tensor_parallel_size", 1) if isinstance(strategy, Mapping) else 1
 
 
-def check_tensor_parallel_config(
-    trainer: Mapping[str, Any], backbone: TransformerConfig, task: str, finetune: str
-) -> None:
+def check_tensor_parallel_config(trainer: Mapping[str, Any], backbone: TransformerConfig, finetune: str) -> None:
     """The tensor-parallel size fits the heads, the hidden units and the processes, and nothing the plan
     cannot split is asked for: one line each, before any work."""
     size = tensor_parallel_size(trainer.get("strategy"))
@@ -60,9 +60,6 @@ def check_tensor_parallel_config(
                           f"set e.g. {key}=2 (1: no tensor parallelism)")
     if size == 1:
         return
-    if task not in TENSOR_PARALLEL_TASKS:
-        raise ConfigError(f"{key}={size}: tensor parallelism is built for task=lm, not task={task}: "
-                          f"set {key}=1 (FSDP alone) for task={task}")
     for name, count in (("model.n_heads", backbone.n_heads), ("model.n_kv_heads", backbone.n_kv_heads),
                         ("model.d_ff", backbone.d_ff)):
         if count % size:
@@ -108,8 +105,14 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
     ranks = mesh.size()
     for module in net.modules():
         if isinstance(module, MultiHeadAttention):
-            split_fused_rows(module.qkv_proj, rank_major_rows(module.split_sizes, ranks), mesh)
+            if module.cross:  # queries from the decoder (q_proj: its heads in order), [k; v] from the encoder output
+                parallelize_module(module.q_proj, mesh, ColwiseParallel())
+                split_fused_rows(module.kv_proj, rank_major_rows(module.split_sizes[1:], ranks), mesh)
+            else:
+                split_fused_rows(module.qkv_proj, rank_major_rows(module.split_sizes, ranks), mesh)
             parallelize_module(module.out_proj, mesh, RowwiseParallel())
+            # Attention weights (the explicit path's, for figures) come back whole: (B, heads, Tq, Tk) of all heads.
+            module.register_forward_hook(partial(_all_heads, mesh))
             # The forward reshapes by these counts: from here on it sees this rank's heads only.
             module.n_heads //= ranks
             module.n_kv_heads //= ranks
@@ -122,13 +125,23 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
                 parallelize_module(module.fc_in, mesh, ColwiseParallel())
             parallelize_module(module.fc_out, mesh, RowwiseParallel())
     embed, head = getattr(net, "embed", None), getattr(net, "head", None)
-    if isinstance(embed, TokenEmbedding) and isinstance(head, nn.Linear):
+    # A vocabulary head only (the LM's, the MLM's): a classifier's head and its token embedding stay whole.
+    if isinstance(embed, TokenEmbedding) and isinstance(head, nn.Linear) and head.out_features == embed.num_embeddings:
         tied = head.weight is embed.weight
         # Both split the vocabulary (dim 0 of either weight): a tied matrix is one DTensor for both.
         parallelize_module(embed, mesh, RowwiseParallel(input_layouts=Replicate()))
         parallelize_module(head, mesh, ColwiseParallel(output_layouts=Replicate()))
         if tied:
             head.weight = embed.weight
+
+
+def _all_heads(mesh: DeviceMesh, module: nn.Module, inputs: Any, output: tuple[Tensor, Tensor | None]
+               ) -> tuple[Tensor, Tensor | None]:
+    """Forward hook: attention weights of this rank's heads (B, heads / ranks, Tq, Tk) gathered into all heads'."""
+    out, weights = output
+    if weights is None:
+        return output
+    return out, funcol.all_gather_tensor(weights.contiguous(), gather_dim=1, group=mesh)
 
 
 def split_fused_rows(linear: nn.Linear, order: Tensor, mesh: DeviceMesh) -> None:
