@@ -13,8 +13,9 @@ MLM's transform, the patch embedding, class tokens, classifier heads, translatio
 The fused projections hold their parts one after the other ([q; k; v] in ``qkv_proj``, [k; v] in cross-attention's
 ``kv_proj``, [gate; value] in a swiglu ``fc_in``): an even split of their rows would hand rank 0 all the queries.
 Their rows are put in rank-major order ([q_0; k_0; v_0; q_1; k_1; v_1], q_r: rank r's heads) before the split, so
-each rank holds its own heads' q, k and v. Their state dict and their optimizer state keep today's order (checkpoints, exports, a one-process model read
-them unchanged): the rows go back on saving and to rank-major order on loading.
+each rank holds its own heads' q, k and v. Their state dict and their optimizer state keep today's order
+(checkpoints, exports, a one-process model read them unchanged): the rows go back on saving and to rank-major
+order on loading.
 """
 
 from __future__ import annotations
