@@ -230,3 +230,22 @@ def test_two_way_tensor_parallel_trains_as_one_process_and_saves_todays_layout(t
     saved, expected = net_weights(split), net_weights(one)
     assert list(saved) == list(expected)
     torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_two_by_two_mesh_trains_as_ddp_over_its_data_parallel_ranks(tmp_path: Path) -> None:
+    """4 processes: data parallel 2 x tensor parallel 2. Ranks 0-1 and 2-3 form the tensor-parallel groups, each
+    reading the batches of one DDP rank (the mesh is data-major): each rank's losses are its DDP rank's, and the
+    checkpoint holds DDP's weights in today's layout."""
+    ddp = train(tmp_path / "ddp", "ddp_cpu", *TP_LM)
+    mesh = train(tmp_path / "mesh", "fsdp_cpu", *TP_LM, "trainer.devices=4", "trainer.strategy.tensor_parallel_size=2")
+    by_ddp_rank = ranks(ddp)
+    for rank in range(4):
+        record = json.loads((mesh / f"rank{rank}.json").read_text())
+        assert record["world_size"] == 4 and len(record["losses"]) == 12
+        torch.testing.assert_close(record["losses"], by_ddp_rank[rank // 2]["losses"], rtol=0, atol=1e-5)
+        # Half of every split matrix on each rank, then half of that again over the data-parallel dimension.
+        assert 0.25 < record["params"]["local"] / record["params"]["total"] < 0.3, record["params"]
+    saved, expected = net_weights(mesh), net_weights(ddp)
+    assert list(saved) == list(expected)
+    torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
