@@ -41,8 +41,8 @@ RECORD = ["+callbacks.record_rank._target_=tests.sharding_helpers.RecordRank"]
 # 20 steps with dropout on (each rank's random state matters), epochs of 4 steps, validation once.
 LM_20 = [*SMALL, *QUIET, "model.dropout=0.1", "trainer.max_steps=20", "trainer.limit_train_batches=4",
          "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=20", "seed=3"]
-# Both MLM runs clip the gradients' norm (0.1: every step clips) and accumulate 2 batches a step (40 batches): under FSDP the
-# norm must be the whole model's, as DDP's is. The FSDP run also checkpoints activations (the same dropout masks recomputed).
+# Both MLM runs clip the gradients' norm at 0.1 and accumulate 2 batches a step (40 batches): under FSDP the norm must be
+# the whole model's, as DDP's is. The FSDP run also checkpoints activations (the same dropout masks recomputed).
 MLM_20 = ["task=mlm", *(o for o in LM_20 if not o.startswith("task.sampling")), "trainer.gradient_clip_val=0.1",
           "trainer.accumulate_grad_batches=2"]
 MLM_BATCHES = 40
