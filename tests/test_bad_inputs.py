@@ -485,6 +485,16 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("fsdp-sharded-with-tensor-parallel", "train.py", ["trainer=fsdp_cpu", "trainer.strategy.save_distributed_checkpoint=true",
                                                        "trainer.strategy.tensor_parallel_size=2"],
      ["trainer.strategy.save_distributed_checkpoint=true does not work with tensor parallelism"]),
+    # Issue 42: fsdp options (the rest work under trainer=fsdp_cpu: docs/scaling.md's table, tests/test_fsdp.py)
+    ("fsdp-with-fp16", "train.py", ["trainer=fsdp_cpu", "precision=fp16"],
+     ["precision=fp16 (trainer.precision=16-mixed) does not work with trainer=fsdp", "use precision=bf16"]),
+    ("fsdp-with-swa", "train.py", ["trainer=fsdp_cpu", "+callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging",
+                                   "+callbacks.swa.swa_lrs=0.01"],
+     ["callbacks.swa (StochasticWeightAveraging) does not work with FSDP's sharded weights", "remove callbacks.swa"]),
+    ("fsdp-with-backbone-frozen-for-steps", "train.py", ["task=classify", "model=nano", "trainer=fsdp_cpu", "task.freeze_backbone_steps=1",
+                                                         "trainer.max_steps=2", "trainer.val_check_interval=1",
+                                                         "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
+     ["task.freeze_backbone_steps=1 does not work with trainer=fsdp", "set task.freeze_backbone_steps=0"]),
 ]
 
 

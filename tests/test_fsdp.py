@@ -1,16 +1,21 @@
 """``trainer=fsdp_cpu``: FSDP2 (``fully_shard`` per Transformer block, then the root) on 2 gloo
 processes, each a real ``train.py`` subprocess. It trains the same model as DDP (``trainer=ddp_cpu``)
-step for step (the LM and the MLM), each rank holding half the weights, and every task trains under it
-with the default logger (W&B, offline).
+step for step (the LM; the MLM with gradient clipping, gradient accumulation and activation checkpointing),
+each rank holding half the weights, and every task trains under it with the default logger (W&B, offline).
 
 The LM run is stopped by SIGTERM twice and resumed each time, first from a checkpoint file, then from a
 sharded checkpoint (``trainer.strategy.save_distributed_checkpoint=true``), and still trains as DDP's
 uninterrupted run; its sharded checkpoints are read whole without FSDP (``trident.load``, eval.py,
-trident-export, ``init_from``), and one of them resumes in one process (2 ranks -> 1)."""
+trident-export, ``init_from``). A run started from its weights (``init_from``) in one process
+(``trainer.devices=1``) resumes at 2 ranks (1 -> 2), and that run in one process again (2 -> 1), with the
+one-process run's losses. The other options a user combines with FSDP (docs/scaling.md's table) ride on these
+runs: classify from the MLM run with LoRA, sharded checkpoints, layer-wise rates and early stopping; vit in bf16; and
+the learning-rate finder runs under it. Each run is made once (module-scoped fixtures) for every test that reads it."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -36,7 +41,11 @@ RECORD = ["+callbacks.record_rank._target_=tests.sharding_helpers.RecordRank"]
 # 20 steps with dropout on (each rank's random state matters), epochs of 4 steps, validation once.
 LM_20 = [*SMALL, *QUIET, "model.dropout=0.1", "trainer.max_steps=20", "trainer.limit_train_batches=4",
          "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=20", "seed=3"]
-MLM_20 = ["task=mlm", *(o for o in LM_20 if not o.startswith("task.sampling"))]
+# Both MLM runs clip the gradients' norm at 0.1 and accumulate 2 batches a step (40 batches): under FSDP the norm must be
+# the whole model's, as DDP's is. The FSDP run also checkpoints activations (the same dropout masks recomputed).
+MLM_20 = ["task=mlm", *(o for o in LM_20 if not o.startswith("task.sampling")), "trainer.gradient_clip_val=0.1",
+          "trainer.accumulate_grad_batches=2"]
+MLM_BATCHES = 40
 # The DDP references are compared, not read: no logger, no test.
 REFERENCE = ["logger=none", "test=false"]
 # A resume that changes it names the trainer again: the command line is checked against the default config first.
@@ -44,8 +53,26 @@ SHARDED = ["trainer.strategy.save_distributed_checkpoint=true"]
 # SIGTERM to every rank as optimizer step `callbacks.signal.step` (0-based) begins: the run saves after it and stops.
 STOP = ["+callbacks.signal._target_=tests.resume_helpers.SignalAtStep", "+callbacks.signal.signal_name=SIGTERM",
         "+callbacks.signal.rank=null"]
-# A few steps of each other task (the LM and the MLM are the runs above): classify, translation, vit.
-TASKS = {"classify": [*(o for o in CLASSIFY_SMALL if o != "logger=none"), *QUIET], **TASK_RUNS}
+# A few steps of each other task (the LM and the MLM are the runs above): classify (its own test, below), translation,
+# and vit in bf16 (FSDP gathers bf16 weights and reduces fp32 gradients).
+TASKS = {"translation": TASK_RUNS["translation"], "vit": [*TASK_RUNS["vit"], "precision=bf16"]}
+# Classify from the MLM run's encoder (init_from) with LoRA adapters, sharded checkpoints, layer-wise learning rates and
+# early stopping (patience 1 with an improvement of 100 needed: the second validation, at step 2, stops it).
+CLASSIFY = [*(o for o in CLASSIFY_SMALL if o != "logger=none"), *QUIET, "finetune=lora", *SHARDED,
+            "task.layer_decay=0.8", "task.head_lr=0.01", "callbacks=early_stopping",
+            "callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=100", "trainer.val_check_interval=1",
+            "trainer.limit_test_batches=1"]
+# Runs across world sizes: 6 steps of the global batch 8 (data.batch_size x processes), without dropout (one process
+# cannot draw two ranks' masks), so that one process's loss is the mean of the 2 ranks' (each its half of the batch).
+# Every 2 steps a sharded checkpoint is kept (at-step2.ckpt, ... in a folder of each run): one to resume from at the other
+# world size.
+RESHARD = [*(o for o in SMALL if not o.startswith("data.batch_size")), *QUIET, "model.dropout=0", "trainer.max_steps=6",
+           "trainer.limit_train_batches=4", "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=6",
+           "logger=none", "test=false", "seed=5", *SHARDED,
+           "+callbacks.every_2._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+           "+callbacks.every_2.every_n_train_steps=2", "+callbacks.every_2.save_top_k=-1",
+           "+callbacks.every_2.filename='at-step{step}'", "+callbacks.every_2.auto_insert_metric_name=false"]
+ONE_PROCESS, TWO_RANKS = ["trainer.devices=1", "data.batch_size=8"], ["trainer.devices=2", "data.batch_size=4"]
 
 
 def train(root: Path, trainer: str, *overrides: str) -> Path:
@@ -60,8 +87,8 @@ def resume(run_dir: Path, *overrides: str) -> None:
     assert_clean(run_script("train.py", f"resume={run_dir}", *overrides, cwd=run_dir))
 
 
-def ranks(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(2)]
+def ranks(run_dir: Path, world_size: int = 2) -> list[dict[str, Any]]:
+    return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 def last(run_dir: Path, weights: bool = True) -> dict[str, Any]:
@@ -79,11 +106,11 @@ def assert_completed_with_one_wandb_run(run_dir: Path) -> None:
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1, "one W&B run (the default logger), from rank 0"
 
 
-def assert_trains_as_ddp(ddp: Path, fsdp: Path) -> None:
-    """Each rank's 20 losses equal DDP's, each rank holds half of every parameter, gradient and optimizer
+def assert_trains_as_ddp(ddp: Path, fsdp: Path, batches: int = 20) -> None:
+    """Each rank's losses (one a batch) equal DDP's, each rank holds half of every parameter, gradient and optimizer
     state, and the last checkpoint holds the whole weights, the same as DDP's."""
     for ddp_rank, fsdp_rank in zip(ranks(ddp), ranks(fsdp)):
-        assert len(fsdp_rank["losses"]) == 20
+        assert len(fsdp_rank["losses"]) == batches
         torch.testing.assert_close(fsdp_rank["losses"], ddp_rank["losses"], rtol=0, atol=1e-5)
         held, whole = fsdp_rank["params"], ddp_rank["params"]
         assert held["dtensors"] == held["tensors"] == whole["tensors"] and whole["dtensors"] == 0
@@ -102,40 +129,70 @@ def lm_ddp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lm_fsdp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def lm_fsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The LM under FSDP, stopped by SIGTERM during steps 6 and 14 (mid-epoch) and resumed each time: from a
-    checkpoint file, after which it saves sharded checkpoints, then from a sharded one. Returns its run
-    directory and a copy of it as it stood at step 14 (the sharded checkpoint of 2 ranks)."""
+    checkpoint file, after which it saves sharded checkpoints, then from a sharded one. Returns its run directory."""
     root = tmp_path_factory.mktemp("lm-fsdp")
     run_dir = train(root, "fsdp_cpu", *LM_20, "logger=none", *STOP, "+callbacks.signal.step=5")
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint.is_file() and last(run_dir, weights=False)["global_step"] == 6
     resume(run_dir, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal.step=13")
     assert is_sharded_checkpoint(checkpoint) and last(run_dir, weights=False)["global_step"] == 14
-    at_step_14 = Path(shutil.copytree(run_dir, root / "at-step-14"))
     resume(run_dir, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal=null")
-    return run_dir, at_step_14
+    return run_dir
 
 
-def test_fsdp_stopped_and_resumed_twice_trains_as_ddp_does(lm_ddp: Path, lm_fsdp: tuple[Path, Path]) -> None:
+def test_fsdp_stopped_and_resumed_twice_trains_as_ddp_does(lm_ddp: Path, lm_fsdp: Path) -> None:
     """Steps 7-14 follow a resume from a checkpoint file, steps 15-20 one from a sharded checkpoint: each rank's
     losses and the weights are still DDP's uninterrupted run's."""
-    run_dir, _ = lm_fsdp
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
-    assert_trains_as_ddp(lm_ddp, run_dir)
+    assert json.loads((lm_fsdp / "status.json").read_text())["status"] == "completed"
+    assert_trains_as_ddp(lm_ddp, lm_fsdp)
 
 
-def test_fsdp_trains_the_mlm_as_ddp_does(tmp_path: Path) -> None:
-    ddp = train(tmp_path / "ddp", "ddp_cpu", *MLM_20, *REFERENCE)
-    fsdp = train(tmp_path / "fsdp", "fsdp_cpu", *MLM_20)
+@pytest.fixture(scope="module")
+def mlm_fsdp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The MLM's DDP run and its FSDP run (with activation checkpointing), both clipping and accumulating."""
+    root = tmp_path_factory.mktemp("mlm")
+    return (train(root / "ddp", "ddp_cpu", *MLM_20, *REFERENCE),
+            train(root / "fsdp", "fsdp_cpu", *MLM_20, "model.activation_checkpointing=true"))
+
+
+def test_fsdp_trains_the_mlm_as_ddp_does_clipping_accumulating_and_checkpointing_activations(
+        mlm_fsdp: tuple[Path, Path]) -> None:
+    ddp, fsdp = mlm_fsdp
     assert_completed_with_one_wandb_run(fsdp)
-    assert_trains_as_ddp(ddp, fsdp)
+    assert_trains_as_ddp(ddp, fsdp, batches=MLM_BATCHES)
 
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_every_other_task_trains_under_fsdp_with_the_default_logger(task: str, tmp_path: Path) -> None:
-    assert_completed_with_one_wandb_run(train(tmp_path, "fsdp_cpu", *TASKS[task], "trainer.max_steps=2",
-                                              "trainer.limit_test_batches=1"))
+    run_dir = train(tmp_path, "fsdp_cpu", *TASKS[task], "trainer.max_steps=2", "trainer.limit_test_batches=1")
+    assert_completed_with_one_wandb_run(run_dir)
+    if task == "vit":
+        assert "precision_used: bf16-mixed" in (run_dir / "config_resolved.yaml").read_text()
+
+
+def test_classify_trains_under_fsdp_from_the_mlm_with_lora_and_early_stopping(
+        mlm_fsdp: tuple[Path, Path], tmp_path: Path) -> None:
+    """init_from under FSDP: the encoder loaded before sharding; LoRA: the base stays as loaded, the adapters and the
+    head train and are written to <run>/adapter (from the best sharded checkpoint); early stopping stops both ranks."""
+    _, mlm = mlm_fsdp
+    run_dir = train(tmp_path, "fsdp_cpu", *CLASSIFY, f"init_from={mlm}")
+    assert_completed_with_one_wandb_run(run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["stopped_early"].startswith("stopped early at step 2:"), status
+    assert is_sharded_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    adapter = load_file(run_dir / "adapter" / "adapter.safetensors")  # what trained: the adapters and the new head
+    assert {k for k in adapter if "lora_" not in k} == {"head.weight", "head.bias"}, sorted(adapter)
+    source, tuned = net_weights(mlm), net_weights(run_dir)
+    base = [k for k in source if k in tuned and k not in adapter]  # the embedding and the encoder
+    assert any(k.startswith("encoder.") for k in base), sorted(tuned)
+    for name in base:  # the frozen base: as the MLM run left it, bit for bit
+        assert torch.equal(tuned[name], source[name]), name
+    (best_checkpoint,) = (run_dir / "checkpoints").glob("best-step*.ckpt")
+    best = read_checkpoint(best_checkpoint, "the best checkpoint")["state_dict"]
+    for name, tensor in adapter.items():
+        assert torch.equal(tensor, best[f"net.{name}"]), name
 
 
 def evaluate(run_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
@@ -146,11 +203,11 @@ def evaluate(run_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
     return {k: v for k, v in metrics.items() if not k.endswith("_per_s")}  # speeds vary
 
 
-def test_a_sharded_run_is_read_whole_without_fsdp(lm_ddp: Path, lm_fsdp: tuple[Path, Path], tmp_path: Path,
+def test_a_sharded_run_is_read_whole_without_fsdp(lm_ddp: Path, lm_fsdp: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank wrote its shards; trident.load, init_from, trident-export and eval.py gather them in one
     process into the weights of DDP's run (the checkpoint at step 20: the best, the run's only validation)."""
-    run_dir, _ = lm_fsdp
+    run_dir = lm_fsdp
     folder = run_dir / "checkpoints"
     assert sorted(os.listdir(folder)) == ["best-step20.ckpt", "last.ckpt"], "nothing staged is left behind"
     for checkpoint in folder.iterdir():
@@ -169,13 +226,82 @@ def test_a_sharded_run_is_read_whole_without_fsdp(lm_ddp: Path, lm_fsdp: tuple[P
     assert sharded == pytest.approx(reference, abs=1e-4)
 
 
-def test_a_sharded_checkpoint_of_two_ranks_resumes_in_one_process(lm_fsdp: tuple[Path, Path]) -> None:
-    """2 ranks -> 1: the sharded checkpoint of step 14 resumes under trainer=fsdp_cpu trainer.devices=1 with the
-    weights it holds (each whole parameter's sum as training starts), and trains on."""
-    _, at_step_14 = lm_fsdp
-    saved = last(at_step_14)["state_dict"]
-    resume(at_step_14, "trainer.devices=1", "trainer.max_steps=16", "test=false", "++callbacks.signal=null")
-    record = json.loads((at_step_14 / "rank0.json").read_text())
-    assert record["world_size"] == 1 and len(record["losses"]) == 16
-    assert record["start_sums"] == pytest.approx({name: float(saved[name].double().sum()) for name in record["start_sums"]},
-                                                 rel=0, abs=1e-9)
+def resumable_at(run_dir: Path, checkpoint: Path, copy: Path) -> Path:
+    """A copy of ``run_dir`` whose only checkpoint is ``checkpoint`` (a sharded one), as its last: a resume continues from
+    there (it would take the latest step of the run's checkpoints)."""
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(checkpoint, copy / "checkpoints" / "last.ckpt")
+    return copy
+
+
+@pytest.fixture(scope="module")
+def resharded(lm_fsdp: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """6 steps from the LM FSDP run's weights (init_from): in one process (trainer=fsdp_cpu trainer.devices=1) throughout;
+    that run resumed at 2 ranks from its sharded checkpoint of step 2 (1 -> 2); and that one resumed in one process from
+    its sharded checkpoint of step 4 (2 -> 1). The global batch stays 8. Each run's checkpoints of every 2 steps go to a
+    folder of its own (``<name> steps``)."""
+    root = tmp_path_factory.mktemp("reshard")
+    runs = {"one process": root / "one", "1 -> 2": root / "one-to-two", "2 -> 1": root / "two-to-one"}
+    steps = {name: root / f"{run.name}-steps" for name, run in runs.items()}
+    one = train(runs["one process"], "fsdp_cpu", *RESHARD, *ONE_PROCESS, f"init_from={lm_fsdp}",
+                f"+callbacks.every_2.dirpath={steps['one process']}")
+    resume(resumable_at(one, steps["one process"] / "at-step2.ckpt", runs["1 -> 2"]), "trainer=fsdp_cpu", *SHARDED,
+           *TWO_RANKS, f"++callbacks.every_2.dirpath={steps['1 -> 2']}")
+    resume(resumable_at(runs["1 -> 2"], steps["1 -> 2"] / "at-step4.ckpt", runs["2 -> 1"]), "trainer=fsdp_cpu", *SHARDED,
+           *ONE_PROCESS, f"++callbacks.every_2.dirpath={steps['2 -> 1']}")
+    runs["one process"] = one
+    return {**runs, **{f"{name} steps": folder for name, folder in steps.items()}}
+
+
+def assert_resumed_from(run_dir: Path, checkpoint: Path, world_size: int) -> list[dict[str, Any]]:
+    """The resumed run completed at ``world_size`` and started from the weights ``checkpoint`` holds (each whole
+    parameter's sum as training starts, on every rank); returns each rank's record."""
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    saved = read_checkpoint(checkpoint, "the checkpoint resumed from")["state_dict"]
+    records = ranks(run_dir, world_size)
+    for record in records:
+        assert record["world_size"] == world_size
+        assert record["start_sums"] == pytest.approx({n: float(saved[n].double().sum()) for n in record["start_sums"]},
+                                                     rel=0, abs=1e-9)
+    return records
+
+
+def test_a_run_in_one_process_starts_from_the_weights_of_a_sharded_run(lm_fsdp: Path,
+                                                                       resharded: dict[str, Path]) -> None:
+    """init_from under trainer=fsdp_cpu trainer.devices=1: the LM FSDP run's sharded weights, loaded before sharding."""
+    (record,) = ranks(resharded["one process"], 1)
+    source = read_init_source(str(lm_fsdp)).state_dict  # (the tied head is the embedding: one parameter, two keys)
+    assert record["world_size"] == 1 and len(record["losses"]) == 6 and len(record["start_sums"]) >= len(source) - 1
+    assert record["start_sums"] == pytest.approx(
+        {name: float(source[name.removeprefix("net.")].double().sum()) for name in record["start_sums"]}, rel=0, abs=1e-9)
+
+
+def test_a_sharded_checkpoint_of_one_process_resumes_at_two_ranks(resharded: dict[str, Path]) -> None:
+    """1 -> 2: the sharded checkpoint of step 2 written by one process resumes at 2 ranks with the weights it holds;
+    steps 3-6 have the one-process run's losses (the mean of the 2 ranks' half batches) and end at its weights."""
+    one, two = resharded["one process"], resharded["1 -> 2"]
+    first, second = assert_resumed_from(two, resharded["one process steps"] / "at-step2.ckpt", world_size=2)
+    alone = ranks(one, 1)[0]["losses"]
+    assert len(first["losses"]) == 6 and len(second["losses"]) == 4  # rank 0 continues the one process's record
+    torch.testing.assert_close([(a + b) / 2 for a, b in zip(first["losses"][2:], second["losses"])], alone[2:],
+                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(last(two)["state_dict"], last(one)["state_dict"], rtol=0, atol=1e-5)
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_in_one_process(resharded: dict[str, Path]) -> None:
+    """2 -> 1: the sharded checkpoint of step 4 written by 2 ranks resumes in one process (trainer=fsdp_cpu
+    trainer.devices=1) with the weights it holds; steps 5-6 have the one-process run's losses and end at its weights."""
+    one, back = resharded["one process"], resharded["2 -> 1"]
+    (record,) = assert_resumed_from(back, resharded["1 -> 2 steps"] / "at-step4.ckpt", world_size=1)
+    assert len(record["losses"]) == 6
+    torch.testing.assert_close(record["losses"][4:], ranks(one, 1)[0]["losses"][4:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(last(back)["state_dict"], last(one)["state_dict"], rtol=0, atol=1e-5)
+
+
+def test_the_learning_rate_finder_runs_under_fsdp(tmp_path: Path) -> None:
+    """tune=lr_find on 2 ranks: its 20 steps at rising rates, then the weights it started from put back (its own
+    checkpoint, gathered and loaded into the shards), and a suggestion in the range it swept."""
+    run_dir = train(tmp_path, "fsdp_cpu", *SMALL, *QUIET, "logger=none", "tune=lr_find", "tune.num_training=20")
+    found = json.loads((run_dir / "lr_find.json").read_text())
+    assert len(found["loss"]) == len(found["lr"]) == 20 and all(math.isfinite(v) for v in found["loss"])
+    assert found["min_lr"] <= found["suggested_lr"] <= found["max_lr"]

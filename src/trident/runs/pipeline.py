@@ -40,7 +40,7 @@ from trident.training.optim import check_optimizer_config, check_scheduler_confi
 from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
-from trident.training.run_checks import check_early_stopping, check_ema_config, check_seed, check_trainer_config
+from trident.training.run_checks import check_callbacks, check_early_stopping, check_seed, check_trainer_config
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
@@ -129,7 +129,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     """Fail before any work when values are inconsistent, with a message naming the fix."""
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
-    check_ema_config((cfg.get("callbacks") or {}).get("ema"), cfg.trainer.get("strategy"))
+    check_callbacks(cfg.get("callbacks") or {}, cfg.trainer.get("strategy"))
     # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
     configured_task_class(cfg).validate_config(cfg)
     check_early_stopping((cfg.get("callbacks") or {}).get("early_stopping"), cfg.task.name,

@@ -22,6 +22,7 @@ from trident.training.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
 from trident.training.optim import positional_parameter_names
+from trident.training.parallel import shards_weights
 
 Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
 
@@ -75,6 +76,12 @@ class SequenceClassificationTask(TridentTask):
         task = cfg.task
         check_pool(task.stack, task.pool)
         check_finetuning(task.freeze_backbone_steps, task.layer_decay, task.head_lr)
+        if task.freeze_backbone_steps > 0 and shards_weights(cfg.trainer.get("strategy")):
+            # The backbone has no optimizer state until it trains: FSDP's loader (whole or sharded checkpoints) refuses
+            # a checkpoint saved before that once the optimizer holds it (the test's best checkpoint, a resume).
+            raise ConfigError(f"task.freeze_backbone_steps={task.freeze_backbone_steps} does not work with trainer=fsdp "
+                              "(a checkpoint saved while the backbone is frozen holds no optimizer state for it, which "
+                              "FSDP's loader requires): set task.freeze_backbone_steps=0 or -1 (frozen for good), or use trainer=ddp")
         name = cfg.pos_encoding.name
         if task.stack == "encoder" and not pos_encoding_class(name).supports_bidirectional:
             raise ConfigError(f"pos_encoding={name} cannot serve the bidirectional encoder of task=classify: "

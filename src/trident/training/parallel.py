@@ -74,6 +74,8 @@ class ShardedStrategy(ModelParallelStrategy):
             keep_optimizer_rows(optimizer, self.model)  # tensor parallelism: its state is saved as the weights are
 
 
+# trainer.precision values FSDP2 cannot run (fp16 mixed precision needs a gradient scaler).
+_UNSHARDABLE_PRECISIONS = {"16-mixed", "16"}
 # The strategies (class names) that shard the weights over the ranks.
 _SHARDING_STRATEGIES = {ShardedStrategy.__name__, ModelParallelStrategy.__name__, FSDPStrategy.__name__}
 
@@ -85,8 +87,9 @@ def shards_weights(strategy: Any) -> bool:
     return "fsdp" in str(strategy).lower()
 
 
-def check_sharding_config(strategy: Any) -> None:
-    """``trainer=fsdp`` settings it cannot honour, and Lightning's FSDP1 by name, are one line before any work."""
+def check_sharding_config(strategy: Any, precision: Any = None) -> None:
+    """``trainer=fsdp`` settings it cannot honour (``precision``: ``trainer.precision``), and Lightning's FSDP1 by
+    name, are one line before any work."""
     if isinstance(strategy, str) and shards_weights(strategy):
         raise ConfigError(f"trainer.strategy={strategy} is Lightning's FSDP1, which trident does not use: "
                           "choose trainer=fsdp (FSDP2: fully_shard per Transformer block), or trainer=fsdp_cpu on CPUs")
@@ -95,6 +98,11 @@ def check_sharding_config(strategy: Any) -> None:
     for key, reason in _SET_BY_TRIDENT.items():
         if key in strategy:
             raise ConfigError(f"trainer.strategy.{key} cannot be set ({reason}): remove trainer.strategy.{key}")
+    if str(precision) in _UNSHARDABLE_PRECISIONS:
+        # Lightning's ModelParallelStrategy has no gradient scaler for sharded gradients (it refuses 16-mixed
+        # itself, but only once the trainer is built, after the data is prepared).
+        raise ConfigError(f"precision=fp16 (trainer.precision={precision}) does not work with trainer=fsdp (FSDP2 "
+                          "has no fp16 gradient scaler here): use precision=bf16, or precision=fp32")
     sharded = strategy.get("save_distributed_checkpoint", False)
     if not isinstance(sharded, bool):
         raise ConfigError(f"trainer.strategy.save_distributed_checkpoint must be true or false, got {sharded!r}: set "

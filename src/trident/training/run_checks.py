@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import hydra.utils
+from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+
 from trident.errors import ConfigError, is_int, is_number
 from trident.training.parallel import check_sharding_config, shards_weights
 
@@ -67,7 +70,7 @@ def check_trainer_config(trainer: dict[str, Any]) -> None:
     )
     _check(devices is None or valid_devices, "devices", devices,
            "a count >= 1, -1 or auto (all), or a list of device indices", "1")
-    check_sharding_config(trainer.get("strategy"))
+    check_sharding_config(trainer.get("strategy"), trainer.get("precision"))
 
 
 def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
@@ -98,6 +101,29 @@ def check_ema_config(ema: Mapping[str, Any] | None, strategy: Any) -> None:
             "callbacks=ema does not work with FSDP's sharded weights (the average is a deep copy of the whole model): "
             "use trainer=ddp, or leave out callbacks=ema"
         )
+
+
+def check_callbacks(callbacks: Mapping[str, Any], strategy: Any) -> None:
+    """``callbacks.ema``'s settings, and under FSDP, any callback that averages the weights."""
+    check_ema_config(callbacks.get("ema"), strategy)
+    check_averaging_callbacks(callbacks, strategy)
+
+
+def check_averaging_callbacks(callbacks: Mapping[str, Any], strategy: Any) -> None:
+    """Under FSDP, a callback that keeps an average of the weights (Lightning's StochasticWeightAveraging, any
+    WeightAveraging added with ``+callbacks.<name>._target_=...``) is refused like ``callbacks=ema``: each holds a
+    deep copy of the whole model (torch's AveragedModel), which FSDP2's sharded modules refuse."""
+    if not shards_weights(strategy):
+        return
+    for name, callback in callbacks.items():
+        target = callback.get("_target_") if isinstance(callback, Mapping) else None
+        try:
+            kind = hydra.utils.get_class(str(target)) if target else None
+        except ImportError:  # a _target_ that names nothing: Hydra's instantiate says so later
+            continue
+        if isinstance(kind, type) and issubclass(kind, (WeightAveraging, StochasticWeightAveraging)):
+            raise ConfigError(f"callbacks.{name} ({kind.__name__}) does not work with FSDP's sharded weights (it "
+                              f"averages a deep copy of the whole model): use trainer=ddp, or remove callbacks.{name}")
 
 
 def check_early_stopping(stop: Mapping[str, Any] | None, task: str, validation_metrics: tuple[str, ...]) -> None:
