@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from trident.bench import sharding
-from trident.bench.rank_record import peak_rss_bytes
+from trident.bench.rank_record import local_bytes, peak_rss_bytes
 from trident.bench.sharding import KINDS, REFERENCE, VARIANTS, WHOLE, Measured, rows_of, summarize
+from trident.training.tensor_parallel import TENSOR_PARALLEL
+
+from .sharding_helpers import fake_two_ranks
 
 MIB = 2**20
 
@@ -74,6 +79,17 @@ def test_rows_compare_every_variant_with_ddp_and_check_the_share_of_the_whole(
 @pytest.mark.parametrize("share", [1.0, 0.4, 0.56])
 def test_a_rank_holding_more_or_less_than_its_share_is_not_met(share: float) -> None:
     assert by_variant(measured_as_sharded(fsdp_2_share=share))["fsdp_2"][4] == "**no**"
+
+
+def test_processes_share_the_cores_with_at_least_one_thread_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sharding, "_cores", lambda: 2)
+    assert [sharding.threads_per_process(n) for n in (1, 2, 4)] == [2, 1, 1]
+
+
+def test_local_bytes_count_a_rank_shard_of_a_dtensor_and_the_whole_of_a_tensor() -> None:
+    with fake_two_ranks() as mesh:
+        sharded = distribute_tensor(torch.zeros(8, 4), mesh[TENSOR_PARALLEL], [Shard(0)])  # rank 0 holds 4 x 4
+        assert local_bytes([sharded, torch.zeros(3)]) == 4 * 4 * 4 + 3 * 4
 
 
 def test_peak_rss_is_the_process_own_not_the_one_that_started_it() -> None:
