@@ -16,6 +16,7 @@ import torch
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from trident.bench import sharding
+from trident.bench.__main__ import ROWS, main
 from trident.bench.rank_record import local_bytes, peak_rss_bytes
 from trident.bench.sharding import KINDS, REFERENCE, VARIANTS, WHOLE, Measured, rows_of, summarize
 from trident.training.tensor_parallel import TENSOR_PARALLEL
@@ -122,3 +123,16 @@ def test_a_real_two_rank_fsdp_run_records_half_of_every_tensor_on_each_rank(tmp_
     assert m.processes == 2 and m.step_seconds > 0
     # Each rank's own peak: a process of torch and Lightning, not the pytest process that started the run.
     assert all(200 * MIB < r["peak_rss_bytes"] < 3000 * MIB for r in ranks)
+
+
+def test_the_row_runs_only_when_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five multi-process training runs: never part of a plain ``python -m trident.bench`` (nor --quick)."""
+    ran: list[str] = []
+    for name in ROWS:
+        monkeypatch.setitem(ROWS, name, lambda settings, name=name: ran.append(name) or [])
+    for argv in (["--quick"], ["--device", "cpu"]):
+        assert main([*argv, "--out", str(tmp_path / "bench.md")]) == 0
+        assert ran and "sharding" not in ran
+        ran.clear()
+    assert main(["--only", "sharding", "--out", str(tmp_path / "bench.md")]) == 0
+    assert ran == ["sharding"]
