@@ -17,7 +17,8 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from trident.bench import sharding
 from trident.bench.__main__ import ROWS, main
-from trident.bench.rank_record import local_bytes, peak_rss_bytes
+from trident.bench.memory import peak_rss_bytes
+from trident.bench.rank_record import local_bytes
 from trident.bench.sharding import KINDS, REFERENCE, VARIANTS, WHOLE, Measured, rows_of, summarize
 from trident.training.tensor_parallel import TENSOR_PARALLEL
 
@@ -99,7 +100,7 @@ def test_peak_rss_is_the_process_own_not_the_one_that_started_it() -> None:
     ballast = bytearray(600 * MIB)
     ballast[::4096] = b"\1" * len(ballast[::4096])  # resident, page by page
     parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    script = "from trident.bench.rank_record import peak_rss_bytes; print(peak_rss_bytes())"
+    script = "from trident.bench.memory import peak_rss_bytes; print(peak_rss_bytes())"
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     del ballast
     assert 0 < int(child.stdout) < parent - 500 * MIB

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
-import resource
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,19 +15,10 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
+from trident.bench.memory import peak_rss_bytes
+
 # Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
 WARM_UP_STEPS = 2
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory. Linux's ``ru_maxrss`` carries the peak of the process that started
-    this one over fork and exec (rank 0's in a rank it starts, the bench's in a run it starts), so it is read
-    from ``VmHWM``, the high-water mark of this process's own address space, where Linux has it."""
-    status = Path("/proc/self/status")
-    found = re.search(r"^VmHWM:\s+(\d+) kB$", status.read_text(), re.MULTILINE) if status.is_file() else None
-    if found:
-        return int(found.group(1)) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # macOS: bytes, and no /proc
 
 
 def local_bytes(tensors: Iterable[Tensor]) -> int:
