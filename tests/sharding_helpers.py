@@ -1,103 +1,24 @@
-"""Test-only callback that train.py loads by ``_target_``: what each rank of a run holds and computes;
-and :func:`save_sharded_copy`, a checkpoint file rewritten as the sharded checkpoint ``trainer=fsdp`` writes."""
+"""``RecordRank``, the callback train.py loads by ``_target_`` (``tests.sharding_helpers.RecordRank``; it lives in
+the bench, :mod:`trident.bench.rank_record`, whose ``sharding`` row runs it too); :func:`save_sharded_copy`, a
+checkpoint file rewritten as the sharded checkpoint ``trainer=fsdp`` writes; fake and one-rank process groups."""
 
 from __future__ import annotations
 
-import json
-import resource
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import lightning as L
 import torch
 import torch.distributed as dist
-from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
-from torch.optim import Optimizer
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from trident.bench.rank_record import RecordRank
 from trident.training.parallel import DATA_PARALLEL, ShardedStrategy
 from trident.training.tensor_parallel import TENSOR_PARALLEL
 
-# Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
-WARM_UP_STEPS = 2
-
-
-def local_bytes(tensors: Iterable[Tensor]) -> int:
-    """Bytes this rank holds of ``tensors``: its shards of DTensors, the whole of the others."""
-    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)
-
-
-class RecordRank(L.Callback):
-    """Writes ``rank<r>.json`` into the run directory: this rank's training loss at every step (its
-    own batch, before any averaging over ranks), the parameters it holds (its shards under FSDP), the
-    bytes of its parameters, gradients and optimizer state at the second step, its peak RSS, its
-    mean step time after the warm-up steps, and the sum of each whole parameter at the start (after a
-    resume: as loaded). A run stopped by a signal writes it too, and a resumed run continues its
-    record: the losses of every step, over all attempts."""
-
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-        self.held: dict[str, Any] = {}
-        self.start_sums: dict[str, float] = {}
-        self.step_seconds: list[float] = []
-        self._step_start = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        params = list(pl_module.parameters())
-        self.held = {
-            "total": sum(p.numel() for p in params),
-            "local": sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params),
-            "dtensors": sum(isinstance(p, DTensor) for p in params),
-            "tensors": len(params),
-        }
-        # full_tensor() gathers the shards: every rank calls it.
-        self.start_sums = {name: float((p.full_tensor() if isinstance(p, DTensor) else p).detach().double().sum())
-                           for name, p in pl_module.named_parameters()}
-        earlier = self._path(trainer)
-        if trainer.global_step and earlier.is_file():  # resumed: the attempts before wrote the steps up to here
-            record = json.loads(earlier.read_text())
-            self.losses = record["losses"][: trainer.global_step]
-            if "bytes" in record["params"]:
-                self.held["bytes"] = record["params"]["bytes"]
-
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer) -> None:
-        if trainer.global_step == 1:  # the optimizer state exists from the first step on
-            params = list(pl_module.parameters())
-            state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, Tensor)]
-            self.held["bytes"] = {"parameters": local_bytes(params),
-                                  "gradients": local_bytes(p.grad for p in params if p.grad is not None),
-                                  "optimizer_state": local_bytes(state)}
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        self._step_start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        self.losses.append(float(outputs["loss"]))
-        if len(self.losses) > WARM_UP_STEPS:
-            self.step_seconds.append(time.perf_counter() - self._step_start)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._write(trainer)
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._write(trainer)  # a stop signal ends fit with an exception: the steps so far count
-
-    def _path(self, trainer: L.Trainer) -> Path:
-        return Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.json"
-
-    def _write(self, trainer: L.Trainer) -> None:
-        record = {"world_size": trainer.world_size, "backend": dist.get_backend() if dist.is_initialized() else None,
-                  "device": str(trainer.strategy.root_device), "losses": self.losses, "params": self.held,
-                  "start_sums": self.start_sums,
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
-                  "step_seconds": sum(self.step_seconds) / max(1, len(self.step_seconds))}
-        self._path(trainer).write_text(json.dumps(record))
+# The FSDP tests' runs load it by this module's name (``tests.sharding_helpers.RecordRank``).
+__all__ = ["RecordRank", "fake_two_ranks", "one_rank_process_group", "save_sharded_copy"]
 
 
 def save_sharded_copy(checkpoint_file: Path, directory: Path) -> None:

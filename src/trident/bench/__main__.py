@@ -4,6 +4,7 @@
     python -m trident.bench --only lm generation
     python -m trident.bench --only kv_cache      # grouped-query cache bytes and speed, a sliding window's cache
     python -m trident.bench --only lora          # full fine-tuning vs LoRA of a 124 M LM: bytes, peak RSS, step
+    python -m trident.bench --only sharding      # FSDP over 1, 2, 4 processes and tensor parallelism vs DDP, per rank
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
     python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trident.bench import data, generation, kv_cache, levers, lora, mfu, preparation, steps
+from trident.bench import data, generation, kv_cache, levers, lora, mfu, preparation, sharding, steps
 from trident.bench.results import Row, Settings, render, write
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -43,13 +44,15 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "data": preparation.preparation_rows,
     "data_2gb": preparation.big_corpus_rows,
     "mfu": mfu.mfu_rows,
+    "sharding": sharding.sharding_rows,
 }
 # Compilation alone takes minutes on a small CPU: a quick run leaves it out unless asked for.
 NOT_QUICK = ("compile",)
 # GPU-sized batches of model=base: on a CPU they run only when named (--only mfu) or tiny (--quick).
 GPU_ONLY = ("mfu",)
-# Minutes of disk-bound work (a 2 GB corpus): only when named (--only data_2gb).
-ON_REQUEST = ("data_2gb",)
+# Only when named: minutes of disk-bound work (a 2 GB corpus, --only data_2gb); five multi-process train.py
+# runs, one after the other (--only sharding).
+ON_REQUEST = ("data_2gb", "sharding")
 
 log = logging.getLogger("trident.bench")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from trident.bench.memory import peak_rss_bytes
 from trident.bench.results import Row, Settings, milliseconds, verdict
 from trident.bench.timing import Budget, adamw, interleaved, training_step
 from trident.runs.compose import CONF_DIR
@@ -99,7 +99,7 @@ def training_state(net: nn.Module, optimizer: torch.optim.Optimizer) -> Measured
 
 
 def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return peak_rss_bytes() / 2**20
 
 
 def child_peak(variant: str, quick: bool) -> dict[str, float]:

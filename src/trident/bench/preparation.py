@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 from trident.backbone import TransformerConfig
 from trident.bench.first_step import first_step_rows
+from trident.bench.memory import peak_rss_bytes
 from trident.bench.results import Row, Settings, verdict
 from trident.data.corpora import shakespeare_texts
 from trident.data.lm import LMDataModule
@@ -53,7 +53,7 @@ def run_child(*args: str) -> dict[str, float]:
 
 
 def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return peak_rss_bytes() / 2**20
 
 
 def _module(corpus: str, cache: str, tokenizer: str, block_size: int = 64) -> LMDataModule:
