@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import trident
 from trident.bench.data import cache_dir
 from trident.bench.rank_record import WARM_UP_STEPS
 from trident.bench.results import Row, Settings, verdict
@@ -98,7 +97,7 @@ def threads_per_process(processes: int) -> int:
 def run(variant: Variant, quick: bool, directory: Path) -> Measured:
     """``variant``'s training run in ``directory``: its ranks' records."""
     threads = threads_per_process(variant.processes)
-    source = str(Path(trident.__file__).resolve().parents[1])  # this trident, for every rank
+    source = str(Path(__file__).resolve().parents[2])  # the directory holding this trident, for every rank
     env = {**os.environ, "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "trident.commands.train", *(QUICK_RUN if quick else RUN), *COMMON,
