@@ -150,6 +150,30 @@ def test_a_run_switched_back_to_files_replaces_its_sharded_checkpoint_once_the_f
     assert (folder / "notes.ckpt" / "todo.txt").read_text() == "keep"
 
 
+def test_a_file_stopped_on_its_way_over_a_sharded_checkpoint_gives_the_old_one_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sharded directory steps aside before the file is renamed in: a stop between the two (Ctrl-C) puts it back
+    under its name, so the run keeps a checkpoint the requeue finds."""
+    folder = tmp_path / "run" / "checkpoints"
+    save(checkpoint(1), folder / "last.ckpt")
+    renames = []
+    real_replace = os.replace
+
+    def interrupted_second_rename(source: Any, destination: Any) -> None:
+        renames.append(source)
+        if len(renames) == 2:  # the complete file, on its way in
+            raise KeyboardInterrupt
+        real_replace(source, destination)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", interrupted_second_rename)
+        with pytest.raises(KeyboardInterrupt):
+            whole().save_checkpoint(checkpoint(2), folder / "last.ckpt")
+    assert os.listdir(folder) == ["last.ckpt"] and is_sharded_checkpoint(folder / "last.ckpt")
+    assert latest_checkpoint(tmp_path / "run") == folder / "last.ckpt"
+    assert read_checkpoint(folder / "last.ckpt", "ckpt_path", weights=False)["global_step"] == 1
+
+
 def test_the_requeue_resumes_the_newest_save_across_a_switch_of_checkpoint_kind(tmp_path: Path) -> None:
     """A run that saved checkpoint files, then sharded ones, then files again: ``last.ckpt`` is replaced in place by
     each kind (never a file and a directory of one name), and the requeue takes the newest save by its real time."""

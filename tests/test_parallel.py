@@ -27,7 +27,7 @@ from trident.training.parallel import (
     shards_weights,
     whole_weights,
 )
-from trident.training.run_checks import check_ema_config
+from trident.training.run_checks import check_callbacks, check_ema_config
 
 from .conftest import compose_config
 from .sharding_helpers import one_rank_process_group
@@ -140,3 +140,15 @@ def test_what_fsdp_cannot_honour_is_refused(strategy: object, named: str) -> Non
         check_sharding_config(strategy)
     with pytest.raises(ConfigError, match="callbacks=ema does not work with FSDP"):
         check_ema_config({"decay": 0.9}, strategy)
+
+
+def test_callbacks_built_by_a_function_or_naming_nothing_pass_the_averaging_check(caplog: pytest.LogCaptureFixture) -> None:
+    """Only a class that averages the weights is refused under FSDP: a ``_target_`` naming a factory function (Hydra
+    instantiates it happily) or nothing at all (instantiate says so later) passes, without an error in the log."""
+    fsdp = {"_target_": "trident.training.parallel.ShardedStrategy"}
+    callbacks = {"factory": {"_target_": "os.getcwd"}, "typo": {"_target_": "no.such.Thing"},
+                 "off": None, "progress": {"_target_": "lightning.pytorch.callbacks.RichProgressBar"}}
+    check_callbacks(callbacks, fsdp)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    with pytest.raises(ConfigError, match="callbacks.swa .StochasticWeightAveraging. does not work with FSDP"):
+        check_callbacks({**callbacks, "swa": {"_target_": "lightning.pytorch.callbacks.StochasticWeightAveraging"}}, fsdp)

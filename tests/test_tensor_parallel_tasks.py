@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from lightning.fabric.utilities.data import _auto_add_worker_init_fn
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -39,6 +40,7 @@ from .test_fsdp import TASKS, assert_completed_with_one_wandb_run, ranks, train
 from .test_mlm import SMALL_MLM
 from .test_tensor_parallel import backbone
 from .test_translation_train import SMALL_MT
+from .test_vit_pipeline import VIT_SMALL
 
 VOCAB, CLASSES, STEPS = 50, 3, 3
 
@@ -190,3 +192,24 @@ def test_vit_trains_and_tests_under_two_way_tensor_parallelism_with_the_default_
     assert_completed_with_one_wandb_run(run_dir)
     for rank in ranks(run_dir):
         assert 0.5 < rank["params"]["local"] / rank["params"]["total"] < 0.9, rank["params"]  # the blocks split
+
+
+def test_the_ranks_of_a_tensor_parallel_group_augment_the_same_images(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader worker's random crops and RandAugment are seeded by a rank: Lightning's own seeding (what the trainer
+    adds under ``seed_everything(workers=True)``, with the global rank) would give the two ranks of a group different
+    augmentations of their shared batch; the data module seeds its workers by the data-parallel rank."""
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")  # as seed_everything(workers=True) in the pipeline sets it
+    cfg = compose_config([*VIT_SMALL, "logger=none", "data.num_workers=1", "data.persistent_workers=false"],
+                         output_dir=tmp_path / "run")
+    datamodule, _ = build_data_and_task(cfg, check_config(cfg), "fit")
+    batches = []
+    for trainer in (group_of_two(0), group_of_two(1), SimpleNamespace(world_size=2, global_rank=1,
+                                                                      distributed_sampler_kwargs={"num_replicas": 2,
+                                                                                                  "rank": 1})):
+        datamodule.trainer = trainer  # type: ignore[assignment]
+        loader = datamodule.train_dataloader()
+        _auto_add_worker_init_fn(loader, trainer.global_rank)
+        batches.append(next(iter(loader))[0])
+    assert torch.equal(batches[0], batches[1])
+    assert not torch.equal(batches[0], batches[2])

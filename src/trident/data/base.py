@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -10,6 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
@@ -38,13 +40,16 @@ class TridentDataModule(L.LightningDataModule, ABC):
         self._resume_position: tuple[int, int] | None = None
 
     def loader_options(self) -> dict[str, Any]:
-        """DataLoader keyword arguments: the worker options (persistent workers need workers) and
-        a private generator (validation passes do not move the global random state)."""
+        """DataLoader keyword arguments: the worker options (persistent workers need workers), a
+        private generator (validation passes do not move the global random state), and the workers'
+        seeding by the data-parallel rank: Lightning's own would take the global rank, and the ranks of
+        one tensor-parallel group, sharing each batch, would augment it differently."""
         return {
             "num_workers": self.num_workers,
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers and self.num_workers > 0,
             "generator": self.private_generator(),
+            "worker_init_fn": functools.partial(pl_worker_init_function, rank=self.shard()["rank"]),
         }
 
     @abstractmethod

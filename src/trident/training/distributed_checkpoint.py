@@ -100,7 +100,11 @@ def replace_checkpoint(staged: Path, target: Path) -> None:
         # (hidden) for a moment.
         retired = staged.with_suffix(".old")
         os.replace(target, retired)
-        os.replace(staged, target)
+        try:
+            os.replace(staged, target)
+        except BaseException:  # (Ctrl-C, a full disk) the old checkpoint comes back under its name
+            os.replace(retired, target)
+            raise
         if _is_directory(retired):
             shutil.rmtree(retired)
         else:

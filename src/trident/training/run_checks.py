@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import hydra.utils
+from hydra._internal.utils import _locate
 from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 
 from trident.errors import ConfigError, is_int, is_number
@@ -117,9 +117,9 @@ def check_averaging_callbacks(callbacks: Mapping[str, Any], strategy: Any) -> No
         return
     for name, callback in callbacks.items():
         target = callback.get("_target_") if isinstance(callback, Mapping) else None
-        try:
-            kind = hydra.utils.get_class(str(target)) if target else None
-        except ImportError:  # a _target_ that names nothing: Hydra's instantiate says so later
+        try:  # Hydra's own lookup; get_class would log an error for a target that is a function, not a class
+            kind = _locate(str(target)) if target else None
+        except (ImportError, ValueError):  # a _target_ that names nothing: Hydra's instantiate says so later
             continue
         if isinstance(kind, type) and issubclass(kind, (WeightAveraging, StochasticWeightAveraging)):
             raise ConfigError(f"callbacks.{name} ({kind.__name__}) does not work with FSDP's sharded weights (it "
