@@ -166,11 +166,14 @@ def test_data_loader_options_reach_the_data_module(task: str, tmp_path: Path) ->
     options = datamodule.loader_options()
     # A private generator keeps loaders from moving the global RNG (exact resume).
     assert isinstance(options.pop("generator"), torch.Generator)
+    # Workers seeded by the data-parallel rank (one process here: 0), as the ranks of a tensor-parallel group share it.
+    assert options.pop("worker_init_fn").keywords == {"rank": 0}
     assert options == {"num_workers": 2, "pin_memory": True, "persistent_workers": True}
     cfg = compose_config([f"task={task}"], output_dir=tmp_path)
     datamodule = instantiate(constructor_args(cfg, "data"), _convert_="all")
     options = datamodule.loader_options()
     options.pop("generator")
+    options.pop("worker_init_fn")
     # No workers: nothing to keep alive (DataLoader refuses persistent_workers without workers).
     assert options == {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
 
