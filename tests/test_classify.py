@@ -149,11 +149,11 @@ def test_accuracy_and_macro_f1_match_scikit_learn() -> None:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_split_is_by_play_and_every_genre_is_in_every_split(seed: int) -> None:
     dealt = plays_by_split(seed)
-    names = {split: [p.stem for p in plays] for split, plays in dealt.items()}
+    names = {split: [p.name for p in plays] for split, plays in dealt.items()}
     assert len(set(names["train"]) | set(names["validation"]) | set(names["test"])) == 38
     assert sum(len(v) for v in names.values()) == 38, "no play in two splits"
     for split, plays in dealt.items():
-        assert {p.parent.name for p in plays} == {"comedies", "histories", "problems", "roman", "romances", "tragedies"}, split
+        assert {p.genre for p in plays} == {"comedies", "histories", "problems", "roman", "romances", "tragedies"}, split
     assert plays_by_split(seed) == dealt, "a function of the seed"
     assert plays_by_split(seed + 2) != dealt or plays_by_split(seed + 3) != dealt
 

