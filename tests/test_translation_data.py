@@ -128,6 +128,7 @@ def test_data_module_prepares_shared_bpe_and_padded_batches(tmp_path: Path) -> N
     module.setup()
     inputs = module.task_inputs()
     assert (inputs["pad_id"], inputs["bos_id"], inputs["eos_id"]) == (0, 1, 2) and inputs["vocab_size"] == 300
+    assert inputs["tgt_lang"] == "de", "the task picks its BLEU tokenizer by the target language"
     assert module.tokenizer is not None
     german = "Und Gott sprach: Es werde Licht!"
     assert module.tokenizer.decode(module.tokenizer.encode(german).ids).strip() == german  # one BPE, both languages

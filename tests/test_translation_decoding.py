@@ -145,3 +145,51 @@ def test_length_limit_never_exceeds_the_model_positions() -> None:
 def test_gnmt_length_penalty() -> None:
     assert length_penalty(1, 0.0) == 1.0
     assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+
+
+class ShortOrBetter:
+    """Ending at once has p = 0.3; token 3 (p = 0.7) then EOS (p = 0.999) scores higher, even with alpha = -1:
+    log(0.3) / lp(1) = -1.204 < log(0.7 * 0.999) / lp(2) = -0.417 (lp(2) = (7/6) ** -1)."""
+
+    max_positions = 64
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.zeros(src.size(0), src.size(1), 1), src.eq(PAD)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, memory_padding_mask: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        probs = torch.full((tgt_in.size(0), tgt_in.size(1), 6), 1e-4)
+        for row, prefix in enumerate(tgt_in.tolist()):
+            if len(prefix) == 1:
+                probs[row, -1, EOS], probs[row, -1, 3] = 0.3, 0.7
+            else:
+                probs[row, -1, EOS] = 0.999
+        return probs.log()
+
+    def new_cache(self, max_len: int) -> KVCache:
+        raise AssertionError("not used")
+
+
+@pytest.mark.parametrize("alpha", [-1.0, -0.5, 0.0, 0.6])
+def test_early_stopping_is_right_for_negative_length_penalties(alpha: float) -> None:
+    """The stopping bound divided by lp(max length), the largest lp only for alpha >= 0: with alpha = -1 a
+    sentence stopped after the first step and returned the empty hypothesis over [3]."""
+    options = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": 30, "use_cache": False}
+    (beam,) = beam_search(ShortOrBetter(), torch.tensor([[3, EOS]]), beam_size=2, alpha=alpha, **options)  # type: ignore[arg-type]
+    assert beam.tokens == [3]
+    assert beam.normalized_score == pytest.approx(math.log(0.7 * 0.999) / float(length_penalty(2, alpha)), abs=1e-3)
+
+
+def test_every_sentence_gets_a_hypothesis_even_when_its_scores_turn_non_finite() -> None:
+    model, src = small_model(), sources()
+    decode = model.decode
+
+    def diverged_on_sentence_2(*args: object, **kwargs: object) -> Tensor:
+        logits = decode(*args, **kwargs)  # type: ignore[arg-type]
+        logits[8:12] = float("nan")  # beam 4: sentence 2 owns rows 8..11
+        return logits
+
+    model.decode = diverged_on_sentence_2  # type: ignore[method-assign]
+    beams = beam_search(model, src, beam_size=4, alpha=0.6, **DECODE)
+    assert len(beams) == len(LENGTHS)
+    assert beams[2].tokens == [] and beams[2].score == float("-inf")
+    assert all(math.isfinite(b.score) for i, b in enumerate(beams) if i != 2)

