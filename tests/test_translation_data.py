@@ -84,6 +84,16 @@ def test_one_jsonl_file_is_split_by_a_hash_of_the_source(tmp_path: Path) -> None
     assert all(split_of(s, [0.8, 0.1, 0.1]) == "test" for s in pairs["test"]["src"])
 
 
+@pytest.mark.parametrize("value", [7, ["Im", "Anfang"]])
+def test_a_sentence_that_is_not_a_string_is_one_line(value: object, tmp_path: Path) -> None:
+    """JSON lines with a number or a list as a sentence: AttributeError from .strip() before."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"en": f"sentence {i}", "de": value}) + "\n" for i in range(5)))
+    with pytest.raises(DataError, match=r"^row 0 of the parallel data has (int 7|list \['Im', 'Anfang'\]) as its 'de' text, "
+                                        r"not a string: write every sentence as a JSON string$"):
+        load_pairs("files", {"files": str(path)}, "en", "de", SPLIT)
+
+
 def test_hub_layout_with_translation_dicts_goes_through_load_dataset(tmp_path: Path) -> None:
     """data.source=hub calls datasets.load_dataset(hub_path); here a local folder laid out like
     the hub's wmt / iwslt datasets (a `translation` column of {lang: text}), as nothing downloads in CI."""

@@ -203,10 +203,16 @@ def _pairs(dataset: datasets.Dataset, src_lang: str, tgt_lang: str) -> datasets.
     else:
         raise ConfigError(f"the dataset has columns {columns}, none for {src_lang!r} and {tgt_lang!r}: set data.src_lang / data.tgt_lang")
 
-    def strip(batch: dict[str, list[str | None]]) -> dict[str, list[str]]:
+    def strip(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[str]]:
+        for key, language in (("src", src_lang), ("tgt", tgt_lang)):
+            for index, text in zip(indices, batch[key], strict=True):
+                # A number or a list is not a sentence: its repr would be trained and scored as one.
+                if text is not None and not isinstance(text, str):
+                    raise DataError(f"row {index} of the parallel data has {type(text).__name__} {text!r:.60} as its "
+                                    f"{language!r} text, not a string: write every sentence as a JSON string")
         return {key: [(t or "").strip() for t in batch[key]] for key in ("src", "tgt")}
 
-    dataset = dataset.map(strip, batched=True, desc="Cleaning pairs")
+    dataset = dataset.map(strip, batched=True, with_indices=True, desc="Cleaning pairs")
     return dataset.filter(lambda b: [bool(s and t) for s, t in zip(b["src"], b["tgt"])], batched=True)
 
 
