@@ -169,3 +169,15 @@ def test_missing_parallel_file_through_the_pipeline(tmp_path: Path) -> None:
     cfg = mt_config(tmp_path, "data=parallel_files", "logger=none")
     with pytest.raises(ConfigError, match="data.source=files needs data.files"):
         train(cfg)
+
+
+def test_a_bleu_tokenizer_sacrebleu_lacks_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """task.bleu_tokenize reaches the task through the pipeline, with data.tgt_lang beside it."""
+    cfg = mt_config(tmp_path, "task.bleu_tokenize=zhh", "logger=none")
+    with pytest.raises(SystemExit) as exit_info:
+        run_with_clear_errors(lambda: train(cfg))
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: task.bleu_tokenize=zhh is not a sacreBLEU tokenizer: choose auto or one of none, zh, 13a"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists(), "fails before any work"
