@@ -72,7 +72,7 @@ def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversa
         history += [turn, {"role": "assistant", "content": answer}]
         # The cache holds the conversation up to the end of this answer, each token fed once.
         assert template.render(history).startswith(session.fed_text) and session.fed_text.endswith((answer, answer + template.end_marker()))
-        assert session.fed == len(session.fed_text)  # one token a character
+        assert len(session.fed_ids) == len(session.fed_text)  # one token a character
     assert session.messages == history
     if template_file is None:
         assert any(h["content"] for h in history[1::2]), "answers of some length"
