@@ -228,7 +228,8 @@ class ChatDataModule(LMDataModule):
         cut, dropped = sum(meta["cut"].values()), sum(meta["dropped"].values())
         if cut or dropped:
             log.warning("data: %d conversations are longer than data.block_size=%d tokens and lost their prompt's start "
-                        "(oldest turns first) to keep the answer; %d kept no answer token and were dropped",
+                        "(oldest turns first) to keep the answer; %d have no answer token a row can train (a row's first token "
+                        "is predicted by nothing) and were dropped",
                         cut, self.block_size, dropped)
         return {name: f"{meta['rows'][name]:,} rows, {meta['real'][name] / (meta['rows'][name] * self.block_size):.1%} "
                       "real tokens" for name in SPLITS}
