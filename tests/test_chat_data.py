@@ -270,6 +270,8 @@ def test_init_from_a_hugging_face_directory_renders_chat_data_with_its_template(
     trained = data.tokenizer.decode(targets[first & (targets != IGNORE_INDEX)].tolist(), skip_special_tokens=False)
     assert trained == conversation[1]["content"] + "<|im_end|>\n", "the loss on the answer and ChatML's end marker"
     assert data_of([*chat, "data.template=default"]).template.text == read_template("default", "char").text
+    (tmp_path / "mine.jinja").write_text(CHATML.replace("<|im_start|>", "<|im_start|> "))
+    assert data_of([*chat, f"data.template={tmp_path / 'mine.jinja'}"]).template.text == (tmp_path / "mine.jinja").read_text()
 
     run = tmp_path / "run"
     train(compose_config(chat, output_dir=run))
@@ -277,6 +279,10 @@ def test_init_from_a_hugging_face_directory_renders_chat_data_with_its_template(
     assert (staged / "tokenizer_config.json").is_file()
     shutil.rmtree(staged)  # the data cache lost the staged template
     assert run_template(checkpoint_of(run), None).text == CHATML
+    # The run records the template and end of turn it trained with, beside the source's special tokens.
+    settings = torch.load(checkpoint_of(run), weights_only=False)["tokenizer_settings"]
+    assert settings["chat_template"] == CHATML and settings["end_of_turn"] == "<|im_end|>"
+    assert settings["eos_token"] == "<|im_end|>"
 
 
 def test_data_files_by_split_reads_each_split_from_its_file(tmp_path: Path) -> None:
