@@ -322,3 +322,16 @@ def test_multi_part_text_contents_are_joined_as_transformers_templates_join_them
         conversation_of({"instruction": "Say it.", "output": None}, "row 2")
     with pytest.raises(DataError, match="row 3.*'input' is a list"):
         conversation_of({"instruction": "Say it.", "input": ["a"], "output": "It."}, "row 3")
+
+
+@pytest.mark.parametrize(("init_from", "model_part"), [
+    (None, "tiny"), ("models/TinyLlama-1.1B/", "TinyLlama-1.1B"),
+    ("outputs/runs/2026-11-28/07-00-00_lm-shakespeare-small-rope-seed1/checkpoints/last.ckpt", "lm-shakespeare-small-rope-seed1"),
+    ("vit_small.pth", "vit_small"),
+])
+def test_a_run_is_named_after_its_init_from_source(init_from: str | None, model_part: str) -> None:
+    """The source fixes the architecture: a run from a Llama directory is not named after model=tiny."""
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["data=chat", "model=tiny", *([f"init_from={init_from}"] if init_from else [])])
+    assert cfg.run_name == f"lm-chat-{model_part}-rope-seed{cfg.seed}"
