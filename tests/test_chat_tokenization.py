@@ -132,3 +132,18 @@ def test_the_data_module_packs_the_ids_of_apply_chat_template(tmp_path: Path) ->
         for document in set(documents.tolist()) - {PADDING}:
             assert tuple(ids[documents == document].tolist()) in expected
     assert (rows["targets"] != IGNORE_INDEX).any()
+
+
+def test_templates_render_with_transformers_globals_and_generation_blocks(tmp_path: Path) -> None:
+    """Llama 3.1's ``strftime_now`` and ``tools is none``, SmolLM3's ``{% generation %}`` answers, tojson's options."""
+    template = ("{{ strftime_now('%Y') }}{% if tools is none %}[no tools]{% endif %}{{ {'b': 1, 'a': 'é'} | tojson(sort_keys=True) }}"
+                "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}.{% endgeneration %}"
+                "{% else %}{{ m['content'] }}:{% endif %}{% endfor %}")
+    directory = saved_directory("byte_level", "chatml", tmp_path)
+    import transformers
+
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    conversation = CONVERSATION[1:3]
+    ours = ChatTemplate("t", template, {}).render(conversation)
+    assert ours == reference.apply_chat_template(conversation, chat_template=template, tokenize=False)
+    assert ours.endswith('[no tools]{"a": "é", "b": 1}Who is there?:Nay, answer me: stand and unfold yourself..')

@@ -54,7 +54,7 @@ def test_trident_sample_feeds_the_prompt_without_the_wrapping_tokens(monkeypatch
 
 def test_validation_samples_feed_the_rendered_prompt_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chat prompt that starts with the template's <s> keeps one <s>; nothing is cut or padded."""
-    import trident.tasks.lm as lm
+    from trident.tasks import lm
 
     task = task_with(roberta_style(), ["<s> ROMEO : Ay me", "ROMEO"])
     fed = capture_prompts(monkeypatch, lm)

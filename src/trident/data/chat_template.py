@@ -15,7 +15,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trident.errors import ConfigError, DataError
 
@@ -44,8 +44,9 @@ class ChatTemplate:
         from jinja2 import TemplateError  # jinja2 comes with torch; imported where a template is rendered
 
         try:
-            return _compiled(self.text).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                               **self.special_tokens)
+            # tools and documents None, as apply_chat_template passes them without any ("tools is none" holds).
+            return _compiled(self.text).render(messages=messages, tools=None, documents=None,
+                                               add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except TemplateError as err:
             raise DataError(f"the chat template of data.template={self.source} fails on a conversation ({err}): "
                             "fix the template or the conversation") from err
@@ -81,18 +82,39 @@ class ChatTemplate:
 
 @functools.lru_cache(maxsize=4)
 def _compiled(text: str) -> Any:
-    """The template compiled as transformers compiles chat templates (``raise_exception`` and ``tojson`` included)."""
-    from jinja2.ext import loopcontrols
+    """The template compiled as transformers compiles chat templates: ``raise_exception``, ``strftime_now`` (Llama
+    3.1's date), ``tojson`` with its options, and the ``{% generation %}`` blocks that mark answers (rendered as
+    their content)."""
+    from datetime import datetime
+
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags: ClassVar[set[str]] = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
+
+        def _content(self, caller: Any) -> str:
+            return str(caller())
 
     def raise_exception(message: str) -> None:
         from jinja2 import TemplateError
 
         raise TemplateError(message)
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     return environment.from_string(text)
 
 
