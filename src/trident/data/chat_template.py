@@ -156,11 +156,11 @@ def text_of(content: Any, where: str, role: str) -> str:
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
         other = [str(part.get("type")) for part in content if part.get("type") != "text" or not isinstance(part.get("text"), str)]
         if other:
-            raise DataError(f"{where}: a {role} message has a content part of type {other[0]!r}: only text parts "
+            raise DataError(f"{where}: the {role} message has a content part of type {other[0]!r}: only text parts "
                             '({"type": "text", "text": "..."}) are read; drop the other parts or the row')
         return "".join(part["text"] for part in content)
     shown = "null" if content is None else type(content).__name__
-    raise DataError(f"{where}: a {role} message's content is {shown}, not text: give a string (or a list of "
+    raise DataError(f"{where}: the {role} message's content is {shown}, not text: give a string (or a list of "
                     'text parts), or drop the row')
 
 
