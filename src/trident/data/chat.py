@@ -207,16 +207,17 @@ class ChatDataModule(LMDataModule):
             meta["dropped"][name] = len(encoded) - len(fitted)
             meta["cut"][name] = sum(len(ids) > self.block_size for ids, _ in encoded) - meta["dropped"][name]
         meta["origin"] = {name: f"{len(parts[name])} conversations" for name in SPLITS}
-        meta["sample_prompts"] = self._sample_prompts(parts["validation"])
+        # The turns before the first answer of the first validation conversations: the samples' prompts by default.
+        meta["validation_prompts"] = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")]
+                                      for c in parts["validation"][:SAMPLED_CONVERSATIONS]]
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
-    def _sample_prompts(self, validation: list[list[Message]]) -> list[str]:
+    def _sample_prompts(self, validation_prompts: list[list[Message]]) -> list[str]:
         """The rendered prompts of the validation samples: each configured prompt asked as a user turn; with none
         configured (null), the shipped set's :data:`SHAKESPEARE_PROMPT`, or for a chat file the turns before the
         first answer of its first :data:`SAMPLED_CONVERSATIONS` validation conversations."""
         if self.asked is None and self.source == "files":
-            firsts = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")] for c in validation]
-            return [self.template.render(c, add_generation_prompt=True) for c in firsts[:SAMPLED_CONVERSATIONS]]
+            return [self.template.render(turns, add_generation_prompt=True) for turns in validation_prompts]
         asked = [SHAKESPEARE_PROMPT] if self.asked is None else self.asked
         return [self.template.render([{"role": "user", "content": p}], add_generation_prompt=True) for p in asked]
 
@@ -224,7 +225,7 @@ class ChatDataModule(LMDataModule):
         for name in SPLITS:
             with np.load(self.cache_path / f"{name}.npz") as arrays:
                 self.rows[name] = {k: arrays[k] for k in arrays.files}
-        self.sample_prompts = list(meta["sample_prompts"])
+        self.sample_prompts = self._sample_prompts(meta["validation_prompts"])
         cut, dropped = sum(meta["cut"].values()), sum(meta["dropped"].values())
         if cut or dropped:
             log.warning("data: %d conversations are longer than data.block_size=%d tokens and lost their prompt's start "
