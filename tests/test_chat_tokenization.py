@@ -147,3 +147,37 @@ def test_templates_render_with_transformers_globals_and_generation_blocks(tmp_pa
     ours = ChatTemplate("t", template, {}).render(conversation)
     assert ours == reference.apply_chat_template(conversation, chat_template=template, tokenize=False)
     assert ours.endswith('[no tools]{"a": "é", "b": 1}Who is there?:Nay, answer me: stand and unfold yourself..')
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "sentencepiece_normalizer"])
+@pytest.mark.parametrize("name", ["zephyr", "default"])
+def test_trident_chat_feeds_each_turn_as_the_whole_conversation_encodes(kind: str, name: str) -> None:
+    """A later turn's tokens in the cache are those of the whole conversation encoded at once (as in training),
+    not of the new text encoded alone (a SentencePiece-style tokenizer starts a piece with a word start)."""
+    import torch
+
+    from trident.commands.chat import Chat
+    from trident.tasks.lm import LanguageModelTask
+
+    tokenizer = trained_tokenizer(kind)
+    backbone = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "dropout": 0.0, "max_seq_len": 256}
+    torch.manual_seed(0)
+    task = LanguageModelTask(backbone, vocab_size=tokenizer.get_vocab_size(), optimizer={}, scheduler={},
+                             tokenizer_json=tokenizer.to_str()).eval()
+    text, bos, eos = TEMPLATES[name] if name in TEMPLATES else (read_template("default", "char").text, None, None)
+    template = ChatTemplate(name, text, {"bos_token": bos or "", "eos_token": eos or ""})
+    session = Chat(task, template, max_new_tokens=3, temperature=0.0, top_k=None, top_p=None, seed=0)
+    fed: list[int] = []
+    feed, restart = session._feed, session._restart
+
+    def recorded_feed(ids: list[int]) -> torch.Tensor:
+        fed.extend(ids)
+        return feed(ids)
+
+    session._feed = recorded_feed  # type: ignore[method-assign]
+    session._restart = lambda: (fed.clear(), restart())  # type: ignore[method-assign]
+    for turn in ("Who is there?", "Long live the king!"):
+        session.reply(turn, lambda piece: None)
+        prompt = template.render(session.messages[:-1], add_generation_prompt=True)
+        expected = plain_encoder(tokenizer).encode(prompt, add_special_tokens=False).ids
+        assert fed[: len(expected)] == expected
