@@ -181,3 +181,11 @@ def test_trident_chat_feeds_each_turn_as_the_whole_conversation_encodes(kind: st
         prompt = template.render(session.messages[:-1], add_generation_prompt=True)
         expected = plain_encoder(tokenizer).encode(prompt, add_special_tokens=False).ids
         assert fed[: len(expected)] == expected
+
+
+def test_an_older_directory_names_its_special_tokens_in_special_tokens_map(tmp_path: Path) -> None:
+    """transformers reads ``special_tokens_map.json`` where ``tokenizer_config.json`` has no added_tokens_decoder."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATES["llama2"][0]}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<s>"}, "eos_token": "</s>"}))
+    template = read_template(str(tmp_path), "bpe")
+    assert template.render(CONVERSATION[1:3]) == "<s>[INST] Who is there? [/INST] Nay, answer me: stand and unfold yourself. </s>"

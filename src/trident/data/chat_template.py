@@ -141,7 +141,11 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     if not text:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
-    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in config.items()
+    named = dict(config)
+    legacy = path / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():  # as transformers reads an older directory: the map wins
+        named |= json.loads(legacy.read_text(encoding="utf-8"))
+    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
                if k.endswith("_token") and isinstance(v, (str, dict))}
     return ChatTemplate(choice, text, special)
 
