@@ -164,7 +164,8 @@ def hf_family_files(root: Path) -> None:
 
 
 def chat_files(root: Path) -> None:
-    """``chat/``: chat files with a tool role, no rows, a row without messages; a tokenizer directory without a template."""
+    """``chat/``: chat files with a tool role, no rows, a row without messages, a null answer, an image part; a
+    tokenizer directory without a template."""
     folder = root / "chat"
     (folder / "no_template").mkdir(parents=True)
     (folder / "no_template" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
@@ -173,6 +174,10 @@ def chat_files(root: Path) -> None:
                                         json.dumps({"messages": [*turns, {"role": "tool", "content": "{}"}]}) + "\n")
     (folder / "empty.jsonl").write_text("")
     (folder / "no_messages.jsonl").write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"prompt": "Hi"}) + "\n")
+    image = [turns[0], {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "a.png"}}]}]
+    (folder / "null_answer.jsonl").write_text(json.dumps({"messages": turns}) + "\n" +
+                                              json.dumps({"messages": [turns[0], {"role": "assistant", "content": None}]}) + "\n")
+    (folder / "image.jsonl").write_text(json.dumps({"messages": image}) + "\n")
 
 
 def lora_adapter_files(root: Path) -> None:
@@ -425,6 +430,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["chat/empty.jsonl holds no conversations"]),
     ("chat-row-without-messages", "train.py", ["data=chat", "data.source=files", "data.files=[chat/no_messages.jsonl]"],
      ["chat/no_messages.jsonl line 2 has neither 'messages' nor 'instruction' and 'output'"]),
+    # Issue 50: answers and contents that are not text
+    ("chat-null-answer", "train.py", ["data=chat", "data.source=files", "data.files=[chat/null_answer.jsonl]"],
+     ["chat/null_answer.jsonl line 2: the assistant message's content is null, not text"]),
+    ("chat-image-part", "train.py", ["data=chat", "data.source=files", "data.files=[chat/image.jsonl]"],
+     ["chat/image.jsonl line 1: the assistant message has a content part of type 'image_url'", "only text parts"]),
     # Issue 41: LoRA
     ("lora-without-init-from", "train.py", ["finetune=lora"], ["finetune=lora adapts a trained model and none is given: add init_from="]),
     ("lora-unknown-target", "train.py", [*LORA_TUNE, "finetune.targets=[q,query,ffn]"],

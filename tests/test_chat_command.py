@@ -72,7 +72,7 @@ def test_each_turn_through_the_cache_equals_a_fresh_pass_over_the_whole_conversa
         history += [turn, {"role": "assistant", "content": answer}]
         # The cache holds the conversation up to the end of this answer, each token fed once.
         assert template.render(history).startswith(session.fed_text) and session.fed_text.endswith((answer, answer + template.end_marker()))
-        assert session.fed == len(session.fed_text)  # one token a character
+        assert len(session.fed_ids) == len(session.fed_text)  # one token a character
     assert session.messages == history
     if template_file is None:
         assert any(h["content"] for h in history[1::2]), "answers of some length"
@@ -101,3 +101,11 @@ def test_the_lm_loss_of_a_packed_batch_is_the_answer_loss_of_each_conversation_a
     picked = torch.cat([torch.log_softmax(alone[0][3:6], -1).gather(-1, first[4:7, None]),
                         torch.log_softmax(alone[1][2:6], -1).gather(-1, second[3:7, None])])
     torch.testing.assert_close(loss, -picked.mean(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_run_records_the_template_and_end_of_turn_it_trained_with(chat_run: Path) -> None:
+    """trident's default template too (issue 50): the checkpoint's tokenizer_settings, which the export writes."""
+    from trident.data.chat_template import DEFAULT_TEMPLATE
+
+    task = load_task_checkpoint(LanguageModelTask, checkpoint_of(chat_run))
+    assert task.tokenizer_settings == {"chat_template": DEFAULT_TEMPLATE, "end_of_turn": "\n\n"}

@@ -12,9 +12,10 @@ import torch
 import yaml
 
 from trident.backbone.masks import document_positions
-from trident.data.chat import IGNORE_INDEX, PADDING, ChatDataModule, pack
+from trident.data.chat import IGNORE_INDEX, PADDING, ChatDataModule, fit, pack
 from trident.data.chat_template import ChatTemplate, conversation_of, encode_conversation, read_template
 from trident.data.tokenization import train_tokenizer
+from trident.errors import DataError
 from trident.models import CausalLM
 
 from .backbone_helpers import make_cfg, perturb_
@@ -86,9 +87,71 @@ def test_packed_targets_are_the_answer_tokens_of_the_same_conversation_only() ->
     assert rows["documents"].tolist() == [[0, 0, 0, 0, 1, 1, 1, PADDING, PADDING, PADDING]]
 
 
-def test_a_conversation_longer_than_the_row_keeps_its_first_block_size_tokens() -> None:
-    rows = pack([(list(range(1, 9)), [True] * 8)], block_size=5, pad_id=0)
-    assert rows["ids"].tolist() == [[1, 2, 3, 4, 5]] and rows["targets"].tolist() == [[2, 3, 4, 5, IGNORE_INDEX]]
+def test_best_fit_puts_a_conversation_into_a_row_it_fills_exactly() -> None:
+    """6 + 4 and 5 + 5 fill two rows of 10: the second 5 fits the 5 left exactly, the 4 the 4 left."""
+    conversations = [([7] * n, [False] + [True] * (n - 1)) for n in (6, 5, 5, 4)]
+    rows = pack(conversations, block_size=10, pad_id=0)
+    assert len(rows["ids"]) == 2 and (rows["documents"] != PADDING).all()
+
+
+def chats_file(path: Path, conversations: list[list[dict[str, str]]]) -> Path:
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    return path
+
+
+def prepared(path: Path, **options: object) -> ChatDataModule:
+    data = ChatDataModule(source="files", cache_dir=str(path / "cache"), **options)  # type: ignore[arg-type]
+    data.prepare_data()
+    data.setup()
+    return data
+
+
+def test_a_prompt_longer_than_the_row_loses_its_start_and_keeps_the_answer(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Through the data module: a 300-character question with an 11-character answer in rows of 64 characters
+    trains the whole answer and its end marker after the question's end; one warning line counts it."""
+    long = [{"role": "user", "content": "Q" * 300}, {"role": "assistant", "content": "Short reply"}]
+    short = [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}]
+    chats = chats_file(tmp_path / "chats.jsonl", [long, short] * 10)
+    with caplog.at_level("WARNING"):
+        data = prepared(tmp_path, files=str(chats), block_size=64, split=(0.5, 0.25, 0.25))
+    for split in ("train", "validation", "test"):
+        rows = data.rows[split]
+        assert ((rows["targets"] != IGNORE_INDEX).sum(axis=1) > 0).all(), "a row that trains nothing"
+    assert data.tokenizer is not None
+    ids, targets = data.rows["train"]["ids"], data.rows["train"]["targets"]
+    full = [row for row in ids if "Short reply" in data.tokenizer.decode(row.tolist())]
+    assert full and all(data.tokenizer.decode(row.tolist()).endswith("QQ\n\nASSISTANT:\nShort reply\n\n") for row in full)
+    trained = [data.tokenizer.decode(t[t != IGNORE_INDEX].tolist()) for t in targets]
+    assert "Short reply\n\n" in trained
+    (line,) = [r.getMessage() for r in caplog.records if "data.block_size" in r.getMessage()]
+    assert "10 conversations" in line and "0 have no answer token" in line
+
+
+def test_an_answer_longer_than_the_row_keeps_the_prompts_end_and_the_answers_start() -> None:
+    ids, trained = list(range(20)), [False] * 8 + [True] * 12
+    assert fit(ids, trained, 10) == (list(range(3, 13)), [False] * 5 + [True] * 5)
+    # Multi-turn: the oldest turns go first, the last answer stays whole.
+    turns = [False] * 4 + [True] * 3 + [False] * 4 + [True] * 3
+    assert fit(list(range(14)), turns, 8) == (list(range(6, 14)), turns[6:])
+    assert fit([1, 2, 3], [False, False, False], 8) is None and fit([1, 2, 3], [False, False, True], 1) is None
+
+
+def test_a_conversation_without_a_trainable_answer_token_is_dropped_and_counted(tmp_path: Path,
+                                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A one-character answer that starts the conversation (nothing before it predicts it): dropped and counted,
+    never an all-ignored row."""
+    template = tmp_path / "bare.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    good = [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}]
+    bad = [{"role": "assistant", "content": "X"}]
+    chats = chats_file(tmp_path / "chats.jsonl", [good, good, bad] * 4)
+    with caplog.at_level("WARNING"):
+        data = prepared(tmp_path, files=str(chats), template=str(template), block_size=16, split=(0.5, 0.25, 0.25))
+    (line,) = [r.getMessage() for r in caplog.records if "data.block_size" in r.getMessage()]
+    assert "4 have no answer token" in line
+    for rows in data.rows.values():
+        assert ((rows["targets"] != IGNORE_INDEX).sum(axis=1) > 0).all(), "a row that trains nothing"
 
 
 def test_positions_restart_with_each_packed_document() -> None:
@@ -142,7 +205,10 @@ def test_a_files_source_trains_with_its_own_template_file(tmp_path: Path) -> Non
     data.prepare_data()
     data.setup()
     assert isinstance(data.template, ChatTemplate) and data.template.text == CHATML
-    assert data.task_inputs()["sample_prompts"] == []
+    # The validation samples ask the turns before the first answer of the file's validation conversations.
+    asked = ChatTemplate("chatml", CHATML, {}).render(TWO_TURNS[:2], add_generation_prompt=True)
+    assert data.task_inputs()["sample_prompts"] == [asked]
+    assert "ROMEO" not in asked
     assert data.tokenizer is not None and "<|im_start|>" in data.tokenizer.decode(data.blocks("train")[0][0].tolist())
 
 
@@ -204,6 +270,8 @@ def test_init_from_a_hugging_face_directory_renders_chat_data_with_its_template(
     trained = data.tokenizer.decode(targets[first & (targets != IGNORE_INDEX)].tolist(), skip_special_tokens=False)
     assert trained == conversation[1]["content"] + "<|im_end|>\n", "the loss on the answer and ChatML's end marker"
     assert data_of([*chat, "data.template=default"]).template.text == read_template("default", "char").text
+    (tmp_path / "mine.jinja").write_text(CHATML.replace("<|im_start|>", "<|im_start|> "))
+    assert data_of([*chat, f"data.template={tmp_path / 'mine.jinja'}"]).template.text == (tmp_path / "mine.jinja").read_text()
 
     run = tmp_path / "run"
     train(compose_config(chat, output_dir=run))
@@ -211,3 +279,60 @@ def test_init_from_a_hugging_face_directory_renders_chat_data_with_its_template(
     assert (staged / "tokenizer_config.json").is_file()
     shutil.rmtree(staged)  # the data cache lost the staged template
     assert run_template(checkpoint_of(run), None).text == CHATML
+    # The run records the template and end of turn it trained with, beside the source's special tokens.
+    settings = torch.load(checkpoint_of(run), weights_only=False)["tokenizer_settings"]
+    assert settings["chat_template"] == CHATML and settings["end_of_turn"] == "<|im_end|>"
+    assert settings["eos_token"] == "<|im_end|>"
+
+
+def test_data_files_by_split_reads_each_split_from_its_file(tmp_path: Path) -> None:
+    """``data.files={train: ..., validation: ...}``: the keys are splits, not file names; test is cut from train."""
+    train = [[{"role": "user", "content": f"Train {i}?"}, {"role": "assistant", "content": "Yes."}] for i in range(20)]
+    validation = [[{"role": "user", "content": f"Held out {i}?"}, {"role": "assistant", "content": "No."}] for i in range(3)]
+    files = {"train": str(chats_file(tmp_path / "train.jsonl", train)), "dev": [str(chats_file(tmp_path / "v.jsonl", validation))]}
+    data = prepared(tmp_path, files=files, block_size=64, split=(0.8, 0.1, 0.1), tokenizer="bpe", vocab_size=300)
+    assert data.tokenizer is not None
+    texts = {split: data.tokenizer.decode(data.rows[split]["ids"].ravel().tolist()) for split in data.rows}
+    assert texts["validation"].count("Held out") == 3 and "Train" not in texts["validation"]
+    assert texts["test"].count("Train") == 2 and texts["train"].count("Train") == 18
+    assert data.task_inputs()["sample_prompts"][0] == "USER:\nHeld out 0?\n\nASSISTANT:\n"
+    # The same cache, other prompts: the prompts are not cached.
+    assert prepared(tmp_path, files=files, block_size=64, split=(0.8, 0.1, 0.1), sample_prompts=[], tokenizer="bpe",
+                    vocab_size=300).task_inputs()["sample_prompts"] == []
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "content is null"), ("", "empty answer"), ("  \n", "empty answer"), (42, "content is int"),
+    ([{"type": "text", "text": "Look: "}, {"type": "image_url", "image_url": {"url": "x.png"}}], "'image_url'"),
+])
+def test_a_bad_answer_is_one_line_naming_the_row(tmp_path: Path, content: object, problem: str) -> None:
+    rows = [{"messages": [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}]}] * 3
+    rows.append({"messages": [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": content}]})
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError, match=f"chats.jsonl line 4.*{problem}") as raised:
+        prepared(tmp_path, files=str(chats))
+    assert "\n" not in str(raised.value)
+
+
+def test_multi_part_text_contents_are_joined_as_transformers_templates_join_them() -> None:
+    parts = [{"type": "text", "text": "Who is "}, {"type": "text", "text": "there?"}]
+    row = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [{"type": "text", "text": "Me."}]}]}
+    assert conversation_of(row, "row 1") == [{"role": "user", "content": "Who is there?"}, {"role": "assistant", "content": "Me."}]
+    with pytest.raises(DataError, match="row 2.*'output'.* is null"):
+        conversation_of({"instruction": "Say it.", "output": None}, "row 2")
+    with pytest.raises(DataError, match="row 3.*'input' is a list"):
+        conversation_of({"instruction": "Say it.", "input": ["a"], "output": "It."}, "row 3")
+
+
+@pytest.mark.parametrize(("init_from", "model_part"), [
+    (None, "tiny"), ("models/TinyLlama-1.1B/", "TinyLlama-1.1B"),
+    ("outputs/runs/2026-11-28/07-00-00_lm-shakespeare-small-rope-seed1/checkpoints/last.ckpt", "lm-shakespeare-small-rope-seed1"),
+    ("vit_small.pth", "vit_small"),
+])
+def test_a_run_is_named_after_its_init_from_source(init_from: str | None, model_part: str) -> None:
+    """The source fixes the architecture: a run from a Llama directory is not named after model=tiny."""
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["data=chat", "model=tiny", *([f"init_from={init_from}"] if init_from else [])])
+    assert cfg.run_name == f"lm-chat-{model_part}-rope-seed{cfg.seed}"

@@ -341,7 +341,7 @@ def test_resume_auto_finds_a_run_whose_source_fixed_its_settings(tmp_path: Path,
     assert f"resume=auto: continuing outputs/runs/{runs[0].parent.name}/{runs[0].name}" in again.stdout
     assert list((tmp_path / "outputs").glob("runs/*/*")) == runs
     other = run_in_process("train.py", [*args, "seed=7", "trainer.max_steps=0", "resume=auto"], tmp_path, monkeypatch)
-    assert "resume=auto: no run of lm-shakespeare-nano-rope-seed7 under outputs/runs: starting a new run" in other.stdout
+    assert "resume=auto: no run of lm-shakespeare-source-rope-seed7 under outputs/runs: starting a new run" in other.stdout
 
 
 def test_data_tokenizer_takes_a_tokenizer_file(lm_source: Path, new_corpus: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from trident.data.chat_template import ChatTemplate, Message, read_template
-from trident.data.tokenization import decode
+from trident.data.tokenization import decode, plain_encoder
 from trident.errors import run_with_clear_errors
 from trident.models.sampling import check_filters, sample_next_token
 from trident.tasks.lm import LanguageModelTask
@@ -31,7 +31,8 @@ class Chat:
     def __init__(self, task: LanguageModelTask, template: ChatTemplate, *, max_new_tokens: int, temperature: float,
                  top_k: int | None, top_p: float | None, seed: int) -> None:
         assert task.tokenizer is not None  # load_task_checkpoint refuses an lm checkpoint without one
-        self.task, self.tokenizer, self.template = task, task.tokenizer, template
+        # Turns are encoded as the training text is: without the file's padding and truncation (and no special tokens).
+        self.task, self.tokenizer, self.template = task, plain_encoder(task.tokenizer), template
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                          "generator": torch.Generator().manual_seed(seed)}
         self.max_new_tokens = max_new_tokens
@@ -43,12 +44,12 @@ class Chat:
 
     def _restart(self) -> None:
         self.fed_text = ""  # the conversation as text, as far as the cache holds it
-        self.fed = 0  # tokens in the cache
+        self.fed_ids: list[int] = []  # the tokens in the cache
         self.cache = self.task.net.new_cache(self.context or 1 << 16)
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` through the model on top of the cache; the next-token logits (V,)."""
-        self.fed += len(ids)
+        self.fed_ids += ids
         return self.task.net(torch.tensor([ids]), cache=self.cache)[0, -1]
 
     @torch.no_grad()
@@ -57,17 +58,19 @@ class Chat:
         marker is not written); it joins the conversation."""
         self.messages.append({"role": "user", "content": text})
         prompt = self.template.render(self.messages, add_generation_prompt=True)
-        if not prompt.startswith(self.fed_text):  # the template rewrote an earlier turn: feed it all again
-            self._restart()
-        new_ids = self.tokenizer.encode(prompt[len(self.fed_text):], add_special_tokens=False).ids
-        if self.context is not None and self.fed + len(new_ids) + self.max_new_tokens > self.context:
+        # The whole conversation encoded at once, as the training data was (a SentencePiece-style tokenizer encodes
+        # a piece alone with a word start of its own); the cache serves where it holds the start of those tokens.
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if not (prompt.startswith(self.fed_text) and ids[: len(self.fed_ids)] == self.fed_ids):
+            self._restart()  # the template rewrote an earlier turn, or the answer's tokens encode otherwise
+        if self.context is not None and len(ids) + self.max_new_tokens > self.context:
             # The model's context is full: keep the last question only.
             print(f"(the conversation outgrew the model's {self.context} tokens: starting afresh)", file=sys.stderr)
             self.messages = self.messages[-1:]
             self._restart()
             prompt = self.template.render(self.messages, add_generation_prompt=True)
-            new_ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
-        logits = self._feed(new_ids)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        logits = self._feed(ids[len(self.fed_ids):])
         answer_ids: list[int] = []
         written = ""
         for _ in range(self.max_new_tokens):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from trident.data.tokenization import encode_plain
 from trident.errors import run_with_clear_errors
 from trident.models import generate
 from trident.tasks.lm import LanguageModelTask
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         task = load_lm_checkpoint(args.checkpoint)
         assert task.tokenizer is not None
         generator = torch.Generator().manual_seed(args.seed)
-        prompt = torch.tensor([task.tokenizer.encode(args.prompt).ids] * args.num_samples)
+        # Encoded as the training text is: no post-processor's <s> ... </s>, no padding or truncation of the file.
+        prompt = torch.tensor([encode_plain(task.tokenizer, args.prompt)] * args.num_samples)
         out = generate(
             task.net,
             prompt,

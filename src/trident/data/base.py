@@ -57,6 +57,11 @@ class TridentDataModule(L.LightningDataModule, ABC):
         """Keyword arguments for the task module that come from the data (vocabulary size, classes...).
         Called after ``prepare_data()`` and ``setup()``."""
 
+    def tokenizer_settings(self) -> dict[str, str]:
+        """Settings of how the data renders text that the run keeps beside its tokenizer (the task's
+        ``tokenizer_settings``: checkpoints, the Hugging Face export); ``data=chat`` records its chat template."""
+        return {}
+
     @abstractmethod
     def save_to(self, run_dir: Path) -> None:
         """Write what a run needs to be read later (e.g. the tokenizer) into its directory."""

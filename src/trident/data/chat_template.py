@@ -15,7 +15,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trident.errors import ConfigError, DataError
 
@@ -44,8 +44,9 @@ class ChatTemplate:
         from jinja2 import TemplateError  # jinja2 comes with torch; imported where a template is rendered
 
         try:
-            return _compiled(self.text).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                               **self.special_tokens)
+            # tools and documents None, as apply_chat_template passes them without any ("tools is none" holds).
+            return _compiled(self.text).render(messages=messages, tools=None, documents=None,
+                                               add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except TemplateError as err:
             raise DataError(f"the chat template of data.template={self.source} fails on a conversation ({err}): "
                             "fix the template or the conversation") from err
@@ -81,18 +82,39 @@ class ChatTemplate:
 
 @functools.lru_cache(maxsize=4)
 def _compiled(text: str) -> Any:
-    """The template compiled as transformers compiles chat templates (``raise_exception`` and ``tojson`` included)."""
-    from jinja2.ext import loopcontrols
+    """The template compiled as transformers compiles chat templates: ``raise_exception``, ``strftime_now`` (Llama
+    3.1's date), ``tojson`` with its options, and the ``{% generation %}`` blocks that mark answers (rendered as
+    their content)."""
+    from datetime import datetime
+
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags: ClassVar[set[str]] = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
+
+        def _content(self, caller: Any) -> str:
+            return str(caller())
 
     def raise_exception(message: str) -> None:
         from jinja2 import TemplateError
 
         raise TemplateError(message)
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     return environment.from_string(text)
 
 
@@ -119,15 +141,48 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     if not text:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
-    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in config.items()
+    named = dict(config)
+    legacy = path / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():  # as transformers reads an older directory: the map wins
+        named |= json.loads(legacy.read_text(encoding="utf-8"))
+    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
                if k.endswith("_token") and isinstance(v, (str, dict))}
     return ChatTemplate(choice, text, special)
 
 
+def text_of(content: Any, where: str, role: str) -> str:
+    """A message's ``content`` as text: a string as it is, or OpenAI's multi-part list (``[{"type": "text",
+    "text": ...}, ...]``) with its text parts joined without a separator, as transformers' templates that read parts
+    (Llama 3.2, Qwen2-VL, SmolVLM) write them one after another. Anything else (null, a number, an image part) is
+    refused: its Python form would be trained as text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        other = [str(part.get("type")) for part in content if part.get("type") != "text" or not isinstance(part.get("text"), str)]
+        if other:
+            raise DataError(f"{where}: the {role} message has a content part of type {other[0]!r}: only text parts "
+                            '({"type": "text", "text": "..."}) are read; drop the other parts or the row')
+        return "".join(part["text"] for part in content)
+    shown = "null" if content is None else type(content).__name__
+    raise DataError(f"{where}: the {role} message's content is {shown}, not text: give a string (or a list of "
+                    'text parts), or drop the row')
+
+
+def _field(row: dict[str, Any], name: str, where: str) -> str:
+    """An Alpaca field that must be text when given (null or absent: empty)."""
+    value = row.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {name!r} is a {type(value).__name__}, not text: write it as a string, or drop the row")
+    return value
+
+
 def conversation_of(row: Any, where: str) -> list[Message]:
-    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content"}]}``, or
-    Alpaca-style ``{"instruction", "input", "output"}`` (the input, when given, after the instruction and a
-    blank line, as Alpaca's prompt puts it; an optional ``system``)."""
+    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content"}]}`` (content a
+    string or a list of text parts, :func:`text_of`), or Alpaca-style ``{"instruction", "input", "output"}``
+    (the input, when given, after the instruction and a blank line, as Alpaca's prompt puts it; an optional
+    ``system``). A row without an answer, or with a null or empty one, is one error line naming it."""
     if isinstance(row, dict) and "messages" in row:
         messages = row["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
@@ -136,17 +191,24 @@ def conversation_of(row: Any, where: str) -> list[Message]:
             if message.get("role") not in ROLES:
                 raise DataError(f"{where}: role {message.get('role')!r} is not one of {', '.join(ROLES)}: "
                                 "rename the role (tool and function turns are not read)")
-        conversation = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+        conversation = [{"role": m["role"], "content": text_of(m["content"], where, m["role"])} for m in messages]
     elif isinstance(row, dict) and "instruction" in row and "output" in row:
-        asked = str(row["instruction"]) + (f"\n\n{row['input']}" if row.get("input") else "")
-        conversation = [{"role": "user", "content": asked}, {"role": "assistant", "content": str(row["output"])}]
-        if row.get("system"):
-            conversation.insert(0, {"role": "system", "content": str(row["system"])})
+        if row["output"] is None:
+            raise DataError(f"{where}: the answer ('output') is null, nothing to train on: write the answer, or drop the row")
+        instruction, given = _field(row, "instruction", where), _field(row, "input", where)
+        asked = instruction + (f"\n\n{given}" if given else "")
+        conversation = [{"role": "user", "content": asked}, {"role": "assistant", "content": _field(row, "output", where)}]
+        if system := _field(row, "system", where):
+            conversation.insert(0, {"role": "system", "content": system})
     else:
         raise DataError(f"{where} has neither 'messages' nor 'instruction' and 'output': give each row "
                         "messages=[{role, content}, ...] (OpenAI style) or instruction/input/output (Alpaca style)")
-    if not any(m["role"] == "assistant" for m in conversation):
+    answers = [m["content"] for m in conversation if m["role"] == "assistant"]
+    if not answers:
         raise DataError(f"{where} has no assistant message, nothing to train on: add the answer, or drop the row")
+    if not all(answer.strip() for answer in answers):
+        raise DataError(f"{where} has an empty answer, which would train only the template's end marker: write the "
+                        "answer, or drop the row")
     return conversation
 
 
@@ -173,13 +235,19 @@ def read_conversations(path: Path) -> list[list[Message]]:
 
 
 def encode_conversation(tokenizer: Tokenizer, template: ChatTemplate, messages: list[Message]) -> tuple[list[int], list[bool]]:
-    """Token ids of the rendered conversation and, for each, whether the loss trains on it (each piece of
-    :meth:`ChatTemplate.segments` encoded on its own, without a post-processor's extra tokens: the template
-    writes any beginning-of-text token itself)."""
-    ids: list[int] = []
-    trained: list[bool] = []
-    for text, train in template.segments(messages):
-        piece = tokenizer.encode(text, add_special_tokens=False).ids
-        ids += piece
-        trained += [train] * len(piece)
-    return ids, trained
+    """Token ids of the rendered conversation and, for each, whether the loss trains on it. The whole text is
+    encoded at once, as ``transformers``' ``apply_chat_template(tokenize=True)`` encodes it (no post-processor's
+    extra tokens: the template writes any beginning-of-text token itself; ``tokenizer`` is a
+    :func:`~trident.data.tokenization.plain_encoder`), so a SentencePiece-style tokenizer sees no word start at the
+    joints of the template's pieces; a token is trained when its characters overlap a trained piece of
+    :meth:`ChatTemplate.segments` (``apply_chat_template``'s ``assistant_masks`` rule)."""
+    spans: list[tuple[int, int]] = []
+    text = ""
+    for piece, train in template.segments(messages):
+        if train:
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    trained = [any(start < end and token_end > start and token_start < end for start, end in spans)
+               for token_start, token_end in encoding.offsets]
+    return list(encoding.ids), trained

@@ -105,3 +105,18 @@ def every_character() -> pre_tokenizers.PreTokenizer:
 
 def decode(tokenizer: Tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def plain_encoder(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of ``tokenizer`` that encodes text as the training data is encoded: without the file's truncation
+    and padding (a ``tokenizer.json`` may turn both on); call its ``encode`` with ``add_special_tokens=False``
+    (:func:`encode_plain`), so no post-processor wraps a text in ``<s> ... </s>`` or ``[CLS] ... [SEP]``."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def encode_plain(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The ids of ``text`` as a prompt continuing training text: :func:`plain_encoder`'s, without special tokens."""
+    return plain_encoder(tokenizer).encode(text, add_special_tokens=False).ids

@@ -3,14 +3,16 @@ where ``conf/`` is, and the config's own resolvers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 
 def find_conf_dir() -> Path:
@@ -22,6 +24,8 @@ def find_conf_dir() -> Path:
 
 
 CONF_DIR = find_conf_dir()
+# Files of weights an init_from may name, whose suffix is no part of the run's name.
+WEIGHT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors")
 
 
 def compose_train_config(overrides: Sequence[str], output_dir: Path | None = None, conf_dir: Path = CONF_DIR) -> DictConfig:
@@ -59,7 +63,28 @@ def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
     return device_count(devices) or gpus_per_node or 1
 
 
+def model_name(model: str, *, _root_: DictConfig) -> str:
+    """``run_name``'s model part: ``model.name``, or with ``init_from`` the source's name, since the source fixes the
+    architecture (a run from ``models/TinyLlama-1.1B`` is ``lm-chat-TinyLlama-1.1B-...``, not ``lm-chat-tiny-...``):
+    a directory's or Hub id's last part, a weights file's name without its suffix, a checkpoint's run directory
+    (without the ``<time>_`` Hydra puts before a run's name). An ``init_from`` still ``???`` (an experiment's
+    ``pretrained_run``) leaves ``model.name``: the run refuses it in one line, after Hydra named the directory."""
+    try:
+        init_from = OmegaConf.select(_root_, "init_from")
+    except OmegaConfBaseException:
+        return str(model)
+    if init_from is None or not str(init_from).strip():
+        return str(model)
+    path = PurePosixPath(str(init_from).rstrip("/"))
+    if path.parent.name == "checkpoints":  # <run>/checkpoints/last.ckpt: the run's
+        path = path.parent.parent
+    name = path.stem if path.suffix in WEIGHT_SUFFIXES else path.name
+    return re.sub(r"^\d{2}-\d{2}-\d{2}_", "", name) or str(model)
+
+
 # conf/hydra/launcher/slurm.yaml resolves these when Hydra sets up a sweep's launcher (in train.py's
 # process, before any job imports the pipeline).
 OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
 OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
+# conf/train.yaml's run_name (and with it the run directory's name) reads this.
+OmegaConf.register_new_resolver("trident.model_name", model_name, replace=True)

@@ -319,6 +319,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did
         task.tokenizer_settings = dict(source.tokenizer_settings)
+    task.tokenizer_settings |= datamodule.tokenizer_settings()  # the template the run trained with wins over the source's
     check_training_batches(cfg, datamodule.split_loader("train", train=True))
     if flops_budget is not None:  # equal compute: the steps follow from the FLOPs of a step
         apply_flops_budget(cfg, first_batch_flops(task, datamodule))

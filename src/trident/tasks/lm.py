@@ -13,6 +13,7 @@ from torchmetrics.text import Perplexity
 from trident.data.base import TridentDataModule
 from trident.data.chat import IGNORE_INDEX
 from trident.data.lm import LMDataModule
+from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters, greedy_tokens_per_second, kv_cache_bytes_per_token
 from trident.tasks.base import NetInput, TridentTask, token_ids
@@ -135,8 +136,9 @@ class LanguageModelTask(TridentTask):
         results = []
         was_training = self.training
         self.eval()
+        encoder = plain_encoder(self.tokenizer)  # prompts encoded as the training text is (no <s> ... </s>, no padding)
         for prompt in self.sample_prompts:
-            ids = torch.tensor([self.tokenizer.encode(prompt).ids], device=self.device)
+            ids = torch.tensor([encoder.encode(prompt, add_special_tokens=False).ids], device=self.device)
             out = generate(self.net, ids, generator=generator, **settings)
             results.append((prompt, self.tokenizer.decode(out[0].tolist())))
         self.train(was_training)
