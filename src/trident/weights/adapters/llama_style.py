@@ -246,6 +246,14 @@ def rope_parameters(options: dict[str, Any]) -> tuple[dict[str, Any], int | None
     return {"rope_theta": float(options.get("base", 10000.0)), "rope_type": kind, **scaling}, original
 
 
+def older_rope_keys(rope: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` as transformers 4 reads it, written beside it (4.x ignores ``rope_parameters`` and would
+    read theta 10,000 without scaling): ``rope_theta`` and ``rope_scaling`` (null for the default rope). transformers 5
+    reads these as the same ``rope_parameters`` (its ``rope_scaling`` wins, with ``rope_theta`` filled in)."""
+    scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": None if rope["rope_type"] == "default" else scaling}
+
+
 def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, config arguments and state dict (the family's names) of ``net``."""
     cfg = net.cfg
@@ -256,7 +264,7 @@ def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], di
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": dynamic_start or cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": net.head.weight is net.embed.weight,
-        "attention_dropout": cfg.attn_dropout, "rope_parameters": rope,
+        "attention_dropout": cfg.attn_dropout, "rope_parameters": rope, **older_rope_keys(rope),
     }
     if family.attention_bias == "config":
         config["attention_bias"] = cfg.qkv_bias
