@@ -113,3 +113,10 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
         if turn is not None and turn in tokenizer.get_added_tokens_decoder():  # a special token (<|im_end|>): the eos
             specials["eos_token"] = tokenizer.id_to_token(turn)
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials, **template).save_pretrained(directory)
+        # transformers 5 names its tokenizer class TokenizersBackend and keeps the template in chat_template.jinja
+        # only; transformers 4 knows the class as PreTrainedTokenizerFast (5 reads that name too) and, before 4.43,
+        # the template only inside tokenizer_config.json.
+        tokenizer_config = directory / "tokenizer_config.json"
+        written = json.loads(tokenizer_config.read_text())
+        written |= {"tokenizer_class": "PreTrainedTokenizerFast", **template}
+        tokenizer_config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
