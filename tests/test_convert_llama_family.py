@@ -168,6 +168,26 @@ def test_logits_equal_those_of_transformers_with_padding(tmp_path: Path, family:
         torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
 
 
+def test_sharded_pickled_weights_are_read(tmp_path: Path) -> None:
+    """pytorch_model.bin.index.json and its .bin shards (transformers 4's save_pretrained(safe_serialization=False)
+    above max_shard_size; written here by hand, as transformers 5 writes safetensors only): transformers' logits."""
+    from safetensors.torch import load_file
+
+    reference = hf_model("llama", tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    (tmp_path / "model.safetensors").unlink()
+    names = sorted(state)
+    shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+    for shard, keys in shards.items():
+        torch.save({key: state[key] for key in keys}, tmp_path / shard)
+    index = {"metadata": {}, "weight_map": {key: shard for shard, keys in shards.items() for key in keys}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    net = net_from(read_pretrained(tmp_path))
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_reader_default_is_that_of_the_transformers_config_class(family: str) -> None:
     """A setting config.json leaves out reads as transformers' config class defaults it (its dataclass field; the
