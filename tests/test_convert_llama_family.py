@@ -67,6 +67,16 @@ READ_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
                "rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
                                    "original_max_position_embeddings": 32}},
      {"head_dim": 32, "n_kv_heads": 2, "qk_norm": True}),
+    # Settings a config.json leaves out ("drop", as older or hand-written files do) read as transformers' config class
+    # defaults them: Qwen's max_window_layers 28 (these 2 layers: no window), Mistral's 8 key/value heads, Qwen3's
+    # head_dim 128, Llama's key/value heads one per query head.
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "drop": ("max_window_layers", "layer_types")},
+     {"qkv_bias": True}),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 16, "drop": ("max_window_layers", "layer_types")}, {}),
+    ("mistral", {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 4,
+                 "drop": ("num_key_value_heads", "head_dim")}, {"n_kv_heads": 8, "head_dim": 4}),
+    ("qwen3", {"head_dim": 128, "drop": ("head_dim",)}, {"head_dim": 128}),
+    ("llama", {"drop": ("num_key_value_heads", "head_dim")}, {"n_kv_heads": 4, "head_dim": 16}),
 ]
 # (family, trident settings) of trident models exported and read back.
 WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
@@ -94,10 +104,11 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def hf_model(family: str, path: Path, defaults_dropped: bool = False, **settings: Any) -> torch.nn.Module:
+def hf_model(family: str, path: Path, defaults_dropped: bool = False, drop: tuple[str, ...] = (),
+             **settings: Any) -> torch.nn.Module:
     """A random-initialised model of ``family`` (width 64, 2 layers, 4 heads of 16), every parameter drawn
     anew (norm gains and biases too), saved in ``path`` (``defaults_dropped``: its config.json without the
-    settings at their default)."""
+    settings at their default; ``drop``: without these settings, whatever their value)."""
     config_class, model_class, needs = FAMILIES[family]
     sizes = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "max_position_embeddings": 128,
@@ -108,6 +119,10 @@ def hf_model(family: str, path: Path, defaults_dropped: bool = False, **settings
     if defaults_dropped:
         dropped = drop_default_settings(path, type(config))
         assert {"tie_word_embeddings", "hidden_act", "rms_norm_eps", "rope_parameters", "attention_bias"} <= dropped
+    if drop:
+        written = json.loads((path / "config.json").read_text())
+        assert set(drop) <= written.keys()
+        (path / "config.json").write_text(json.dumps({key: value for key, value in written.items() if key not in drop}))
     return model
 
 
@@ -151,6 +166,44 @@ def test_logits_equal_those_of_transformers_with_padding(tmp_path: Path, family:
         expected = reference(left, attention_mask=left_mask.long()).logits
         produced = net(left, key_padding_mask=~left_mask)
         torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
+
+
+def test_sharded_pickled_weights_are_read(tmp_path: Path) -> None:
+    """pytorch_model.bin.index.json and its .bin shards (transformers 4's save_pretrained(safe_serialization=False)
+    above max_shard_size; written here by hand, as transformers 5 writes safetensors only): transformers' logits."""
+    from safetensors.torch import load_file
+
+    reference = hf_model("llama", tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    (tmp_path / "model.safetensors").unlink()
+    names = sorted(state)
+    shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+    for shard, keys in shards.items():
+        torch.save({key: state[key] for key in keys}, tmp_path / shard)
+    index = {"metadata": {}, "weight_map": {key: shard for shard, keys in shards.items() for key in keys}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    net = net_from(read_pretrained(tmp_path))
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_reader_default_is_that_of_the_transformers_config_class(family: str) -> None:
+    """A setting config.json leaves out reads as transformers' config class defaults it (its dataclass field; the
+    rope base its default_theta): the reader's defaults are those, key by key."""
+    import dataclasses
+
+    from trident.weights.adapters.llama_style import SHARED_DEFAULTS
+    from trident.weights.adapters.registry import adapter_for_model_type
+
+    adapter = adapter_for_model_type(family)
+    config_class = getattr(transformers, FAMILIES[family][0])
+    theirs = {field.name: field.default for field in dataclasses.fields(config_class)} | {
+        "rope_theta": config_class.default_theta}
+    read = SHARED_DEFAULTS | adapter.defaults  # type: ignore[union-attr]
+    read_keys = read.keys() | {"max_position_embeddings", "sliding_window", "use_sliding_window", "max_window_layers"}
+    assert {key: read.get(key) for key in read_keys & theirs.keys()} == {key: theirs[key] for key in read_keys & theirs.keys()}
 
 
 @pytest.mark.parametrize(("family", "settings", "read"), READ_CASES, ids=case_id)

@@ -433,3 +433,18 @@ def test_a_trident_source_fixes_its_position_encodings_options(tmp_path: Path) -
     assert weights is not None and (cfg.pos_encoding.name, cfg.pos_encoding.options.base) == ("rope", 500.0)
     assert cfg.pos_encoding.options.scaling == {"type": "linear", "factor": 2}
     assert read_init_source(str(source)).pos_encoding_options == {"base": 500.0, "scaling": {"type": "linear", "factor": 2}}
+
+
+def test_an_attention_tensor_that_does_not_fit_names_the_attention_settings() -> None:
+    """A source of other key/value heads (a Llama config.json read with other heads than its weights have) is named
+    by the settings that shape attention, not by image sizes."""
+    from trident.backbone import TransformerConfig
+    from trident.models import CausalLM
+    from trident.weights.transfer import transfer_weights
+
+    shape = {"d_model": 16, "n_heads": 4, "n_layers": 1, "d_ff": 32, "pos_encoding": "rope", "max_seq_len": 8}
+    source = CausalLM(TransformerConfig(**shape, n_kv_heads=2), 11).state_dict()
+    with pytest.raises(ConfigError, match=r"self_attn.qkv_proj.weight is \(32, 16\) there, \(48, 16\) here; use a source "
+                                          r"of the same architecture \(its heads, key/value heads and head size: "
+                                          r"model.n_heads, model.n_kv_heads, model.head_dim\)$"):
+        transfer_weights(CausalLM(TransformerConfig(**shape), 11), source, "llama")

@@ -213,6 +213,27 @@ def test_the_adapter_dropout_acts_in_training_only() -> None:
     torch.testing.assert_close(layer.eval()(x), layer.merged()(x), rtol=1e-5, atol=1e-5)
 
 
+def test_the_adapter_dropout_drops_the_input_of_a_as_peft_does() -> None:
+    """peft's LoraLayer: ``base(x) + lora_B(lora_A(dropout(x))) * scaling``; the same seed draws the same mask
+    (x's shape), so a dropout anywhere else (after B: the output's shape) gives other outputs."""
+    from peft import LoraConfig
+    from peft.tuners.lora.layer import Linear as PeftLinear
+
+    torch.manual_seed(0)
+    base, x = nn.Linear(6, 4), torch.randn(8, 6)
+    ours = _randomised(LoRALinear(base, {"o": (0, 4)}, rank=2, alpha=3.0, dropout=0.5)).train()
+    theirs = PeftLinear(nn.Linear(6, 4), "default", LoraConfig(r=2, lora_alpha=3, lora_dropout=0.5), r=2, lora_alpha=3,
+                        lora_dropout=0.5).train()
+    with torch.no_grad():
+        theirs.base_layer.load_state_dict(base.state_dict())
+        theirs.lora_A["default"].weight.copy_(ours.lora_A["o"])
+        theirs.lora_B["default"].weight.copy_(ours.lora_B["o"])
+    torch.manual_seed(1)
+    dropped = ours(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(dropped, theirs(x), rtol=1e-5, atol=1e-5)
+
+
 def test_an_adapter_of_other_settings_or_shapes_is_one_line(tmp_path: Path) -> None:
     settings = {**LORA, "targets": ["q", "v"]}
     task = LanguageModelTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, lora=settings)

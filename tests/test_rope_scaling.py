@@ -193,3 +193,29 @@ def test_optional_yarn_keys_set_to_null_read_as_their_defaults() -> None:
     spelled = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096}
     nulls = spelled | {"beta_fast": None, "beta_slow": None, "attention_factor": None, "mscale": None}
     torch.testing.assert_close(trident_rope(nulls).inv_freq, trident_rope(spelled).inv_freq, rtol=0, atol=0)
+
+
+def test_dynamic_rotates_each_packed_document_as_transformers_does_it_alone() -> None:
+    """Conversations packed into one row (data=chat, positions restart per document) get the logits transformers
+    gives each alone: dynamic NTK follows the document's length (6: the original frequencies; 12 and 20: grown
+    past the original 8), never the row's 40, which would grow every document's base."""
+    from tests.convert_helpers import randomise
+    from trident.backbone import TransformerConfig
+    from trident.models import CausalLM
+    from trident.weights.adapters.hf_export import to_transformers
+
+    scaling = {"type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 8}
+    cfg = TransformerConfig(d_model=32, n_heads=2, n_layers=2, d_ff=48, dropout=0.0, activation="swiglu", norm="rmsnorm",
+                            bias=False, pos_encoding="rope", max_seq_len=64,
+                            pos_encoding_options={"base": 10000.0, "scaling": scaling})
+    net = randomise(CausalLM(cfg, 50), seed=3).eval()
+    reference = to_transformers(net)
+    lengths = {0: 12, 1: 6, 2: 20}  # document id -> its tokens, in row order; then 2 tokens of padding (-1)
+    documents = torch.cat([torch.full((n,), doc) for doc, n in lengths.items()] + [torch.full((2,), -1)])[None]  # (1, 40)
+    row = torch.randint(0, 50, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        packed = net(row, documents=documents)  # (1, 40, 50)
+        # Alone, shortest first: transformers' length-following state then starts each as a fresh model would.
+        for doc in sorted(lengths, key=lengths.get):  # type: ignore[arg-type]
+            own = documents[0] == doc
+            torch.testing.assert_close(packed[0, own], reference(row[:, own]).logits[0], rtol=1e-4, atol=1e-5)

@@ -121,7 +121,8 @@ class TransformerStack(nn.Module):
         # The keys' absolute positions in the order attention sees them (a rolling cache: its slots).
         k_positions = cache.key_positions(length, x.device) if cache is not None else q_positions  # (Tk,)
         # Everything position-dependent is computed once here and shared by all blocks.
-        rope = self.pos_encoding.rotary(q_positions)
+        # A length-following rope (dynamic NTK) takes each packed document's own length, not the row's.
+        rope = self.pos_encoding.rotary(q_positions, documents)
         bias = self.pos_encoding.attention_bias(q_positions, k_positions)
         window = self.cfg.attention_window
         band = window_band(q_positions, k_positions, window, causal=self.causal) if window is not None else None

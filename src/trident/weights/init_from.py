@@ -63,7 +63,9 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
                         "a Hugging Face model directory or a timm ViT file")
     if (location / "source.json").is_file():
         return _read_copy(location)
-    if (location / "config.json").is_file() or (location.is_file() and location.suffix != ".ckpt"):
+    # A Hugging Face directory, a peft adapter on one (adapter_config.json) or a timm file.
+    if any((location / name).is_file() for name in ("config.json", "adapter_config.json")) or (
+            location.is_file() and location.suffix != ".ckpt"):
         return _from_outside(path, n_heads)
     if (location.is_dir() and not holds_shards(location) and not any(location.glob("checkpoints/*.ckpt"))
             and not any(location.glob("*.ckpt"))):

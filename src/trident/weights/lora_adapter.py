@@ -46,6 +46,9 @@ def load_adapter(net: nn.Module, source: str, settings: dict[str, Any], base: st
     other settings or other shapes is one error line."""
     path = Path(source)
     directory = path / ADAPTER_DIR if (path / ADAPTER_DIR).is_dir() else path
+    if (directory / "adapter_config.json").is_file():  # peft's: it holds the tuned model's difference, not trident's
+        raise DataError(f"finetune.adapter={source} is a peft adapter: pass it as init_from={source} (trident merges it "
+                        "onto the base its adapter_config.json names) and leave finetune.adapter unset")
     if not (directory / ADAPTER_WEIGHTS).is_file() or not (directory / ADAPTER_CONFIG).is_file():
         raise DataError(f"finetune.adapter={source} holds no {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG}: pass a "
                         f"finetune=lora run directory or its {ADAPTER_DIR}/ directory")

@@ -58,6 +58,15 @@ def _is_token_table(name: str, here: Tensor, there: Tensor) -> bool:
     return first.endswith("embed") and here.ndim == 2 and here.shape[1] == there.shape[1]
 
 
+def _what_shapes(name: str) -> str:
+    """The settings that shape tensor ``name``, for the line that says it does not fit."""
+    if ".self_attn." in name or ".cross_attn." in name:
+        return "(its heads, key/value heads and head size: model.n_heads, model.n_kv_heads, model.head_dim)"
+    if "pos_encoding" in name or "patch" in name:
+        return "and data geometry (image size, channels, context length)"
+    return "(model.d_model, model.d_ff, model.n_layers)"
+
+
 def _is_head(name: str, here: Tensor, there: Tensor) -> bool:
     """An output layer (``head``) that differs in its number of outputs only."""
     return name.split(".")[0] == "head" and here.ndim == there.ndim and here.shape[1:] == there.shape[1:]
@@ -138,7 +147,7 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
         if not _is_head(name, target[name], weights[name]):
             raise ConfigError(
                 f"init_from={source} does not fit this model: {name} is {there} there, {here} here; use a source of "
-                "the same architecture and data geometry (image size, channels, context length)"
+                f"the same architecture {_what_shapes(name)}"
             )
     skipped = _heads_to_skip(target, source) - set(mismatched) if new_head else set()
     not_loaded = mismatched.keys() | skipped | held_back

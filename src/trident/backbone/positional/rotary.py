@@ -11,6 +11,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from trident.backbone.masks import document_positions
 from trident.backbone.positional.base import PositionalEncoding, StackShape, grid_coordinates, register_pos_encoding
 from trident.backbone.positional.rope_scaling import check_scaling, scaled_frequencies
 from trident.errors import ConfigError
@@ -23,7 +24,7 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` (B, nh, T, hs) by the angles whose cos/sin are (T, hs)."""
+    """Rotate ``x`` (B, nh, T, hs) by the angles whose cos/sin are (T, hs), or (B, 1, T, hs) for packed rows."""
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
 
@@ -67,7 +68,9 @@ class RotaryEncoding(PositionalEncoding):
     def option_names(cls) -> tuple[str, ...]:
         return ("base", "scaling")
 
-    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def rotary(self, positions: Tensor, documents: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.follows_length and documents is not None:
+            return self._per_document(documents)
         if self.follows_length:
             self._follow_length(int(positions.max()) + 1, positions.device)
         if self.grid is None:
@@ -78,6 +81,24 @@ class RotaryEncoding(PositionalEncoding):
             angles = angles * is_patch[:, None]  # (T, hs/2); zero angle = identity for prefix tokens
         angles = torch.cat((angles, angles), dim=-1)  # (T, hs): one angle per rotated pair
         return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+
+    def _per_document(self, documents: Tensor) -> tuple[Tensor, Tensor]:
+        """Dynamic NTK over rows packed with several documents (``documents``: (B, T) ids): each document is
+        rotated as if it ran alone, from position 0 with the frequencies of its own length (those of a fresh
+        model: the original ones up to the original length), never the row's. Leaves the length-following
+        state of generation alone. Returns (cos, sin), each (B, 1, T, hs), broadcast over the heads."""
+        assert self.scaling is not None
+        positions = document_positions(documents)  # (B, T), 0 where a document starts
+        lengths = positions + document_positions(documents.flip(1)).flip(1) + 1  # (B, T): each token's document length
+        original = int(self.scaling["original_max_position_embeddings"])
+        seen, which = lengths.clamp(min=original).unique(return_inverse=True)  # (U,), (B, T)
+        # One set of frequencies per distinct length, computed as a fresh model computes it alone (the same bits).
+        freqs = torch.stack([self.original_inv_freq if n == original else
+                             scaled_frequencies(self.scaling, self.base, self.rotated, n, documents.device)[0]
+                             for n in seen.tolist()])  # (U, hs/2)
+        angles = positions.float()[..., None] * freqs[which]  # (B, T, hs/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, hs)
+        return angles.cos(), angles.sin()
 
     def _follow_length(self, length: int, device: torch.device) -> None:
         """Dynamic NTK: recompute the frequencies for a sequence longer than any since the last reset,

@@ -8,6 +8,7 @@ BERT's ``pad_token_id=0``, ViT's ``LABEL_0``...) describe Hugging Face's publish
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,17 @@ from trident.weights.adapters.registry import adapter_for_network
 
 # The special tokens whose ids a Hugging Face config holds (``<name>_id``); each adapter's SPECIAL_TOKENS says which it has.
 CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
+# The key of a run's tokenizer_settings (data=chat records it) whose text ends an answer: ``<|im_end|>``, trident's
+# default template's blank line.
+END_OF_TURN = "end_of_turn"
+
+
+def end_of_turn_id(tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> int | None:
+    """The id of the token that ends an answer of the run's chat template, None where the run recorded none or the
+    text is several tokens (trident's default blank line under a character tokenizer: ``stop_strings`` then)."""
+    text = tokenizer_settings.get(END_OF_TURN)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
+    return ids[0] if len(ids) == 1 else None
 
 
 def special_tokens(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> dict[str, str]:
@@ -36,12 +48,14 @@ def special_tokens(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Map
 def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None,
                  tokenizer_settings: Mapping[str, str] = MappingProxyType({})) -> dict[str, Any]:
     """The config entries of ``net``'s run: each special-token id the family's config holds, the id of that
-    token in the run's own tokenizer (None where it lacks the token; :func:`special_tokens`), and
-    ``id2label`` / ``label2id``."""
+    token in the run's own tokenizer (None where it lacks the token; :func:`special_tokens`), the end of a chat
+    run's answers as its ``eos_token_id`` (where generate stops), and ``id2label`` / ``label2id``."""
     settings: dict[str, Any] = {}
     if tokenizer is not None:
         specials = special_tokens(net, tokenizer, tokenizer_settings)
         settings |= {f"{name}_id": tokenizer.token_to_id(specials[name]) if name in specials else None for name in CONFIG_TOKENS}
+        if (turn := end_of_turn_id(tokenizer, tokenizer_settings)) is not None:
+            settings["eos_token_id"] = turn
     if class_names:
         settings |= {"id2label": dict(enumerate(class_names)), "label2id": {name: i for i, name in enumerate(class_names)}}
     return settings
@@ -70,14 +84,39 @@ def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
     return model.eval()
 
 
+def keep_dropped_settings(config_json: Path, settings: dict[str, Any]) -> None:
+    """The adapter's settings that the installed transformers folded into newer ones and left out of ``config.json``
+    (transformers 5 keeps ``rope_theta`` / ``rope_scaling`` only inside ``rope_parameters``) written back beside
+    them: every supported transformers version then reads the same model."""
+    written = json.loads(config_json.read_text())
+    dropped = {key: value for key, value in settings.items() if key not in written}
+    if dropped:
+        config_json.write_text(json.dumps(written | dropped, indent=2, sort_keys=True) + "\n")
+
+
 def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None, directory: Path,
              tokenizer_settings: Mapping[str, str] = MappingProxyType({})) -> None:
     """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it) with
     the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``')."""
-    to_transformers(net, run_settings(net, tokenizer, class_names, tokenizer_settings)).save_pretrained(directory)
+    run = run_settings(net, tokenizer, class_names, tokenizer_settings)
+    model = to_transformers(net, run)
+    turn = end_of_turn_id(tokenizer, tokenizer_settings) if tokenizer is not None else None
+    if turn is None and tokenizer_settings.get(END_OF_TURN):  # several tokens: generate(tokenizer=...) stops at the text
+        model.generation_config.stop_strings = [tokenizer_settings[END_OF_TURN]]
+    model.save_pretrained(directory)
+    keep_dropped_settings(directory / "config.json", adapter_for_network(net).from_trident(net)[1] | run)
     if tokenizer is not None:
         from transformers import PreTrainedTokenizerFast
 
         template = {"chat_template": tokenizer_settings["chat_template"]} if "chat_template" in tokenizer_settings else {}
         specials = special_tokens(net, tokenizer, tokenizer_settings)
+        if turn is not None and turn in tokenizer.get_added_tokens_decoder():  # a special token (<|im_end|>): the eos
+            specials["eos_token"] = tokenizer.id_to_token(turn)
         PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials, **template).save_pretrained(directory)
+        # transformers 5 names its tokenizer class TokenizersBackend and keeps the template in chat_template.jinja
+        # only; transformers 4 knows the class as PreTrainedTokenizerFast (5 reads that name too) and, before 4.43,
+        # the template only inside tokenizer_config.json.
+        tokenizer_config = directory / "tokenizer_config.json"
+        written = json.loads(tokenizer_config.read_text())
+        written |= {"tokenizer_class": "PreTrainedTokenizerFast", **template}
+        tokenizer_config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")

@@ -1,5 +1,5 @@
 """Reading a Hugging Face model directory without ``transformers``: config.json, the weights
-(safetensors, sharded or not, or a pickled ``pytorch_model.bin``) and the tokenizer."""
+(safetensors or a pickled ``pytorch_model.bin``, each sharded or not) and the tokenizer."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from trident.errors import DataError
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Names of older checkpoints that transformers renames on load, in every model (its "legacy" conversion):
 # the norms of Google's original BERT (bert-base-uncased on the Hub) and the models converted like it.
 LEGACY_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
@@ -51,11 +51,11 @@ def _current_name(name: str) -> str:
 
 
 def _read_weights(path: Path) -> dict[str, Tensor]:
-    if path.name.endswith(".index.json"):
+    if path.name.endswith(".index.json"):  # sharded: the index maps each tensor to its shard file
         shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
         state: dict[str, Tensor] = {}
         for shard in shards:
-            state.update(load_file(str(path.parent / shard)))
+            state.update(_read_weights(path.parent / shard))
         return state
     if path.suffix == ".safetensors":
         return load_file(str(path))

@@ -4,4 +4,5 @@
 from trident.weights.adapters.llama_style import Family
 
 ADAPTER = Family(model_type="llama", architecture="LlamaForCausalLM", target="Llama (hf export)",
-                 qk_norm=False, attention_bias="config", mlp_bias=True, window="none")
+                 qk_norm=False, attention_bias="config", mlp_bias=True, window="none",
+                 defaults={"max_position_embeddings": 2048})

@@ -5,4 +5,6 @@ layer or none (a window in some layers only is one line)."""
 from trident.weights.adapters.llama_style import Family
 
 ADAPTER = Family(model_type="qwen2", architecture="Qwen2ForCausalLM", target="Qwen2 (hf export)",
-                 qk_norm=False, attention_bias="qkv", mlp_bias=False, window="layers")
+                 qk_norm=False, attention_bias="qkv", mlp_bias=False, window="layers",
+                 defaults={"num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096,
+                           "use_sliding_window": False, "max_window_layers": 28})

@@ -5,4 +5,6 @@ attention_bias on q, k, v and o; use_sliding_window on every layer or none."""
 from trident.weights.adapters.llama_style import Family
 
 ADAPTER = Family(model_type="qwen3", architecture="Qwen3ForCausalLM", target="Qwen3 (hf export)",
-                 qk_norm=True, attention_bias="config", mlp_bias=False, window="layers")
+                 qk_norm=True, attention_bias="config", mlp_bias=False, window="layers",
+                 defaults={"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768,
+                           "sliding_window": 4096, "use_sliding_window": False, "max_window_layers": 28})

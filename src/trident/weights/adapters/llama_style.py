@@ -10,7 +10,7 @@ trident's fused ``qkv_proj`` rows are ``[q; k; v]`` and its SwiGLU ``fc_in`` row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -29,6 +29,12 @@ SPECIAL_TOKENS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token
 # transformers' rope types that trident's rope option ``scaling`` has (its keys are rope_parameters' verbatim).
 ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
 # trident block tensor <- this family's (without ``model.layers.<i>.``), one-to-one.
+# The defaults of transformers' config classes (LlamaConfig...) every family shares, for the settings the reader takes:
+# a config.json that leaves one out reads as transformers reads it. num_key_value_heads and head_dim: null stands for
+# the attention heads and hidden_size / num_attention_heads (Family.defaults adds each family's own).
+SHARED_DEFAULTS: dict[str, Any] = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                                   "attention_bias": False, "mlp_bias": False, "rope_theta": 10000.0,
+                                   "num_key_value_heads": None, "head_dim": None}
 _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
           "self_attn.out_proj.weight": "self_attn.o_proj.weight", "ffn.fc_out.weight": "mlp.down_proj.weight"}
 
@@ -44,6 +50,9 @@ class Family:
     attention_bias: str  # "config": attention_bias on q, k, v and o (Llama, Qwen3); "qkv": always on q, k, v (Qwen2); "none"
     mlp_bias: bool  # config.mlp_bias can be true (Llama)
     window: str  # "none", "all" (Mistral's sliding_window on every layer), "layers" (Qwen's use_sliding_window)
+    # transformers' config-class defaults of this family that differ from SHARED_DEFAULTS (max_position_embeddings,
+    # Mistral's 8 key/value heads, Qwen's max_window_layers of 28...): what an absent key reads as.
+    defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
     # The Adapter interface (base.py): a family is registered as it is (registry.ADAPTERS).
     NETWORK: ClassVar[type[CausalLM]] = CausalLM
@@ -67,7 +76,7 @@ class Family:
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> PretrainedWeights:
-        return to_trident(self, config, state, tokenizer, source)
+        return to_trident(self, SHARED_DEFAULTS | self.defaults | config, state, tokenizer, source)
 
     def from_trident(self, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
         return from_trident(self, net)
@@ -93,7 +102,7 @@ def rope_options(config: dict[str, Any], source: str) -> dict[str, Any]:
     parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     kind = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
     parameters.pop("type", None)
-    options: dict[str, Any] = {"base": float(parameters.pop("rope_theta", config.get("rope_theta", 10000.0)))}
+    options: dict[str, Any] = {"base": float(parameters.pop("rope_theta", config["rope_theta"]))}
     if kind == "default":
         return options
     require_source(kind in ROPE_SCALINGS, source, f"rope scaling {kind!r} (trident has {', '.join(ROPE_SCALINGS)})")
@@ -124,10 +133,13 @@ def context_length(config: dict[str, Any], options: dict[str, Any]) -> int:
 
 def _window(family: Family, config: dict[str, Any], n_layers: int, source: str, context: int) -> int | None:
     """The one sliding window of every layer, None for none; layers of both kinds are one line."""
-    if family.window == "none" or not config.get("sliding_window"):
+    # Qwen's config reads sliding_window as null without use_sliding_window, whatever layer_types says.
+    if family.window == "none" or not config["sliding_window"]:
+        return None
+    if family.window == "layers" and not config["use_sliding_window"]:
         return None
     if family.window == "layers":
-        first = int(config.get("max_window_layers", 0)) if config.get("use_sliding_window") else n_layers
+        first = int(config["max_window_layers"])
         kinds = config.get("layer_types") or ["full_attention" if i < first else "sliding_attention" for i in range(n_layers)]
         sliding = [kind == "sliding_attention" for kind in kinds]
         require_source(all(sliding) or not any(sliding), source,
@@ -142,19 +154,19 @@ def _window(family: Family, config: dict[str, Any], n_layers: int, source: str, 
 
 def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[str, Any]:
     """The ``model`` values of a config: every attention-shape setting stated, resolved; the window where there is one."""
-    require_source(config.get("hidden_act", "silu") == "silu", source,
-                   f"activation {config.get('hidden_act')!r} (the family's SwiGLU gate is silu; trident's swiglu)")
+    require_source(config["hidden_act"] == "silu", source,
+                   f"activation {config['hidden_act']!r} (the family's SwiGLU gate is silu; trident's swiglu)")
     d_model, n_heads, n_layers = int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["num_hidden_layers"])
     settings: dict[str, Any] = {
         "d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "d_ff": int(config["intermediate_size"]),
         "activation": "swiglu", "norm": "rmsnorm", "norm_first": True,
-        "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "embedding_norm": False,
+        "norm_eps": float(config["rms_norm_eps"]), "embedding_norm": False,
     }
     n_kv_heads = int(config.get("num_key_value_heads") or n_heads)
     head_dim = int(config.get("head_dim") or d_model // n_heads)
-    attention_bias = family.attention_bias == "config" and bool(config.get("attention_bias", False))
+    attention_bias = family.attention_bias == "config" and bool(config["attention_bias"])
     biases = {"qkv_bias": attention_bias or family.attention_bias == "qkv", "attn_out_bias": attention_bias,
-              "mlp_bias": family.mlp_bias and bool(config.get("mlp_bias", False))}
+              "mlp_bias": family.mlp_bias and bool(config["mlp_bias"])}
     # Every attention-shape setting stated, resolved (init_from fixes each; an error line names its value). RMSNorm
     # has no bias, so model.bias only says whether every projection has one.
     settings |= {"n_kv_heads": n_kv_heads, "head_dim": head_dim, "qk_norm": family.qk_norm, **biases,
@@ -166,7 +178,7 @@ def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[
 def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                source: str) -> PretrainedWeights:
     model = model_settings(family, config, source)
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = bool(config["tie_word_embeddings"])
     backbone = strip_prefix(state, "model.")
     out = {"embed.weight": backbone["embed_tokens.weight"], "decoder.final_norm.weight": backbone["norm.weight"]}
     for i in range(model["n_layers"]):
@@ -234,6 +246,14 @@ def rope_parameters(options: dict[str, Any]) -> tuple[dict[str, Any], int | None
     return {"rope_theta": float(options.get("base", 10000.0)), "rope_type": kind, **scaling}, original
 
 
+def older_rope_keys(rope: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` as transformers 4 reads it, written beside it (4.x ignores ``rope_parameters`` and would
+    read theta 10,000 without scaling): ``rope_theta`` and ``rope_scaling`` (null for the default rope). transformers 5
+    reads these as the same ``rope_parameters`` (its ``rope_scaling`` wins, with ``rope_theta`` filled in)."""
+    scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": None if rope["rope_type"] == "default" else scaling}
+
+
 def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, config arguments and state dict (the family's names) of ``net``."""
     cfg = net.cfg
@@ -244,7 +264,7 @@ def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], di
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": dynamic_start or cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": net.head.weight is net.embed.weight,
-        "attention_dropout": cfg.attn_dropout, "rope_parameters": rope,
+        "attention_dropout": cfg.attn_dropout, "rope_parameters": rope, **older_rope_keys(rope),
     }
     if family.attention_bias == "config":
         config["attention_bias"] = cfg.qkv_bias

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trident.errors import ConfigError, DataError
 from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer, read_tokenizer_settings
+from trident.weights.adapters.peft_reading import is_peft_adapter, merge_peft, peft_base
 from trident.weights.adapters.registry import FILE_ADAPTERS, adapter_for_model_type, architectures, file_adapter_for
 from trident.weights.pretrained import PretrainedWeights
 
@@ -37,9 +38,11 @@ def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> Pretrain
     return weights
 
 
-def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
+def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None) -> PretrainedWeights:
     if not path.exists():
         path = _hub_snapshot(source)
+    if is_peft_adapter(path):  # a peft LoRA adapter: its base's weights with the adapter merged in
+        return _read(source, peft_base(path, source), n_heads, lora=path)
     if (file_adapter := file_adapter_for(path)) is not None:
         return file_adapter.read(path, source, n_heads)
     if path.is_file():
@@ -61,7 +64,7 @@ def _read(source: str, path: Path, n_heads: int | None) -> PretrainedWeights:
             f"{source} holds a {model_type or 'model of unknown type'} ({', '.join(architectures) or 'no architectures'}), "
             f"which trident does not convert: supported are {supported()}"
         )
-    state = read_state_dict(path)
+    state = read_state_dict(path) if lora is None else merge_peft(lora, read_state_dict(path), source)
     try:
         tokenizer = read_tokenizer(path)
         weights = adapter.to_trident(config, state, tokenizer, source)

@@ -1,0 +1,95 @@
+"""The hf export of a chat run (issue 50, item 11): the template the run trained with (trident's default included)
+and the end of its answers go with the model, so transformers' ``apply_chat_template`` renders what the run trained
+on and ``generate`` stops where its answers end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tests.convert_helpers import randomise
+from trident.commands.export import export_hf
+from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+from trident.data.tokenization import END_OF_TEXT, train_tokenizer
+from trident.tasks.lm import LanguageModelTask
+
+transformers = pytest.importorskip("transformers")
+
+CORPUS = "".join(f"USER:\nLine {i}: the quick brown fox?\n\nASSISTANT:\nIt jumps over the lazy dog.\n\n" for i in range(50))
+LLAMA = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 48, "max_seq_len": 64, "pos_encoding": "rope",
+         "norm": "rmsnorm", "activation": "swiglu", "bias": False, "dropout": 0.0}
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MESSAGES = [{"role": "user", "content": "the quick fox?"}, {"role": "assistant", "content": "It jumps."},
+            {"role": "user", "content": "and then?"}]
+
+
+def chat_task(tokenizer: Tokenizer, template: ChatTemplate) -> LanguageModelTask:
+    """A Llama-style lm task holding what a data=chat run records of its template (the data module's
+    ``tokenizer_settings``: the template, the special tokens it reads, the text that ends an answer)."""
+    task = LanguageModelTask(LLAMA, tokenizer.get_vocab_size(), {"name": "adamw", "lr": 1e-3}, {"name": "constant"},
+                             tie_embeddings=False, tokenizer_json=tokenizer.to_str())
+    randomise(task.net, seed=0)
+    task.tokenizer_settings = {**template.special_tokens, "chat_template": template.text,
+                               "end_of_turn": template.end_marker()}
+    return task.eval()
+
+
+def chatml_tokenizer() -> Tokenizer:
+    """A byte-level BPE with ChatML's <|im_start|> and <|im_end|> as special tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[END_OF_TEXT, "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([CORPUS], trainer=trainer)
+    return tokenizer
+
+
+def exported_files(directory: Path) -> dict[str, Any]:
+    return {name: json.loads((directory / name).read_text()) for name in ("config.json", "generation_config.json")}
+
+
+def test_the_default_template_and_its_blank_line_go_with_a_chat_export(tmp_path: Path) -> None:
+    """trident's default template under a character tokenizer: its blank line is two tokens, so generate stops at
+    the text (``stop_strings``); apply_chat_template renders what the run trained on, prompt included."""
+    tokenizer = train_tokenizer("char", [CORPUS], end_of_text=True)
+    template = ChatTemplate("default", DEFAULT_TEMPLATE, {})
+    export_hf(chat_task(tokenizer, template), tmp_path)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for prompt in (False, True):
+        assert exported.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=prompt) == template.render(
+            MESSAGES, add_generation_prompt=prompt)
+    files = exported_files(tmp_path)
+    assert files["generation_config.json"]["stop_strings"] == ["\n\n"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = exported.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    word, newline, start = tokenizer.token_to_id("I"), tokenizer.token_to_id("\n"), ids["input_ids"].shape[1]
+
+    def blank_line_answer(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # "I", then newlines
+        chosen = word if input_ids.shape[1] == start else newline
+        return torch.where(torch.arange(scores.shape[-1]) == chosen, 0.0, -torch.inf).expand_as(scores)
+
+    out = model.generate(**ids, tokenizer=exported, max_new_tokens=20, do_sample=False,
+                         logits_processor=transformers.LogitsProcessorList([blank_line_answer]))
+    assert out[0, start:].tolist() == [word, newline, newline], "generate stops at the blank line that ends an answer"
+
+
+def test_a_one_token_end_of_turn_is_the_eos_of_a_chat_export(tmp_path: Path) -> None:
+    """ChatML's <|im_end|> is one special token: it is config.json's and generation_config.json's eos_token_id and the
+    tokenizer's eos_token, so a plain generate stops there."""
+    tokenizer = chatml_tokenizer()
+    template = ChatTemplate("chatml.jinja", CHATML, {})
+    export_hf(chat_task(tokenizer, template), tmp_path)
+    end = tokenizer.token_to_id("<|im_end|>")
+    files = exported_files(tmp_path)
+    assert files["config.json"]["eos_token_id"] == files["generation_config.json"]["eos_token_id"] == end
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert (exported.eos_token, exported.eos_token_id) == ("<|im_end|>", end)
+    assert exported.apply_chat_template(MESSAGES, tokenize=False) == template.render(MESSAGES)
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path).generation_config.eos_token_id == end
