@@ -12,6 +12,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from trident.runs.sweeps import job_subdir
+
 
 def find_conf_dir() -> Path:
     """The config groups: ``trident/conf`` inside an installed package (``pip install .`` copies the
@@ -63,3 +65,5 @@ def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
 # process, before any job imports the pipeline).
 OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
 OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
+# conf/hydra/default.yaml: a sweep job's directory, which Hydra resolves as the job starts.
+OmegaConf.register_new_resolver("trident.job_subdir", job_subdir, replace=True)
