@@ -80,9 +80,22 @@ class Sweep:
 
 
 def _read_history(path: Path) -> list[dict[str, float | int | str]]:
+    """A job's ``metrics.jsonl`` as one training, each (stage, step) once (the last row of it). A job
+    directory holds one training (trident.runs.rerun, trident.runs.attempts); a file that an earlier
+    version of trident wrote two trainings into reads as the newest (from the last row at the first
+    row's step and stage), never as the mean of two."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    first = (lines[0].get("stage"), lines[0].get("step")) if lines else None
+    rows: dict[tuple[Any, Any], dict[str, float | int | str]] = {}
+    for row in lines:
+        key = (row.get("stage"), row.get("step"))
+        if key == first:
+            rows.clear()  # another training starts here
+        rows.pop(key, None)  # a step an interrupted attempt logged past its checkpoint: the resumed one's row
+        rows[key] = row
+    return list(rows.values())
 
 
 def _wall_time(job_dir: Path) -> float:
