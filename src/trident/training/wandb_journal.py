@@ -4,8 +4,8 @@ Why: SLURM's SIGTERM (a preemption, a requeue, ``scancel``) reaches every proces
 service process too, which exits at once without writing the rows it still buffers (it flushes
 the run's ``.wandb`` file only every 15 s), so a stopped attempt's W&B run can lack its last rows,
 or all of them. The next attempt resumes from a checkpoint at some step: it first sends the rows
-logged before that step again, then its own, so its W&B run holds the whole history, and
-``wandb sync`` of every attempt's file keeps the steps of each once.
+logged before that step again, then its own, so its W&B run holds the whole history: the newest
+attempt's file is the one to upload (``python -m trident.training.wandb_files sync <dir>``).
 """
 
 from __future__ import annotations
