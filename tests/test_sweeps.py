@@ -23,7 +23,7 @@ from trident.report import Job, Sweep, compare_to_best, comparison_table, load_s
 from trident.report import main as report_main
 from trident.report.sweep import _read_history
 from trident.runs.jobs import run_job
-from trident.runs.rerun import earlier_attempt
+from trident.runs.rerun import earlier_attempt, remember_sweep, remembered_sweep
 from trident.runs.sweeps import job_subdir, next_job_number, setting_of, swept_keys
 from trident.training.wandb_files import find_offline_runs
 
@@ -304,3 +304,11 @@ def test_the_report_reads_two_trainings_appended_in_one_job_as_the_newest(tmp_pa
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "stage": t, "val/loss": v}) + "\n"
                                                     for s, t, v in rows))
     assert [(r["step"], r["stage"], r["val/loss"]) for r in _read_history(tmp_path / "metrics.jsonl")] == rows[3:]
+
+
+def test_a_run_a_sweep_started_is_known_by_its_run_json_or_an_older_jobs_status(tmp_path: Path) -> None:
+    assert remembered_sweep(tmp_path) is None
+    (tmp_path / "status.json").write_text(json.dumps({"status": "cancelled", "sweep": "lm-1", "setting": "a=1"}))
+    assert remembered_sweep(tmp_path) == ("lm-1", "a=1")
+    remember_sweep(tmp_path, "lm-2", "a=2")
+    assert remembered_sweep(tmp_path) == ("lm-2", "a=2")

@@ -93,6 +93,10 @@ def remember_sweep(run_dir: Path, sweep_id: str, setting: str) -> None:
 
 
 def remembered_sweep(run_dir: Path) -> tuple[str, str] | None:
-    """(sweep id, setting) of a run directory that a sweep started, else None."""
-    info = read_json(run_dir / RUN_INFO) or {}
-    return (info["sweep"], info.get("setting", "")) if "sweep" in info else None
+    """(sweep id, setting) of a run directory that a sweep started, else None; from ``run.json``, or for
+    a job an earlier version of trident started, from the ``status.json`` its attempt ended with."""
+    for name in (RUN_INFO, STATUS_FILE):
+        info = read_json(run_dir / name) or {}
+        if "sweep" in info:
+            return info["sweep"], info.get("setting", "")
+    return None

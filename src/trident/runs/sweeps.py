@@ -164,14 +164,14 @@ def next_job_number(sweep_dir: Path) -> int:
     return max((n for n in numbers if n >= 0), default=-1) + 1
 
 
-# Overrides that do not change which training a job is: ``resume=`` (an attempt resuming a job by its
-# directory adds it to the job's saved overrides) and Hydra's own.
-_NOT_THE_JOB = ("resume", "hydra.", "hydra/")
-
-
 def job_key(overrides: Iterable[str]) -> tuple[str, ...]:
-    """What makes two jobs the same training: their overrides, in any order."""
-    return tuple(sorted(o for o in overrides if not o.lstrip("+~").startswith(_NOT_THE_JOB)))
+    """What makes two jobs the same training: their overrides, in any order, but ``resume=`` (an attempt
+    resuming a job by its directory adds it to the job's saved overrides) and Hydra's own."""
+    def counts(override: str) -> bool:
+        key = override.lstrip("+~").partition("=")[0]
+        return key != "resume" and not key.startswith(("hydra.", "hydra/"))
+
+    return tuple(sorted(o for o in overrides if counts(o)))
 
 
 def job_subdir(sweep_dir: str, num: int, run_name: str, overrides: Iterable[str]) -> str:
@@ -183,8 +183,8 @@ def job_subdir(sweep_dir: str, num: int, run_name: str, overrides: Iterable[str]
     wanted = job_key(str(o) for o in overrides)
     if directory.is_dir():
         for job_dir in job_dirs(directory):
-            saved = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml") if (job_dir / ".hydra" / "overrides.yaml").is_file() else []
-            if job_key(str(o) for o in saved) == wanted:
+            saved = job_dir / ".hydra" / "overrides.yaml"
+            if saved.is_file() and job_key(str(o) for o in OmegaConf.load(saved)) == wanted:
                 return job_dir.name
     first = (read_json(directory / SWEEP_FILE) or {}).get("first_job", 0)
     return f"{first + int(num)}_{run_name}"
