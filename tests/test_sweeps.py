@@ -253,6 +253,7 @@ def test_a_sweep_continued_with_new_values_keeps_every_job_and_runs_none_twice(l
     shutil.copytree(lm_sweep, sweep_dir)
     started = json.loads((sweep_dir / "sweep.json").read_text())["started"]
     before = {d.name: (d / "metrics.jsonl").read_text() for d in sweep_dir.glob("*_lm-*")}
+    walls = {job.dir.name: job.wall_s for job in load_sweep(sweep_dir).jobs}
     alibi = next(sweep_dir.glob("*_lm-shakespeare-nano-alibi-seed1"))
     for attempt in range(2):
         result = multirun("pos_encoding=alibi,sinusoidal", "seed=1", sweep_dir=sweep_dir)
@@ -271,6 +272,8 @@ def test_a_sweep_continued_with_new_values_keeps_every_job_and_runs_none_twice(l
     assert json.loads((sweep_dir / "sweep.json").read_text())["started"] == started
     assert {job.setting for job in load_sweep(sweep_dir).completed} == {
         "pos_encoding=rope", "pos_encoding=alibi", "pos_encoding=sinusoidal"}
+    after = {job.dir.name: job.wall_s for job in load_sweep(sweep_dir).jobs}
+    assert {name: after[name] for name in walls} == walls and all(wall > 0 for wall in after.values())
 
 
 def test_a_job_directory_is_found_by_its_overrides_and_new_jobs_are_numbered_after_the_others(tmp_path: Path) -> None:

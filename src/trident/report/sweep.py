@@ -98,12 +98,13 @@ def _read_history(path: Path) -> list[dict[str, float | int | str]]:
     return list(rows.values())
 
 
-def _wall_time(job_dir: Path) -> float:
-    """Seconds from the job's start (Hydra's ``.hydra/config.yaml``) to its end (``status.json``)."""
+def _wall_time(job_dir: Path, record: dict[str, Any]) -> float:
+    """Seconds from the start of the job's last attempt (``started`` in ``status.json``; from jobs of earlier
+    versions, Hydra's ``.hydra/config.yaml``) to its end (``status.json``)."""
     start, end = job_dir / ".hydra" / "config.yaml", job_dir / STATUS_FILE
-    if not (start.is_file() and end.is_file()):
+    if not end.is_file() or ("started" not in record and not start.is_file()):
         return math.nan
-    return end.stat().st_mtime - start.stat().st_mtime
+    return end.stat().st_mtime - float(record.get("started") or start.stat().st_mtime)
 
 
 def _training_length(job_dir: Path) -> dict[str, float]:
@@ -145,7 +146,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                 error=status.error,
                 metrics=record.get("metrics", {}),
                 history=_read_history(status.dir / "metrics.jsonl"),
-                wall_s=_wall_time(status.dir),
+                wall_s=_wall_time(status.dir, record),
                 seed=_seed(status.dir),
                 monitor=record.get("monitor"),
                 monitor_mode=record.get("monitor_mode", "min"),

@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,8 @@ def run_job(cfg: DictConfig) -> float | None:
     resumed or run again (:func:`trident.runs.rerun.continue_job`); a run that a sweep started keeps
     its sweep's W&B group, job type and tag when resumed by its directory."""
     run_dir = Path(cfg.paths.output_dir)
-    identity: dict[str, Any] = dict(code_version())
+    # When the attempt started: the report's job wall time (Hydra rewrites .hydra/ as a sweep job found done starts).
+    identity: dict[str, Any] = {**code_version(), "started": round(time.time(), 3)}
     try:
         if not in_multirun():
             if (sweep := remembered_sweep(run_dir)) is not None:
