@@ -24,7 +24,7 @@ from trident.launch.requeue import JobStopped, stop_outcome
 from trident.runs.jobs import discard_failed_run_dir, write_status
 from trident.runs.pipeline import train
 from trident.runs.resume import resume_arguments
-from trident.training.wandb_files import find_offline_runs
+from trident.training.wandb_files import find_offline_runs, offline_runs_to_sync, read_offline_run
 from trident.weights.checkpoints import AtomicCheckpointIO
 
 from .conftest import CONF_DIR, ROOT, SMALL, compose_config
@@ -311,3 +311,38 @@ def test_status_of_a_requeued_job_keeps_its_stops(tmp_path: Path) -> None:
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["status"] == "completed"
     assert status["requeues"] == [{"signal": "SIGTERM", "step": 7, "slurm_job": "12"}]
+
+
+@pytest.mark.slow
+def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sweep(tmp_path: Path) -> None:
+    """A 30-step sweep job (its last step no periodic checkpoint's: last.ckpt is of the final step), extended
+    by 10 steps with ``resume=<job dir>``: the newest W&B attempt, which the upload command picks, holds steps
+    0-39 once each and one test row, in the sweep's group, job type and tags; metrics.jsonl and the CSV
+    logs say the same steps; status.json keeps the sweep and setting."""
+    sweep_dir = tmp_path / "sweep"
+    common = [*SMALL, "trainer.val_check_interval=10", "data.sample_prompts=[]", "callbacks.throughput=null", *WITH_CSV]
+    first = run_train("-m", *common, "trainer.max_steps=30", "optimizer.lr=choice(0.003)", f"paths.output_root={tmp_path}",
+                      f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_dir = next(sweep_dir.glob("0_*"))
+    status = json.loads((job_dir / "status.json").read_text())
+    (first_attempt,) = find_offline_runs(job_dir)
+    assert first_attempt.group.endswith("/optimizer.lr=0.003") and first_attempt.job_type == status["sweep"]
+
+    extended = run_train(f"resume={job_dir}", "trainer.max_steps=40", cwd=tmp_path)
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    resumed = json.loads((job_dir / "status.json").read_text())
+    assert (resumed["sweep"], resumed["setting"]) == (status["sweep"], status["setting"]) == (
+        first_attempt.job_type, "optimizer.lr=0.003")
+    (upload,) = offline_runs_to_sync([sweep_dir])
+    assert len(list(job_dir.glob("wandb/offline-run-*"))) == 2 and upload == max(job_dir.glob("wandb/offline-run-*"))
+    run = read_offline_run(next(upload.glob("run-*.wandb")))
+    assert (run.run_id, run.group, run.job_type, run.tags) == (
+        first_attempt.run_id, first_attempt.group, first_attempt.job_type, first_attempt.tags)
+    assert [row["trainer/global_step"] for row in run.history if "train/loss" in row] == list(range(40))
+    assert len(run.metric("test/loss")) == 1
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["stage"]) for r in rows] == [(10, "validate"), (20, "validate"), (30, "validate"),
+                                                       (40, "validate"), (40, "test")]
+    assert sorted(train_losses(job_dir)) == list(range(40))
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["best-step40.ckpt", "last.ckpt"]

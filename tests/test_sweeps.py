@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -14,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from omegaconf import DictConfig, OmegaConf
 from scipy import stats as scipy_stats
 
 from trident.report import Job, Sweep, compare_to_best, comparison_table, load_sweep, markdown_table, summarize
 from trident.report import main as report_main
+from trident.report.sweep import _read_history
 from trident.runs.jobs import run_job
-from trident.runs.sweeps import setting_of, swept_keys
+from trident.runs.rerun import earlier_attempt, remember_sweep, remembered_sweep
+from trident.runs.sweeps import job_subdir, next_job_number, setting_of, swept_keys
 from trident.training.wandb_files import find_offline_runs
 
 from .conftest import ROOT, SMALL
@@ -237,3 +241,77 @@ def test_optuna_search_on_nano(tmp_path: Path) -> None:
     results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     assert set(results.best_params) == {"optimizer.lr", "scheduler.warmup_steps"}
     assert results.best_value == pytest.approx(min(job["metrics"]["best/val/loss"] for job in jobs))
+
+
+@pytest.mark.slow
+def test_a_sweep_continued_with_new_values_keeps_every_job_and_runs_none_twice(lm_sweep: Path, tmp_path: Path) -> None:
+    """The 2 x 2 sweep continued in (a copy of) its directory with one setting it has and one it lacks,
+    then the same command again: the earlier jobs stay as they were, a job that ran is done in one line,
+    the new one gets a new directory and W&B run, and each job's history is one training."""
+    # Beside the sweep: multirun() sets paths.output_root to the parent, as it did for the sweep's jobs.
+    sweep_dir = lm_sweep.parent / f"continued-{tmp_path.name}"
+    shutil.copytree(lm_sweep, sweep_dir)
+    started = json.loads((sweep_dir / "sweep.json").read_text())["started"]
+    before = {d.name: (d / "metrics.jsonl").read_text() for d in sweep_dir.glob("*_lm-*")}
+    walls = {job.dir.name: job.wall_s for job in load_sweep(sweep_dir).jobs}
+    alibi = next(sweep_dir.glob("*_lm-shakespeare-nano-alibi-seed1"))
+    for attempt in range(2):
+        result = multirun("pos_encoding=alibi,sinusoidal", "seed=1", sweep_dir=sweep_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+        new = [d for d in sweep_dir.glob("*_lm-*") if d.name not in before]
+        assert [d.name.split("_", 1)[1] for d in new] == ["lm-shakespeare-nano-sinusoidal-seed1"]
+        assert int(new[0].name.split("_")[0]) >= len(before), "numbered after the jobs there"
+        done = [line for line in result.stdout.splitlines() if line.startswith("done: ")]
+        assert done == [f"done: {alibi}", *([f"done: {new[0]}"] if attempt else [])]
+    assert {name: (sweep_dir / name / "metrics.jsonl").read_text() for name in before} == before
+    for job in sweep_dir.glob("*_lm-*"):
+        rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["step"], r["stage"]) for r in rows] == [(1, "validate"), (2, "validate"), (2, "test")], job
+    runs = find_offline_runs(sweep_dir)
+    assert len(runs) == 5 and len({run.run_id for run in runs}) == 5, "one W&B run per training"
+    assert json.loads((sweep_dir / "sweep.json").read_text())["started"] == started
+    assert {job.setting for job in load_sweep(sweep_dir).completed} == {
+        "pos_encoding=rope", "pos_encoding=alibi", "pos_encoding=sinusoidal"}
+    after = {job.dir.name: job.wall_s for job in load_sweep(sweep_dir).jobs}
+    assert {name: after[name] for name in walls} == walls and all(wall > 0 for wall in after.values())
+
+
+def test_a_job_directory_is_found_by_its_overrides_and_new_jobs_are_numbered_after_the_others(tmp_path: Path) -> None:
+    (tmp_path / "sweep.json").write_text(json.dumps({"started": "x", "swept": ["a"], "first_job": 7}))
+    earlier = tmp_path / "3_run"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "overrides.yaml").write_text("- a=1\n- seed=2\n- resume=/somewhere\n")
+    assert job_subdir(str(tmp_path), 0, "run", ["seed=2", "a=1"]) == "3_run"
+    assert job_subdir(str(tmp_path), 1, "run", ["seed=2", "a=2"]) == "8_run"
+    assert next_job_number(tmp_path) == 4
+
+
+def test_an_identical_job_is_done_resumed_or_run_again_by_how_its_earlier_attempt_ended(tmp_path: Path) -> None:
+    job = tmp_path / "0_run"
+    (job / ".hydra").mkdir(parents=True)
+    assert earlier_attempt(job) == "new"
+    (job / "metrics.jsonl").write_text("{}\n")
+    assert earlier_attempt(job) == "restart", "stopped before its first checkpoint"
+    (job / "checkpoints").mkdir()
+    torch.save({"global_step": 3}, job / "checkpoints" / "last.ckpt")
+    assert earlier_attempt(job) == "resume"
+    (job / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    assert earlier_attempt(job) == "restart"
+    (job / "status.json").write_text(json.dumps({"status": "completed"}))
+    assert earlier_attempt(job) == "done"
+
+
+def test_the_report_reads_two_trainings_appended_in_one_job_as_the_newest(tmp_path: Path) -> None:
+    rows = [(1, "validate", 5.0), (2, "validate", 4.0), (2, "test", 4.1), (1, "validate", 3.0), (2, "validate", 2.0),
+            (2, "test", 2.1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "stage": t, "val/loss": v}) + "\n"
+                                                    for s, t, v in rows))
+    assert [(r["step"], r["stage"], r["val/loss"]) for r in _read_history(tmp_path / "metrics.jsonl")] == rows[3:]
+
+
+def test_a_run_a_sweep_started_is_known_by_its_run_json_or_an_older_jobs_status(tmp_path: Path) -> None:
+    assert remembered_sweep(tmp_path) is None
+    (tmp_path / "status.json").write_text(json.dumps({"status": "cancelled", "sweep": "lm-1", "setting": "a=1"}))
+    assert remembered_sweep(tmp_path) == ("lm-1", "a=1")
+    remember_sweep(tmp_path, "lm-2", "a=2")
+    assert remembered_sweep(tmp_path) == ("lm-2", "a=2")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from trident.errors import DataError
-from trident.training.wandb_files import OfflineRun, find_offline_runs, read_offline_run
+from trident.training.wandb_files import OfflineRun, find_offline_runs, offline_runs_to_sync, read_offline_run
+from trident.training.wandb_files import main as wandb_files_main
 
 # A run logged the way a user's script would: config at init and later, rows, a table, a summary value.
 SCRIPT = """
@@ -68,3 +69,19 @@ def test_a_file_that_is_no_wandb_run_is_one_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a W&B log")
     with pytest.raises(DataError, match="not a complete W&B run file"):
         read_offline_run(bad)
+
+
+def test_the_upload_is_the_newest_attempt_of_each_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run resumed twice (three attempts under one id) and a run of one attempt, in a sweep directory:
+    the sync command uploads one directory per run id, the newest attempt's."""
+    attempts = {"0_job/wandb/offline-run-20261128_090000-aaa": "aaa", "0_job/wandb/offline-run-20261128_100000-aaa": "aaa",
+                "0_job/wandb/offline-run-20261128_093000-aaa": "aaa", "1_job/wandb/offline-run-20261128_091500-bbb": "bbb"}
+    for directory, run_id in attempts.items():
+        (tmp_path / directory).mkdir(parents=True)
+        (tmp_path / directory / f"run-{run_id}.wandb").write_bytes(b"")
+    expected = [tmp_path / "0_job/wandb/offline-run-20261128_100000-aaa", tmp_path / "1_job/wandb/offline-run-20261128_091500-bbb"]
+    assert offline_runs_to_sync([tmp_path]) == expected
+    wandb_files_main(["sync", "--dry-run", str(tmp_path)])
+    assert capsys.readouterr().out.split() == [str(path) for path in expected]
+    with pytest.raises(SystemExit, match="no offline W&B run below"):
+        wandb_files_main(["sync", str(tmp_path / "1_job" / "nothing")])

@@ -47,7 +47,7 @@ from trident.report.sequential import Design, Sequential, replay, run_loop, seed
 from trident.report.statistics import ALPHA, BEST
 from trident.report.sweep import better_is
 from trident.runs.compose import CONF_DIR
-from trident.runs.sweeps import REPEAT_KEYS, job_dirs, job_statuses, setting_of
+from trident.runs.sweeps import REPEAT_KEYS, job_statuses, next_job_number, setting_of
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +131,6 @@ def read_jobs(sweep_dir: Path, swept: Sequence[str]) -> dict[tuple[str, int], li
             key = (setting_of(overrides, swept), seed)  # type: ignore[arg-type]
             jobs.setdefault(key, []).append((status.status, status.record.get("metrics", {})))
     return jobs
-
-
-def next_job_number(sweep_dir: Path) -> int:
-    """One more than the highest job number in the sweep directory (``<num>_<run name>``)."""
-    numbers = [int(d.name.split("_", 1)[0]) for d in job_dirs(sweep_dir)] if sweep_dir.is_dir() else []
-    return max((n for n in numbers if n >= 0), default=-1) + 1
 
 
 def ensure_job(plan: Plan, setting: Setting, seed: int, run_job: RunJob, started: Counter[tuple[str, int]]) -> None:

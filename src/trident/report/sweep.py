@@ -80,17 +80,31 @@ class Sweep:
 
 
 def _read_history(path: Path) -> list[dict[str, float | int | str]]:
+    """A job's ``metrics.jsonl`` as one training, each (stage, step) once (the last row of it). A job
+    directory holds one training (trident.runs.rerun, trident.runs.attempts); a file that an earlier
+    version of trident wrote two trainings into reads as the newest (from the last row at the first
+    row's step and stage), never as the mean of two."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    first = (lines[0].get("stage"), lines[0].get("step")) if lines else None
+    rows: dict[tuple[Any, Any], dict[str, float | int | str]] = {}
+    for row in lines:
+        key = (row.get("stage"), row.get("step"))
+        if key == first:
+            rows.clear()  # another training starts here
+        rows.pop(key, None)  # a step an interrupted attempt logged past its checkpoint: the resumed one's row
+        rows[key] = row
+    return list(rows.values())
 
 
-def _wall_time(job_dir: Path) -> float:
-    """Seconds from the job's start (Hydra's ``.hydra/config.yaml``) to its end (``status.json``)."""
+def _wall_time(job_dir: Path, record: dict[str, Any]) -> float:
+    """Seconds from the start of the job's last attempt (``started`` in ``status.json``; from jobs of earlier
+    versions, Hydra's ``.hydra/config.yaml``) to its end (``status.json``)."""
     start, end = job_dir / ".hydra" / "config.yaml", job_dir / STATUS_FILE
-    if not (start.is_file() and end.is_file()):
+    if not end.is_file() or ("started" not in record and not start.is_file()):
         return math.nan
-    return end.stat().st_mtime - start.stat().st_mtime
+    return end.stat().st_mtime - float(record.get("started") or start.stat().st_mtime)
 
 
 def _training_length(job_dir: Path) -> dict[str, float]:
@@ -132,7 +146,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                 error=status.error,
                 metrics=record.get("metrics", {}),
                 history=_read_history(status.dir / "metrics.jsonl"),
-                wall_s=_wall_time(status.dir),
+                wall_s=_wall_time(status.dir, record),
                 seed=_seed(status.dir),
                 monitor=record.get("monitor"),
                 monitor_mode=record.get("monitor_mode", "min"),

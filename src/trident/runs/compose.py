@@ -14,6 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from trident.runs.sweeps import job_subdir
+
 
 def find_conf_dir() -> Path:
     """The config groups: ``trident/conf`` inside an installed package (``pip install .`` copies the
@@ -88,3 +90,5 @@ OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_no
 OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
 # conf/train.yaml's run_name (and with it the run directory's name) reads this.
 OmegaConf.register_new_resolver("trident.model_name", model_name, replace=True)
+# conf/hydra/default.yaml: a sweep job's directory, which Hydra resolves as the job starts.
+OmegaConf.register_new_resolver("trident.job_subdir", job_subdir, replace=True)

@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,15 @@ from trident.launch.distributed import is_global_zero
 from trident.launch.requeue import REQUEUED, JobStopped, come_back_later
 from trident.runs.code_version import code_version
 from trident.runs.pipeline import train
-from trident.runs.sweeps import STATUS_FILE, STOPPED_EARLY_BEST, STOPPED_EARLY_STEP, apply_sweep_identity, in_multirun
+from trident.runs.rerun import continue_job, remember_sweep, remembered_sweep
+from trident.runs.sweeps import (
+    STATUS_FILE,
+    STOPPED_EARLY_BEST,
+    STOPPED_EARLY_STEP,
+    apply_sweep_identity,
+    in_multirun,
+    name_after_sweep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +111,27 @@ def run_job(cfg: DictConfig) -> float | None:
     """``train.py``'s job: a single run fails as one ``error:`` line and exit status 2; a sweep job
     records its failure in ``status.json`` and returns None, so the sweep goes on. A job stopped by a
     signal records how (:func:`record_stop`). ``status.json`` names the code that ran (git commit),
-    read as the job starts."""
+    read as the job starts. A sweep job that finds an earlier attempt in its directory is done,
+    resumed or run again (:func:`trident.runs.rerun.continue_job`); a run that a sweep started keeps
+    its sweep's W&B group, job type and tag when resumed by its directory."""
     run_dir = Path(cfg.paths.output_dir)
-    identity: dict[str, Any] = dict(code_version())
+    # When the attempt started: the report's job wall time (Hydra rewrites .hydra/ as a sweep job found done starts).
+    identity: dict[str, Any] = {**code_version(), "started": round(time.time(), 3)}
     try:
         if not in_multirun():
+            if (sweep := remembered_sweep(run_dir)) is not None:
+                name_after_sweep(cfg, *sweep)
+                identity.update(sweep=sweep[0], setting=sweep[1])
             # The run directory is rank 0's to clean up after a failure.
             cleanup = (lambda: discard_failed_run_dir(run_dir)) if is_global_zero() else None
             metrics = run_with_clear_errors(lambda: train(cfg), cleanup)
         else:
+            done = continue_job(cfg, run_dir)
+            if done is not None:
+                return objective(cfg, done.get("metrics", {}))
             sweep_id, setting = apply_sweep_identity(cfg)
             identity.update(sweep=sweep_id, setting=setting)
+            remember_sweep(run_dir, sweep_id, setting)
             metrics = train(cfg)
     except JobStopped as stop:
         record_stop(run_dir, cfg, stop, identity)

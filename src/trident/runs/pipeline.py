@@ -27,6 +27,7 @@ from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
 from trident.launch.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.launch.requeue import latest_checkpoint
+from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
@@ -70,7 +71,6 @@ class _DropLibraryNotices(logging.Filter):
 
 
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLibraryNotices())
-
 
 
 def backbone_options(cfg: DictConfig) -> dict[str, Any]:
@@ -339,9 +339,11 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
     guard = NonFiniteLossGuard(cfg.get("nonfinite_loss", "stop"), preemption.path)
     history = metric_history(cfg, run_dir)
+    if saved is not None and writes_outputs:  # one training in metrics.jsonl, each step once
+        keep_history_until(history.path, int(saved[1]["global_step"]))
     workers = WorkerProcesses()
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
-                 workers]
+                 workers, FinalStepCheckpoint()]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     with open_dict(cfg):
         # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.

@@ -38,15 +38,14 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     path = run_dir / RUN_INFO
-    info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"run_id": secrets.token_hex(6)}
+    info: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    info.setdefault("run_id", secrets.token_hex(6))  # a sweep job's run.json may hold only its sweep so far
     if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning from the launch environment
         return info
     info["slurm_job"] = slurm_job()
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=1))
     return info
-
-
 
 
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:

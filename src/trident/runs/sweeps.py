@@ -2,9 +2,13 @@
 
 Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, no torch):
 
-- ``<sweep dir>/sweep.json``: when the sweep started (a sweep continued in its directory with the
-  same keys keeps it) and which keys it sweeps, written by
-  :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
+- ``<sweep dir>/sweep.json``: when the sweep started (a sweep continued in its directory keeps it),
+  which keys it sweeps (those of every call into the directory) and the number of this call's first new
+  job, written by :class:`SweepCallback` before the first job (``conf/hydra/default.yaml`` registers it);
+- ``<sweep dir>/<num>_<run name>/``: a job's directory (``hydra.sweep.subdir``, :func:`job_subdir`): a
+  job identical to one already there (same overrides) runs in that job's directory
+  (:mod:`trident.runs.rerun` decides: done, resumed or run again); a new one is numbered after the jobs
+  there, so a sweep continued with new values never writes into an earlier job's directory;
 - ``<job dir>/status.json``: ``completed`` with the final metrics, ``failed`` with the error line,
   or ``cancelled`` / ``timeout`` for a job a signal stopped (written by :func:`trident.runs.jobs.run_job`,
   so a failed job does not stop the sweep).
@@ -12,6 +16,8 @@ Files a sweep leaves behind (read back by :mod:`trident.report`; light imports, 
 In a sweep the W&B group is ``<group>-<start time>/<setting>``, where the setting is the job's swept
 overrides without ``seed``: the seeds of one setting share a group, and the sweep id
 ``<group>-<start time>`` is the run's ``job_type`` and one of its tags, so a whole sweep filters together.
+The job's ``run.json`` keeps its sweep id and setting, so an attempt that resumes it by its directory
+(``python train.py resume=<job dir>``, no longer a multirun) joins the same group.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trident.errors import ConfigError
 
@@ -106,12 +112,13 @@ class SweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         params = config.hydra.sweeper.get("params")
         swept = swept_keys(list(config.hydra.overrides.task), dict(params) if params else None)
-        # A sweep continued in its directory with the same keys (trident.report.adaptive adds seeds
-        # job by job) keeps its start time: its jobs stay one sweep in W&B.
-        earlier = read_json(sweep_dir / SWEEP_FILE)
-        same = earlier is not None and earlier.get("swept") == swept
-        record = {"started": earlier["started"] if same else datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
-                  "swept": swept}
+        # A sweep continued in its directory (new values, more seeds: trident.report.adaptive adds
+        # them job by job) keeps its start time, so its jobs stay one sweep in W&B, and sweeps the keys
+        # of every call, so that each job's setting names what varies across the directory.
+        earlier = read_json(sweep_dir / SWEEP_FILE) or {}
+        record = {"started": earlier.get("started") or datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
+                  "swept": [*earlier.get("swept", []), *(k for k in swept if k not in earlier.get("swept", []))],
+                  "first_job": next_job_number(sweep_dir)}
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -151,6 +158,38 @@ def _job_number(job_dir: Path) -> tuple[int, str]:
     return (int(number) if number.isdigit() else -1, job_dir.name)
 
 
+def next_job_number(sweep_dir: Path) -> int:
+    """One more than the highest job number in the sweep directory (``<num>_<run name>``)."""
+    numbers = [_job_number(d)[0] for d in job_dirs(sweep_dir)] if sweep_dir.is_dir() else []
+    return max((n for n in numbers if n >= 0), default=-1) + 1
+
+
+def job_key(overrides: Iterable[str]) -> tuple[str, ...]:
+    """What makes two jobs the same training: their overrides, in any order, but ``resume=`` (an attempt
+    resuming a job by its directory adds it to the job's saved overrides) and Hydra's own."""
+    def counts(override: str) -> bool:
+        key = override.lstrip("+~").partition("=")[0]
+        return key != "resume" and not key.startswith(("hydra.", "hydra/"))
+
+    return tuple(sorted(o for o in overrides if counts(o)))
+
+
+def job_subdir(sweep_dir: str, num: int, run_name: str, overrides: Iterable[str]) -> str:
+    """``hydra.sweep.subdir`` (resolver ``trident.job_subdir``): the directory of the job with these
+    ``overrides`` if the sweep directory holds one, else ``<n>_<run name>``, ``n`` counting on from the
+    jobs that were there when this call started (``first_job`` of ``sweep.json``) by ``hydra.job.num``
+    (not by the directories at hand: a parallel launcher's jobs start together)."""
+    directory = Path(sweep_dir)
+    wanted = job_key(str(o) for o in overrides)
+    if directory.is_dir():
+        for job_dir in job_dirs(directory):
+            saved = job_dir / ".hydra" / "overrides.yaml"
+            if saved.is_file() and job_key(str(o) for o in OmegaConf.load(saved)) == wanted:
+                return job_dir.name
+    first = (read_json(directory / SWEEP_FILE) or {}).get("first_job", 0)
+    return f"{first + int(num)}_{run_name}"
+
+
 def job_statuses(sweep_dir: Path) -> list[JobStatus]:
     statuses = []
     for job_dir in job_dirs(sweep_dir):
@@ -182,13 +221,17 @@ def sweep_identity() -> tuple[str, str]:
 
 
 def apply_sweep_identity(cfg: DictConfig) -> tuple[str, str]:
-    """Name the job's W&B run after its sweep: group ``<group>-<time>/<setting>``, the sweep id as
-    job type and tag. Returns (sweep id, setting)."""
+    """Name the job's W&B run after its sweep (:func:`name_after_sweep`). Returns (sweep id, setting)."""
     started, setting = sweep_identity()
     sweep_id = f"{cfg.group}-{started}"
+    name_after_sweep(cfg, sweep_id, setting)
+    return sweep_id, setting
+
+
+def name_after_sweep(cfg: DictConfig, sweep_id: str, setting: str) -> None:
+    """Group ``<sweep id>/<setting>``, the sweep id as job type and tag."""
     with open_dict(cfg):
         cfg.group = f"{sweep_id}/{setting}" if setting else sweep_id
         cfg.tags = [*cfg.tags, sweep_id]
         if cfg.get("logger") and cfg.logger.get("wandb"):
             cfg.logger.wandb.job_type = sweep_id
-    return sweep_id, setting

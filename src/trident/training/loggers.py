@@ -22,7 +22,7 @@ from trident.training.wandb_journal import JOURNAL, WandbJournal
 
 log = logging.getLogger(__name__)
 
-SYNC_HINT = "upload later with `wandb sync <run dir>/wandb/offline-run-*`"
+SYNC_HINT = "upload later with `python -m trident.training.wandb_files sync <run or sweep dir>`"
 
 
 def wandb_base_url() -> str:

@@ -1,16 +1,25 @@
-"""Read W&B offline runs back from disk (``<run dir>/wandb/offline-run-*/run-*.wandb``) without an account.
+"""Read W&B offline runs back from disk (``<run dir>/wandb/offline-run-*/run-*.wandb``) without an account,
+and upload them: ``python -m trident.training.wandb_files sync <run or sweep dir>...``.
 
 W&B's own reader does the reading: ``wandb leet inspect --json`` prints each record of the run's
 transaction log as one JSON line; this module only gathers the records into an :class:`OfflineRun`.
+
+Each attempt of a run (a resume, a requeue, an extension) writes its own ``offline-run-*`` directory
+under the run's one W&B id, and the newest attempt's holds the whole history: it first sends again
+the rows logged before its checkpoint (:class:`trident.training.wandb_journal.WandbJournal`). So the
+upload is the newest attempt of each run id (:func:`offline_runs_to_sync`); uploading every attempt
+would send the steps before each resume once per attempt.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,3 +125,39 @@ def wait_for_offline_runs(directory: Path, timeout_s: float = 60.0) -> list[Offl
         if (runs and all(run.finished for run in runs)) or time.monotonic() >= deadline:
             return runs
         time.sleep(0.5)
+
+
+def offline_runs_to_sync(directories: Sequence[Path]) -> list[Path]:
+    """The ``offline-run-*`` directory to upload for each W&B run below ``directories`` (run or sweep
+    directories): of a run's attempts (one id), the newest, by the start time in the directory name
+    (``offline-run-<date>_<time>-<id>``), then by the file's age."""
+    newest: dict[str, Path] = {}
+    for run_file in sorted({f for d in directories for f in _run_files(Path(d))}):
+        run_id = run_file.stem.removeprefix("run-")
+        order = (run_file.parent.name.removeprefix("offline-run-"), run_file.stat().st_mtime_ns)
+        kept = newest.get(run_id)
+        if kept is None or order > (kept.parent.name.removeprefix("offline-run-"), kept.stat().st_mtime_ns):
+            newest[run_id] = run_file
+    return sorted(run_file.parent for run_file in newest.values())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trident.training.wandb_files",
+                                     description="Upload offline W&B runs: the newest attempt of each run.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sync = commands.add_parser("sync", help="wandb sync the newest attempt of every run below the directories")
+    sync.add_argument("directories", nargs="+", type=Path, help="run or sweep directories")
+    sync.add_argument("--dry-run", action="store_true", help="print the offline-run directories, upload nothing")
+    args = parser.parse_args(argv)
+    chosen = offline_runs_to_sync(args.directories)
+    if not chosen:
+        raise SystemExit(f"error: no offline W&B run below {', '.join(map(str, args.directories))}")
+    if args.dry_run:
+        print("\n".join(map(str, chosen)))
+        return
+    # -P: a run directory holds a ``wandb/`` folder, which ``python -m wandb`` run from there would import.
+    raise SystemExit(subprocess.run([sys.executable, "-P", "-m", "wandb", "sync", *map(str, chosen)], check=False).returncode)
+
+
+if __name__ == "__main__":
+    main()

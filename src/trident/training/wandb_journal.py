@@ -4,8 +4,8 @@ Why: SLURM's SIGTERM (a preemption, a requeue, ``scancel``) reaches every proces
 service process too, which exits at once without writing the rows it still buffers (it flushes
 the run's ``.wandb`` file only every 15 s), so a stopped attempt's W&B run can lack its last rows,
 or all of them. The next attempt resumes from a checkpoint at some step: it first sends the rows
-logged before that step again, then its own, so its W&B run holds the whole history, and
-``wandb sync`` of every attempt's file keeps the steps of each once.
+logged before that step again, then its own, so its W&B run holds the whole history: the newest
+attempt's file is the one to upload (``python -m trident.training.wandb_files sync <dir>``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 JOURNAL = "history.jsonl"
 STEP = "trainer/global_step"  # where WandbLogger puts Lightning's step
+TEST_PREFIX = "test/"
 
 
 class WandbJournal(Logger):
@@ -28,7 +29,8 @@ class WandbJournal(Logger):
 
     ``resumed_step``: the step of the checkpoint this attempt resumes from (None: a fresh start,
     which empties the journal). Rows after it came from an attempt that went on past its last
-    checkpoint and are logged again, so they are dropped; the rest wait for this attempt's first
+    checkpoint and are logged again, so they are dropped, and so are test rows: this attempt trains
+    on or tests again, and its test is the run's one; the rest wait for this attempt's first
     row and are sent before it, minus those the W&B run already has (an online run that resumes
     on the server knows its last step). Lightning calls the loggers in order: this one must come
     before ``wandb_logger``. Only logged metrics are kept, not tables or text.
@@ -40,7 +42,7 @@ class WandbJournal(Logger):
         self._wandb: WandbLogger | None = wandb_logger
         self._pending: list[dict[str, Any]] | None = None
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
-            kept = [] if resumed_step is None else [r for r in self._read() if r["step"] <= resumed_step]
+            kept = [] if resumed_step is None else [r for r in self._read() if r["step"] <= resumed_step and not _test_row(r)]
             self._pending = kept
             self._rewrite(kept)
 
@@ -101,3 +103,7 @@ class WandbJournal(Logger):
         partial = self.path.with_suffix(".partial")
         partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
         os.replace(partial, self.path)
+
+
+def _test_row(row: dict[str, Any]) -> bool:
+    return any(str(key).startswith(TEST_PREFIX) for key in row["metrics"])

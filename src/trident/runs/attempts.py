@@ -1,0 +1,87 @@
+"""One training across its attempts: what an attempt saves at its end and keeps of the earlier ones, so that
+a resumed or extended run continues step for step, on one step axis, whatever checkpoint it resumes from.
+
+- :class:`FinalStepCheckpoint`: ``last.ckpt`` of the final step is saved as the step ends, as Lightning's
+  periodic checkpoints are, never after training ended. Lightning's ``ModelCheckpoint(save_last=True)``
+  otherwise writes it at train end when it saved none during the attempt (e.g. a run shorter than
+  ``every_n_train_steps``), with the loops already past their end: the epoch counted as done and the
+  logging step moved on, so a run extended from it (``resume=<run dir> trainer.max_steps=...``) took the
+  next epoch's batches and logged every later step one too far (30 -> 40 steps: 0-29, then 31-40).
+- :func:`keep_history_until`: a resumed attempt starts ``metrics.jsonl`` from the rows up to its
+  checkpoint's step, without the earlier attempts' test rows: the file holds one training, each
+  validation once and the test of the model as it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+TEST_STAGE = "test"
+
+
+class FinalStepCheckpoint(L.Callback):
+    """Saves ``last.ckpt`` (where the ``save_last`` checkpoint callbacks keep it) at the end of the final
+    optimizer step, and stops those callbacks from writing it again once training has ended."""
+
+    def __init__(self) -> None:
+        self.saved = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.saved or not _final_step(trainer, batch_idx):
+            return
+        for path in _last_paths(trainer):  # every rank calls: the strategy decides who writes
+            trainer.save_checkpoint(path, weights_only=False)
+        self.saved = True
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning runs the checkpoint callbacks' hooks after the others': this comes first.
+        if self.saved:
+            for callback in _last_savers(trainer):
+                callback.save_last = False
+
+
+def _final_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the batch that just ended finished the training: its optimizer step reached ``max_steps``,
+    or it was the last batch of the last epoch. (An early stop is decided later, at validation.)"""
+    # After a micro-batch that only accumulated, global_step has not moved yet.
+    if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+        return True
+    epochs = trainer.max_epochs
+    last_epoch = epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
+    return last_epoch and batch_idx + 1 >= trainer.num_training_batches
+
+
+def _last_savers(trainer: L.Trainer) -> list[ModelCheckpoint]:
+    return [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath]
+
+
+def _last_paths(trainer: L.Trainer) -> list[str]:
+    """``<dirpath>/last.ckpt`` of each ``save_last`` callback, once per directory."""
+    paths = {os.path.join(str(c.dirpath), f"{c.CHECKPOINT_NAME_LAST}{c.FILE_EXTENSION}") for c in _last_savers(trainer)}
+    return sorted(paths)
+
+
+def keep_history_until(path: Path, step: int) -> None:
+    """Rewrite ``metrics.jsonl`` for an attempt resuming at ``step``: rows of later steps (an earlier
+    attempt went on past its last checkpoint) and test rows (of a model since trained on) go."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill: the rows before it are whole
+        if row.get("step", 0) <= step and row.get("stage") != TEST_STAGE:
+            kept.append(line + "\n")
+    partial = path.with_suffix(".partial")
+    partial.write_text("".join(kept))
+    os.replace(partial, path)
