@@ -65,7 +65,8 @@ class ImageClassificationTask(TridentTask):
         if mixup.get("mixup_alpha", 0) > 0 or mixup.get("cutmix_alpha", 0) > 0:
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
-        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # Summed over the images: the step's loss is their mean over its global batch (TridentTask.trained_loss).
+        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing, reduction="sum")
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -105,19 +106,18 @@ class ImageClassificationTask(TridentTask):
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
             images, targets = self.mixup(images, labels)
-            loss = self.train_loss(self.net(images).float(), targets)
+            summed = self.train_loss(self.net(images).float(), targets) * images.size(0)  # timm's loss is a mean
         else:
-            loss = self.train_loss(self.net(images).float(), labels)
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+            summed = self.train_loss(self.net(images).float(), labels)
+        # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        return self.trained_loss(summed, torch.tensor(images.size(0), device=summed.device))
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         images, labels = batch
         logits = self.net(images).float()
         self.val_top1(logits, labels)
         self.val_top5(logits, labels)
-        self.log("val/loss", nn.functional.cross_entropy(logits, labels), prog_bar=True, sync_dist=True)
+        self.evaluated_loss("val", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
         self.log("val/acc", self.val_top1, prog_bar=True)
         self.log("val/acc_top5", self.val_top5)
 
@@ -128,7 +128,7 @@ class ImageClassificationTask(TridentTask):
         self.test_top1(logits, labels)
         self.test_top5(logits, labels)
         self.test_confusion(preds, labels)
-        self.log("test/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True)
+        self.evaluated_loss("test", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
         self.log("test/acc", self.test_top1)
         self.log("test/acc_top5", self.test_top5)
         for k in torch.nonzero(preds != labels).flatten().tolist():
@@ -137,7 +137,11 @@ class ImageClassificationTask(TridentTask):
         if batch_idx == 0:
             self._attention_figure(images[: min(8, len(images))])
 
+    def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val")
+
     def on_test_epoch_end(self) -> None:
+        self.log_epoch_loss("test")
         matrix = self.test_confusion.compute()
         self.test_confusion.reset()
         if not self.trainer.is_global_zero:

@@ -1,0 +1,107 @@
+"""One loss reduction for every task (issue 50 item 2): the summed token losses of an optimizer step over the trained
+tokens of its global batch, whatever the gradient accumulation and the number of data-parallel ranks.
+
+The micro-batches below train 1 and 16 target tokens: a mean per micro-batch (the old reduction) weighs the single
+token 16 times, and the step's weights move ~50 % away from the one-batch step's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from trident.data.chat import IGNORE_INDEX
+from trident.errors import DataError
+from trident.tasks.lm import LanguageModelTask
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
+
+BACKBONE = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_seq_len": 8, "pos_encoding": "learned",
+            "dropout": 0.0}
+VOCAB = 11
+
+
+class SGDLanguageModel(LanguageModelTask):
+    """Plain SGD (lr 1, no momentum): the weights after one step are the initial ones minus the gradient, so they
+    compare the gradients themselves (Adam would hide their scale)."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+def micro_batches() -> list[tuple[Tensor, Tensor]]:
+    """Two micro-batches (2, 8) of 1 and 16 trained targets."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, VOCAB, (4, 8), generator=generator)
+    targets = torch.randint(0, VOCAB, (4, 8), generator=generator)
+    targets[:2] = IGNORE_INDEX
+    targets[0, 3] = 5  # the first micro-batch trains one token, the second all 16
+    return [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
+
+
+class Batches(Dataset):
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batches[index]
+
+
+def one_step(task: LanguageModelTask, batches: list[Any], accumulate: int, **trainer: Any) -> dict[str, Tensor]:
+    """``task``'s weights after one optimizer step over ``batches`` (each a whole micro-batch), and its logged loss."""
+    trainer_ = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         accelerator="cpu", devices=1, **trainer)
+    trainer_.fit(task, DataLoader(Batches(batches), batch_size=None, shuffle=False))
+    return {**{k: v.detach().clone() for k, v in task.net.state_dict().items()},
+            "train/loss": trainer_.callback_metrics["train/loss"]}
+
+
+@pytest.mark.parametrize("clip", [None, 1e6])
+def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) -> None:
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    whole = (torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))
+    accumulated = one_step(copy.deepcopy(task), [first, second], 2, gradient_clip_val=clip)
+    batch = one_step(copy.deepcopy(task), [whole], 1, gradient_clip_val=clip)
+    start = task.net.state_dict()
+    for name, value in batch.items():
+        if name == "train/loss":
+            # The step's loss over its 17 tokens, not the last micro-batch's.
+            assert float(accumulated[name]) == pytest.approx(float(value), rel=1e-6)
+            continue
+        step = value - start[name]
+        torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+def test_a_step_of_no_trained_token_leaves_zero_gradients_not_nan() -> None:
+    loss = StepLoss()
+    weight = torch.ones(3, requires_grad=True)
+    summed = (weight * 0).sum()  # a micro-batch with no trained token sums to 0
+    loss.micro_batch(summed, torch.tensor(0), None).backward()
+    metrics = loss.finish([weight], accumulate=1, group=None)
+    assert torch.equal(weight.grad, torch.zeros(3))
+    assert metrics == {}  # nothing trained, nothing to log (never 0/0)
+
+
+def test_epoch_loss_is_token_weighted_and_an_epoch_without_tokens_stops_in_one_line() -> None:
+    mean = TokenMean()
+    mean.update(torch.tensor(3.0), torch.tensor(1))  # a batch of one token, loss 3
+    mean.update(torch.tensor(99.0), torch.tensor(99))  # 99 tokens of loss 1
+    assert checked_mean_loss(mean, "val/loss", 10) == pytest.approx(102 / 100)  # not (3 + 1) / 2
+    mean.update(torch.tensor(0.0), torch.tensor(0))
+    with pytest.raises(DataError, match="val/loss has no token to average at step 10"):
+        checked_mean_loss(mean, "val/loss", 10)
+    mean.update(torch.tensor(math.inf), torch.tensor(4))
+    with pytest.raises(Exception, match="val/loss is inf at step 3: the model's predictions are not finite"):
+        checked_mean_loss(mean, "val/loss", 3)
