@@ -23,7 +23,7 @@ from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.parallel import parallelize
 from trident.training.tensor_parallel import clip_grad_norm, is_tensor_parallel
-from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
 
 # The checkpoint key of the training loss's constant scale (trident.training.token_loss.StepLoss.scale).
 LOSS_SCALE_KEY = "trident_loss_scale"
@@ -148,12 +148,15 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         """A validation (``stage="val"``) or test batch's summed loss over its ``count`` trained tokens."""
         self.epoch_losses[stage].update(summed, count)
 
-    def log_epoch_loss(self, stage: str) -> float:
+    def log_epoch_loss(self, stage: str, with_perplexity: bool = False) -> None:
         """Log ``<stage>/loss``, the epoch's token-weighted mean over every rank (one line stops a run whose
-        epoch trained no token or whose loss is not finite), and return it."""
+        epoch trained no token or whose loss is not finite), and with ``with_perplexity`` ``<stage>/ppl``, its
+        exp (not torchmetrics' Perplexity, whose fp32 softmax-then-log turns one confident wrong prediction into
+        an infinite perplexity beside a finite loss)."""
         value = checked_mean_loss(self.epoch_losses[stage], f"{stage}/loss", self.global_step)
         self.log(f"{stage}/loss", value, prog_bar=stage == "val", sync_dist=True)  # equal on every rank
-        return value
+        if with_perplexity:
+            self.log(f"{stage}/ppl", perplexity(value), sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -20,7 +20,6 @@ from trident.training.lora import trainable_parameters
 from trident.training.parallel import whole_weights
 from trident.training.tensor_parallel import is_tensor_parallel
 from trident.training.text_logging import log_text_table
-from trident.training.token_loss import perplexity
 
 # Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
 DECODE_TOKENS = 64
@@ -99,6 +98,7 @@ class LanguageModelTask(TridentTask):
         (read from a real cache's tensors) and greedy decoding speed of one sequence (tokens/s, the
         machine's load included: compare within one sweep); and what trains, the parameters a LoRA rank buys
         that quality with (experiment=ablation_lora_rank)."""
+        self.log_epoch_loss("test", with_perplexity=True)
         context = self.net.context_length
         new_tokens = DECODE_TOKENS if context is None else max(1, min(DECODE_TOKENS, context - 1))
         prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1): any token will do
@@ -107,12 +107,9 @@ class LanguageModelTask(TridentTask):
         self.log("test/kv_cache_bytes_per_token", float(kv_cache_bytes_per_token(self.net, prompt)), rank_zero_only=True)
         self.log("test/greedy_tokens_per_s", speed, rank_zero_only=True)
         self.log("test/trainable_params", float(trainable_parameters(self.net)["params/trainable"]), rank_zero_only=True)
-        self.log("test/ppl", perplexity(self.log_epoch_loss("test")), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        # Perplexity is exp of the token-weighted loss, as the loss is (not torchmetrics' Perplexity, whose fp32
-        # softmax-then-log turns one confident wrong prediction into an infinite perplexity beside a finite loss).
-        self.log("val/ppl", perplexity(self.log_epoch_loss("val")), sync_dist=True)
+        self.log_epoch_loss("val", with_perplexity=True)
         if self.trainer.sanity_checking:
             return
         # Every rank enters: under FSDP, gathering the weights for rank 0's samples takes them all. Under tensor

@@ -22,7 +22,6 @@ from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
 from trident.training.text_logging import log_text_table
-from trident.training.token_loss import perplexity
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +159,7 @@ class MaskedLanguageModelTask(TridentTask):
         self._evaluate(batch, batch_idx, "test", self.test_acc)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/ppl", perplexity(self.log_epoch_loss("test")), sync_dist=True)
+        self.log_epoch_loss("test", with_perplexity=True)
 
     def filled_in(self, ids: Tensor, inputs: Tensor, targets: Tensor, predictions: Tensor) -> list[list[Any]]:
         """Rows (masked input, prediction, original, accuracy) for the first ``num_examples`` blocks:
@@ -178,9 +177,7 @@ class MaskedLanguageModelTask(TridentTask):
         return rows
 
     def on_validation_epoch_end(self) -> None:
-        # Perplexity is exp of the token-weighted loss, as the loss is (not torchmetrics' Perplexity, whose fp32
-        # softmax-then-log turns one confident wrong prediction into an infinite perplexity beside a finite loss).
-        self.log("val/ppl", perplexity(self.log_epoch_loss("val")), sync_dist=True)
+        self.log_epoch_loss("val", with_perplexity=True)
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or not self._examples:
             return
         columns = ["step", "masked input", "prediction", "original", "accuracy"]
