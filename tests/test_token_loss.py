@@ -8,7 +8,10 @@ token 16 times, and the step's weights move ~50 % away from the one-batch step's
 from __future__ import annotations
 
 import copy
+import csv
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -19,8 +22,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from trident.data.chat import IGNORE_INDEX
 from trident.errors import DataError
+from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
+from trident.training.wandb_files import wait_for_offline_runs
+
+from .conftest import SMALL, compose_config
 
 BACKBONE = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_seq_len": 8, "pos_encoding": "learned",
             "dropout": 0.0}
@@ -105,3 +112,59 @@ def test_epoch_loss_is_token_weighted_and_an_epoch_without_tokens_stops_in_one_l
     mean.update(torch.tensor(math.inf), torch.tensor(4))
     with pytest.raises(Exception, match="val/loss is inf at step 3: the model's predictions are not finite"):
         checked_mean_loss(mean, "val/loss", 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Through the pipeline (issue 58 items 4-6): what a run under accumulation logs, read back from its files.
+
+STEPS_RUN = [*SMALL, "model.dropout=0.0", "callbacks.throughput.window=1",
+             "+logger.csv._target_=lightning.pytorch.loggers.CSVLogger", "+logger.csv.name=csv"]
+
+
+@pytest.fixture(scope="module")
+def accumulated_and_whole(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> dict[str, Path]:
+    """The same 4 optimizer steps of 8 blocks: 2 micro-batches of 4 (accumulated), and one batch of 8."""
+    runs = {"accumulated": ["data.batch_size=4", "trainer.accumulate_grad_batches=2"], "whole": ["data.batch_size=8"]}
+    directories = {}
+    for name, overrides in runs.items():
+        directories[name] = tmp_path_factory.mktemp(name) / "run"
+        train(compose_config([*STEPS_RUN, *overrides], output_dir=directories[name]))
+    return directories
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    (run,) = wait_for_offline_runs(run_dir)
+    return run.history
+
+
+def _steps_of(history: list[dict[str, Any]], key: str) -> list[int]:
+    return [int(row["trainer/global_step"]) for row in history if key in row]
+
+
+@pytest.mark.slow
+def test_accumulation_validates_every_interval_of_optimizer_steps_on_one_step_axis(
+        accumulated_and_whole: dict[str, Path]) -> None:
+    """val_check_interval=2 with accumulate_grad_batches=2: validation after optimizer steps 2 and 4 (Lightning
+    counted micro-batches: 4 validations), at the same step in W&B, metrics.jsonl, the CSV log and the checkpoint
+    name; one row per optimizer step of train/loss and of the learning rate, one of throughput per window."""
+    run_dir = accumulated_and_whole["accumulated"]
+    history = _history(run_dir)
+    jsonl = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in jsonl if row["stage"] == "validate"] == [2, 4]
+    assert _steps_of(history, "val/loss") == [2, 4]
+    with next(run_dir.rglob("metrics.csv")).open() as f:
+        assert [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")] == [2, 4]
+    (best,) = (run_dir / "checkpoints").glob("best-step*.ckpt")
+    assert int(best.stem.removeprefix("best-step")) in (2, 4)
+    assert _steps_of(history, "train/loss") == [0, 1, 2, 3]  # the training rows: the step under way
+    lr_keys = {key for row in history for key in row if key.startswith("lr-")}  # one per parameter group
+    assert lr_keys and all(_steps_of(history, key) == [0, 1, 2, 3] for key in lr_keys)
+    assert _steps_of(history, "throughput/tokens_per_sec") == [1, 2, 3]  # window=1, the first step is warm-up
+
+
+@pytest.mark.slow
+def test_train_loss_under_accumulation_is_the_batch_twice_as_large_runs(accumulated_and_whole: dict[str, Path]) -> None:
+    losses = {name: [row["train/loss"] for row in _history(run_dir) if "train/loss" in row]
+              for name, run_dir in accumulated_and_whole.items()}
+    assert len(losses["whole"]) == 4
+    assert losses["accumulated"] == pytest.approx(losses["whole"], rel=1e-6)

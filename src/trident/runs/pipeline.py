@@ -33,6 +33,7 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
+from trident.training.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.distributed_checkpoint import check_sharded_resume
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import lora_settings
@@ -237,13 +238,15 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
         # Stop signals are trident's (PreemptionCheckpoint), not Lightning's SLURM auto-requeue.
         plugins.append(SLURMEnvironment(auto_requeue=False))
     try:
-        return instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
+        trainer = instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
     except InstantiationException as err:
         cause = err.__cause__
         if not isinstance(cause, (MisconfigurationException, ValueError, TypeError)):
             raise
         reason = str(cause).strip().splitlines()[0]
         raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
+    count_validation_in_optimizer_steps(trainer)  # val_check_interval in optimizer steps (trident.training.steps)
+    return trainer
 
 
 def read_resume_checkpoint(ckpt_path: str | None, strategy: Any) -> tuple[Path, dict[str, Any]] | None:
@@ -340,7 +343,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     history = metric_history(cfg, run_dir)
     workers = WorkerProcesses()
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
-                 workers]
+                 workers, ValidationRowStep()]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     with open_dict(cfg):
         # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.
