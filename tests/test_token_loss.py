@@ -91,6 +91,40 @@ def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) ->
         torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
 
 
+class RankBatches(Dataset):
+    """Each DDP rank's own micro-batches, in order (``use_distributed_sampler=False``)."""
+
+    def __init__(self, per_rank: list[list[Any]]) -> None:
+        self.per_rank = per_rank
+
+    def __len__(self) -> int:
+        return len(self.per_rank[0])
+
+    def __getitem__(self, index: int) -> Any:
+        return self.per_rank[torch.distributed.get_rank()][index]
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_accumulating_step_like_one_process_on_the_whole_batch() -> None:
+    """2 gloo ranks x 2 accumulated micro-batches of 1, 16, 16 and 1 trained tokens: the weights after the step
+    equal one process's on the 4 as one batch (DDP's average over ranks and Lightning's 1/2 undone)."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    per_rank = [[first, second], [second, first]]
+    whole = (torch.cat([first[0], second[0], second[0], first[0]]), torch.cat([first[1], second[1], second[1], first[1]]))
+    expected = one_step(copy.deepcopy(task), [whole], 1)
+    ranks = copy.deepcopy(task)
+    trainer = L.Trainer(max_steps=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, accelerator="cpu",
+                        devices=2, strategy="ddp_spawn", use_distributed_sampler=False)
+    trainer.fit(ranks, DataLoader(RankBatches(per_rank), batch_size=None, shuffle=False))
+    start = task.net.state_dict()
+    for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
+        step = expected[name] - start[name]
+        torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
 def test_a_step_of_no_trained_token_leaves_zero_gradients_not_nan() -> None:
     loss = StepLoss()
     weight = torch.ones(3, requires_grad=True)
@@ -99,6 +133,22 @@ def test_a_step_of_no_trained_token_leaves_zero_gradients_not_nan() -> None:
     metrics = loss.finish([weight], accumulate=1, group=None)
     assert torch.equal(weight.grad, torch.zeros(3))
     assert metrics == {}  # nothing trained, nothing to log (never 0/0)
+
+
+def test_a_validation_without_a_trained_token_stops_the_run_naming_the_cause() -> None:
+    """Issue 50 item 1: validation rows whose targets are all ignored (chat prompts filling data.block_size) made
+    val/loss 0/0 = NaN, which ModelCheckpoint takes for +inf: the run went on and "completed" with its worst
+    checkpoint as the best. The first validation now stops it in one line."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    unanswered = (first[0], torch.full_like(first[1], IGNORE_INDEX))
+    trainer = L.Trainer(max_steps=2, val_check_interval=1, num_sanity_val_steps=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1)
+    loader = DataLoader(Batches([second, second]), batch_size=None)
+    with pytest.raises(DataError, match="val/loss has no token to average at step 1: every target of the split is ignored"):
+        trainer.fit(task, loader, DataLoader(Batches([unanswered]), batch_size=None))
 
 
 def test_epoch_loss_is_token_weighted_and_an_epoch_without_tokens_stops_in_one_line() -> None:
