@@ -148,7 +148,7 @@ def test_perplexity_of_a_confident_wrong_guess_is_exp_of_the_finite_loss(
     """Issue 50 item 14: one masked token predicted wrong with a logit gap of 300 (its probability underflows
     fp32's softmax) made torchmetrics' Perplexity infinite beside a finite loss; val/ppl is exp of val/loss."""
     task, ids = mlm_task_and_batch
-    inputs, targets = task.mask(ids, "val", 0)
+    _, targets = task.mask(ids, "val", 0)
     forward = task.net.forward
 
     def confident(*args: Any, **kwargs: Any) -> Tensor:

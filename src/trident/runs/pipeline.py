@@ -33,7 +33,6 @@ from trident.runs.resume import check_resume_continues, checkpoint_to_resume, ru
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
-from trident.training.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.distributed_checkpoint import check_sharded_resume
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import lora_settings
@@ -42,6 +41,7 @@ from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_callbacks, check_early_stopping, check_seed, check_trainer_config
+from trident.training.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
