@@ -24,6 +24,7 @@ from trident.data.chat import IGNORE_INDEX
 from trident.errors import DataError
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
+from trident.training.steps import count_validation_in_optimizer_steps
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
 from trident.training.wandb_files import wait_for_offline_runs
 
@@ -123,6 +124,33 @@ def test_two_ddp_ranks_accumulating_step_like_one_process_on_the_whole_batch() -
     for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
         step = expected[name] - start[name]
         torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+class ValidatedSteps(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(("batches", "interval", "max_steps", "validated"), [
+    (40, 10, 20, [10, 20]),  # issue 58's case: accumulation 2, val_check_interval=10: once in 10 optimizer steps
+    (5, 3, 9, [3, 6, 9]),  # epochs of 5 micro-batches: 3 steps each (the last one short), counted across epochs
+])
+def test_val_check_interval_counts_optimizer_steps_under_accumulation(batches: int, interval: int, max_steps: int,
+                                                                      validated: list[int]) -> None:
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    record = ValidatedSteps()
+    trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=2, val_check_interval=interval,
+                        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        callbacks=[record])
+    count_validation_in_optimizer_steps(trainer)  # as the pipeline's build_trainer does
+    trainer.fit(task, DataLoader(Batches([second] * batches), batch_size=None), DataLoader(Batches([second]), batch_size=None))
+    assert record.steps == validated
 
 
 def test_a_step_of_no_trained_token_leaves_zero_gradients_not_nan() -> None:

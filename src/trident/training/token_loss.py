@@ -33,9 +33,7 @@ from torch.distributed import ProcessGroup
 from torchmetrics import Metric
 
 from trident.errors import DataError, TrainingDiverged
-
-# The device-mesh dimension the gradients are averaged over (Lightning's ModelParallelStrategy name for it).
-DATA_PARALLEL = "data_parallel"
+from trident.training.parallel import DATA_PARALLEL
 
 
 def data_parallel_group(module: L.LightningModule) -> ProcessGroup | None:
