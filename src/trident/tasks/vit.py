@@ -65,8 +65,7 @@ class ImageClassificationTask(TridentTask):
         if mixup.get("mixup_alpha", 0) > 0 or mixup.get("cutmix_alpha", 0) > 0:
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
-        # Summed over the images: the step's loss is their mean over its global batch (TridentTask.trained_loss).
-        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing, reduction="sum")
+        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -106,9 +105,11 @@ class ImageClassificationTask(TridentTask):
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
             images, targets = self.mixup(images, labels)
-            summed = self.train_loss(self.net(images).float(), targets) * images.size(0)  # timm's loss is a mean
+            loss = self.train_loss(self.net(images).float(), targets)
         else:
-            summed = self.train_loss(self.net(images).float(), labels)
+            loss = self.train_loss(self.net(images).float(), labels)
+        # The mean over the micro-batch's images, summed: the step's loss is the mean over its global batch.
+        summed = loss * images.size(0)
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
         return self.trained_loss(summed, torch.tensor(images.size(0), device=summed.device))
 
