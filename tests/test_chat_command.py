@@ -96,11 +96,12 @@ def test_the_lm_loss_of_a_packed_batch_is_the_answer_loss_of_each_conversation_a
     targets[3:6], targets[9:13] = first[4:7], second[3:7]  # the answers: the last tokens of each
     documents = torch.tensor([0] * 7 + [1] * 7)
     with torch.no_grad():
-        loss, _ = task._loss((torch.cat([first, second])[None], targets[None], documents[None]))
+        summed, count = task._loss((torch.cat([first, second])[None], targets[None], documents[None]))
         alone = [task.net(ids[None])[0] for ids in (first, second)]
     picked = torch.cat([torch.log_softmax(alone[0][3:6], -1).gather(-1, first[4:7, None]),
                         torch.log_softmax(alone[1][2:6], -1).gather(-1, second[3:7, None])])
-    torch.testing.assert_close(loss, -picked.mean(), atol=1e-5, rtol=1e-5)
+    assert int(count) == 7  # the answer tokens, which the summed loss covers alone
+    torch.testing.assert_close(summed / count, -picked.mean(), atol=1e-5, rtol=1e-5)
 
 
 def test_the_run_records_the_template_and_end_of_turn_it_trained_with(chat_run: Path) -> None:

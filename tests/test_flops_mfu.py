@@ -131,26 +131,80 @@ def test_cpu_peak_is_measured_once_per_process() -> None:
     assert measured_peak_flops.cache_info().hits == hits + 1  # cached, not measured again
 
 
+class FakeTrainer(SimpleNamespace):
+    """What Throughput reads of a trainer: its data-parallel replicas, devices, loggers, and where the batch
+    stands in its optimizer step (``accumulate`` micro-batches each; Lightning counts the step after the hooks)."""
+
+    def __init__(self, replicas: int | None = None, world_size: int = 1, accumulate: int = 1) -> None:
+        rows: list[tuple[int, dict[str, float]]] = []
+        logger = SimpleNamespace(log_metrics=lambda metrics, step: rows.append((step, dict(metrics))))
+        loop = SimpleNamespace(_batches_that_stepped=0, micro_batches=0)
+        fit_loop = SimpleNamespace(epoch_loop=loop, _should_accumulate=lambda: (loop.micro_batches % accumulate) != 0)
+        super().__init__(distributed_sampler_kwargs={"num_replicas": replicas, "rank": 0} if replicas else None,
+                         world_size=world_size, precision="32-true", loggers=[logger], fit_loop=fit_loop, rows=rows)
+
+    def batch_end(self, callback: Throughput, module: SimpleNamespace) -> None:
+        loop = self.fit_loop.epoch_loop
+        loop.micro_batches += 1
+        callback.on_train_batch_end(self, module, {}, None, loop.micro_batches - 1)
+        if not self.fit_loop._should_accumulate():
+            loop._batches_that_stepped += 1
+
+
+def counting_module() -> SimpleNamespace:
+    return SimpleNamespace(throughput_units=lambda batch: {"tokens": 100}, flops_per_batch=lambda batch: 1e6,
+                           device=torch.device("cpu"))
+
+
 def test_throughput_reports_an_epoch_shorter_than_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """5 batches an epoch, a window of 20: the epoch's end logs the 4 steps after the first, timed from the
     first batch's end to the last's (the GPU check's ViT runs, 18 batches an epoch, used to log nothing)."""
     clock = iter([10.0, 11.0, 12.0, 13.0, 14.0])  # each batch end, one second apart
     monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
-    logged: list[dict[str, float]] = []
-    module = SimpleNamespace(throughput_units=lambda batch: {"tokens": 100}, flops_per_batch=lambda batch: 1e6,
-                             log_dict=logged.append, device=torch.device("cpu"))
-    trainer = SimpleNamespace(distributed_sampler_kwargs=None, world_size=1, precision="32-true")
+    module, trainer = counting_module(), FakeTrainer()
     callback = Throughput(window=20, peak_flops=1e7)
     callback.on_fit_start(trainer, module)
     callback.on_train_epoch_start(trainer, module)
-    for index in range(5):
-        callback.on_train_batch_end(trainer, module, {}, None, index)
-    assert logged == []
+    for _ in range(5):
+        trainer.batch_end(callback, module)
+    assert trainer.rows == []
     callback.on_train_epoch_end(trainer, module)
-    assert logged == [pytest.approx({"throughput/tokens_per_sec": 100.0, "throughput/flops_per_sec": 1e6,
-                                     "throughput/mfu": 0.1})]
+    # One row, at the last training step's (steps 0-4: the 5th step's row is at 4).
+    assert trainer.rows == [(4, pytest.approx({"throughput/tokens_per_sec": 100.0, "throughput/flops_per_sec": 1e6,
+                                               "throughput/mfu": 0.1}))]
     callback.on_train_epoch_end(trainer, module)  # nothing since: nothing more
-    assert len(logged) == 1
+    assert len(trainer.rows) == 1
+
+
+def test_throughput_counts_data_parallel_replicas_not_tensor_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 processes as 2 tensor-parallel groups of 2: two batches per step, not four (the ranks of a group share
+    one); MFU is over the peak of all 4 devices."""
+    clock = iter([10.0, 11.0])
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    module, trainer = counting_module(), FakeTrainer(replicas=2, world_size=4)
+    callback = Throughput(window=1, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    callback.on_train_epoch_start(trainer, module)
+    for _ in range(2):
+        trainer.batch_end(callback, module)
+    assert trainer.rows == [(1, pytest.approx({"throughput/tokens_per_sec": 200.0, "throughput/flops_per_sec": 2e6,
+                                               "throughput/mfu": 2e6 / 4e7}))]
+
+
+def test_throughput_windows_count_optimizer_steps_under_accumulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accumulate_grad_batches=2, a window of 2 steps: after the first step (warm-up), steps 1-2 are one window of
+    4 micro-batches, logged once, at step 2, and the clock is read at steps' ends only."""
+    clock = iter([10.0, 11.0, 12.0])  # the ends of steps 0, 1 and 2
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    module, trainer = counting_module(), FakeTrainer(accumulate=2)
+    callback = Throughput(window=2, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    callback.on_train_epoch_start(trainer, module)
+    for _ in range(6):
+        trainer.batch_end(callback, module)
+    callback.on_train_epoch_end(trainer, module)  # the window ended with the epoch's last step: no second row
+    assert trainer.rows == [(2, pytest.approx({"throughput/tokens_per_sec": 200.0, "throughput/flops_per_sec": 2e6,
+                                               "throughput/mfu": 0.2}))]
 
 
 def test_throughput_rejects_a_bad_peak() -> None:

@@ -21,8 +21,11 @@ def test_test_stage_logs_cache_bytes_of_the_key_value_heads_and_a_speed(
     task = LanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={}).eval()
     logged: dict[str, Any] = {}
     monkeypatch.setattr(task, "log", lambda name, value, **kwargs: logged.update({name: value}))
+    with torch.no_grad():
+        task.test_step((torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long)), 0)
     task.on_test_epoch_end()
-    assert set(logged) == {"test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s", "test/trainable_params"}
+    assert set(logged) == {"test/loss", "test/ppl", "test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s",
+                           "test/trainable_params"}
     # keys and values, 3 layers, n_kv_heads heads of width 8, fp32
     assert logged["test/kv_cache_bytes_per_token"] == 2 * 3 * n_kv_heads * 8 * 4
     assert logged["test/greedy_tokens_per_s"] > 0 and torch.isfinite(torch.tensor(logged["test/greedy_tokens_per_s"]))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -109,9 +110,9 @@ def test_loss_is_on_the_positions_the_test_masks_only(mlm_task_and_batch: tuple[
     positions = (torch.tensor([0, 0, 1, 3]), torch.tensor([3, 17, 0, 31]))  # (row, column): chosen here
     inputs, targets = ids.clone(), torch.full_like(ids, IGNORE_INDEX)
     inputs[positions], targets[positions] = task.mask_id, ids[positions]
-    loss, _, _ = task._loss(inputs, targets)
+    loss, _, _ = task._loss(inputs, targets)  # summed over the 4 positions (the step divides by its global count)
     logits = task.net(inputs).float().detach().requires_grad_()  # (B, T, V): every position
-    expected = F.cross_entropy(logits[positions], ids[positions])
+    expected = F.cross_entropy(logits[positions], ids[positions], reduction="sum")
     expected.backward()
     torch.testing.assert_close(loss, expected)
     assert logits.grad is not None
@@ -132,13 +133,39 @@ def test_logged_loss_is_on_the_masked_inputs_only(mlm_task_and_batch: tuple[Mask
     monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, value))
     with torch.no_grad():
         task.test_step(ids, 0)
+        task.on_test_epoch_end()  # the epoch's token-weighted loss and perplexity
         logits = task.net(inputs).float()[masked]  # (N, V) at the masks
     expected = F.cross_entropy(logits, ids[masked])
     assert float(logged["test/loss"]) == pytest.approx(float(expected), rel=1e-5)
     # Perplexity and accuracy of the masked tokens: exp of that loss, and the share of exact guesses.
-    assert float(logged["test/ppl"].compute()) == pytest.approx(math.exp(float(expected)), rel=1e-4)
+    assert float(logged["test/ppl"]) == pytest.approx(math.exp(float(expected)), rel=1e-4)
     accuracy = (logits.argmax(dim=-1) == ids[masked]).float().mean()
     assert float(logged["test/acc"].compute()) == pytest.approx(float(accuracy))
+
+
+def test_perplexity_of_a_confident_wrong_guess_is_exp_of_the_finite_loss(
+        mlm_task_and_batch: tuple[MaskedLanguageModelTask, Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50 item 14: one masked token predicted wrong with a logit gap of 300 (its probability underflows
+    fp32's softmax) made torchmetrics' Perplexity infinite beside a finite loss; val/ppl is exp of val/loss."""
+    task, ids = mlm_task_and_batch
+    _, targets = task.mask(ids, "val", 0)
+    forward = task.net.forward
+
+    def confident(*args: Any, **kwargs: Any) -> Tensor:
+        logits = forward(*args, **kwargs)  # (N, V)
+        wrong = (targets[targets != IGNORE_INDEX][0] + 1) % logits.size(-1)
+        logits[0, wrong] = logits[0].max() + 300.0
+        return logits
+
+    monkeypatch.setattr(task.net, "forward", confident)
+    logged: dict[str, Any] = {}
+    monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, value))
+    monkeypatch.setattr(type(task), "trainer", property(lambda self: SimpleNamespace(sanity_checking=True, is_global_zero=False)))
+    with torch.no_grad():
+        task.validation_step(ids, 0)
+        task.on_validation_epoch_end()
+    assert math.isfinite(logged["val/loss"]) and logged["val/loss"] > 300 / targets.ne(IGNORE_INDEX).sum().item()
+    assert logged["val/ppl"] == pytest.approx(math.exp(logged["val/loss"]), rel=1e-9)
 
 
 # --------------------------------------------------------------------------------------------

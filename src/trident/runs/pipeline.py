@@ -42,6 +42,7 @@ from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_callbacks, check_early_stopping, check_seed, check_trainer_config
+from trident.training.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
@@ -237,13 +238,15 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
         # Stop signals are trident's (PreemptionCheckpoint), not Lightning's SLURM auto-requeue.
         plugins.append(SLURMEnvironment(auto_requeue=False))
     try:
-        return instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
+        trainer = instantiate(trainer_cfg, plugins=plugins, **kwargs, _convert_="all")
     except InstantiationException as err:
         cause = err.__cause__
         if not isinstance(cause, (MisconfigurationException, ValueError, TypeError)):
             raise
         reason = str(cause).strip().splitlines()[0]
         raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
+    count_validation_in_optimizer_steps(trainer)  # val_check_interval in optimizer steps (trident.training.steps)
+    return trainer
 
 
 def read_resume_checkpoint(ckpt_path: str | None, strategy: Any) -> tuple[Path, dict[str, Any]] | None:
@@ -343,7 +346,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         keep_history_until(history.path, int(saved[1]["global_step"]))
     workers = WorkerProcesses()
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
-                 workers, FinalStepCheckpoint()]
+                 workers, FinalStepCheckpoint(), ValidationRowStep()]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     with open_dict(cfg):
         # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.

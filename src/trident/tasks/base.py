@@ -23,6 +23,10 @@ from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.parallel import parallelize
 from trident.training.tensor_parallel import clip_grad_norm, is_tensor_parallel
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
+
+# The checkpoint key of the training loss's constant scale (trident.training.token_loss.StepLoss.scale).
+LOSS_SCALE_KEY = "trident_loss_scale"
 
 # What a network's stack is, in the words of the error lines.
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
@@ -116,6 +120,51 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
         self.lora = lora  # finetune=lora: the adapters' settings (trident.training.lora); None: full fine-tuning
+        # Every task's one loss reduction (trident.training.token_loss): training over the optimizer step's global
+        # batch, validation and test over the whole epoch, both summed losses over trained tokens.
+        self.step_loss = StepLoss()
+        self.epoch_losses = nn.ModuleDict({"val": TokenMean(), "test": TokenMean()})
+
+    def trained_loss(self, summed: Tensor, count: Tensor) -> Tensor:
+        """What ``training_step`` returns for a micro-batch whose ``count`` trained tokens (targets, sequences or
+        images) have the summed loss ``summed``: the optimizer step's gradient becomes that of the summed losses of
+        its global batch over its trained tokens (:meth:`on_before_optimizer_step`)."""
+        return self.step_loss.micro_batch(summed, count, data_parallel_group(self))
+
+    def step_metric(self, name: str, total: Tensor | float, weight: Tensor | float) -> None:
+        """Log training metric ``name`` of the optimizer step: ``total`` over ``weight`` items of this micro-batch,
+        summed with the step's other micro-batches and ranks (logged at the step's end, as ``train/loss`` is)."""
+        self.step_loss.add(name, total, weight)
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """After the step's last backward (and fp16 unscaling), before clipping: the gradients become the global
+        token mean's, and the step's training metrics are logged, once per optimizer step."""
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        metrics = self.step_loss.finish(parameters, self.trainer.accumulate_grad_batches, data_parallel_group(self))
+        for name, value in metrics.items():  # already reduced over the ranks: no sync_dist
+            self.log(name, value, prog_bar=name == StepLoss.LOSS, on_step=True, on_epoch=False, batch_size=1)
+
+    def evaluated_loss(self, stage: str, summed: Tensor, count: Tensor) -> None:
+        """A validation (``stage="val"``) or test batch's summed loss over its ``count`` trained tokens."""
+        self.epoch_losses[stage].update(summed, count)
+
+    def log_epoch_loss(self, stage: str, with_perplexity: bool = False) -> None:
+        """Log ``<stage>/loss``, the epoch's token-weighted mean over every rank (one line stops a run whose
+        epoch trained no token or whose loss is not finite), and with ``with_perplexity`` ``<stage>/ppl``, its
+        exp (not torchmetrics' Perplexity, whose fp32 softmax-then-log turns one confident wrong prediction into
+        an infinite perplexity beside a finite loss)."""
+        value = checked_mean_loss(self.epoch_losses[stage], f"{stage}/loss", self.global_step)
+        self.log(f"{stage}/loss", value, prog_bar=stage == "val", sync_dist=True)  # equal on every rank
+        if with_perplexity:
+            self.log(f"{stage}/ppl", perplexity(value), sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[LOSS_SCALE_KEY] = self.step_loss.scale  # a resumed run scales its losses as before
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.step_loss.scale = checkpoint.get(LOSS_SCALE_KEY, self.step_loss.scale)
 
     @property
     def learning_rate(self) -> float:

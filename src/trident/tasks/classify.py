@@ -121,23 +121,23 @@ class SequenceClassificationTask(TridentTask):
         """Freezing for N steps: the backbone's gradients are dropped before each of the first N
         steps (so AdamW leaves it, and its moments, alone), then it trains with the head. Dropped
         rather than never computed, so DDP still reduces every parameter it registered."""
+        super().on_before_optimizer_step(optimizer)  # the global batch's gradients first
         if self.global_step < self.freeze_backbone_steps:
             for _, param in self.net.named_backbone_parameters():
                 param.grad = None
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         ids, padding, labels = batch
-        loss = F.cross_entropy(self(ids, padding).float(), labels)
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+        summed = F.cross_entropy(self(ids, padding).float(), labels, reduction="sum")
+        # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        return self.trained_loss(summed, torch.tensor(labels.numel(), device=summed.device))
 
     def _evaluate(self, batch: Batch, stage: str, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:
         ids, padding, labels = batch
         logits = self(ids, padding).float()
         acc(logits, labels)
         f1(logits, labels)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), prog_bar=stage == "val", sync_dist=True)
+        self.evaluated_loss(stage, F.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
         self.log(f"{stage}/macro_f1", f1)
         # The baseline beside the accuracy: always answering the most frequent training class.
@@ -152,7 +152,11 @@ class SequenceClassificationTask(TridentTask):
         logits = self._evaluate(batch, "test", self.test_acc, self.test_f1)
         self.test_confusion(logits.argmax(dim=-1), batch[2])
 
+    def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val")
+
     def on_test_epoch_end(self) -> None:
+        self.log_epoch_loss("test")
         matrix = self.test_confusion.compute()
         self.test_confusion.reset()
         if self.trainer.is_global_zero:

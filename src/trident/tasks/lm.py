@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
-from torchmetrics.text import Perplexity
 
 from trident.data.base import TridentDataModule
 from trident.data.chat import IGNORE_INDEX
@@ -55,9 +54,6 @@ class LanguageModelTask(TridentTask):
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
-        # Targets of IGNORE_INDEX (prompt tokens of chat data, padding) count in neither the loss nor perplexity.
-        self.val_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
-        self.test_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.net(ids)
@@ -79,35 +75,31 @@ class LanguageModelTask(TridentTask):
 
     def _loss(self, batch: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
         """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``)
-        their document ids (B, T), which keep each document's attention to itself."""
+        their document ids (B, T), which keep each document's attention to itself. Returns the summed loss of
+        the trained targets and their count: targets of IGNORE_INDEX (prompt tokens of chat data, padding) count
+        in neither (a batch of none sums to 0, never 0/0)."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
         logits = self.net(inputs, documents=documents[0]) if documents else self.net(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return loss, logits
+        summed = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
+        return summed, targets.ne(IGNORE_INDEX).sum()
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
-        loss, _ = self._loss(batch)
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+        # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        return self.trained_loss(*self._loss(batch))
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        loss, logits = self._loss(batch)
-        self.val_perplexity(logits.float(), batch[1])
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", self.val_perplexity)
+        self.evaluated_loss("val", *self._loss(batch))
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        loss, logits = self._loss(batch)
-        self.test_perplexity(logits.float(), batch[1])
-        self.log("test/loss", loss, sync_dist=True)
-        self.log("test/ppl", self.test_perplexity)
+        self.evaluated_loss("test", *self._loss(batch))
 
     def on_test_epoch_end(self) -> None:
         """Beside the test loss, what grouped-query attention trades for it: the KV cache's bytes per token
         (read from a real cache's tensors) and greedy decoding speed of one sequence (tokens/s, the
         machine's load included: compare within one sweep); and what trains, the parameters a LoRA rank buys
         that quality with (experiment=ablation_lora_rank)."""
+        self.log_epoch_loss("test", with_perplexity=True)
         context = self.net.context_length
         new_tokens = DECODE_TOKENS if context is None else max(1, min(DECODE_TOKENS, context - 1))
         prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1): any token will do
@@ -118,6 +110,7 @@ class LanguageModelTask(TridentTask):
         self.log("test/trainable_params", float(trainable_parameters(self.net)["params/trainable"]), rank_zero_only=True)
 
     def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val", with_perplexity=True)
         if self.trainer.sanity_checking:
             return
         # Every rank enters: under FSDP, gathering the weights for rank 0's samples takes them all. Under tensor

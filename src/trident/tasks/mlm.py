@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.text import Perplexity
 
 from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
 from trident.data.base import TridentDataModule
@@ -62,7 +61,6 @@ class MaskedLanguageModelTask(TridentTask):
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.num_examples = seed, num_examples
-        self.val_ppl, self.test_ppl = Perplexity(), Perplexity()
         # micro: the fraction of masked tokens predicted exactly (macro would average token classes).
         self.val_acc = MulticlassAccuracy(vocab_size, average="micro")
         self.test_acc = MulticlassAccuracy(vocab_size, average="micro")
@@ -131,36 +129,37 @@ class MaskedLanguageModelTask(TridentTask):
         )
 
     def _loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Cross entropy over the selected positions only; returns (loss, logits (N, V), targets (N,))."""
+        """Cross entropy over the selected positions only; returns (summed loss, logits (N, V), targets (N,)):
+        N, the count of trained tokens, may be 0 (the sum is then 0)."""
         select = targets != IGNORE_INDEX  # (B, T)
         logits = self.net(inputs, select=select).float()  # (N, V)
         selected_targets = targets[select]  # (N,)
-        return F.cross_entropy(logits, selected_targets), logits, selected_targets
+        return F.cross_entropy(logits, selected_targets, reduction="sum"), logits, selected_targets
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         # Micro-batches across epochs (Lightning restores the count on resume), unlike batch_idx.
         inputs, targets = self.mask(batch, "train", self.trainer.fit_loop.epoch_loop.total_batch_idx)
-        loss, _, _ = self._loss(inputs, targets)
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+        summed, _, selected_targets = self._loss(inputs, targets)
+        # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        return self.trained_loss(summed, torch.tensor(selected_targets.numel(), device=summed.device))
 
-    def _evaluate(self, batch: Tensor, batch_idx: int, stage: str, ppl: Perplexity, acc: MulticlassAccuracy) -> None:
+    def _evaluate(self, batch: Tensor, batch_idx: int, stage: str, acc: MulticlassAccuracy) -> None:
         inputs, targets = self.mask(batch, stage, batch_idx)
-        loss, logits, selected_targets = self._loss(inputs, targets)
-        ppl(logits[None], selected_targets[None])
+        summed, logits, selected_targets = self._loss(inputs, targets)
+        self.evaluated_loss(stage, summed, torch.tensor(selected_targets.numel(), device=summed.device))
         acc(logits, selected_targets)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
-        self.log(f"{stage}/ppl", ppl)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
         if batch_idx == 0 and stage == "val" and self.trainer.is_global_zero:
             self._examples = self.filled_in(batch, inputs, targets, logits.argmax(dim=-1))
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, "val", self.val_ppl, self.val_acc)
+        self._evaluate(batch, batch_idx, "val", self.val_acc)
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
-        self._evaluate(batch, batch_idx, "test", self.test_ppl, self.test_acc)
+        self._evaluate(batch, batch_idx, "test", self.test_acc)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_epoch_loss("test", with_perplexity=True)
 
     def filled_in(self, ids: Tensor, inputs: Tensor, targets: Tensor, predictions: Tensor) -> list[list[Any]]:
         """Rows (masked input, prediction, original, accuracy) for the first ``num_examples`` blocks:
@@ -178,6 +177,7 @@ class MaskedLanguageModelTask(TridentTask):
         return rows
 
     def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val", with_perplexity=True)
         if self.trainer.sanity_checking or not self.trainer.is_global_zero or not self._examples:
             return
         columns = ["step", "masked input", "prediction", "original", "accuracy"]

@@ -140,20 +140,19 @@ class TranslationTask(TridentTask):
 
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, nll, n_tokens = self._loss(batch)
-        size = batch["src"].size(0)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
         real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
-        self.log("train/nll_loss", nll, batch_size=size)
-        # What token-budget batching is for: compute spent on padding (fairseq keeps it small).
-        self.log("train/padding_fraction", 1.0 - real / padded, batch_size=size)
-        self.log("train/tokens_per_batch", float(n_tokens), batch_size=size)
-        return loss
+        # Each metric of the optimizer step's global batch, logged once per step (TridentTask.on_before_optimizer_step):
+        # the NLL over its target tokens, as the loss; padding over its positions. What token-budget batching is for:
+        # compute spent on padding (fairseq keeps it small).
+        self.step_metric("train/nll_loss", nll * n_tokens, n_tokens)
+        self.step_metric("train/padding_fraction", padded - real, padded)
+        self.step_metric("train/tokens_per_batch", n_tokens, 1)  # the mean micro-batch of a rank
+        return self.trained_loss(loss * n_tokens, n_tokens)
 
     def _evaluate(self, batch: TranslationBatch, stage: str, nll_metric: MeanMetric) -> None:
         loss, nll, n_tokens = self._loss(batch)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=int(n_tokens))
+        self.evaluated_loss(stage, loss * n_tokens, n_tokens)
         nll_metric.update(nll, weight=n_tokens)
         for suffix, beam in self._decoders(stage).items():
             with whole_weights(self.net):  # under FSDP, each rank's decoding loop stops when its own batch is done
@@ -182,12 +181,14 @@ class TranslationTask(TridentTask):
         self._outputs = {}
 
     def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val")
         rows = self._score("val", self.val_nll)
         if rows and not self.trainer.sanity_checking and self.trainer.is_global_zero:
             examples = [[self.global_step, *row] for row in rows[: self.num_examples]]
             log_text_table(self, "translations", ["step", "source", "reference", "hypothesis"], examples)
 
     def on_test_epoch_end(self) -> None:
+        self.log_epoch_loss("test")
         self._score("test", self.test_nll)
 
     def _score(self, stage: str, nll_metric: MeanMetric) -> list[tuple[str, str, str]]:

@@ -108,16 +108,17 @@ class ImageClassificationTask(TridentTask):
             loss = self.train_loss(self.net(images).float(), targets)
         else:
             loss = self.train_loss(self.net(images).float(), labels)
-        # Averaged over DDP ranks: the loss of the global batch, comparable across world sizes.
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
-        return loss
+        # The mean over the micro-batch's images, summed: the step's loss is the mean over its global batch.
+        summed = loss * images.size(0)
+        # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        return self.trained_loss(summed, torch.tensor(images.size(0), device=summed.device))
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         images, labels = batch
         logits = self.net(images).float()
         self.val_top1(logits, labels)
         self.val_top5(logits, labels)
-        self.log("val/loss", nn.functional.cross_entropy(logits, labels), prog_bar=True, sync_dist=True)
+        self.evaluated_loss("val", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
         self.log("val/acc", self.val_top1, prog_bar=True)
         self.log("val/acc_top5", self.val_top5)
 
@@ -128,7 +129,7 @@ class ImageClassificationTask(TridentTask):
         self.test_top1(logits, labels)
         self.test_top5(logits, labels)
         self.test_confusion(preds, labels)
-        self.log("test/loss", nn.functional.cross_entropy(logits, labels), sync_dist=True)
+        self.evaluated_loss("test", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
         self.log("test/acc", self.test_top1)
         self.log("test/acc_top5", self.test_top5)
         for k in torch.nonzero(preds != labels).flatten().tolist():
@@ -137,7 +138,11 @@ class ImageClassificationTask(TridentTask):
         if batch_idx == 0:
             self._attention_figure(images[: min(8, len(images))])
 
+    def on_validation_epoch_end(self) -> None:
+        self.log_epoch_loss("val")
+
     def on_test_epoch_end(self) -> None:
+        self.log_epoch_loss("test")
         matrix = self.test_confusion.compute()
         self.test_confusion.reset()
         if not self.trainer.is_global_zero:

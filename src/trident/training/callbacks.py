@@ -19,19 +19,22 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
 from trident.training.flops import compute_dtype, device_peak_flops
+from trident.training.steps import ends_optimizer_step, training_row_step
 
 log = logging.getLogger(__name__)
 
 
 class Throughput(L.Callback):
-    """Logs ``throughput/<unit>_per_sec`` over a window of training steps, data loading included,
+    """Logs ``throughput/<unit>_per_sec`` over a window of optimizer steps, data loading included,
     and model FLOPs utilisation: ``throughput/flops_per_sec`` and ``throughput/mfu``.
 
     The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}`` and its
     model FLOPs through ``flops_per_batch(batch)`` (hooks every trident.tasks.base.TridentTask
-    implements; trident.training.flops); the wall-clock window
-    runs from one batch end to the next, so it measures what a user waits for. An epoch's last window
-    is logged when the epoch ends, however short: epochs of fewer steps than ``window`` still report.
+    implements; trident.training.flops), summed over the micro-batches of each step; the wall-clock window
+    runs from one optimizer step's end to another's, so it measures what a user waits for. Each window is one
+    row, at the step it ended with (trident.training.steps), sent to the loggers directly: logged through the
+    LightningModule, its values would repeat, stale, in every training row until the next window. An epoch's
+    last window is logged when the epoch ends, however short: epochs of fewer steps than ``window`` still report.
     ``peak_flops`` is the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures
     it once (trident.training.flops.device_peak_flops). MFU is achieved FLOP/s over the peak of all devices.
     """
@@ -47,6 +50,7 @@ class Throughput(L.Callback):
         self._counts: dict[str, float] = {}
         self._start: float | None = None
         self._last_end = 0.0
+        self._last_step = 0
         self._steps = 0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -59,30 +63,34 @@ class Throughput(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
-        if self._start is None:  # the first step includes warm-up work: start timing after it
-            self._start = now
+        if self._start is not None:  # the first step includes warm-up work: timing starts after it
+            counts = dict(pl_module.throughput_units(batch), flops=pl_module.flops_per_batch(batch))
+            # One batch per data-parallel rank: the ranks of a tensor-parallel group share theirs.
+            batches = (trainer.distributed_sampler_kwargs or {"num_replicas": 1})["num_replicas"]
+            for unit, count in counts.items():
+                self._counts[unit] = self._counts.get(unit, 0) + count * batches
+        if not ends_optimizer_step(trainer):
             return
-        counts = dict(pl_module.throughput_units(batch), flops=pl_module.flops_per_batch(batch))
-        # One batch per data-parallel rank: the ranks of a tensor-parallel group share theirs.
-        batches = (trainer.distributed_sampler_kwargs or {"num_replicas": 1})["num_replicas"]
-        for unit, count in counts.items():
-            self._counts[unit] = self._counts.get(unit, 0) + count * batches
-        self._steps, self._last_end = self._steps + 1, now
+        now = time.perf_counter()
+        if self._start is None:
+            self._start, self._counts = now, {}
+            return
+        self._steps, self._last_end, self._last_step = self._steps + 1, now, training_row_step(trainer)
         if self._steps >= self.window:
-            self._log(trainer, pl_module)
+            self._log(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._steps:  # the window the epoch ended in; it ends at the last batch, before any validation
-            self._log(trainer, pl_module)
+            self._log(trainer)
 
-    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _log(self, trainer: L.Trainer) -> None:
         assert self._start is not None
         elapsed = self._last_end - self._start
         rates = {f"throughput/{unit}_per_sec": n / elapsed for unit, n in self._counts.items()}
         if self._device_peak:
             rates["throughput/mfu"] = rates["throughput/flops_per_sec"] / (self._device_peak * trainer.world_size)
-        pl_module.log_dict(rates)
+        for logger in trainer.loggers:  # rank 0's (Lightning's loggers write on rank 0 only)
+            logger.log_metrics(rates, step=self._last_step)
         self._start, self._counts, self._steps = self._last_end, {}, 0
 
 

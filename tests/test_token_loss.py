@@ -1,0 +1,248 @@
+"""One loss reduction for every task (issue 50 item 2): the summed token losses of an optimizer step over the trained
+tokens of its global batch, whatever the gradient accumulation and the number of data-parallel ranks.
+
+The micro-batches below train 1 and 16 target tokens: a mean per micro-batch (the old reduction) weighs the single
+token 16 times, and the step's weights move ~50 % away from the one-batch step's.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from trident.data.chat import IGNORE_INDEX
+from trident.errors import DataError
+from trident.runs.pipeline import train
+from trident.tasks.lm import LanguageModelTask
+from trident.training.steps import count_validation_in_optimizer_steps
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
+from trident.training.wandb_files import wait_for_offline_runs
+
+from .conftest import SMALL, compose_config
+
+BACKBONE = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_seq_len": 8, "pos_encoding": "learned",
+            "dropout": 0.0}
+VOCAB = 11
+
+
+class SGDLanguageModel(LanguageModelTask):
+    """Plain SGD (lr 1, no momentum): the weights after one step are the initial ones minus the gradient, so they
+    compare the gradients themselves (Adam would hide their scale)."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+def micro_batches() -> list[tuple[Tensor, Tensor]]:
+    """Two micro-batches (2, 8) of 1 and 16 trained targets."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, VOCAB, (4, 8), generator=generator)
+    targets = torch.randint(0, VOCAB, (4, 8), generator=generator)
+    targets[:2] = IGNORE_INDEX
+    targets[0, 3] = 5  # the first micro-batch trains one token, the second all 16
+    return [(inputs[:2], targets[:2]), (inputs[2:], targets[2:])]
+
+
+class Batches(Dataset):
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batches[index]
+
+
+def one_step(task: LanguageModelTask, batches: list[Any], accumulate: int, **trainer: Any) -> dict[str, Tensor]:
+    """``task``'s weights after one optimizer step over ``batches`` (each a whole micro-batch), and its logged loss."""
+    trainer_ = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                         accelerator="cpu", devices=1, **trainer)
+    trainer_.fit(task, DataLoader(Batches(batches), batch_size=None, shuffle=False))
+    return {**{k: v.detach().clone() for k, v in task.net.state_dict().items()},
+            "train/loss": trainer_.callback_metrics["train/loss"]}
+
+
+@pytest.mark.parametrize("clip", [None, 1e6])
+def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) -> None:
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    whole = (torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))
+    accumulated = one_step(copy.deepcopy(task), [first, second], 2, gradient_clip_val=clip)
+    batch = one_step(copy.deepcopy(task), [whole], 1, gradient_clip_val=clip)
+    start = task.net.state_dict()
+    for name, value in batch.items():
+        if name == "train/loss":
+            # The step's loss over its 17 tokens, not the last micro-batch's.
+            assert float(accumulated[name]) == pytest.approx(float(value), rel=1e-6)
+            continue
+        step = value - start[name]
+        torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+class RankBatches(Dataset):
+    """Each DDP rank's own micro-batches, in order (``use_distributed_sampler=False``)."""
+
+    def __init__(self, per_rank: list[list[Any]]) -> None:
+        self.per_rank = per_rank
+
+    def __len__(self) -> int:
+        return len(self.per_rank[0])
+
+    def __getitem__(self, index: int) -> Any:
+        return self.per_rank[torch.distributed.get_rank()][index]
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_accumulating_step_like_one_process_on_the_whole_batch() -> None:
+    """2 gloo ranks x 2 accumulated micro-batches of 1, 16, 16 and 1 trained tokens: the weights after the step
+    equal one process's on the 4 as one batch (DDP's average over ranks and Lightning's 1/2 undone)."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    per_rank = [[first, second], [second, first]]
+    whole = (torch.cat([first[0], second[0], second[0], first[0]]), torch.cat([first[1], second[1], second[1], first[1]]))
+    expected = one_step(copy.deepcopy(task), [whole], 1)
+    ranks = copy.deepcopy(task)
+    trainer = L.Trainer(max_steps=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, accelerator="cpu",
+                        devices=2, strategy="ddp_spawn", use_distributed_sampler=False)
+    trainer.fit(ranks, DataLoader(RankBatches(per_rank), batch_size=None, shuffle=False))
+    start = task.net.state_dict()
+    for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
+        step = expected[name] - start[name]
+        torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+class ValidatedSteps(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(("batches", "interval", "max_steps", "validated"), [
+    (40, 10, 20, [10, 20]),  # issue 58's case: accumulation 2, val_check_interval=10: once in 10 optimizer steps
+    (5, 3, 9, [3, 6, 9]),  # epochs of 5 micro-batches: 3 steps each (the last one short), counted across epochs
+])
+def test_val_check_interval_counts_optimizer_steps_under_accumulation(batches: int, interval: int, max_steps: int,
+                                                                      validated: list[int]) -> None:
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    record = ValidatedSteps()
+    trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=2, val_check_interval=interval,
+                        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        callbacks=[record])
+    count_validation_in_optimizer_steps(trainer)  # as the pipeline's build_trainer does
+    trainer.fit(task, DataLoader(Batches([second] * batches), batch_size=None), DataLoader(Batches([second]), batch_size=None))
+    assert record.steps == validated
+
+
+def test_a_step_of_no_trained_token_leaves_zero_gradients_not_nan() -> None:
+    loss = StepLoss()
+    weight = torch.ones(3, requires_grad=True)
+    summed = (weight * 0).sum()  # a micro-batch with no trained token sums to 0
+    loss.micro_batch(summed, torch.tensor(0), None).backward()
+    metrics = loss.finish([weight], accumulate=1, group=None)
+    assert torch.equal(weight.grad, torch.zeros(3))
+    assert metrics == {}  # nothing trained, nothing to log (never 0/0)
+
+
+def test_a_validation_without_a_trained_token_stops_the_run_naming_the_cause() -> None:
+    """Issue 50 item 1: validation rows whose targets are all ignored (chat prompts filling data.block_size) made
+    val/loss 0/0 = NaN, which ModelCheckpoint takes for +inf: the run went on and "completed" with its worst
+    checkpoint as the best. The first validation now stops it in one line."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    unanswered = (first[0], torch.full_like(first[1], IGNORE_INDEX))
+    trainer = L.Trainer(max_steps=2, val_check_interval=1, num_sanity_val_steps=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1)
+    loader = DataLoader(Batches([second, second]), batch_size=None)
+    with pytest.raises(DataError, match="val/loss has no token to average at step 1: every target of the split is ignored"):
+        trainer.fit(task, loader, DataLoader(Batches([unanswered]), batch_size=None))
+
+
+def test_epoch_loss_is_token_weighted_and_an_epoch_without_tokens_stops_in_one_line() -> None:
+    mean = TokenMean()
+    mean.update(torch.tensor(3.0), torch.tensor(1))  # a batch of one token, loss 3
+    mean.update(torch.tensor(99.0), torch.tensor(99))  # 99 tokens of loss 1
+    assert checked_mean_loss(mean, "val/loss", 10) == pytest.approx(102 / 100)  # not (3 + 1) / 2
+    mean.update(torch.tensor(0.0), torch.tensor(0))
+    with pytest.raises(DataError, match="val/loss has no token to average at step 10"):
+        checked_mean_loss(mean, "val/loss", 10)
+    mean.update(torch.tensor(math.inf), torch.tensor(4))
+    with pytest.raises(Exception, match="val/loss is inf at step 3: the model's predictions are not finite"):
+        checked_mean_loss(mean, "val/loss", 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Through the pipeline (issue 58 items 4-6): what a run under accumulation logs, read back from its files.
+
+STEPS_RUN = [*SMALL, "model.dropout=0.0", "callbacks.throughput.window=1",
+             "+logger.csv._target_=lightning.pytorch.loggers.CSVLogger", "+logger.csv.name=csv"]
+
+
+@pytest.fixture(scope="module")
+def accumulated_and_whole(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> dict[str, Path]:
+    """The same 4 optimizer steps of 8 blocks: 2 micro-batches of 4 (accumulated), and one batch of 8."""
+    runs = {"accumulated": ["data.batch_size=4", "trainer.accumulate_grad_batches=2"], "whole": ["data.batch_size=8"]}
+    directories = {}
+    for name, overrides in runs.items():
+        directories[name] = tmp_path_factory.mktemp(name) / "run"
+        train(compose_config([*STEPS_RUN, *overrides], output_dir=directories[name]))
+    return directories
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    (run,) = wait_for_offline_runs(run_dir)
+    return run.history
+
+
+def _steps_of(history: list[dict[str, Any]], key: str) -> list[int]:
+    return [int(row["trainer/global_step"]) for row in history if key in row]
+
+
+@pytest.mark.slow
+def test_accumulation_validates_every_interval_of_optimizer_steps_on_one_step_axis(
+        accumulated_and_whole: dict[str, Path]) -> None:
+    """val_check_interval=2 with accumulate_grad_batches=2: validation after optimizer steps 2 and 4 (Lightning
+    counted micro-batches: 4 validations), at the same step in W&B, metrics.jsonl, the CSV log and the checkpoint
+    name; one row per optimizer step of train/loss and of the learning rate, one of throughput per window."""
+    run_dir = accumulated_and_whole["accumulated"]
+    history = _history(run_dir)
+    jsonl = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in jsonl if row["stage"] == "validate"] == [2, 4]
+    assert _steps_of(history, "val/loss") == [2, 4]
+    with next(run_dir.rglob("metrics.csv")).open() as f:
+        assert [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")] == [2, 4]
+    (best,) = (run_dir / "checkpoints").glob("best-step*.ckpt")
+    assert int(best.stem.removeprefix("best-step")) in (2, 4)
+    assert _steps_of(history, "train/loss") == [0, 1, 2, 3]  # the training rows: the step under way
+    lr_keys = {key for row in history for key in row if key.startswith("lr-")}  # one per parameter group
+    assert lr_keys and all(_steps_of(history, key) == [0, 1, 2, 3] for key in lr_keys)
+    assert _steps_of(history, "throughput/tokens_per_sec") == [1, 2, 3]  # window=1, the first step is warm-up
+
+
+@pytest.mark.slow
+def test_train_loss_under_accumulation_is_the_batch_twice_as_large_runs(accumulated_and_whole: dict[str, Path]) -> None:
+    losses = {name: [row["train/loss"] for row in _history(run_dir) if "train/loss" in row]
+              for name, run_dir in accumulated_and_whole.items()}
+    assert len(losses["whole"]) == 4
+    assert losses["accumulated"] == pytest.approx(losses["whole"], rel=1e-6)
