@@ -53,7 +53,8 @@ class LanguageModelTask(TridentTask):
         self.add_adapters()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
-        check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
+        check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
+                      self.sampling.get("temperature", 1.0))
         # Targets of IGNORE_INDEX (prompt tokens of chat data, padding) count in neither the loss nor perplexity.
         self.val_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
         self.test_perplexity = Perplexity(ignore_index=IGNORE_INDEX)
