@@ -191,6 +191,8 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     train(compose_config([*VIT, *FROZEN, *_image_run(folder), f"init_from={vit_source}", "logger=wandb"], output_dir=run))
     source, tuned = trident.load(vit_source), trident.load(run)
     assert tuned.hparams.patch_size == 7 and tuned.hparams.num_classes == 3
+    # The images normalised as the source's were (MNIST's statistics), not as the preset's data.mean=[0.5] says.
+    assert (tuned.hparams.mean, tuned.hparams.std) == (source.hparams.mean, source.hparams.std) == ([0.1307], [0.3081])
     for name, tensor in source.net.state_dict().items():
         if not name.startswith("head."):
             assert torch.equal(tuned.net.state_dict()[name], tensor), name

@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -90,7 +90,7 @@ def test_lightnings_tuner_finds_the_rate_on_a_task_by_its_default_name(tmp_path:
 class RecordingTuner:
     """Stands in for Lightning's Tuner: records the arguments ``lr_find`` receives, returns a finder."""
 
-    calls: list[dict[str, Any]] = []
+    calls: ClassVar[list[dict[str, Any]]] = []
 
     def __init__(self, trainer: object) -> None:
         self.trainer = trainer

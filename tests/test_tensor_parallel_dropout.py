@@ -35,6 +35,12 @@ def identical_heads(net: CausalLM) -> None:
                 parts.copy_(parts[:, :1].expand_as(parts))
 
 
+def keep(seen: dict[str, Tensor], name: str, value: Tensor) -> None:
+    """The rank's own share of ``value`` under ``name``, from the first forward (a recompute comes again)."""
+    local = value.to_local() if isinstance(value, DTensor) else value
+    seen.setdefault(name, local.detach().clone())
+
+
 def run_rank(rank: int, store: str, out: str) -> None:
     """One rank of a tensor-parallel group of 2: saves its heads' attention outputs, its copy of the first block's
     output, and its gradients with and without activation checkpointing."""
@@ -52,14 +58,11 @@ def run_rank(rank: int, store: str, out: str) -> None:
             identical_heads(net)
             parallelize(net, mesh, "32-true")
             seen: dict[str, Tensor] = {}
-
-            def keep(name: str, value: Tensor) -> None:  # the first forward's (a recompute comes again)
-                local = value.to_local() if isinstance(value, DTensor) else value  # the rank's own share
-                seen.setdefault(name, local.detach().clone())
-
-            # out_proj's input (the row-wise split made it a DTensor): this rank's heads' attention outputs (B, T, heads / 2 * hs), after dropout.
-            net.decoder.blocks[0].self_attn.out_proj.register_forward_pre_hook(lambda _m, inputs: keep("heads", inputs[0]))
-            net.decoder.blocks[0].register_forward_hook(lambda _m, _i, output: keep("block", output[0]))
+            # out_proj's input (the row-wise split made it a DTensor): this rank's heads' attention outputs
+            # (B, T, heads / 2 * hs), after dropout.
+            net.decoder.blocks[0].self_attn.out_proj.register_forward_pre_hook(
+                lambda _m, inputs, seen=seen: keep(seen, "heads", inputs[0]))
+            net.decoder.blocks[0].register_forward_hook(lambda _m, _i, output, seen=seen: keep(seen, "block", output[0]))
             ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
             net.train()
             net(ids).square().mean().backward()
@@ -82,8 +85,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Tensor]]:
 @pytest.mark.parametrize("impl", ["sdpa", "explicit"])
 def test_the_ranks_heads_draw_their_own_attention_masks(ranks: list[dict[str, Tensor]], impl: str) -> None:
     heads = [ranks[rank][f"{impl}-plain-heads"].unflatten(-1, (HEADS // 2, HEAD_DIM)) for rank in range(2)]
-    (b, t, _, _) = heads[0].shape
-    everything = torch.cat(heads, dim=2).transpose(1, 2).reshape(b, HEADS, -1)  # (B, heads, T * hs)
+    batch = heads[0].shape[0]
+    everything = torch.cat(heads, dim=2).transpose(1, 2).reshape(batch, HEADS, -1)  # (B, heads, T * hs)
     for first in range(HEADS):
         for second in range(first + 1, HEADS):
             assert not torch.equal(everything[:, first], everything[:, second]), f"heads {first} and {second}"
