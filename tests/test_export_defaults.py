@@ -68,6 +68,7 @@ def test_every_task_has_its_data_inputs_listed() -> None:
     assert sorted(DATA_INPUTS) == sorted(TASKS)
 
 
+@pytest.mark.slow  # an ONNX export takes seconds (5 to 15 s each on 2 busy cores), as test_export.py's
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_the_default_network_of_every_task_exports_to_onnx_with_the_same_outputs(name: str, tmp_path: Path) -> None:
     onnxruntime = pytest.importorskip("onnxruntime")
@@ -78,7 +79,7 @@ def test_the_default_network_of_every_task_exports_to_onnx_with_the_same_outputs
     inputs = inputs_unlike_the_example(task)
     names = [spec.onnx_name for spec in task.example_input()]
     assert [i.name for i in session.get_inputs()] == names
-    (outputs,) = session.run(None, {name: value.numpy() for name, value in zip(names, inputs.values(), strict=True)})
+    (outputs,) = session.run(None, {key: value.numpy() for key, value in zip(names, inputs.values(), strict=True)})
     with torch.no_grad():
         expected = task.net(**inputs)
     torch.testing.assert_close(torch.from_numpy(outputs), expected, atol=1e-4, rtol=1e-4)
