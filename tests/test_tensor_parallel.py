@@ -31,6 +31,7 @@ from trident.training.parallel import DATA_PARALLEL, ShardedStrategy, paralleliz
 from trident.training.resilience import NonFiniteLossGuard
 from trident.training.tensor_parallel import (
     TENSOR_PARALLEL,
+    HeadDropoutRNG,
     check_tensor_parallel_config,
     clip_grad_norm,
     is_tensor_parallel,
@@ -264,3 +265,6 @@ def test_rank_zero_of_two_holds_its_share_of_each_part_of_the_fused_projections(
     q, k, v = plain_block.self_attn.qkv_proj.weight.split((32, 16, 16))
     torch.testing.assert_close(split_block.self_attn.qkv_proj.weight.to_local(), torch.cat([q[:16], k[:8], v[:8]]))
     torch.testing.assert_close(split_block.ffn.fc_out.weight.to_local(), plain_block.ffn.fc_out.weight[:, :24])
+    # Its heads draw their dropout masks from rank 0's own stream (test_tensor_parallel_dropout.py); one process's don't.
+    assert isinstance(split_block.self_attn.head_rng, HeadDropoutRNG) and split_block.self_attn.head_rng.rank == 0
+    assert plain_block.self_attn.head_rng is None
