@@ -164,7 +164,7 @@ class HeadDropoutRNG:
         generator = _default_generator(q.device)
         shared = generator.get_state()  # alike on every rank of the group
         digest = hashlib.blake2b(shared.numpy().tobytes(), digest_size=8, person=b"tp-rank-%d" % self.rank).digest()
-        generator.manual_seed(int.from_bytes(digest) >> 1)  # the rank's stream (a 63-bit seed)
+        generator.manual_seed(int.from_bytes(digest, "big") >> 1)  # the rank's stream (a 63-bit seed)
         try:
             return compute(module, q, *args)
         finally:

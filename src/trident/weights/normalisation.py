@@ -20,8 +20,9 @@ from trident.errors import DataError, is_number
 
 # The data options the statistics set (ImageDataModule's arguments).
 STATISTICS = ("mean", "std")
-# Where each reader states them: the file beside the weights, its keys for the mean and the std.
-HF_PREPROCESSOR = ("preprocessor_config.json", ("image_mean", "image_std"))
+# A Hugging Face image processor's file beside the weights, and its keys for them.
+HF_PREPROCESSOR_FILE = "preprocessor_config.json"
+HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
 
 
 def trident_statistics(settings: Mapping[str, Any], source: str) -> dict[str, list[float]]:
@@ -33,11 +34,10 @@ def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[fl
     """The statistics stated beside a Hugging Face or timm model (``path``: its directory or weights file); a
     single number stands for every one of ``in_channels``."""
     directory = path if path.is_dir() else path.parent
-    file_name, keys = HF_PREPROCESSOR
-    preprocessor = _json(directory / file_name)
+    preprocessor = _json(directory / HF_PREPROCESSOR_FILE)
     if preprocessor is not None:
-        stated = dict(zip(STATISTICS, (preprocessor.get(key) for key in keys), strict=True))
-        return _checked(stated, str(directory / file_name), in_channels)
+        stated = {name: preprocessor.get(key) for name, key in HF_PREPROCESSOR_KEYS.items()}
+        return _checked(stated, str(directory / HF_PREPROCESSOR_FILE), in_channels)
     timm = _json(directory / "config.json")
     if timm is not None and "architecture" in timm:  # timm's config.json (a Hugging Face one names no architecture)
         pretrained = timm.get("pretrained_cfg", timm)  # older timm configs hold them at the top
