@@ -259,6 +259,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("sampling-top-k-not-a-number", "train.py", ["task.sampling.top_k=abc"], ["top_k", "integer", "'abc'"]),
     ("sampling-top-p-not-a-number", "train.py", ["task.sampling.top_p=abc"], ["top_p", "number", "'abc'"]),
     ("sample-top-p-above-one", "trident.commands.sample", [LAST, "--top-p", "1.5"], ["top_p", "[0, 1]"]),
+    ("sampling-temperature-negative", "train.py", ["task.sampling.temperature=-0.5"], ["temperature", ">= 0", "-0.5"]),
+    ("sample-temperature-negative", "trident.commands.sample", [LAST, "--temperature", "-1"], ["temperature", ">= 0"]),
     ("unknown-scheduler", "train.py", ["scheduler.name=linear"], ["scheduler.name", "cosine"]),
     # Optimisation
     ("negative-learning-rate", "train.py", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),

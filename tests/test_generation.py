@@ -94,3 +94,9 @@ def test_top_p_zero_is_greedy(temperature: float) -> None:
 def test_out_of_range_filters_are_refused(option: str, value: float) -> None:
     with pytest.raises(ConfigError, match=option):
         sample_next_token(torch.zeros(1, 5), **{option: value})
+
+
+@pytest.mark.parametrize("temperature", [-0.5, -1e-9, True])
+def test_a_negative_temperature_is_refused_not_taken_for_greedy(temperature: float) -> None:
+    with pytest.raises(ConfigError, match="temperature must be a number >= 0"):
+        sample_next_token(torch.tensor([[0.0, 1.0]]), temperature=temperature)

@@ -21,7 +21,7 @@ import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import configured_task_class, constructor_args, instantiate, train
 from trident.training.wandb_files import wait_for_offline_runs
-from trident.weights.init_from import read_init_source, settings_fixed_by
+from trident.weights.init_from import read_init_source, settings_fixed_by, source_for_run
 
 from .conftest import SMALL, compose_config
 from .convert_helpers import randomise
@@ -191,6 +191,8 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     train(compose_config([*VIT, *FROZEN, *_image_run(folder), f"init_from={vit_source}", "logger=wandb"], output_dir=run))
     source, tuned = trident.load(vit_source), trident.load(run)
     assert tuned.hparams.patch_size == 7 and tuned.hparams.num_classes == 3
+    # data.mean / data.std set on the command line win over the source's statistics (MNIST's).
+    assert (tuned.hparams.mean, tuned.hparams.std) == ([0.5], [0.5]) != (source.hparams.mean, source.hparams.std)
     for name, tensor in source.net.state_dict().items():
         if not name.startswith("head."):
             assert torch.equal(tuned.net.state_dict()[name], tensor), name
@@ -205,6 +207,16 @@ def test_vit_fine_tunes_on_three_classes_with_a_rebuilt_head(vit_source: Path, t
     assert "rebuilt: 10 outputs there, 3 here" in table.read_text(), "the same table in W&B"
     saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] == 2
+
+
+def test_vit_from_a_trident_run_normalises_its_images_as_the_run_did(vit_source: Path, tmp_path: Path) -> None:
+    """data=imagefolder's statistics (0.5) give way to the source run's: MNIST's mean and std, which its network
+    was trained on."""
+    folder = _image_folder(tmp_path / "images", classes=3, per_class=10)
+    cfg = compose_config([*VIT, *FROZEN, "data=imagefolder", f"data.data_dir={folder}", "data.image_size=28",
+                          "data.in_channels=1", f"init_from={vit_source}"], output_dir=tmp_path / "run")
+    source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, False)
+    assert (list(cfg.data.mean), list(cfg.data.std)) == ([0.1307], [0.3081])
 
 
 def _timm_file(path: Path, width: int, heads: int) -> torch.nn.Module:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 import torch
 from lightning.pytorch.tuner import Tuner
 
+from trident.runs import lr_find
 from trident.runs.jobs import run_job
 from trident.runs.lr_find import FIGURE_FILE, RESULT_FILE, SUGGESTED_LR, find_learning_rate
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
@@ -83,3 +85,34 @@ def test_lightnings_tuner_finds_the_rate_on_a_task_by_its_default_name(tmp_path:
     trainer = build_trainer(cfg.trainer, logger=False, enable_checkpointing=False, default_root_dir=str(tmp_path))
     finder = Tuner(trainer).lr_find(module, datamodule=datamodule, num_training=16)
     assert finder is not None and module.learning_rate == finder.suggestion()
+
+
+class RecordingTuner:
+    """Stands in for Lightning's Tuner: records the arguments ``lr_find`` receives, returns a finder."""
+
+    calls: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, trainer: object) -> None:
+        self.trainer = trainer
+
+    def lr_find(self, task: object, **kwargs: Any) -> SimpleNamespace:
+        RecordingTuner.calls.append(kwargs)
+        rates = [1e-4 * 2**i for i in range(20)]
+        return SimpleNamespace(results={"lr": rates, "loss": [1.0] * 20}, mode=kwargs["mode"], suggestion=lambda: 1e-3)
+
+
+@pytest.mark.parametrize(("mode", "threshold"), [("linear", 2.5), ("exponential", None)])
+def test_the_finder_passes_its_mode_and_early_stop_threshold_to_lightning(
+        mode: str, threshold: float | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune.mode and tune.early_stop_threshold (neither Lightning's default) reach ``Tuner.lr_find`` as set."""
+    cfg = compose_config([*FINDER, f"tune.mode={mode}", f"tune.early_stop_threshold={threshold or 'null'}",
+                          "tune.min_lr=1e-5", "tune.max_lr=0.5"], output_dir=tmp_path)
+    check_config(cfg)
+    monkeypatch.setattr(lr_find, "Tuner", RecordingTuner)
+    RecordingTuner.calls.clear()
+    trainer = SimpleNamespace(is_global_zero=True, default_root_dir=str(tmp_path), loggers=[])
+    assert find_learning_rate(cfg, trainer, object(), object()) == {SUGGESTED_LR: 1e-3}  # type: ignore[arg-type]
+    (kwargs,) = RecordingTuner.calls
+    assert kwargs["mode"] == mode and kwargs["early_stop_threshold"] == threshold
+    assert (kwargs["min_lr"], kwargs["max_lr"], kwargs["num_training"]) == (1e-5, 0.5, 24)
+    assert json.loads((tmp_path / RESULT_FILE).read_text())["mode"] == mode

@@ -42,6 +42,14 @@ def test_the_starts_differ_in_init_from_only(preset: str, tmp_path: Path) -> Non
         assert configs["scratch"].get(key) == configs["pretrained"].get(key), key
 
 
+def test_the_vision_starts_normalise_the_digits_as_the_pretraining_did(tmp_path: Path) -> None:
+    """Both starts use the pre-trained run's statistics (vit_mnist's data), which init_from gives the pretrained one."""
+    pretraining = compose_config(["experiment=vit_mnist"])
+    cfg = compose_config(["experiment=pretrain_pays_vision", f"pretrained_run={tmp_path}"])
+    assert (list(cfg.data.mean), list(cfg.data.std)) == (list(pretraining.data.mean), list(pretraining.data.std))
+    assert cfg.data.name == "digits" and pretraining.data.name != "digits"
+
+
 def test_a_missing_pretrained_run_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         train(compose_config(["experiment=pretrain_pays_vision", "start=pretrained", "logger=none"], output_dir=tmp_path))

@@ -31,6 +31,7 @@ from trident.training.parallel import DATA_PARALLEL, ShardedStrategy, paralleliz
 from trident.training.resilience import NonFiniteLossGuard
 from trident.training.tensor_parallel import (
     TENSOR_PARALLEL,
+    HeadDropoutRNG,
     check_tensor_parallel_config,
     clip_grad_norm,
     is_tensor_parallel,
@@ -249,3 +250,21 @@ def test_a_two_by_two_mesh_trains_as_ddp_over_its_data_parallel_ranks(tmp_path: 
     saved, expected = net_weights(mesh), net_weights(ddp)
     assert list(saved) == list(expected)
     torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
+
+
+def test_rank_zero_of_two_holds_its_share_of_each_part_of_the_fused_projections(two_ranks: DeviceMesh) -> None:
+    """Rank 0's rows of swiglu's [gate; value] are the first half of the gate and the first half of the value (an
+    even split would give it the whole gate), and of [q; k; v] its query heads' q and its key/value heads' k and v."""
+    torch.manual_seed(0)
+    plain = CausalLM(backbone(), vocab_size=50)  # d_ff 48; q: 4 heads of 8 (32 rows), k and v: 2 heads (16 rows)
+    split = copy.deepcopy(plain)
+    parallelize(split, two_ranks, "32-true")
+    plain_block, split_block = plain.decoder.blocks[0], split.decoder.blocks[0]
+    gate, value = plain_block.ffn.fc_in.weight.chunk(2)
+    torch.testing.assert_close(split_block.ffn.fc_in.weight.to_local(), torch.cat([gate[:24], value[:24]]))
+    q, k, v = plain_block.self_attn.qkv_proj.weight.split((32, 16, 16))
+    torch.testing.assert_close(split_block.self_attn.qkv_proj.weight.to_local(), torch.cat([q[:16], k[:8], v[:8]]))
+    torch.testing.assert_close(split_block.ffn.fc_out.weight.to_local(), plain_block.ffn.fc_out.weight[:, :24])
+    # Its heads draw their dropout masks from rank 0's own stream (test_tensor_parallel_dropout.py); one process's don't.
+    assert isinstance(split_block.self_attn.head_rng, HeadDropoutRNG) and split_block.self_attn.head_rng.rank == 0
+    assert plain_block.self_attn.head_rng is None

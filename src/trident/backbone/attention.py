@@ -71,6 +71,9 @@ class MultiHeadAttention(nn.Module):
         self.sdpa_backend = sdpa_backend
         self.kernel = choose(SDPA_KERNELS, sdpa_backend, "model.sdpa_backend")
         self.attn_dropout = attn_dropout
+        # Tensor parallelism sets it (trident.training.tensor_parallel.HeadDropoutRNG): each rank holds other
+        # heads, so it runs the attention (its dropout) on a random stream of its own; None: the default stream.
+        self.head_rng: Callable[..., tuple[Tensor, Tensor | None]] | None = None
         q_width, kv_width = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (q_width, kv_width, kv_width)  # rows of the fused projection: [q; k; v]
         if cross:
@@ -131,7 +134,10 @@ class MultiHeadAttention(nn.Module):
             attn_mask = attn_mask.to(q.dtype)  # SDPA wants the float mask in the query's dtype
         dropout_p = self.attn_dropout if self.training else 0.0
         compute = MultiHeadAttention._explicit if need_weights else self.compute  # only the explicit path has weights
-        y, weights = compute(self, q, k, v, attn_mask, is_causal, dropout_p)  # (B, nh, Tq, hs)
+        if dropout_p and self.head_rng is not None:
+            y, weights = self.head_rng(compute, self, q, k, v, attn_mask, is_causal, dropout_p)  # (B, nh, Tq, hs)
+        else:
+            y, weights = compute(self, q, k, v, attn_mask, is_causal, dropout_p)
         y = y.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)  # (B, T, nh*hs)
         return self.out_proj(y), weights
 

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def run() -> None:
-        check_filters(args.top_k, args.top_p)
+        check_filters(args.top_k, args.top_p, args.temperature)
         checkpoint = checkpoint_of(args.run)
         task = load_task_checkpoint(LanguageModelTask, checkpoint)
         session = Chat(task, run_template(checkpoint, args.template), max_new_tokens=args.max_new_tokens,

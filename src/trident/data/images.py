@@ -69,6 +69,11 @@ def is_identity(augment: dict[str, Any]) -> bool:
             and not augment.get("hflip"))
 
 
+# How every split resizes its images (timm's default for ViT, and what its eval transform uses): training and
+# evaluation alike, or the network sees other pixels at test time than it trained on.
+INTERPOLATION = "bicubic"
+
+
 def train_transform(image_size: int, mean: list[float], std: list[float], augment: dict[str, Any]) -> Transform:
     """Random resized crop, then RandAugment (timm) or TrivialAugment (torchvision), then random erasing."""
     policy = augment.get("auto_augment")
@@ -76,7 +81,7 @@ def train_transform(image_size: int, mean: list[float], std: list[float], augmen
     re_prob = float(augment.get("re_prob", 0.0))
     if policy == "trivial":
         return transforms.Compose([
-            RandomResizedCropAndInterpolation(image_size, scale=scale, interpolation="bicubic"),
+            RandomResizedCropAndInterpolation(image_size, scale=scale, interpolation=INTERPOLATION),
             transforms.TrivialAugmentWide(),
             transforms.ToTensor(),
             transforms.Normalize(mean, std),
@@ -87,13 +92,14 @@ def train_transform(image_size: int, mean: list[float], std: list[float], augmen
                           "(e.g. rand-m9-mstd0.5-inc1), trivial, or null")
     return create_transform(
         image_size, is_training=True, auto_augment=policy, scale=scale, hflip=float(augment.get("hflip", 0.0)),
-        color_jitter=None, re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std), interpolation="bicubic",
+        color_jitter=None, re_prob=re_prob, re_mode="pixel", mean=tuple(mean), std=tuple(std), interpolation=INTERPOLATION,
     )
 
 
 def eval_transform(image_size: int, mean: list[float], std: list[float]) -> Transform:
     return transforms.Compose([
-        transforms.Resize(image_size), transforms.CenterCrop(image_size), transforms.ToTensor(), transforms.Normalize(mean, std)
+        transforms.Resize(image_size, interpolation=transforms.InterpolationMode(INTERPOLATION)),
+        transforms.CenterCrop(image_size), transforms.ToTensor(), transforms.Normalize(mean, std),
     ])
 
 

@@ -23,8 +23,10 @@ class Generative(Protocol):
     def new_cache(self, max_len: int) -> KVCache: ...
 
 
-def check_filters(top_k: int | None, top_p: float | None) -> None:
-    """Refuse filter settings that mean nothing (before any work when a task is built with them)."""
+def check_filters(top_k: int | None, top_p: float | None, temperature: float = 1.0) -> None:
+    """Refuse sampling settings that mean nothing (before any work when a task is built with them)."""
+    if not is_number(temperature) or temperature < 0:  # a negative one would silently mean greedy
+        raise ConfigError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (not is_int(top_k) or top_k < 0):
         raise ConfigError(f"top_k must be an integer >= 0 (0 or None: no top-k filter), got {top_k!r}")
     if top_p is not None and (not is_number(top_p) or not 0 <= top_p <= 1):
@@ -46,8 +48,8 @@ def sample_next_token(
     most likely tokens whose probability reaches ``top_p``; the most likely token always stays,
     so ``top_p=0`` is greedy too. ``None`` (or ``top_k=0``, ``top_p=1``) turns a filter off.
     """
-    check_filters(top_k, top_p)
-    if temperature <= 0 or top_p == 0:
+    check_filters(top_k, top_p, temperature)
+    if temperature == 0 or top_p == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k is not None and top_k > 0:
@@ -85,6 +87,7 @@ def generate(
     ``context_length``: its cache keeps the last ``attention_window`` positions and rolls on, and
     each token is what a pass over the whole sequence gives (without the cache: that pass).
     """
+    check_filters(top_k, top_p, temperature)  # before the first forward
     context = model.context_length
     batch, prompt_len = prompt.shape
     total = prompt_len + max_new_tokens

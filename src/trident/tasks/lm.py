@@ -53,7 +53,8 @@ class LanguageModelTask(TridentTask):
         self.add_adapters()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
-        check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"))  # fail before training, not after
+        check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
+                      self.sampling.get("temperature", 1.0))
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.net(ids)

@@ -16,11 +16,18 @@ Their rows are put in rank-major order ([q_0; k_0; v_0; q_1; k_1; v_1], q_r: ran
 each rank holds its own heads' q, k and v. Their state dict and their optimizer state keep today's order
 (checkpoints, exports, a one-process model read them unchanged): the rows go back on saving and to rank-major
 order on loading.
+
+Dropout: the activations every rank of a group holds whole (the residual stream, embeddings) must be dropped
+alike on every rank, or the ranks' copies part; the attention weights each rank computes for its own heads must
+be dropped unlike, or head h and head h + heads / N share one mask (every rank starts from the same seed). As
+Megatron-LM's model-parallel RNG tracker: the default random stream stays the same on every rank, and each rank's
+attention draws its masks from a stream of its own (:class:`HeadDropoutRNG`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -104,6 +111,7 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
     """Split ``net``'s attention, feed-forward, token embedding and head over ``mesh`` (the tensor-parallel
     dimension), in place; its parameters become DTensors, its forward keeps taking and returning whole tensors."""
     ranks = mesh.size()
+    head_rng = HeadDropoutRNG(mesh.get_local_rank())
     for module in net.modules():
         if isinstance(module, MultiHeadAttention):
             if module.cross:  # queries from the decoder (q_proj: its heads in order), [k; v] from the encoder output
@@ -114,6 +122,7 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
             parallelize_module(module.out_proj, mesh, RowwiseParallel())
             # Attention weights (the explicit path's, for figures) come back whole: (B, heads, Tq, Tk) of all heads.
             module.register_forward_hook(partial(_all_heads, mesh))
+            module.head_rng = head_rng
             # The forward reshapes by these counts: from here on it sees this rank's heads only.
             module.n_heads //= ranks
             module.n_kv_heads //= ranks
@@ -134,6 +143,41 @@ def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
         parallelize_module(head, mesh, ColwiseParallel(output_layouts=Replicate()))
         if tied:
             head.weight = embed.weight
+
+
+class HeadDropoutRNG:
+    """Runs a tensor-parallel rank's attention (its dropout on its own heads' weights) on a random stream of the
+    rank's own; the default stream, which drops the activations every rank holds whole, moves on alike on every rank.
+
+    Megatron-LM keeps a second generator state per rank (seed + 2718 + rank); here the rank's stream is seeded
+    from the default stream's state and the rank, so it holds no state of its own: activation checkpointing, which
+    restores the default stream before recomputing a block, recomputes the same masks, and a resumed run needs no
+    extra state. Every rank's default stream then draws one number, so the next attention call (the next layer,
+    the next step) draws new masks."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    @torch.compiler.disable  # generator states are host-side: a compiled network runs this part eagerly
+    def __call__(self, compute: Callable[..., tuple[Tensor, Tensor | None]], module: nn.Module, q: Tensor,
+                 *args: Any) -> tuple[Tensor, Tensor | None]:
+        generator = _default_generator(q.device)
+        shared = generator.get_state()  # alike on every rank of the group
+        digest = hashlib.blake2b(shared.numpy().tobytes(), digest_size=8, person=b"tp-rank-%d" % self.rank).digest()
+        generator.manual_seed(int.from_bytes(digest, "big") >> 1)  # the rank's stream (a 63-bit seed)
+        try:
+            return compute(module, q, *args)
+        finally:
+            generator.set_state(shared)
+            torch.empty(1, device=q.device).random_(generator=generator)  # moves on alike on every rank
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """The generator dropout draws from on ``device`` (SDPA's dropout takes no generator argument)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = torch.get_device_module(device)
+    return module.default_generators[device.index if device.index is not None else module.current_device()]
 
 
 def _all_heads(mesh: DeviceMesh, module: nn.Module, inputs: Any, output: tuple[Tensor, Tensor | None]

@@ -28,6 +28,7 @@ from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.training.distributed_checkpoint import holds_shards
 from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
 from trident.weights.load import checkpoint_of, task_class_of
+from trident.weights.normalisation import STATISTICS, outside_statistics, trident_statistics
 from trident.weights.pretrained import PretrainedWeights
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
@@ -41,9 +42,10 @@ ATTENTION_SHAPE_SETTINGS = ("n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "at
 SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
 # Data settings that shape the weights (the patch grid of an image model).
 SHAPING_DATA_OPTIONS = ("patch_size",)
-# Data settings of an outside source that the run may change: the weights follow (a ViT's position table is
-# resampled to another image size, see transfer.py); the source's value is the default.
-ADAPTABLE_DATA_OPTIONS = ("image_size",)
+# Data settings of a source that the run may change: the weights follow (a ViT's position table is resampled to
+# another image size, see transfer.py), or the user chooses (the images' normalisation, see normalisation.py);
+# the source's value is the default.
+ADAPTABLE_DATA_OPTIONS = ("image_size", *STATISTICS)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
@@ -82,7 +84,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     if not backbone:
         raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
     model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
-    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings}
+    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings} | trident_statistics(settings, path)
     # A bounded position table (learned) has one row per position: its length is part of the weights.
     if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
         data_options["max_seq_len"] = backbone["max_seq_len"]
@@ -107,7 +109,9 @@ def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
     # Imported here: safetensors and the adapters load only when a source needs them.
     from trident.weights.adapters.reading import read_pretrained
 
-    return read_pretrained(path, n_heads=n_heads)
+    weights = read_pretrained(path, n_heads=n_heads)
+    statistics = outside_statistics(Path(path), weights.data_options.get("in_channels"))
+    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
 
 
 def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> None:

@@ -60,11 +60,14 @@ class SinusoidalEncoding(PositionalEncoding):
         return ("base",)
 
     def add_to_embeddings(self, x: Tensor, positions: Tensor) -> Tensor:
-        last = int(positions.max()) if positions.numel() else -1
-        if last < self.table.size(0):
-            pe = self.table[positions]
-        else:
+        if torch.compiler.is_compiling():
+            # Traced (torch.compile, torch.export for ONNX): the positions' values are unknown, so whether the
+            # table holds them cannot be asked. The sinusoids of the positions themselves: the table's values.
             pe = self._table(positions)
+        elif positions.numel() and int(positions.max()) >= self.table.size(0):
+            pe = self._table(positions)  # past the precomputed length
+        else:
+            pe = self.table[positions]
         return x + pe.to(x.dtype)  # (B, T, D) + (T, D) or (B, T, D)
 
 

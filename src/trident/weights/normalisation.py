@@ -1,0 +1,68 @@
+"""The input normalisation an ``init_from`` source was trained with: an image model's mean and std per channel.
+
+A network sees pixels as its training normalised them; fed another normalisation, a frozen timm ViT trained with
+0.5 / 0.5 scores 0.41 instead of 0.61. So a run from a source normalises its images with the source's statistics
+(``data.mean`` / ``data.std``, a data option the source gives, as its image size) unless the command line sets them
+(docs/weights.md). Read from a trident run's own settings (the task's ``mean`` / ``std``), a Hugging Face
+directory's ``preprocessor_config.json`` (``image_mean`` / ``image_std``) or timm's ``config.json``
+(``pretrained_cfg``'s ``mean`` / ``std``). A source that states none leaves the data's statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trident.errors import DataError, is_number
+
+# The data options the statistics set (ImageDataModule's arguments).
+STATISTICS = ("mean", "std")
+# A Hugging Face image processor's file beside the weights, and its keys for them.
+HF_PREPROCESSOR_FILE = "preprocessor_config.json"
+HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
+
+
+def trident_statistics(settings: Mapping[str, Any], source: str) -> dict[str, list[float]]:
+    """A trident checkpoint's statistics: its task's ``mean`` and ``std`` (an image task's hyperparameters)."""
+    return _checked({name: settings.get(name) for name in STATISTICS}, source)
+
+
+def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[float]]:
+    """The statistics stated beside a Hugging Face or timm model (``path``: its directory or weights file); a
+    single number stands for every one of ``in_channels``."""
+    directory = path if path.is_dir() else path.parent
+    preprocessor = _json(directory / HF_PREPROCESSOR_FILE)
+    if preprocessor is not None:
+        stated = {name: preprocessor.get(key) for name, key in HF_PREPROCESSOR_KEYS.items()}
+        return _checked(stated, str(directory / HF_PREPROCESSOR_FILE), in_channels)
+    timm = _json(directory / "config.json")
+    if timm is not None and "architecture" in timm:  # timm's config.json (a Hugging Face one names no architecture)
+        pretrained = timm.get("pretrained_cfg", timm)  # older timm configs hold them at the top
+        return _checked({name: pretrained.get(name) for name in STATISTICS}, str(directory / "config.json"), in_channels)
+    return {}
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path} cannot be read ({type(err).__name__}): fix or remove it") from None
+    return value if isinstance(value, dict) else None
+
+
+def _checked(stated: dict[str, Any], where: str, in_channels: int | None = None) -> dict[str, list[float]]:
+    """Both statistics as lists of floats, a positive std; {} when either is missing (nothing to follow)."""
+    if any(value is None for value in stated.values()):
+        return {}
+    lists = {name: [value] * (in_channels or 1) if is_number(value) else value for name, value in stated.items()}
+    for name, values in lists.items():
+        if not (isinstance(values, list | tuple) and values and all(is_number(v) and math.isfinite(v) for v in values)):
+            raise DataError(f"{where}: its {name} {values!r} is not a list of numbers: fix it, or set data.{name}=")
+    if any(v <= 0 for v in lists["std"]):
+        raise DataError(f"{where}: its std {lists['std']} holds a value <= 0: fix it, or set data.std=")
+    return {name: [float(v) for v in values] for name, values in lists.items()}
