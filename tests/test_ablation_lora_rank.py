@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from trident.backbone import TransformerConfig
@@ -48,6 +49,8 @@ def test_the_lm_test_stage_logs_the_trainable_parameters(lora: dict | None, monk
     task = LanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={}, lora=lora).eval()
     logged: dict[str, float] = {}
     monkeypatch.setattr(task, "log", lambda name, value, **kwargs: logged.update({name: value}))
+    ids = torch.randint(0, 11, (2, 8))  # (B, T): one test batch, so the epoch has a loss to log beside the counts
+    task.test_step((ids, ids.roll(-1, dims=1)), 0)
     task.on_test_epoch_end()
     # Full: every (tied) parameter; LoRA r=4 on q and v: 2 layers x 2 slices x (A 4 x 32 + B 32 x 4).
     total = sum(p.numel() for p in task.net.parameters())
