@@ -117,7 +117,7 @@ def validation_scores(task: TranslationTask, batches: list[dict[str, Any]], monk
     """The task's validation path (validation_step per batch, then the epoch's scores) -> its logged metrics."""
     logged: dict[str, float] = {}
     monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, float(value)))
-    monkeypatch.setattr(task, "_trainer", SimpleNamespace(sanity_checking=True, is_global_zero=True))
+    monkeypatch.setattr(task, "_trainer", SimpleNamespace(sanity_checking=True, is_global_zero=True, global_step=0))
     task.on_validation_epoch_start()
     for i, batch in enumerate(batches):
         task.validation_step(batch, i)
