@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,7 +30,7 @@ DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
 )
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content (text), and any other field of the file's message
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,21 @@ class ChatTemplate:
                 continue
             prompt = self.render(messages[:i], add_generation_prompt=True)
             full = self.render(messages[: i + 1])
-            if not (prompt.startswith(done) and full.startswith(prompt)):
-                raise DataError(f"the chat template of data.template={self.source} does not render a conversation as the "
-                                "start of its continuation, so its answers cannot be told apart: use another template")
+            self._check_continues(done, prompt, full)
             pieces += [(prompt[len(done):], False), (full[len(prompt):], True)]
             done = full
-        rest = self.render(messages)[len(done):]
+        # The whole conversation must continue its last answer too (turns after it, a template that renders the last
+        # answer unlike an earlier one): else the pieces would not add up to the text the conversation renders as.
+        whole = self.render(messages)
+        self._check_continues(done, whole)
+        rest = whole[len(done):]
         return [*pieces, (rest, False)] if rest else pieces
+
+    def _check_continues(self, *renderings: str) -> None:
+        """Each rendering starts with the one before it."""
+        if not all(later.startswith(earlier) for earlier, later in pairwise(renderings)):
+            raise DataError(f"the chat template of data.template={self.source} does not render a conversation as the "
+                            "start of its continuation, so its answers cannot be told apart: use another template")
 
 
 @functools.lru_cache(maxsize=4)
@@ -179,8 +188,8 @@ def _field(row: dict[str, Any], name: str, where: str) -> str:
 
 
 def conversation_of(row: Any, where: str) -> list[Message]:
-    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content"}]}`` (content a
-    string or a list of text parts, :func:`text_of`), or Alpaca-style ``{"instruction", "input", "output"}``
+    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content", ...}]}`` (content a
+    string or a list of text parts, :func:`text_of`; the other fields kept for the template), or Alpaca-style ``{"instruction", "input", "output"}``
     (the input, when given, after the instruction and a blank line, as Alpaca's prompt puts it; an optional
     ``system``). A row without an answer, or with a null or empty one, is one error line naming it."""
     if isinstance(row, dict) and "messages" in row:
@@ -191,7 +200,9 @@ def conversation_of(row: Any, where: str) -> list[Message]:
             if message.get("role") not in ROLES:
                 raise DataError(f"{where}: role {message.get('role')!r} is not one of {', '.join(ROLES)}: "
                                 "rename the role (tool and function turns are not read)")
-        conversation = [{"role": m["role"], "content": text_of(m["content"], where, m["role"])} for m in messages]
+        # Every field passes through, as apply_chat_template passes the messages (a template may read a message's
+        # name, reasoning_content, ...); the content as text.
+        conversation = [{**m, "content": text_of(m["content"], where, m["role"])} for m in messages]
     elif isinstance(row, dict) and "instruction" in row and "output" in row:
         if row["output"] is None:
             raise DataError(f"{where}: the answer ('output') is null, nothing to train on: write the answer, or drop the row")
