@@ -52,3 +52,50 @@ def test_a_template_reads_every_field_of_a_message_as_apply_chat_template_passes
     assert data.template.render(read_conversations(tmp_path / "chats.jsonl")[0]) == expected
     trained = data.tokenizer.decode(data.rows["train"]["ids"].ravel().tolist())
     assert trained.count("<u horatio>") == trained.count("<think>It is late.</think>Me.</a>") > 0
+
+
+# ChatML with its answers in generation blocks (as TRL's training templates write them): the newline after <|im_end|>
+# is outside the block, so transformers' assistant mask leaves it untrained.
+GENERATION_CHATML = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_generation_blocks_train_what_transformers_assistant_masks_train(tmp_path: Path) -> None:
+    """Chinese and Japanese turns through a byte-level BPE (a character spans several tokens, a token may straddle a
+    joint): the trained tokens of every answer are apply_chat_template's assistant_masks, turn by turn."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from trident.data.chat import IGNORE_INDEX, PADDING
+
+    rows = [[{"role": "system", "content": "简短回答。"}, {"role": "user", "content": f"你是谁？{i}"},
+             {"role": "assistant", "content": "我是一个助手，名字叫小明。"},
+             {"role": "user", "content": "日本語で話してください"}, {"role": "assistant", "content": f"はい、わかりました{i}。"}]
+            for i in range(20)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["你是谁我是一个助手名字叫小明日本語で話してくださいはいわかりました"] * 3, trainer)
+    directory = tmp_path / "tokenizer"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                                         chat_template=GENERATION_CHATML).save_pretrained(directory)
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps({"messages": row}, ensure_ascii=False) + "\n" for row in rows))
+    data = prepared(tmp_path, files=str(tmp_path / "chats.jsonl"), tokenizer=str(directory), block_size=256)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    expected = {}
+    for row in rows:
+        out = reference.apply_chat_template(row, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        expected[tuple(out["input_ids"])] = [bool(m) for m in out["assistant_masks"]]
+    seen = 0
+    for ids, targets, documents in zip(*(data.rows["train"][k] for k in ("ids", "targets", "documents")), strict=True):
+        for document in set(documents.tolist()) - {PADDING}:
+            mask = expected[tuple(ids[documents == document].tolist())]
+            assert (targets[documents == document][:-1] != IGNORE_INDEX).tolist() == mask[1:]
+            seen += 1
+    assert seen > 0

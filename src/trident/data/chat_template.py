@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -30,6 +31,10 @@ DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
 )
+# A template's answer blocks ({% generation %}...{% endgeneration %}: SmolLM3's, TRL's training templates).
+GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
+# Where a marked rendering's generation block starts and ends: Unicode noncharacters, which no text should hold.
+GENERATION_MARKS = ("\ufdd0", "\ufdd1")
 Message = dict[str, Any]  # role and content (text), and any other field of the file's message
 
 
@@ -41,13 +46,15 @@ class ChatTemplate:
     text: str
     special_tokens: dict[str, str]
 
-    def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[Message], add_generation_prompt: bool = False, marked: bool = False) -> str:
+        """The conversation as text; ``marked``: each ``{% generation %}`` block's text between
+        :data:`GENERATION_MARKS`."""
         from jinja2 import TemplateError  # jinja2 comes with torch; imported where a template is rendered
 
         try:
             # tools and documents None, as apply_chat_template passes them without any ("tools is none" holds).
-            return _compiled(self.text).render(messages=messages, tools=None, documents=None,
-                                               add_generation_prompt=add_generation_prompt, **self.special_tokens)
+            return _compiled(self.text, marked).render(messages=messages, tools=None, documents=None,
+                                                       add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except TemplateError as err:
             raise DataError(f"the chat template of data.template={self.source} fails on a conversation ({err}): "
                             "fix the template or the conversation") from err
@@ -62,9 +69,13 @@ class ChatTemplate:
         return after.rstrip() or after
 
     def segments(self, messages: list[Message]) -> list[tuple[str, bool]]:
-        """The rendered conversation as pieces of text, each with whether the loss trains on it: the text the
-        template adds for an assistant turn after the generation prompt (the answer and its end marker) is
-        trained, every other piece (system and user turns, role headers, the generation prompt) is not."""
+        """The rendered conversation as pieces of text, each with whether the loss trains on it. A template with
+        ``{% generation %}`` blocks trains their text and nothing else, as transformers' ``assistant_masks`` (and so
+        TRL's ``assistant_only_loss``) read it. Otherwise the text the template adds for an assistant turn after the
+        generation prompt (the answer and its end marker) is trained, every other piece (system and user turns, role
+        headers, the generation prompt) is not."""
+        if GENERATION_BLOCK.search(self.text):
+            return self._generation_segments(messages)
         pieces: list[tuple[str, bool]] = []
         done = ""
         for i, message in enumerate(messages):
@@ -82,6 +93,18 @@ class ChatTemplate:
         rest = whole[len(done):]
         return [*pieces, (rest, False)] if rest else pieces
 
+    def _generation_segments(self, messages: list[Message]) -> list[tuple[str, bool]]:
+        """The conversation rendered once, cut at the marks of its ``{% generation %}`` blocks."""
+        if any(mark in json.dumps(messages, ensure_ascii=False) for mark in GENERATION_MARKS):
+            raise DataError(f"a conversation holds one of the characters {GENERATION_MARKS!r} that mark the answers of "
+                            f"data.template={self.source}'s generation blocks: remove them from the data")
+        start, end = GENERATION_MARKS
+        pieces: list[tuple[str, bool]] = []
+        for i, part in enumerate(self.render(messages, marked=True).split(start)):
+            answer, _, rest = part.partition(end) if i else ("", "", part)
+            pieces += [(text, trained) for text, trained in ((answer, True), (rest, False)) if text]
+        return pieces
+
     def _check_continues(self, *renderings: str) -> None:
         """Each rendering starts with the one before it."""
         if not all(later.startswith(earlier) for earlier, later in pairwise(renderings)):
@@ -89,8 +112,8 @@ class ChatTemplate:
                             "start of its continuation, so its answers cannot be told apart: use another template")
 
 
-@functools.lru_cache(maxsize=4)
-def _compiled(text: str) -> Any:
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str, marked: bool = False) -> Any:
     """The template compiled as transformers compiles chat templates: ``raise_exception``, ``strftime_now`` (Llama
     3.1's date), ``tojson`` with its options, and the ``{% generation %}`` blocks that mark answers (rendered as
     their content)."""
@@ -109,7 +132,8 @@ def _compiled(text: str) -> Any:
             return nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
 
         def _content(self, caller: Any) -> str:
-            return str(caller())
+            start, end = GENERATION_MARKS if marked else ("", "")
+            return f"{start}{caller()}{end}"
 
     def raise_exception(message: str) -> None:
         from jinja2 import TemplateError
