@@ -99,3 +99,22 @@ def test_generation_blocks_train_what_transformers_assistant_masks_train(tmp_pat
             assert (targets[documents == document][:-1] != IGNORE_INDEX).tolist() == mask[1:]
             seen += 1
     assert seen > 0
+
+
+def test_init_from_an_older_directory_reads_its_special_tokens_from_special_tokens_map(tmp_path: Path) -> None:
+    """A source directory whose tokenizer_config.json has no added_tokens_decoder: transformers takes the special
+    tokens of its special_tokens_map.json, and so does what init_from records (and the export writes)."""
+    import transformers
+
+    from tests.test_convert_llama_family import bpe_tokenizer, hf_model
+    from trident.weights import read_pretrained
+
+    tokenizer = bpe_tokenizer()
+    hf_model("llama", tmp_path, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ bos_token }}{{ messages[0].content }}",
+                                                                "eos_token": "<unk>"}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<s>"}, "eos_token": "</s>"}))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    settings = read_pretrained(tmp_path).tokenizer_settings
+    assert (settings["bos_token"], settings["eos_token"]) == (reference.bos_token, reference.eos_token) == ("<s>", "</s>")

@@ -174,13 +174,19 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     if not text:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
+    return ChatTemplate(choice, text, special_tokens_of(path, config))
+
+
+def special_tokens_of(directory: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The special tokens (``bos_token``, ...) a tokenizer directory names, as transformers reads them: those of
+    its ``tokenizer_config.json`` (``config``), and in an older directory (no ``added_tokens_decoder``) its
+    ``special_tokens_map.json``'s over them; a token written as an AddedToken dict gives its content."""
     named = dict(config)
-    legacy = path / "special_tokens_map.json"
-    if "added_tokens_decoder" not in config and legacy.is_file():  # as transformers reads an older directory: the map wins
+    legacy = directory / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():
         named |= json.loads(legacy.read_text(encoding="utf-8"))
-    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
-               if k.endswith("_token") and isinstance(v, (str, dict))}
-    return ChatTemplate(choice, text, special)
+    return {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
+            if k.endswith("_token") and isinstance(v, (str, dict))}
 
 
 def text_of(content: Any, where: str, role: str) -> str:
