@@ -118,3 +118,18 @@ def test_init_from_an_older_directory_reads_its_special_tokens_from_special_toke
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path)
     settings = read_pretrained(tmp_path).tokenizer_settings
     assert (settings["bos_token"], settings["eos_token"]) == (reference.bos_token, reference.eos_token) == ("<s>", "</s>")
+
+
+def test_a_gzip_compressed_chat_file_is_read_and_a_file_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """docs/data.md: JSON lines files may be gzip-compressed; data=chat read them as UTF-8 text (a traceback)."""
+    import gzip
+
+    rows = [{"messages": [{"role": "user", "content": f"Who is there, {i}?"}, {"role": "assistant", "content": "Me."}]}
+            for i in range(20)]
+    with gzip.open(tmp_path / "chats.jsonl.gz", "wt", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row) + "\n" for row in rows))
+    data = prepared(tmp_path, files=str(tmp_path / "chats.jsonl.gz"), block_size=64)
+    assert sum(data.token_counts().values()) == 20 * len("Me.\n\n")
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(rows[0], ensure_ascii=False).replace("Me.", "Né.").encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.jsonl is not UTF-8 text .*: save it as UTF-8$"):
+        prepared(tmp_path, files=str(tmp_path / "latin1.jsonl"))

@@ -12,6 +12,7 @@ character tokenizer trained on English text encodes.
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trident.data.readers import format_suffix, open_text
 from trident.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -254,12 +256,19 @@ def conversation_of(row: Any, where: str) -> list[Message]:
 
 
 def read_conversations(path: Path) -> list[list[Message]]:
-    """A ``.jsonl`` file (one conversation a line) or a ``.json`` file (a list of them, Alpaca's layout)."""
+    """A ``.jsonl`` file (one conversation a line) or a ``.json`` file (a list of them, Alpaca's layout), either
+    gzip-compressed or not."""
     if not path.is_file():
         raise DataError(f"data.files: {path} not found: give .jsonl or .json chat files")
-    text = path.read_text(encoding="utf-8")
     try:
-        if path.suffix == ".json":
+        with open_text(path) as handle:  # gzip-compressed (chats.jsonl.gz) as every text reader of data.files reads it
+            text = handle.read()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise DataError(f"{path} is not gzip data ({err}): decompress it with gunzip, or drop the .gz from its name") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): save it as UTF-8") from None
+    try:
+        if format_suffix(path) == ".json":
             rows = json.loads(text) if text.strip() else []
             if not isinstance(rows, list):
                 raise DataError(f"{path} is not a JSON list of conversations: write a list, or one conversation a line (.jsonl)")
