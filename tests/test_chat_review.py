@@ -133,3 +133,40 @@ def test_a_gzip_compressed_chat_file_is_read_and_a_file_not_utf8_is_one_line(tmp
     (tmp_path / "latin1.jsonl").write_bytes(json.dumps(rows[0], ensure_ascii=False).replace("Me.", "Né.").encode("latin-1"))
     with pytest.raises(DataError, match=r"latin1.jsonl is not UTF-8 text .*: save it as UTF-8$"):
         prepared(tmp_path, files=str(tmp_path / "latin1.jsonl"))
+
+
+def test_a_template_file_reads_the_special_tokens_of_the_tokenizer_directory(tmp_path: Path) -> None:
+    """data.template=<file.jinja> with data.tokenizer=<directory>: the answers end in the tokenizer's eos_token, as
+    apply_chat_template(chat_template=...) renders them (the template's eos_token rendered empty before: no answer
+    trained its end)."""
+    import transformers
+
+    from .test_chat_tokenization import saved_directory
+
+    directory = saved_directory("byte_level", "chatml", tmp_path / "tokenizer")
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    rows = [[{"role": "user", "content": f"Who is there, {i}?"}, {"role": "assistant", "content": "Nay, answer me."}]
+            for i in range(20)]
+    options = chat_files(tmp_path, rows, template)
+    data = prepared(tmp_path, **options, tokenizer=str(directory), block_size=256)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    expected = reference.apply_chat_template(rows[0], chat_template=template, tokenize=True, return_dict=True)["input_ids"]
+    assert expected[-1] == reference.convert_tokens_to_ids("<|im_end|>")
+    packed = data.rows["train"]["ids"].ravel().tolist()
+    assert any(packed[i : i + len(expected)] == list(expected) for i in range(len(packed)))
+
+
+def test_trident_chat_renders_a_template_file_with_the_runs_tokenizer_special_tokens(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """trident-chat --template <file.jinja> on a run whose data.tokenizer is a directory: its eos_token, as in training."""
+    from trident.commands import chat
+
+    from .test_chat_tokenization import saved_directory
+
+    directory = saved_directory("byte_level", "chatml", tmp_path / "tokenizer")
+    (tmp_path / "config.yaml").write_text(json.dumps({"data": {"tokenizer": str(directory)}}))
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    monkeypatch.setattr(chat, "run_config_of", lambda checkpoint: tmp_path / "config.yaml")
+    template = chat.run_template(tmp_path / "last.ckpt", str(tmp_path / "t.jinja"))
+    assert template.render([{"role": "user", "content": "Who?"}]) == "Who?<|im_end|>"
+    assert template.end_marker() == "<|im_end|>"

@@ -156,18 +156,20 @@ def _compiled(text: str, marked: bool = False) -> Any:
 def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     """``data.template``: null takes the template of ``data.tokenizer`` when that is a tokenizer directory and
     :data:`DEFAULT_TEMPLATE` otherwise; ``default`` is that template; anything else is a tokenizer directory or a
-    ``.jinja`` file."""
+    ``.jinja`` file, which reads the special tokens of ``data.tokenizer`` where that is a tokenizer directory (as
+    ``apply_chat_template(chat_template=...)`` renders another template with the tokenizer's own)."""
     if choice is None:
         choice = tokenizer_choice if Path(tokenizer_choice).is_dir() else "default"
     if choice == "default":
         return ChatTemplate("default", DEFAULT_TEMPLATE, {})
     path = Path(choice)
     if path.is_file():
-        return ChatTemplate(choice, path.read_text(encoding="utf-8"), {})
+        tokenizer_dir = Path(tokenizer_choice)
+        special = special_tokens_of(tokenizer_dir, _tokenizer_config(tokenizer_dir)) if tokenizer_dir.is_dir() else {}
+        return ChatTemplate(choice, path.read_text(encoding="utf-8"), special)
     if not path.is_dir():
         raise ConfigError(f"data.template={choice} is neither default, a .jinja file nor a tokenizer directory: fix the path")
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    config = _tokenizer_config(path)
     text = config.get("chat_template")
     if isinstance(text, list):  # several named templates: transformers takes the one named "default"
         text = next((t["template"] for t in text if t.get("name") == "default"), None)
@@ -177,6 +179,11 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
     return ChatTemplate(choice, text, special_tokens_of(path, config))
+
+
+def _tokenizer_config(directory: Path) -> dict[str, Any]:
+    config_file = directory / "tokenizer_config.json"
+    return json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
 
 
 def special_tokens_of(directory: Path, config: dict[str, Any]) -> dict[str, str]:
