@@ -170,3 +170,19 @@ def test_trident_chat_renders_a_template_file_with_the_runs_tokenizer_special_to
     template = chat.run_template(tmp_path / "last.ckpt", str(tmp_path / "t.jinja"))
     assert template.render([{"role": "user", "content": "Who?"}]) == "Who?<|im_end|>"
     assert template.end_marker() == "<|im_end|>"
+
+
+def test_init_from_records_the_default_of_several_named_chat_templates(tmp_path: Path) -> None:
+    """A tokenizer_config.json with a list of named templates (default, tool_use): the source's recorded template
+    (which a run from it exports) is the one named default, as transformers and data.template read it."""
+    from tests.test_convert_llama_family import bpe_tokenizer, hf_model
+    from trident.data.chat_template import read_template
+    from trident.weights import read_pretrained
+
+    tokenizer = bpe_tokenizer()
+    hf_model("llama", tmp_path, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    named = [{"name": "tool_use", "template": "{{ tools }}"}, {"name": "default", "template": "{{ messages[0].content }}"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named, "eos_token": "</s>"}))
+    settings = read_pretrained(tmp_path).tokenizer_settings
+    assert settings["chat_template"] == read_template(str(tmp_path), "bpe").text == "{{ messages[0].content }}"

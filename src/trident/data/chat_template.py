@@ -170,15 +170,22 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     if not path.is_dir():
         raise ConfigError(f"data.template={choice} is neither default, a .jinja file nor a tokenizer directory: fix the path")
     config = _tokenizer_config(path)
-    text = config.get("chat_template")
-    if isinstance(text, list):  # several named templates: transformers takes the one named "default"
-        text = next((t["template"] for t in text if t.get("name") == "default"), None)
-    if (path / "chat_template.jinja").is_file():
-        text = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    text = chat_template_of(path, config)
     if not text:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
     return ChatTemplate(choice, text, special_tokens_of(path, config))
+
+
+def chat_template_of(directory: Path, config: dict[str, Any]) -> str | None:
+    """A tokenizer directory's chat template, as transformers reads it: ``chat_template.jinja``, else
+    ``chat_template`` of its ``tokenizer_config.json`` (``config``; of several named ones, the one named "default")."""
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    text = config.get("chat_template")
+    if isinstance(text, list):
+        text = next((t.get("template") for t in text if isinstance(t, dict) and t.get("name") == "default"), None)
+    return text if isinstance(text, str) else None
 
 
 def _tokenizer_config(directory: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 
-from trident.data.chat_template import special_tokens_of
+from trident.data.chat_template import chat_template_of, special_tokens_of
 from trident.errors import DataError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -81,10 +81,8 @@ def read_tokenizer_settings(directory: Path) -> dict[str, str]:
     writes it since 4.43."""
     config = _tokenizer_config(directory)
     settings = special_tokens_of(directory, config)  # an older directory's special_tokens_map.json included
-    if isinstance(config.get("chat_template"), str):
-        settings["chat_template"] = config["chat_template"]
-    if (directory / "chat_template.jinja").is_file():
-        settings["chat_template"] = (directory / "chat_template.jinja").read_text()
+    if template := chat_template_of(directory, config):  # of several named templates, "default"
+        settings["chat_template"] = template
     return settings
 
 
