@@ -110,3 +110,20 @@ def test_the_run_records_the_template_and_end_of_turn_it_trained_with(chat_run: 
 
     task = load_task_checkpoint(LanguageModelTask, checkpoint_of(chat_run))
     assert task.tokenizer_settings == {"chat_template": DEFAULT_TEMPLATE, "end_of_turn": "\n\n"}
+
+
+def test_a_run_resumed_from_a_checkpoint_without_tokenizer_settings_records_its_template(chat_run: Path, tmp_path: Path) -> None:
+    """A checkpoint written before runs recorded their chat template: the resumed run's checkpoints hold it."""
+    from trident.data.chat_template import DEFAULT_TEMPLATE
+
+    older = torch.load(checkpoint_of(chat_run), weights_only=False)
+    del older["tokenizer_settings"]
+    torch.save(older, tmp_path / "older.ckpt")
+    train(compose_train_config(
+        [*SMALL, "task=lm", "data=chat", "data.source=files", f"data.files=[{chat_run.parent / 'chats.jsonl'}]",
+         "data.block_size=64", "data.max_seq_len=256", "data.batch_size=2", "trainer.max_steps=2", "logger=none",
+         "test=false", f"ckpt_path={tmp_path / 'older.ckpt'}"],
+        output_dir=tmp_path / "resumed",
+    ))
+    settings = torch.load(checkpoint_of(tmp_path / "resumed"), weights_only=False)["tokenizer_settings"]
+    assert settings == {"chat_template": DEFAULT_TEMPLATE, "end_of_turn": "\n\n"}

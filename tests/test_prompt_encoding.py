@@ -60,3 +60,33 @@ def test_validation_samples_feed_the_rendered_prompt_as_it_is(monkeypatch: pytes
     fed = capture_prompts(monkeypatch, lm)
     task.sample_texts()
     assert fed == [[0, 4, 5, 6, 7], [4]]
+
+
+def test_trident_fill_mask_feeds_the_text_as_the_training_blocks_are_encoded(monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """No [CLS] ... [SEP] (the blocks hold none), no padding with the file's pad id (which the attention mask would
+    not hide), no truncation that cuts the [MASK] away."""
+    from trident.commands import fill_mask
+    from trident.tasks.mlm import MaskedLanguageModelTask
+
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "<pad>": 3, "to": 4, "be": 5, "or": 6, "not": 7, "[MASK]": 8, "[PAD]": 9}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["[CLS]", "[SEP]", "<pad>", "[MASK]", "[PAD]"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    tokenizer.enable_padding(pad_id=3, pad_token="<pad>", length=12)
+    tokenizer.enable_truncation(max_length=4)
+    task = MaskedLanguageModelTask(BACKBONE, vocab_size=len(vocab), optimizer={}, scheduler={}, mask_id=8, pad_id=9,
+                                   num_regular_tokens=8, tokenizer_json=tokenizer.to_str()).eval()
+    fed: list[list[int]] = []
+    forward = task.net.forward
+
+    def recorded(ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        fed.extend(ids.tolist())
+        return forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(task.net, "forward", recorded)
+    monkeypatch.setattr(fill_mask, "load_mlm_checkpoint", lambda path: task)
+    fill_mask.main(["run.ckpt", "to be or not to [MASK]", "to [MASK]"])
+    assert fed == [[4, 5, 6, 7, 4, 8], [4, 8, 9, 9, 9, 9]]  # padded with the task's [PAD], which attention hides
+    assert capsys.readouterr().out.count("[MASK] 1:") == 2

@@ -142,7 +142,8 @@ JAPANESE = ["初めに、神が天と地を創造した。", "地は形がなく
 
 
 @pytest.mark.parametrize(("tgt_lang", "references", "tokenize"),
-                         [("zh", CHINESE, "zh"), ("zh-CN", CHINESE, "zh"), ("c", CHINESE, "zh"), ("ja", JAPANESE, "char"),
+                         [("zh", CHINESE, "zh"), ("zh-CN", CHINESE, "zh"), ("c", CHINESE, "zh"), ("zho_Hans", CHINESE, "zh"),
+                          ("ja", JAPANESE, "char"), ("jpn_Jpan", JAPANESE, "char"),
                           ("de", ["Im Anfang schuf Gott die Himmel und die Erde."] * 3, "13a")])
 def test_bleu_tokenizes_by_the_target_language_as_sacrebleu_recommends(
     tgt_lang: str, references: list[str], tokenize: str, monkeypatch: pytest.MonkeyPatch

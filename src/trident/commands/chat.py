@@ -100,8 +100,8 @@ def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
     """``--template``, else the template of the run's data settings (its ``data.template`` and ``data.tokenizer``)."""
     config = run_config_of(checkpoint)
     data = OmegaConf.load(config).get("data", {}) if config is not None else {}
-    if choice is not None:
-        return read_template(choice, "char")
+    if choice is not None:  # a .jinja file reads the special tokens of the run's tokenizer directory, as in training
+        return read_template(choice, str(data.get("tokenizer", "char")))
     if config is not None:  # a template that came with init_from: staged again if the data cache lost it
         from trident.weights.init_from import stage_run_tokenizer
 

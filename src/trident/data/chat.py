@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # The target of a token that predicts nothing the loss counts (a prompt token's successor, padding),
 # F.cross_entropy's default ignore_index.
 IGNORE_INDEX = -100
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: {% generation %} blocks decide what trains
 # The document id of padding at the end of a row.
 PADDING = -1
 CHAT_SOURCES = ("shakespeare", "files")

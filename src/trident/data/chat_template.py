@@ -12,11 +12,15 @@ character tokenizer trained on English text encodes.
 from __future__ import annotations
 
 import functools
+import gzip
 import json
+import re
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trident.data.readers import format_suffix, open_text
 from trident.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -29,7 +33,11 @@ DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
 )
-Message = dict[str, str]
+# A template's answer blocks ({% generation %}...{% endgeneration %}: SmolLM3's, TRL's training templates).
+GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
+# Where a marked rendering's generation block starts and ends: Unicode noncharacters, which no text should hold.
+GENERATION_MARKS = ("\ufdd0", "\ufdd1")
+Message = dict[str, Any]  # role and content (text), and any other field of the file's message
 
 
 @dataclass(frozen=True)
@@ -40,13 +48,15 @@ class ChatTemplate:
     text: str
     special_tokens: dict[str, str]
 
-    def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[Message], add_generation_prompt: bool = False, marked: bool = False) -> str:
+        """The conversation as text; ``marked``: each ``{% generation %}`` block's text between
+        :data:`GENERATION_MARKS`."""
         from jinja2 import TemplateError  # jinja2 comes with torch; imported where a template is rendered
 
         try:
             # tools and documents None, as apply_chat_template passes them without any ("tools is none" holds).
-            return _compiled(self.text).render(messages=messages, tools=None, documents=None,
-                                               add_generation_prompt=add_generation_prompt, **self.special_tokens)
+            return _compiled(self.text, marked).render(messages=messages, tools=None, documents=None,
+                                                       add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except TemplateError as err:
             raise DataError(f"the chat template of data.template={self.source} fails on a conversation ({err}): "
                             "fix the template or the conversation") from err
@@ -61,9 +71,13 @@ class ChatTemplate:
         return after.rstrip() or after
 
     def segments(self, messages: list[Message]) -> list[tuple[str, bool]]:
-        """The rendered conversation as pieces of text, each with whether the loss trains on it: the text the
-        template adds for an assistant turn after the generation prompt (the answer and its end marker) is
-        trained, every other piece (system and user turns, role headers, the generation prompt) is not."""
+        """The rendered conversation as pieces of text, each with whether the loss trains on it. A template with
+        ``{% generation %}`` blocks trains their text and nothing else, as transformers' ``assistant_masks`` (and so
+        TRL's ``assistant_only_loss``) read it. Otherwise the text the template adds for an assistant turn after the
+        generation prompt (the answer and its end marker) is trained, every other piece (system and user turns, role
+        headers, the generation prompt) is not."""
+        if GENERATION_BLOCK.search(self.text):
+            return self._generation_segments(messages)
         pieces: list[tuple[str, bool]] = []
         done = ""
         for i, message in enumerate(messages):
@@ -71,17 +85,37 @@ class ChatTemplate:
                 continue
             prompt = self.render(messages[:i], add_generation_prompt=True)
             full = self.render(messages[: i + 1])
-            if not (prompt.startswith(done) and full.startswith(prompt)):
-                raise DataError(f"the chat template of data.template={self.source} does not render a conversation as the "
-                                "start of its continuation, so its answers cannot be told apart: use another template")
+            self._check_continues(done, prompt, full)
             pieces += [(prompt[len(done):], False), (full[len(prompt):], True)]
             done = full
-        rest = self.render(messages)[len(done):]
+        # The whole conversation must continue its last answer too (turns after it, a template that renders the last
+        # answer unlike an earlier one): else the pieces would not add up to the text the conversation renders as.
+        whole = self.render(messages)
+        self._check_continues(done, whole)
+        rest = whole[len(done):]
         return [*pieces, (rest, False)] if rest else pieces
 
+    def _generation_segments(self, messages: list[Message]) -> list[tuple[str, bool]]:
+        """The conversation rendered once, cut at the marks of its ``{% generation %}`` blocks."""
+        if any(mark in json.dumps(messages, ensure_ascii=False) for mark in GENERATION_MARKS):
+            raise DataError(f"a conversation holds one of the characters {GENERATION_MARKS!r} that mark the answers of "
+                            f"data.template={self.source}'s generation blocks: remove them from the data")
+        start, end = GENERATION_MARKS
+        pieces: list[tuple[str, bool]] = []
+        for i, part in enumerate(self.render(messages, marked=True).split(start)):
+            answer, _, rest = part.partition(end) if i else ("", "", part)
+            pieces += [(text, trained) for text, trained in ((answer, True), (rest, False)) if text]
+        return pieces
 
-@functools.lru_cache(maxsize=4)
-def _compiled(text: str) -> Any:
+    def _check_continues(self, *renderings: str) -> None:
+        """Each rendering starts with the one before it."""
+        if not all(later.startswith(earlier) for earlier, later in pairwise(renderings)):
+            raise DataError(f"the chat template of data.template={self.source} does not render a conversation as the "
+                            "start of its continuation, so its answers cannot be told apart: use another template")
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str, marked: bool = False) -> Any:
     """The template compiled as transformers compiles chat templates: ``raise_exception``, ``strftime_now`` (Llama
     3.1's date), ``tojson`` with its options, and the ``{% generation %}`` blocks that mark answers (rendered as
     their content)."""
@@ -100,7 +134,8 @@ def _compiled(text: str) -> Any:
             return nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
 
         def _content(self, caller: Any) -> str:
-            return str(caller())
+            start, end = GENERATION_MARKS if marked else ("", "")
+            return f"{start}{caller()}{end}"
 
     def raise_exception(message: str) -> None:
         from jinja2 import TemplateError
@@ -121,33 +156,53 @@ def _compiled(text: str) -> Any:
 def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
     """``data.template``: null takes the template of ``data.tokenizer`` when that is a tokenizer directory and
     :data:`DEFAULT_TEMPLATE` otherwise; ``default`` is that template; anything else is a tokenizer directory or a
-    ``.jinja`` file."""
+    ``.jinja`` file, which reads the special tokens of ``data.tokenizer`` where that is a tokenizer directory (as
+    ``apply_chat_template(chat_template=...)`` renders another template with the tokenizer's own)."""
     if choice is None:
         choice = tokenizer_choice if Path(tokenizer_choice).is_dir() else "default"
     if choice == "default":
         return ChatTemplate("default", DEFAULT_TEMPLATE, {})
     path = Path(choice)
     if path.is_file():
-        return ChatTemplate(choice, path.read_text(encoding="utf-8"), {})
+        tokenizer_dir = Path(tokenizer_choice)
+        special = special_tokens_of(tokenizer_dir, _tokenizer_config(tokenizer_dir)) if tokenizer_dir.is_dir() else {}
+        return ChatTemplate(choice, path.read_text(encoding="utf-8"), special)
     if not path.is_dir():
         raise ConfigError(f"data.template={choice} is neither default, a .jinja file nor a tokenizer directory: fix the path")
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    text = config.get("chat_template")
-    if isinstance(text, list):  # several named templates: transformers takes the one named "default"
-        text = next((t["template"] for t in text if t.get("name") == "default"), None)
-    if (path / "chat_template.jinja").is_file():
-        text = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    config = _tokenizer_config(path)
+    text = chat_template_of(path, config)
     if not text:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
+    return ChatTemplate(choice, text, special_tokens_of(path, config))
+
+
+def chat_template_of(directory: Path, config: dict[str, Any]) -> str | None:
+    """A tokenizer directory's chat template, as transformers reads it: ``chat_template.jinja``, else
+    ``chat_template`` of its ``tokenizer_config.json`` (``config``; of several named ones, the one named "default")."""
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    text = config.get("chat_template")
+    if isinstance(text, list):
+        text = next((t.get("template") for t in text if isinstance(t, dict) and t.get("name") == "default"), None)
+    return text if isinstance(text, str) else None
+
+
+def _tokenizer_config(directory: Path) -> dict[str, Any]:
+    config_file = directory / "tokenizer_config.json"
+    return json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+
+
+def special_tokens_of(directory: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The special tokens (``bos_token``, ...) a tokenizer directory names, as transformers reads them: those of
+    its ``tokenizer_config.json`` (``config``), and in an older directory (no ``added_tokens_decoder``) its
+    ``special_tokens_map.json``'s over them; a token written as an AddedToken dict gives its content."""
     named = dict(config)
-    legacy = path / "special_tokens_map.json"
-    if "added_tokens_decoder" not in config and legacy.is_file():  # as transformers reads an older directory: the map wins
+    legacy = directory / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy.is_file():
         named |= json.loads(legacy.read_text(encoding="utf-8"))
-    special = {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
-               if k.endswith("_token") and isinstance(v, (str, dict))}
-    return ChatTemplate(choice, text, special)
+    return {k: v.get("content", "") if isinstance(v, dict) else v for k, v in named.items()
+            if k.endswith("_token") and isinstance(v, (str, dict))}
 
 
 def text_of(content: Any, where: str, role: str) -> str:
@@ -179,8 +234,8 @@ def _field(row: dict[str, Any], name: str, where: str) -> str:
 
 
 def conversation_of(row: Any, where: str) -> list[Message]:
-    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content"}]}`` (content a
-    string or a list of text parts, :func:`text_of`), or Alpaca-style ``{"instruction", "input", "output"}``
+    """One row of a chat file -> its messages: OpenAI-style ``{"messages": [{"role", "content", ...}]}`` (content a
+    string or a list of text parts, :func:`text_of`; the other fields kept for the template), or Alpaca-style ``{"instruction", "input", "output"}``
     (the input, when given, after the instruction and a blank line, as Alpaca's prompt puts it; an optional
     ``system``). A row without an answer, or with a null or empty one, is one error line naming it."""
     if isinstance(row, dict) and "messages" in row:
@@ -191,7 +246,9 @@ def conversation_of(row: Any, where: str) -> list[Message]:
             if message.get("role") not in ROLES:
                 raise DataError(f"{where}: role {message.get('role')!r} is not one of {', '.join(ROLES)}: "
                                 "rename the role (tool and function turns are not read)")
-        conversation = [{"role": m["role"], "content": text_of(m["content"], where, m["role"])} for m in messages]
+        # Every field passes through, as apply_chat_template passes the messages (a template may read a message's
+        # name, reasoning_content, ...); the content as text.
+        conversation = [{**m, "content": text_of(m["content"], where, m["role"])} for m in messages]
     elif isinstance(row, dict) and "instruction" in row and "output" in row:
         if row["output"] is None:
             raise DataError(f"{where}: the answer ('output') is null, nothing to train on: write the answer, or drop the row")
@@ -213,12 +270,19 @@ def conversation_of(row: Any, where: str) -> list[Message]:
 
 
 def read_conversations(path: Path) -> list[list[Message]]:
-    """A ``.jsonl`` file (one conversation a line) or a ``.json`` file (a list of them, Alpaca's layout)."""
+    """A ``.jsonl`` file (one conversation a line) or a ``.json`` file (a list of them, Alpaca's layout), either
+    gzip-compressed or not."""
     if not path.is_file():
         raise DataError(f"data.files: {path} not found: give .jsonl or .json chat files")
-    text = path.read_text(encoding="utf-8")
     try:
-        if path.suffix == ".json":
+        with open_text(path) as handle:  # gzip-compressed (chats.jsonl.gz) as every text reader of data.files reads it
+            text = handle.read()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise DataError(f"{path} is not gzip data ({err}): decompress it with gunzip, or drop the .gz from its name") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}): save it as UTF-8") from None
+    try:
+        if format_suffix(path) == ".json":
             rows = json.loads(text) if text.strip() else []
             if not isinstance(rows, list):
                 raise DataError(f"{path} is not a JSON list of conversations: write a list, or one conversation a line (.jsonl)")

@@ -16,6 +16,7 @@ from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
 from trident.data.base import TridentDataModule
 from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
+from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.tasks.base import NetInput, TridentTask, token_ids
@@ -190,7 +191,10 @@ class MaskedLanguageModelTask(TridentTask):
         Texts of different lengths are padded with ``[PAD]`` and hidden from attention."""
         if self.tokenizer is None:
             raise ConfigError("this checkpoint holds no tokenizer: use a checkpoint written by a task=mlm run")
-        encoded = [self.tokenizer.encode(text).ids for text in texts]
+        # Encoded as the training blocks are: no post-processor's [CLS] ... [SEP], none of the file's truncation (which
+        # could cut a [MASK] away) or padding (with the file's pad id, which the attention mask would not hide).
+        encoder = plain_encoder(self.tokenizer)
+        encoded = [encoder.encode(text, add_special_tokens=False).ids for text in texts]
         for text, ids in zip(texts, encoded):
             if self.mask_id not in ids:
                 raise ConfigError(f"no [MASK] in {text!r}: write [MASK] where a token is to be predicted")

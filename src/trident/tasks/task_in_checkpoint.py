@@ -29,4 +29,6 @@ class TaskInCheckpoint:
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if checkpoint.get("tokenizer_json"):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
-        self.tokenizer_settings = dict(checkpoint.get("tokenizer_settings") or {})
+        # A resumed run keeps what it set from its data and source (a checkpoint written before runs recorded their
+        # chat template has none); a task rebuilt from the checkpoint alone has nothing set, so it reads them all.
+        self.tokenizer_settings = dict(checkpoint.get("tokenizer_settings") or {}) | self.tokenizer_settings

@@ -29,7 +29,8 @@ from trident.training.text_logging import log_text_table
 # sacreBLEU's choice by target language (its BLEU(trg_lang=...): zh, ja-mecab, ko-mecab; 13a otherwise), less the
 # tokenizers that need MeCab and a dictionary: Japanese is scored on characters and Korean (written with spaces) with
 # 13a unless task.bleu_tokenize names ja-mecab / ko-mecab where `sacrebleu[ja]` / `sacrebleu[ko]` is installed.
-BLEU_TOKENIZE_BY_LANGUAGE = {"zh": "zh", "ja": "char"}
+# ISO 639-2/3 codes too (FLORES / NLLB name files and columns zho_Hans, jpn_Jpan), which sacreBLEU itself does not map.
+BLEU_TOKENIZE_BY_LANGUAGE = {"zh": "zh", "zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "ja": "char", "jpn": "char"}
 
 
 def choose_bleu_tokenize(choice: str, tgt_lang: str | None) -> str:

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 
+from trident.data.chat_template import chat_template_of, special_tokens_of
 from trident.errors import DataError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -79,11 +80,10 @@ def read_tokenizer_settings(directory: Path) -> dict[str, str]:
     AddedToken dict gives its ``content``); the template from ``chat_template.jinja``, where transformers
     writes it since 4.43."""
     config = _tokenizer_config(directory)
-    settings = {name: value.get("content") if isinstance(value, dict) else value
-                for name, value in config.items() if name.endswith("_token") or name == "chat_template"}
-    if (directory / "chat_template.jinja").is_file():
-        settings["chat_template"] = (directory / "chat_template.jinja").read_text()
-    return {name: value for name, value in settings.items() if isinstance(value, str)}
+    settings = special_tokens_of(directory, config)  # an older directory's special_tokens_map.json included
+    if template := chat_template_of(directory, config):  # of several named templates, "default"
+        settings["chat_template"] = template
+    return settings
 
 
 def _tokenizer_config(directory: Path) -> dict[str, Any]:
