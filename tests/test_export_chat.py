@@ -56,8 +56,9 @@ def exported_files(directory: Path) -> dict[str, Any]:
 
 
 def test_the_default_template_and_its_blank_line_go_with_a_chat_export(tmp_path: Path) -> None:
-    """trident's default template under a character tokenizer: its blank line is two tokens, so generate stops at
-    the text (``stop_strings``); apply_chat_template renders what the run trained on, prompt included."""
+    """trident's default template under a character tokenizer: its blank line is two tokens, which generate stops at
+    when given as ``stop_strings``; apply_chat_template renders what the run trained on, prompt included. A plain
+    generate and pipeline("text-generation") work (with stop_strings in generation_config.json both raised)."""
     tokenizer = train_tokenizer("char", [CORPUS], end_of_text=True)
     template = ChatTemplate("default", DEFAULT_TEMPLATE, {})
     export_hf(chat_task(tokenizer, template), tmp_path)
@@ -65,9 +66,10 @@ def test_the_default_template_and_its_blank_line_go_with_a_chat_export(tmp_path:
     for prompt in (False, True):
         assert exported.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=prompt) == template.render(
             MESSAGES, add_generation_prompt=prompt)
-    files = exported_files(tmp_path)
-    assert files["generation_config.json"]["stop_strings"] == ["\n\n"]
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert model.generate(torch.tensor([[1, 2]]), max_new_tokens=2, do_sample=False).shape == (1, 4)
+    generator = transformers.pipeline("text-generation", model=model, tokenizer=exported)
+    assert generator("Line", max_new_tokens=2, do_sample=False)[0]["generated_text"].startswith("Line")
     ids = exported.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     word, newline, start = tokenizer.token_to_id("I"), tokenizer.token_to_id("\n"), ids["input_ids"].shape[1]
 
@@ -75,7 +77,7 @@ def test_the_default_template_and_its_blank_line_go_with_a_chat_export(tmp_path:
         chosen = word if input_ids.shape[1] == start else newline
         return torch.where(torch.arange(scores.shape[-1]) == chosen, 0.0, -torch.inf).expand_as(scores)
 
-    out = model.generate(**ids, tokenizer=exported, max_new_tokens=20, do_sample=False,
+    out = model.generate(**ids, tokenizer=exported, stop_strings=[template.end_marker()], max_new_tokens=20, do_sample=False,
                          logits_processor=transformers.LogitsProcessorList([blank_line_answer]))
     assert out[0, start:].tolist() == [word, newline, newline], "generate stops at the blank line that ends an answer"
 

@@ -100,9 +100,10 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``')."""
     run = run_settings(net, tokenizer, class_names, tokenizer_settings)
     model = to_transformers(net, run)
+    # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every generate
+    # call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises for a
+    # vocabulary without "abcdef" (transformers' StopStringCriteria). The user passes it (docs/weights.md).
     turn = end_of_turn_id(tokenizer, tokenizer_settings) if tokenizer is not None else None
-    if turn is None and tokenizer_settings.get(END_OF_TURN):  # several tokens: generate(tokenizer=...) stops at the text
-        model.generation_config.stop_strings = [tokenizer_settings[END_OF_TURN]]
     model.save_pretrained(directory)
     keep_dropped_settings(directory / "config.json", adapter_for_network(net).from_trident(net)[1] | run)
     if tokenizer is not None:
