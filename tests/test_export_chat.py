@@ -12,11 +12,17 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests.conftest import SMALL
 from tests.convert_helpers import randomise
+from tests.entry_points import run_in_process
+from trident.commands.chat import run_template
 from trident.commands.export import export_hf
 from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from trident.data.tokenization import END_OF_TEXT, train_tokenizer
+from trident.runs.compose import compose_train_config
+from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
+from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,3 +101,46 @@ def test_a_one_token_end_of_turn_is_the_eos_of_a_chat_export(tmp_path: Path) -> 
     assert (exported.eos_token, exported.eos_token_id) == ("<|im_end|>", end)
     assert exported.apply_chat_template(MESSAGES, tokenize=False) == template.render(MESSAGES)
     assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path).generation_config.eos_token_id == end
+
+
+@pytest.mark.slow
+def test_a_chat_run_exported_renders_and_stops_in_transformers_as_it_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.py task=lm data=chat (trident's default template, a Llama-shaped one-step run) -> trident-export --format hf
+    -> transformers: apply_chat_template renders the run's template, the logits are the run's, and generate given the
+    end of turn stops there."""
+    # "bad chef": transformers' stop strings need "abcdef" in the vocabulary (a run's own characters here).
+    rows = [{"messages": [{"role": "user", "content": f"Say {word}, bad chef."}, {"role": "assistant", "content": word.upper()}]}
+            for word in ("yes", "no", "maybe")] * 10
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    train(compose_train_config(
+        [*SMALL, "task=lm", "data=chat", "data.source=files", f"data.files=[{tmp_path / 'chats.jsonl'}]",
+         "data.block_size=64", "data.batch_size=2", "trainer.max_steps=1", "logger=none", "test=false",
+         "model.norm=rmsnorm", "model.activation=swiglu", "model.bias=false"], output_dir=tmp_path / "run"))
+    result = run_in_process("trident.commands.export", [str(tmp_path / "run"), "--format", "hf", "--out", str(tmp_path / "hf")],
+                            tmp_path, monkeypatch)
+    assert result.returncode == 0, result.stderr
+    checkpoint = checkpoint_of(tmp_path / "run")
+    task, template = load_task_checkpoint(LanguageModelTask, checkpoint).eval(), run_template(checkpoint, None)
+    assert template.text == DEFAULT_TEMPLATE
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    messages = [*rows[0]["messages"], rows[1]["messages"][0]]
+    assert exported.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == template.render(
+        messages, add_generation_prompt=True)
+    inputs = exported.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, task.net(inputs["input_ids"]), atol=1e-4, rtol=1e-4)
+    # The answer "N", then the end of turn token after token and on: generate stops at the end of the turn.
+    start, end = inputs["input_ids"].shape[1], exported(template.end_marker(), add_special_tokens=False)["input_ids"]
+    answer = [exported.convert_tokens_to_ids("N"), *end, *end]
+
+    def scripted(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        chosen = answer[min(input_ids.shape[1] - start, len(answer) - 1)]
+        return torch.where(torch.arange(scores.shape[-1]) == chosen, 0.0, -torch.inf).expand_as(scores)
+
+    assert model.generate(**inputs, max_new_tokens=2, do_sample=False).shape[1] == start + 2  # no tokenizer needed
+    out = model.generate(**inputs, tokenizer=exported, stop_strings=[template.end_marker()], max_new_tokens=10,
+                         do_sample=False, logits_processor=transformers.LogitsProcessorList([scripted]))
+    assert exported.decode(out[0, start:]) == "N" + template.end_marker()
