@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.conftest import SMALL
 from tests.convert_helpers import randomise
@@ -57,6 +57,24 @@ def chatml_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+# Llama 3's pre-tokenizer: punctuation takes the newlines after it (".\n\n" is one pre-token), as Qwen2's does.
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                r"\s+(?!\S)|\s+")
+
+
+def llama3_style_tokenizer() -> Tokenizer:
+    """A byte-level BPE split as Llama 3's, whose vocabulary has "\n\n" as one token and ".\n\n" as another."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[END_OF_TEXT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator([CORPUS + "And then\n\n" * 50], trainer=trainer)
+    assert len(tokenizer.encode("\n\n").ids) == 1 and tokenizer.encode(".\n\n").tokens == [".ĊĊ"]
+    return tokenizer
+
+
 def exported_files(directory: Path) -> dict[str, Any]:
     return {name: json.loads((directory / name).read_text()) for name in ("config.json", "generation_config.json")}
 
@@ -86,6 +104,17 @@ def test_the_default_template_and_its_blank_line_go_with_a_chat_export(tmp_path:
     out = model.generate(**ids, tokenizer=exported, stop_strings=[template.end_marker()], max_new_tokens=20, do_sample=False,
                          logits_processor=transformers.LogitsProcessorList([blank_line_answer]))
     assert out[0, start:].tolist() == [word, newline, newline], "generate stops at the blank line that ends an answer"
+
+
+def test_an_end_of_turn_token_the_answers_do_not_end_in_is_not_the_eos_of_a_chat_export(tmp_path: Path) -> None:
+    """trident's default template under a Llama 3-style tokenizer: "\n\n" is one token alone, but an answer ending
+    "jumps." ends in the ".\n\n" token, so eos_token_id "\n\n" would never stop generate there (and would stop it
+    at a paragraph break): the export keeps the tokenizer's own eos."""
+    tokenizer = llama3_style_tokenizer()
+    export_hf(chat_task(tokenizer, ChatTemplate("default", DEFAULT_TEMPLATE, {})), tmp_path)
+    files = exported_files(tmp_path)
+    assert files["config.json"]["eos_token_id"] == files["generation_config.json"]["eos_token_id"] == tokenizer.token_to_id(
+        END_OF_TEXT)
 
 
 def test_a_one_token_end_of_turn_is_the_eos_of_a_chat_export(tmp_path: Path) -> None:

@@ -27,14 +27,24 @@ CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
 # The key of a run's tokenizer_settings (data=chat records it) whose text ends an answer: ``<|im_end|>``, trident's
 # default template's blank line.
 END_OF_TURN = "end_of_turn"
+# How answers end and what follows the end of turn (the next turn, a newline, the end of the text): the end of turn's
+# token must stay whole between them to be the eos of the export (end_of_turn_id).
+ANSWER_ENDS, TURN_STARTS = ("It jumps", "It jumps.", "It jumps?", "42", "It jumps!\n"), ("", "USER", "\n", " <")
 
 
 def end_of_turn_id(tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> int | None:
-    """The id of the token that ends an answer of the run's chat template, None where the run recorded none or the
-    text is several tokens (trident's default blank line under a character tokenizer: ``stop_strings`` then)."""
+    """The id of the token that ends an answer of the run's chat template, None where the run recorded none, the
+    text is several tokens (trident's default blank line under a character tokenizer) or its token is not what
+    the run's answers end in: a text marker can merge with the answer's last characters (Llama 3's and Qwen's
+    pre-tokenizers make "It jumps.\n\n" end in ".\n\n", not in the "\n\n" token), so it must stay one token after
+    every :data:`ANSWER_ENDS` and before every :data:`TURN_STARTS` (an added token, <|im_end|>, always does)."""
     text = tokenizer_settings.get(END_OF_TURN)
     ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
-    return ids[0] if len(ids) == 1 else None
+    if len(ids) != 1:
+        return None
+    in_context = all(ids[0] in tokenizer.encode(f"{end}{text}{start}", add_special_tokens=False).ids
+                     for end in ANSWER_ENDS for start in TURN_STARTS)
+    return ids[0] if in_context else None
 
 
 def special_tokens(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> dict[str, str]:
