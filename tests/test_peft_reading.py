@@ -64,6 +64,15 @@ def test_a_gpt2_peft_adapter_merges_into_its_transposed_conv1d(tmp_path: Path) -
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("setting", [{"lora_bias": True}, {"trainable_token_indices": [1, 2]}, {"layer_replication": [[0, 2], [1, 2]]}])
+def test_a_peft_adapter_a_plain_merge_misreads_is_one_line(tmp_path: Path, setting: dict[str, object]) -> None:
+    """lora_B's biases were dropped without a word (logits 0.2 away from peft's); the others named tensors the base lacks."""
+    base = hf_model("llama", tmp_path / "base")
+    peft_adapter(base, tmp_path / "base", tmp_path / "adapter", target_modules=["q_proj"], **setting)
+    with pytest.raises(DataError, match=rf"^\S+ is a peft adapter with {next(iter(setting))}, which trident does not merge"):
+        read_init_source(str(tmp_path / "adapter"))
+
+
 def test_a_peft_adapter_trident_cannot_merge_or_place_is_one_line(tmp_path: Path) -> None:
     base = hf_model("llama", tmp_path / "base")
     peft_adapter(base, tmp_path / "base", tmp_path / "dora", use_dora=True, target_modules=["q_proj"])

@@ -3,7 +3,7 @@ Hugging Face directory its ``base_model_name_or_path`` names, with each adapter 
 (``W + scaling * B A``, as peft's ``merge_and_unload``), so ``init_from=<adapter>`` starts from the tuned model.
 
 Each adapter's rank is its ``lora_A``'s rows and its alpha ``alpha_pattern``'s where a pattern names the module (peft's
-``rank_pattern`` / ``alpha_pattern``). What a plain merge cannot express (DoRA, trained biases) is one line naming the
+``rank_pattern`` / ``alpha_pattern``). What a plain merge cannot express (DoRA, trained biases, :data:`UNMERGED`) is one line naming the
 fix: merge it with peft itself and pass the merged directory."""
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from trident.errors import DataError
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", ("adapter_model.safetensors", "adapter_model.bin")
 # peft's prefix of every saved tensor name (its PeftModel wraps the base model as base_model.model).
 PEFT_PREFIX = "base_model.model."
+# LoraConfig settings a plain W + scaling * B A does not express: DoRA's magnitudes, lora_B's biases, trainable token
+# rows, layers copied, adapters on bare parameters, an adapter active only after its invocation tokens.
+UNMERGED = ("use_dora", "lora_bias", "trainable_token_indices", "layer_replication", "target_parameters",
+            "alora_invocation_tokens")
 # The head a model with tie_word_embeddings saves no tensor of (Llama's, Qwen's, GPT-2's).
 TIED_HEAD = "lm_head.weight"
 MERGE_IT = ("merge it onto its base with peft (PeftModel.from_pretrained(base, adapter).merge_and_unload()"
@@ -50,7 +54,7 @@ def merge_peft(path: Path, state: dict[str, Tensor], source: str) -> dict[str, T
     ``lora_embedding_A/B`` adds ``scaling * (B A)^T``); any other tensor of the adapter (peft's ``modules_to_save``: a
     new head; the ``base_layer`` peft saves of a targeted embedding or head) replaces the base's."""
     config = _config(path, source)
-    unsupported = [key for key in ("use_dora",) if config.get(key)]
+    unsupported = [key for key in UNMERGED if config.get(key)]
     if config.get("bias", "none") != "none":
         unsupported.append(f"bias={config['bias']}")
     if config.get("peft_type", "LORA") != "LORA" or unsupported:
