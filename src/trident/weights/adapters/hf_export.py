@@ -27,14 +27,24 @@ CONFIG_TOKENS = ("bos_token", "eos_token", "pad_token")
 # The key of a run's tokenizer_settings (data=chat records it) whose text ends an answer: ``<|im_end|>``, trident's
 # default template's blank line.
 END_OF_TURN = "end_of_turn"
+# How answers end and what follows the end of turn (the next turn, a newline, the end of the text): the end of turn's
+# token must stay whole between them to be the eos of the export (end_of_turn_id).
+ANSWER_ENDS, TURN_STARTS = ("It jumps", "It jumps.", "It jumps?", "42", "It jumps!\n"), ("", "USER", "\n", " <")
 
 
 def end_of_turn_id(tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> int | None:
-    """The id of the token that ends an answer of the run's chat template, None where the run recorded none or the
-    text is several tokens (trident's default blank line under a character tokenizer: ``stop_strings`` then)."""
+    """The id of the token that ends an answer of the run's chat template, None where the run recorded none, the
+    text is several tokens (trident's default blank line under a character tokenizer) or its token is not what
+    the run's answers end in: a text marker can merge with the answer's last characters (Llama 3's and Qwen's
+    pre-tokenizers make "It jumps.\n\n" end in ".\n\n", not in the "\n\n" token), so it must stay one token after
+    every :data:`ANSWER_ENDS` and before every :data:`TURN_STARTS` (an added token, <|im_end|>, always does)."""
     text = tokenizer_settings.get(END_OF_TURN)
     ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
-    return ids[0] if len(ids) == 1 else None
+    if len(ids) != 1:
+        return None
+    in_context = all(ids[0] in tokenizer.encode(f"{end}{text}{start}", add_special_tokens=False).ids
+                     for end in ANSWER_ENDS for start in TURN_STARTS)
+    return ids[0] if in_context else None
 
 
 def special_tokens(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> dict[str, str]:
@@ -100,9 +110,10 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``')."""
     run = run_settings(net, tokenizer, class_names, tokenizer_settings)
     model = to_transformers(net, run)
+    # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every generate
+    # call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises for a
+    # vocabulary without "abcdef" (transformers' StopStringCriteria). The user passes it (docs/weights.md).
     turn = end_of_turn_id(tokenizer, tokenizer_settings) if tokenizer is not None else None
-    if turn is None and tokenizer_settings.get(END_OF_TURN):  # several tokens: generate(tokenizer=...) stops at the text
-        model.generation_config.stop_strings = [tokenizer_settings[END_OF_TURN]]
     model.save_pretrained(directory)
     keep_dropped_settings(directory / "config.json", adapter_for_network(net).from_trident(net)[1] | run)
     if tokenizer is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trident.errors import ConfigError, DataError
 from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer, read_tokenizer_settings
-from trident.weights.adapters.peft_reading import is_peft_adapter, merge_peft, peft_base
+from trident.weights.adapters.peft_reading import is_peft_adapter, merge_peft, peft_base, untie_tied_head
 from trident.weights.adapters.registry import FILE_ADAPTERS, adapter_for_model_type, architectures, file_adapter_for
 from trident.weights.pretrained import PretrainedWeights
 
@@ -64,7 +64,9 @@ def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None
             f"{source} holds a {model_type or 'model of unknown type'} ({', '.join(architectures) or 'no architectures'}), "
             f"which trident does not convert: supported are {supported()}"
         )
-    state = read_state_dict(path) if lora is None else merge_peft(lora, read_state_dict(path), source)
+    base = read_state_dict(path)
+    state = base if lora is None else merge_peft(lora, base, source)
+    config = config if lora is None else untie_tied_head(config, base, state)
     try:
         tokenizer = read_tokenizer(path)
         weights = adapter.to_trident(config, state, tokenizer, source)
