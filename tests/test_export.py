@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,12 +19,9 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 
 import trident
-from trident.commands.export import export_onnx, main
+from trident.commands.export import main
 from trident.data.tokenization import END_OF_TEXT, every_character
 from trident.runs.pipeline import train
-from trident.tasks.base import TridentTask
-from trident.tasks.classify import SequenceClassificationTask
-from trident.tasks.translation import TranslationTask
 from trident.weights import read_pretrained
 
 from .conftest import SMALL, compose_config
@@ -135,7 +132,7 @@ def test_safetensors_export_stores_the_tie_once_and_rebuilds_the_model(runs: Run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rope", "vit"])
+@pytest.mark.parametrize("name", ["rope"])  # every task's default network: tests/test_export_defaults.py
 def test_onnx_export_runs_in_onnxruntime_with_the_same_logits(runs: Runs, tmp_path: Path, name: str) -> None:
     onnxruntime = pytest.importorskip("onnxruntime")
     task = exported(runs[name], "onnx", tmp_path / "out")
@@ -145,42 +142,6 @@ def test_onnx_export_runs_in_onnxruntime_with_the_same_logits(runs: Runs, tmp_pa
     (logits,) = session.run(None, {session.get_inputs()[0].name: inputs.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(logits), task.net(inputs), atol=1e-4, rtol=1e-4)
-
-
-def _classifier() -> SequenceClassificationTask:
-    return SequenceClassificationTask({**BACKBONE, "pos_encoding": "rope"}, 11, OPTIMIZER, SCHEDULER,
-                                      class_names=["a", "b", "c"], majority_accuracy={"validation": 0.5, "test": 0.5})
-
-
-def _translator() -> TranslationTask:
-    return TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, pad_id=0)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("build", [_classifier, _translator])
-def test_onnx_export_of_a_two_input_network_runs_in_onnxruntime_with_the_same_logits(
-        build: Callable[[], TridentTask], tmp_path: Path) -> None:
-    onnxruntime = pytest.importorskip("onnxruntime")
-    torch.manual_seed(0)
-    task = build().eval()
-    export_onnx(task, tmp_path)
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    # Another batch size and other lengths than the export traced with, padding in one row.
-    ids, other = torch.randint(3, 11, (3, 13)), torch.randint(3, 11, (3, 9))
-    if isinstance(task, SequenceClassificationTask):
-        padding = torch.zeros_like(ids, dtype=torch.bool)
-        padding[1, 5:] = True
-        inputs = {"input_ids": ids, "padding_mask": padding}
-        with torch.no_grad():
-            expected = task.net(ids, key_padding_mask=padding)  # (B, C)
-    else:
-        ids[1, 5:] = 0  # the source's padding
-        inputs = {"source_ids": ids, "target_ids": other}
-        with torch.no_grad():
-            expected = task.net(ids, other)  # (B, T, V): the decoder's logits
-    assert [i.name for i in session.get_inputs()] == list(inputs)
-    (logits,) = session.run(None, {name: value.numpy() for name, value in inputs.items()})
-    torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=1e-4)
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
