@@ -115,19 +115,23 @@ class TokenMean(Metric):
         self.count += torch.as_tensor(count, device=self.count.device).double()
 
     def compute(self) -> Tensor:
-        return self.total / self.count  # NaN with no token: checked_mean_loss names that case
+        """(2,): the summed loss and the token count of every rank. The count is returned, not read from
+        ``self.count`` afterwards: torchmetrics puts this rank's own states back once ``compute`` returns, and a
+        rank that holds no trained token of a split others do would stop alone (the others waiting for it)."""
+        return torch.stack([self.total, self.count])
 
 
 def checked_mean_loss(metric: TokenMean, name: str, step: int) -> float:
     """``metric``'s epoch value (synced over ranks), reset for the next epoch. An epoch without a trained token,
     or a non-finite loss, stops the run in one line naming the cause: a NaN monitored by ModelCheckpoint would
     count as +inf, keep the worst checkpoint "best" and let the run report "completed"."""
-    value, count = float(metric.compute()), float(metric.count)
+    total, count = metric.compute().tolist()
     metric.reset()
     if count == 0:
         raise DataError(f"{name} has no token to average at step {step}: every target of the split is ignored "
                         "(e.g. chat rows whose prompt fills data.block_size, or rows of padding only): raise "
                         "data.block_size or give the split rows with trained targets")
+    value = total / count
     if not math.isfinite(value):
         raise TrainingDiverged(f"{name} is {value} at step {step}: the model's predictions are not finite; lower "
                                "optimizer.lr, raise scheduler.warmup_steps, set trainer.gradient_clip_val, or use "
