@@ -26,7 +26,7 @@ from trident.errors import DataError
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
 from trident.training.steps import count_validation_in_optimizer_steps
-from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group
 from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
@@ -67,9 +67,9 @@ class Batches(Dataset):
 
 def one_step(task: LanguageModelTask, batches: list[Any], accumulate: int, **trainer: Any) -> dict[str, Tensor]:
     """``task``'s weights after one optimizer step over ``batches`` (each a whole micro-batch), and its logged loss."""
-    trainer_ = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
+    trainer_ = L.Trainer(accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         accelerator="cpu", devices=1, **trainer)
+                         accelerator="cpu", devices=1, **{"max_steps": 1, **trainer})
     trainer_.fit(task, DataLoader(Batches(batches), batch_size=None, shuffle=False))
     return {**{k: v.detach().clone() for k, v in task.net.state_dict().items()},
             "train/loss": trainer_.callback_metrics["train/loss"]}
@@ -91,6 +91,55 @@ def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) ->
             continue
         step = value - start[name]
         torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+def test_an_epochs_short_last_window_steps_on_its_own_tokens() -> None:
+    """Epochs of 3 micro-batches at accumulate_grad_batches=2: Lightning steps after the third alone (dividing its
+    loss by 2 all the same). The two steps equal steps on the first two as one batch, then the third."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    whole = (torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))
+    accumulated = one_step(copy.deepcopy(task), [first, second, second], 2, max_steps=-1, max_epochs=1)
+    batches = one_step(copy.deepcopy(task), [whole, second], 1, max_steps=-1, max_epochs=1)
+    for name, value in batches.items():
+        torch.testing.assert_close(accumulated[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_the_loss_training_step_returns_has_the_size_of_a_mean_whatever_the_first_micro_batch() -> None:
+    """The factor c of the returned loss (what the fp16 scaler and the learning-rate finder see) follows the step
+    just taken; a first micro-batch of no token sets none. Fixed from the first micro-batch for good, a first
+    micro-batch of 0 or 1 tokens made every later loss the sum of thousands (fp16 gradients overflow)."""
+    loss = StepLoss()
+    weight = torch.ones((), requires_grad=True)
+    assert float(loss.micro_batch(weight * 0, torch.tensor(0), None)) == 0.0
+    assert loss.scale is None
+    assert float(loss.micro_batch(weight * 3.0, torch.tensor(1), None)) == pytest.approx(3.0)  # c = 1 / 1 token
+    loss.finish([weight], accumulate=2, group=None)  # a step of 0 and 1 tokens: c = 1 / 0.5
+    for _ in range(2):  # a step of 2 x 1000 tokens
+        assert float(loss.micro_batch(weight * 2000.0, torch.tensor(1000), None)) == pytest.approx(4000.0)
+    loss.finish([weight], accumulate=2, group=None)
+    assert float(loss.micro_batch(weight * 2000.0, torch.tensor(1000), None)) == pytest.approx(2.0)  # c = 1 / 1000
+
+
+def test_the_token_count_is_summed_over_the_data_parallel_ranks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under tensor parallelism (trainer=fsdp, a mesh of data_parallel x tensor_parallel) the ranks of a
+    tensor-parallel group share one batch: the count and the rescale are over the data-parallel dimension's group.
+    (Over every rank, the count and the number of ranks both double and the gradient comes out the same: only the
+    group itself tells the two apart.)"""
+    groups = {"data_parallel": object(), "tensor_parallel": object()}
+
+    class Mesh:
+        mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+        def __getitem__(self, name: str) -> Any:
+            return type("SubMesh", (), {"get_group": lambda _self: groups[name]})()
+
+    module = type("Module", (), {"device_mesh": Mesh()})()
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    assert data_parallel_group(module) is groups["data_parallel"]
+    module.device_mesh = None  # DDP: every rank averages gradients
+    assert data_parallel_group(module) is torch.distributed.group.WORLD
 
 
 class RankBatches(Dataset):

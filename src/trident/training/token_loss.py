@@ -9,8 +9,10 @@ Why: a mean per micro-batch weighs each micro-batch alike, whatever it holds. Tw
 was not the gradient of the batch as one.
 
 How (:class:`StepLoss`): the count of the whole step is known only after its last micro-batch, so each
-micro-batch's ``training_step`` returns its *summed* loss times a constant ``c`` (so the loss Lightning, the
-fp16 scaler and the learning-rate finder see has the size of a mean); after the step's last backward, in
+micro-batch's ``training_step`` returns its *summed* loss times a factor ``c``, the same for every micro-batch
+and rank of a step (so the loss Lightning, the fp16 scaler and the learning-rate finder see has the size of a
+mean: ``c`` is 1 / the mean trained tokens of a rank's micro-batch in the previous step, or in the first
+micro-batch that trained any); after the step's last backward, in
 ``on_before_optimizer_step`` (Lightning 2.x calls it after fp16 unscaling and before gradient clipping), the
 gradients, which hold ``c / (A * W) * sum of the summed losses' gradients`` (Lightning's 1/A, the
 data-parallel average's 1/W), are multiplied by ``A * W / (c * N)``, ``N`` the all-reduced count of trained
@@ -59,20 +61,23 @@ class StepLoss:
     LOSS = "train/loss"
 
     def __init__(self) -> None:
-        #: ``c``: set at the first micro-batch ever from its global count, then fixed (and checkpointed) so
-        #: that every rank and a resumed run scale alike.
+        #: ``c``: 1 / the mean count of a rank's micro-batch, from the first micro-batch that trained a token, then
+        #: from each step as it ends (checkpointed: a resumed run's loss keeps its size for the fp16 scaler). Fixed
+        #: from the first micro-batch for good, a first micro-batch of 0 or 1 tokens made every later loss a sum
+        #: of thousands (fp16 gradients then overflow and the scaler skips steps until it has shrunk).
         self.scale: float | None = None
         self._sums: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (weighted sum, weight), this rank's, this step
 
     def micro_batch(self, summed: Tensor, count: Tensor, group: ProcessGroup | None) -> Tensor:
         """What ``training_step`` returns for a micro-batch whose ``count`` trained tokens have the summed
         loss ``summed`` (a scalar with its graph)."""
-        if self.scale is None:
+        if self.scale is None:  # the same on every rank: the count is global
             counts = _all_reduce_sum(count.detach().double().reshape(1).clone(), group)
             ranks = dist.get_world_size(group) if group is not None else 1
-            self.scale = ranks / max(1.0, float(counts[0]))  # 1 / the mean count of a rank's micro-batch
+            if counts[0] > 0:  # a sum over no token has zero gradients whatever it is multiplied by
+                self.scale = ranks / float(counts[0])
         self.add(self.LOSS, summed.detach(), count)
-        return summed * self.scale
+        return summed * (self.scale or 1.0)
 
     def add(self, name: str, total: Tensor | float, weight: Tensor | float) -> None:
         """Add ``total`` (a sum over ``weight`` items) to metric ``name`` of this step."""
@@ -96,6 +101,8 @@ class StepLoss:
             for param in parameters:
                 if param.grad is not None:
                     param.grad.mul_(factor)
+        if count > 0:
+            self.scale = accumulate * ranks / count  # the next step's c (the ranks agree: the count is global)
         return {n: t / w for n, (t, w) in step.items() if w > 0}
 
 
