@@ -18,11 +18,13 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.chat import IGNORE_INDEX
 from trident.errors import DataError
+from trident.launch.preemption import PreemptionCheckpoint
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
 from trident.training.steps import count_validation_in_optimizer_steps
@@ -349,3 +351,32 @@ def test_train_loss_under_accumulation_is_the_batch_twice_as_large_runs(accumula
               for name, run_dir in accumulated_and_whole.items()}
     assert len(losses["whole"]) == 4
     assert losses["accumulated"] == pytest.approx(losses["whole"], rel=1e-6)
+
+
+class SignalAt(L.Callback):
+    """A stop signal arriving during the first micro-batch of an optimizer step."""
+
+    def __init__(self, preemption: PreemptionCheckpoint) -> None:
+        self.preemption = preemption
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 2:
+            self.preemption.received = "SIGTERM"
+
+
+def test_a_stop_signal_mid_accumulation_saves_after_the_optimizer_step(tmp_path: Path) -> None:
+    """Saved after the micro-batch under way (its step's first of 2), the checkpoint held no accumulated gradient:
+    the resumed run stepped on the window's second micro-batch alone (its tokens alone in the mean). The save waits
+    for the step's last micro-batch, as the docstring's "finish the current training step" says."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    preemption = PreemptionCheckpoint(tmp_path)
+    trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        accelerator="cpu", devices=1, callbacks=[preemption, SignalAt(preemption)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(task, DataLoader(Batches([second] * 8), batch_size=None))
+    saved = torch.load(preemption.path, weights_only=False)
+    assert saved["global_step"] == 2  # after the second optimizer step, its 4 micro-batches done
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 4
