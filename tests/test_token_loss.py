@@ -124,6 +124,30 @@ def test_the_loss_training_step_returns_has_the_size_of_a_mean_whatever_the_firs
     assert float(loss.micro_batch(weight * 2000.0, torch.tensor(1000), None)) == pytest.approx(2.0)  # c = 1 / 1000
 
 
+def test_two_ranks_of_unequal_counts_get_the_gradient_of_their_global_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's side of 2 data-parallel ranks, in one process: rank 1's sums arrive through the (faked)
+    all-reduce and its gradient through DDP's average. Rank 0 trains 1 token, rank 1 7: the step's gradient is the
+    8 tokens' mean, not rank 0's own count's nor one rank's share (the slow DDP tests run the real thing)."""
+    group = object()
+    weight = torch.ones((), requires_grad=True)
+    a0, a1 = 3.0, 5.0  # d(summed loss)/d(weight) of rank 0's 1 token and of rank 1's 7
+
+    def all_reduce(values: Tensor, group_: Any) -> Tensor:
+        assert group_ is group
+        # rank 1's (1,): its first micro-batch's count; (names, 2): its step's loss sum (2 a token) and count
+        return values + (7.0 if values.shape == (1,) else torch.tensor([[a1 * 2.0, 7.0]], dtype=torch.float64))
+
+    monkeypatch.setattr("trident.training.token_loss._all_reduce_sum", all_reduce)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group_=None: 2)
+    loss = StepLoss()
+    returned = loss.micro_batch(weight * a0, torch.tensor(1), group)
+    returned.backward()
+    weight.grad = (weight.grad + loss.scale * a1) / 2  # DDP's mean of the ranks' gradients
+    metrics = loss.finish([weight], accumulate=1, group=group)
+    assert float(weight.grad) == pytest.approx((a0 + a1) / 8)
+    assert metrics["train/loss"] == pytest.approx((a0 + 2 * a1) / 8)
+
+
 def test_the_token_count_is_summed_over_the_data_parallel_ranks_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under tensor parallelism (trainer=fsdp, a mesh of data_parallel x tensor_parallel) the ranks of a
     tensor-parallel group share one batch: the count and the rescale are over the data-parallel dimension's group.
