@@ -95,6 +95,23 @@ def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) ->
         torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
 
 
+def test_an_accumulated_step_is_the_gradient_of_the_mean_over_the_trained_tokens() -> None:
+    """Against plain autograd (no Lightning, no rescale): SGD at lr 1 moves the weights by minus the gradient of
+    the mean cross entropy over the 17 trained tokens. (The other tests compare runs of the same reduction: a
+    count off by one, in both, passed them.)"""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    reference = copy.deepcopy(task)
+    logits = reference.net(torch.cat([first[0], second[0]]))  # (4, 8, V)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.cat([first[1], second[1]]).flatten(),
+                                      ignore_index=IGNORE_INDEX).backward()
+    stepped = one_step(copy.deepcopy(task), [first, second], 2)
+    for name, param in reference.net.named_parameters():
+        expected = param.detach() - param.grad
+        torch.testing.assert_close(stepped[name], expected, rtol=1e-4, atol=1e-6 * float(param.grad.abs().max()))
+
+
 def test_an_epochs_short_last_window_steps_on_its_own_tokens() -> None:
     """Epochs of 3 micro-batches at accumulate_grad_batches=2: Lightning steps after the third alone (dividing its
     loss by 2 all the same). The two steps equal steps on the first two as one batch, then the third."""
