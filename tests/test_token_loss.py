@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -27,7 +28,8 @@ from trident.errors import DataError
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
-from trident.training.steps import count_validation_in_optimizer_steps
+from trident.training.callbacks import Throughput
+from trident.training.steps import StepLearningRateMonitor, ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group
 from trident.training.wandb_files import wait_for_offline_runs
 
@@ -421,3 +423,48 @@ def test_a_stop_signal_mid_accumulation_saves_after_the_optimizer_step(tmp_path:
     saved = torch.load(preemption.path, weights_only=False)
     assert saved["global_step"] == 2  # after the second optimizer step, its 4 micro-batches done
     assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 4
+
+
+class RecordingLogger(Logger):
+    """The rows Lightning and the callbacks send to a logger: (step, metric names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, set[str]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((int(step or 0), set(metrics)))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def steps_of(self, prefix: str) -> list[int]:
+        return [step for step, names in self.rows if any(name.startswith(prefix) for name in names)]
+
+
+def test_one_step_axis_under_accumulation_in_process() -> None:
+    """A fast twin of the pipeline's test: accumulate_grad_batches=2, val_check_interval=2, 4 optimizer steps:
+    training, learning-rate and throughput rows at the step under way (0-3, throughput after the warm-up step),
+    validation rows at the optimizer steps they follow (2, 4), each once."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    logger = RecordingLogger()
+    trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, val_check_interval=2, check_val_every_n_epoch=None,
+                        num_sanity_val_steps=0, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        callbacks=[ValidationRowStep(), StepLearningRateMonitor(logging_interval="step"), Throughput(window=1, peak_flops=1e12)])
+    count_validation_in_optimizer_steps(trainer)
+    trainer.fit(task, DataLoader(Batches([second] * 8), batch_size=None), DataLoader(Batches([second]), batch_size=None))
+    assert logger.steps_of("train/loss") == [0, 1, 2, 3]
+    assert logger.steps_of("lr-") == [0, 1, 2, 3]
+    assert logger.steps_of("throughput/") == [1, 2, 3]
+    assert logger.steps_of("val/loss") == [2, 4]
