@@ -114,3 +114,12 @@ def test_the_rank_stream_leaves_the_default_stream_alike_on_every_rank() -> None
         draws.append(HeadDropoutRNG(rank)(lambda _m, q: (torch.rand(q.shape), None), nn.Identity(), torch.zeros(4))[0])
         after.append(torch.rand(4))
     assert not torch.equal(draws[0], draws[1]) and torch.equal(after[0], after[1])
+
+
+def test_consecutive_attention_calls_draw_new_masks() -> None:
+    """The next layer (or step) draws other masks, even with no dropout of the default stream in between (without
+    the default stream's one draw, every layer of a block without residual dropout repeated the first's masks)."""
+    torch.manual_seed(3)
+    rng = HeadDropoutRNG(0)
+    first, second = (rng(lambda _m, q: (torch.rand(q.shape), None), nn.Identity(), torch.zeros(4))[0] for _ in range(2))
+    assert not torch.equal(first, second)

@@ -11,21 +11,26 @@ import copy
 import csv
 import json
 import math
+import socket
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.chat import IGNORE_INDEX
 from trident.errors import DataError
+from trident.launch.preemption import PreemptionCheckpoint
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
-from trident.training.steps import count_validation_in_optimizer_steps
-from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss
+from trident.training.callbacks import Throughput
+from trident.training.steps import StepLearningRateMonitor, ValidationRowStep, count_validation_in_optimizer_steps
+from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group
 from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
@@ -66,9 +71,9 @@ class Batches(Dataset):
 
 def one_step(task: LanguageModelTask, batches: list[Any], accumulate: int, **trainer: Any) -> dict[str, Tensor]:
     """``task``'s weights after one optimizer step over ``batches`` (each a whole micro-batch), and its logged loss."""
-    trainer_ = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
+    trainer_ = L.Trainer(accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         accelerator="cpu", devices=1, **trainer)
+                         accelerator="cpu", devices=1, **{"max_steps": 1, **trainer})
     trainer_.fit(task, DataLoader(Batches(batches), batch_size=None, shuffle=False))
     return {**{k: v.detach().clone() for k, v in task.net.state_dict().items()},
             "train/loss": trainer_.callback_metrics["train/loss"]}
@@ -90,6 +95,96 @@ def test_accumulated_step_equals_the_batch_twice_as_large(clip: float | None) ->
             continue
         step = value - start[name]
         torch.testing.assert_close(accumulated[name] - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+def test_an_accumulated_step_is_the_gradient_of_the_mean_over_the_trained_tokens() -> None:
+    """Against plain autograd (no Lightning, no rescale): SGD at lr 1 moves the weights by minus the gradient of
+    the mean cross entropy over the 17 trained tokens. (The other tests compare runs of the same reduction: a
+    count off by one, in both, passed them.)"""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    reference = copy.deepcopy(task)
+    logits = reference.net(torch.cat([first[0], second[0]]))  # (4, 8, V)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.cat([first[1], second[1]]).flatten(),
+                                      ignore_index=IGNORE_INDEX).backward()
+    stepped = one_step(copy.deepcopy(task), [first, second], 2)
+    for name, param in reference.net.named_parameters():
+        expected = param.detach() - param.grad
+        torch.testing.assert_close(stepped[name], expected, rtol=1e-4, atol=1e-6 * float(param.grad.abs().max()))
+
+
+def test_an_epochs_short_last_window_steps_on_its_own_tokens() -> None:
+    """Epochs of 3 micro-batches at accumulate_grad_batches=2: Lightning steps after the third alone (dividing its
+    loss by 2 all the same). The two steps equal steps on the first two as one batch, then the third."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    whole = (torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))
+    accumulated = one_step(copy.deepcopy(task), [first, second, second], 2, max_steps=-1, max_epochs=1)
+    batches = one_step(copy.deepcopy(task), [whole, second], 1, max_steps=-1, max_epochs=1)
+    for name, value in batches.items():
+        torch.testing.assert_close(accumulated[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_the_loss_training_step_returns_has_the_size_of_a_mean_whatever_the_first_micro_batch() -> None:
+    """The factor c of the returned loss (what the fp16 scaler and the learning-rate finder see) follows the step
+    just taken; a first micro-batch of no token sets none. Fixed from the first micro-batch for good, a first
+    micro-batch of 0 or 1 tokens made every later loss the sum of thousands (fp16 gradients overflow)."""
+    loss = StepLoss()
+    weight = torch.ones((), requires_grad=True)
+    assert float(loss.micro_batch(weight * 0, torch.tensor(0), None)) == 0.0
+    assert loss.scale is None
+    assert float(loss.micro_batch(weight * 3.0, torch.tensor(1), None)) == pytest.approx(3.0)  # c = 1 / 1 token
+    loss.finish([weight], accumulate=2, group=None)  # a step of 0 and 1 tokens: c = 1 / 0.5
+    for _ in range(2):  # a step of 2 x 1000 tokens
+        assert float(loss.micro_batch(weight * 2000.0, torch.tensor(1000), None)) == pytest.approx(4000.0)
+    loss.finish([weight], accumulate=2, group=None)
+    assert float(loss.micro_batch(weight * 2000.0, torch.tensor(1000), None)) == pytest.approx(2.0)  # c = 1 / 1000
+
+
+def test_two_ranks_of_unequal_counts_get_the_gradient_of_their_global_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's side of 2 data-parallel ranks, in one process: rank 1's sums arrive through the (faked)
+    all-reduce and its gradient through DDP's average. Rank 0 trains 1 token, rank 1 7: the step's gradient is the
+    8 tokens' mean, not rank 0's own count's nor one rank's share (the slow DDP tests run the real thing)."""
+    group = object()
+    weight = torch.ones((), requires_grad=True)
+    a0, a1 = 3.0, 5.0  # d(summed loss)/d(weight) of rank 0's 1 token and of rank 1's 7
+
+    def all_reduce(values: Tensor, group_: Any) -> Tensor:
+        assert group_ is group
+        # rank 1's (1,): its first micro-batch's count; (names, 2): its step's loss sum (2 a token) and count
+        return values + (7.0 if values.shape == (1,) else torch.tensor([[a1 * 2.0, 7.0]], dtype=torch.float64))
+
+    monkeypatch.setattr("trident.training.token_loss._all_reduce_sum", all_reduce)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group_=None: 2)
+    loss = StepLoss()
+    returned = loss.micro_batch(weight * a0, torch.tensor(1), group)
+    returned.backward()
+    weight.grad = (weight.grad + loss.scale * a1) / 2  # DDP's mean of the ranks' gradients
+    metrics = loss.finish([weight], accumulate=1, group=group)
+    assert float(weight.grad) == pytest.approx((a0 + a1) / 8)
+    assert metrics["train/loss"] == pytest.approx((a0 + 2 * a1) / 8)
+
+
+def test_the_token_count_is_summed_over_the_data_parallel_ranks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under tensor parallelism (trainer=fsdp, a mesh of data_parallel x tensor_parallel) the ranks of a
+    tensor-parallel group share one batch: the count and the rescale are over the data-parallel dimension's group.
+    (Over every rank, the count and the number of ranks both double and the gradient comes out the same: only the
+    group itself tells the two apart.)"""
+    groups = {"data_parallel": object(), "tensor_parallel": object()}
+
+    class Mesh:
+        mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+        def __getitem__(self, name: str) -> Any:
+            return type("SubMesh", (), {"get_group": lambda _self: groups[name]})()
+
+    module = type("Module", (), {"device_mesh": Mesh()})()
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    assert data_parallel_group(module) is groups["data_parallel"]
+    module.device_mesh = None  # DDP: every rank averages gradients
+    assert data_parallel_group(module) is torch.distributed.group.WORLD
 
 
 class RankBatches(Dataset):
@@ -124,6 +219,59 @@ def test_two_ddp_ranks_accumulating_step_like_one_process_on_the_whole_batch() -
     for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
         step = expected[name] - start[name]
         torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+
+
+@pytest.mark.slow
+def test_ranks_of_unequal_token_counts_step_and_validate_over_the_global_tokens() -> None:
+    """2 gloo ranks training 2 and 32 tokens (2 accumulated micro-batches each): each rank normalising by its own
+    count, then DDP's mean over ranks (a mean of rank means, which equal counts hide) weighs rank 0's tokens 16x.
+    Validation: rank 0 holds 17 tokens, rank 1 none (only ignored targets), as a small chat split can deal them:
+    val/loss is the 17 tokens' mean, not a mean of rank means (NaN)."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"})
+    first, second = micro_batches()
+    unanswered = (first[0], torch.full_like(first[1], IGNORE_INDEX))
+    whole = (torch.cat([first[0], first[0], second[0], second[0]]), torch.cat([first[1], first[1], second[1], second[1]]))
+    expected = one_step(copy.deepcopy(task), [whole], 1)
+    ranks = copy.deepcopy(task)
+    trainer = L.Trainer(max_steps=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        accelerator="cpu", devices=2, strategy="ddp_spawn", use_distributed_sampler=False)
+    trainer.fit(ranks, DataLoader(RankBatches([[first, first], [second, second]]), batch_size=None, shuffle=False),
+                DataLoader(RankBatches([[first, second], [unanswered, unanswered]]), batch_size=None, shuffle=False))
+    start = task.net.state_dict()
+    for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
+        step = expected[name] - start[name]
+        torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()))
+    with torch.no_grad():  # the validation after the step, on rank 0's 17 tokens
+        summed, count = zip(*(ranks._loss(batch) for batch in (first, second)))
+    assert float(trainer.callback_metrics["val/loss"]) == pytest.approx(float(sum(summed) / sum(count)), rel=1e-5)
+
+
+def _epoch_loss_of_rank(rank: int, port: int, out: Path) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        mean = TokenMean()
+        mean.update(torch.tensor(34.0 if rank == 0 else 0.0), torch.tensor(17 if rank == 0 else 0))
+        try:
+            result: Any = checked_mean_loss(mean, "val/loss", 1)
+        except DataError as error:
+            result = str(error)
+        (out / f"{rank}.json").write_text(json.dumps(result))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_without_validation_tokens_takes_the_epoch_loss_of_the_others(tmp_path: Path) -> None:
+    """Rank 1 holds no trained token of the split, rank 0 17 of loss 2: both take 2.0. The check of "no token" read
+    the rank's own count (torchmetrics restores the local states after its synced compute): rank 1 alone stopped
+    with "has no token to average" while rank 0 went on to its next collective call."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.multiprocessing.spawn(_epoch_loss_of_rank, args=(port, tmp_path), nprocs=2)
+    assert [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)] == [2.0, 2.0]
 
 
 class ValidatedSteps(L.Callback):
@@ -246,3 +394,77 @@ def test_train_loss_under_accumulation_is_the_batch_twice_as_large_runs(accumula
               for name, run_dir in accumulated_and_whole.items()}
     assert len(losses["whole"]) == 4
     assert losses["accumulated"] == pytest.approx(losses["whole"], rel=1e-6)
+
+
+class SignalAt(L.Callback):
+    """A stop signal arriving during the first micro-batch of an optimizer step."""
+
+    def __init__(self, preemption: PreemptionCheckpoint) -> None:
+        self.preemption = preemption
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 2:
+            self.preemption.received = "SIGTERM"
+
+
+def test_a_stop_signal_mid_accumulation_saves_after_the_optimizer_step(tmp_path: Path) -> None:
+    """Saved after the micro-batch under way (its step's first of 2), the checkpoint held no accumulated gradient:
+    the resumed run stepped on the window's second micro-batch alone (its tokens alone in the mean). The save waits
+    for the step's last micro-batch, as the docstring's "finish the current training step" says."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    preemption = PreemptionCheckpoint(tmp_path)
+    trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        accelerator="cpu", devices=1, callbacks=[preemption, SignalAt(preemption)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(task, DataLoader(Batches([second] * 8), batch_size=None))
+    saved = torch.load(preemption.path, weights_only=False)
+    assert saved["global_step"] == 2  # after the second optimizer step, its 4 micro-batches done
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 4
+
+
+class RecordingLogger(Logger):
+    """The rows Lightning and the callbacks send to a logger: (step, metric names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, set[str]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((int(step or 0), set(metrics)))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def steps_of(self, prefix: str) -> list[int]:
+        return [step for step, names in self.rows if any(name.startswith(prefix) for name in names)]
+
+
+def test_one_step_axis_under_accumulation_in_process() -> None:
+    """A fast twin of the pipeline's test: accumulate_grad_batches=2, val_check_interval=2, 4 optimizer steps:
+    training, learning-rate and throughput rows at the step under way (0-3, throughput after the warm-up step),
+    validation rows at the optimizer steps they follow (2, 4), each once."""
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
+    _, second = micro_batches()
+    logger = RecordingLogger()
+    trainer = L.Trainer(max_steps=4, accumulate_grad_batches=2, val_check_interval=2, check_val_every_n_epoch=None,
+                        num_sanity_val_steps=0, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        callbacks=[ValidationRowStep(), StepLearningRateMonitor(logging_interval="step"), Throughput(window=1, peak_flops=1e12)])
+    count_validation_in_optimizer_steps(trainer)
+    trainer.fit(task, DataLoader(Batches([second] * 8), batch_size=None), DataLoader(Batches([second]), batch_size=None))
+    assert logger.steps_of("train/loss") == [0, 1, 2, 3]
+    assert logger.steps_of("lr-") == [0, 1, 2, 3]
+    assert logger.steps_of("throughput/") == [1, 2, 3]
+    assert logger.steps_of("val/loss") == [2, 4]

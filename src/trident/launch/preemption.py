@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trident.launch.requeue import JobStopped, latest_checkpoint, slurm_job, stop_outcome
+from trident.training.steps import ends_optimizer_step
 from trident.training.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,11 @@ class PreemptionCheckpoint(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # Saved where Lightning's own step checkpoints are saved, so the run resumes exactly as
-        # from those.
-        self._save_and_stop_if_signalled(trainer)
+        # from those: under gradient accumulation, once the optimizer step is taken (a checkpoint
+        # holds no accumulated gradient: saved mid-step, the resumed step trained on its last
+        # micro-batches alone).
+        if ends_optimizer_step(trainer):
+            self._save_and_stop_if_signalled(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A signal during the last validation comes after the last step's on_train_batch_end. The

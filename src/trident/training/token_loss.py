@@ -9,8 +9,10 @@ Why: a mean per micro-batch weighs each micro-batch alike, whatever it holds. Tw
 was not the gradient of the batch as one.
 
 How (:class:`StepLoss`): the count of the whole step is known only after its last micro-batch, so each
-micro-batch's ``training_step`` returns its *summed* loss times a constant ``c`` (so the loss Lightning, the
-fp16 scaler and the learning-rate finder see has the size of a mean); after the step's last backward, in
+micro-batch's ``training_step`` returns its *summed* loss times a factor ``c``, the same for every micro-batch
+and rank of a step (so the loss Lightning, the fp16 scaler and the learning-rate finder see has the size of a
+mean: ``c`` is 1 / the mean trained tokens of a rank's micro-batch in the previous step, or in the first
+micro-batch that trained any); after the step's last backward, in
 ``on_before_optimizer_step`` (Lightning 2.x calls it after fp16 unscaling and before gradient clipping), the
 gradients, which hold ``c / (A * W) * sum of the summed losses' gradients`` (Lightning's 1/A, the
 data-parallel average's 1/W), are multiplied by ``A * W / (c * N)``, ``N`` the all-reduced count of trained
@@ -59,20 +61,23 @@ class StepLoss:
     LOSS = "train/loss"
 
     def __init__(self) -> None:
-        #: ``c``: set at the first micro-batch ever from its global count, then fixed (and checkpointed) so
-        #: that every rank and a resumed run scale alike.
+        #: ``c``: 1 / the mean count of a rank's micro-batch, from the first micro-batch that trained a token, then
+        #: from each step as it ends (checkpointed: a resumed run's loss keeps its size for the fp16 scaler). Fixed
+        #: from the first micro-batch for good, a first micro-batch of 0 or 1 tokens made every later loss a sum
+        #: of thousands (fp16 gradients then overflow and the scaler skips steps until it has shrunk).
         self.scale: float | None = None
         self._sums: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (weighted sum, weight), this rank's, this step
 
     def micro_batch(self, summed: Tensor, count: Tensor, group: ProcessGroup | None) -> Tensor:
         """What ``training_step`` returns for a micro-batch whose ``count`` trained tokens have the summed
         loss ``summed`` (a scalar with its graph)."""
-        if self.scale is None:
+        if self.scale is None:  # the same on every rank: the count is global
             counts = _all_reduce_sum(count.detach().double().reshape(1).clone(), group)
             ranks = dist.get_world_size(group) if group is not None else 1
-            self.scale = ranks / max(1.0, float(counts[0]))  # 1 / the mean count of a rank's micro-batch
+            if counts[0] > 0:  # a sum over no token has zero gradients whatever it is multiplied by
+                self.scale = ranks / float(counts[0])
         self.add(self.LOSS, summed.detach(), count)
-        return summed * self.scale
+        return summed * (self.scale or 1.0)
 
     def add(self, name: str, total: Tensor | float, weight: Tensor | float) -> None:
         """Add ``total`` (a sum over ``weight`` items) to metric ``name`` of this step."""
@@ -96,6 +101,8 @@ class StepLoss:
             for param in parameters:
                 if param.grad is not None:
                     param.grad.mul_(factor)
+        if count > 0:
+            self.scale = accumulate * ranks / count  # the next step's c (the ranks agree: the count is global)
         return {n: t / w for n, (t, w) in step.items() if w > 0}
 
 
@@ -115,19 +122,23 @@ class TokenMean(Metric):
         self.count += torch.as_tensor(count, device=self.count.device).double()
 
     def compute(self) -> Tensor:
-        return self.total / self.count  # NaN with no token: checked_mean_loss names that case
+        """(2,): the summed loss and the token count of every rank. The count is returned, not read from
+        ``self.count`` afterwards: torchmetrics puts this rank's own states back once ``compute`` returns, and a
+        rank that holds no trained token of a split others do would stop alone (the others waiting for it)."""
+        return torch.stack([self.total, self.count])
 
 
 def checked_mean_loss(metric: TokenMean, name: str, step: int) -> float:
     """``metric``'s epoch value (synced over ranks), reset for the next epoch. An epoch without a trained token,
     or a non-finite loss, stops the run in one line naming the cause: a NaN monitored by ModelCheckpoint would
     count as +inf, keep the worst checkpoint "best" and let the run report "completed"."""
-    value, count = float(metric.compute()), float(metric.count)
+    total, count = metric.compute().tolist()
     metric.reset()
     if count == 0:
         raise DataError(f"{name} has no token to average at step {step}: every target of the split is ignored "
                         "(e.g. chat rows whose prompt fills data.block_size, or rows of padding only): raise "
                         "data.block_size or give the split rows with trained targets")
+    value = total / count
     if not math.isfinite(value):
         raise TrainingDiverged(f"{name} is {value} at step {step}: the model's predictions are not finite; lower "
                                "optimizer.lr, raise scheduler.warmup_steps, set trainer.gradient_clip_val, or use "
