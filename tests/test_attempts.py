@@ -3,6 +3,7 @@ step for step, on real Lightning trainers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from trident.runs.attempts import FinalStepCheckpoint
+from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
 from trident.training.steps import ValidationRowStep
 
 
@@ -82,3 +83,17 @@ def test_a_run_early_stopping_ended_extends_step_for_step(tmp_path: Path) -> Non
     assert _fit(tmp_path, 30, stop) == list(range(6))
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6
     assert _fit(tmp_path, 9, resume=tmp_path / "last.ckpt") == [6, 7, 8]
+
+
+def test_a_run_that_reached_max_steps_extends_step_for_step(tmp_path: Path) -> None:
+    """7 steps (no validation, no periodic checkpoint at the end): last.ckpt of step 7 is saved as it ends."""
+    assert _fit(tmp_path, 7) == list(range(7))
+    assert _fit(tmp_path, 9, resume=tmp_path / "last.ckpt") == [7, 8]
+
+
+def test_a_resumed_history_keeps_the_rows_up_to_its_checkpoint_without_tests(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    rows = [(3, "validate"), (6, "validate"), (6, "test"), (9, "validate")]
+    path.write_text("".join(json.dumps({"step": s, "stage": t}) + "\n" for s, t in rows) + '{"step": 12, "sta')
+    keep_history_until(path, 6)
+    assert [(r["step"], r["stage"]) for r in map(json.loads, path.read_text().splitlines())] == rows[:2]
