@@ -21,6 +21,7 @@ from trident.data.batching import TokenBudgetBatchSampler
 from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError, DataError, TrainingDiverged, run_with_clear_errors
 from trident.launch.requeue import JobStopped, stop_outcome
+from trident.runs.command_line import prepare_command_line
 from trident.runs.jobs import discard_failed_run_dir, write_status
 from trident.runs.pipeline import train
 from trident.runs.resume import resume_arguments
@@ -346,3 +347,14 @@ def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sw
                                                        (40, "validate"), (40, "test")]
     assert sorted(train_losses(job_dir)) == list(range(40))
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["best-step40.ckpt", "last.ckpt"]
+
+
+def test_a_resume_may_set_keys_of_the_groups_the_run_chose(tmp_path: Path) -> None:
+    """``resume=<run dir> callbacks.early_stopping.patience=100`` (what the early stop's warning advises) is
+    checked against the run's config, which callbacks=early_stopping gave that key; a misspelt key still fails."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- model=nano\n- callbacks=early_stopping\n")
+    arguments = prepare_command_line([f"resume={tmp_path}", "callbacks.early_stopping.patience=100"], CONF_DIR)
+    assert arguments[:3] == ["model=nano", "callbacks=early_stopping", "callbacks.early_stopping.patience=100"]
+    with pytest.raises(SystemExit):
+        prepare_command_line([f"resume={tmp_path}", "callbacks.early_stopping.patiense=100"], CONF_DIR)

@@ -23,8 +23,8 @@ from trident.report import Job, Sweep, compare_to_best, comparison_table, load_s
 from trident.report import main as report_main
 from trident.report.sweep import _read_history
 from trident.runs.jobs import run_job
-from trident.runs.rerun import earlier_attempt, remember_sweep, remembered_sweep
-from trident.runs.sweeps import job_subdir, next_job_number, setting_of, swept_keys
+from trident.runs.rerun import continue_job, earlier_attempt, remember_sweep, remembered_sweep
+from trident.runs.sweeps import SweepCallback, job_dirs, job_subdir, next_job_number, setting_of, swept_keys
 from trident.training.wandb_files import find_offline_runs
 
 from .conftest import ROOT, SMALL
@@ -286,9 +286,31 @@ def test_a_job_directory_is_found_by_its_overrides_and_new_jobs_are_numbered_aft
     assert next_job_number(tmp_path) == 4
 
 
+def test_jobs_are_in_number_order_and_a_call_without_earlier_jobs_starts_at_zero(tmp_path: Path) -> None:
+    assert job_subdir(str(tmp_path), 0, "run", ["a=1"]) == "0_run", "no sweep.json yet"
+    for name in ("10_run", "9_run", "2_run"):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+    assert [d.name for d in job_dirs(tmp_path)] == ["2_run", "9_run", "10_run"]
+    assert next_job_number(tmp_path) == 11
+
+
+def test_a_sweep_continued_keeps_its_start_and_sweeps_the_keys_of_every_call(tmp_path: Path) -> None:
+    def start(*task: str) -> dict[str, Any]:
+        config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "sweeper": {"params": None},
+                                             "overrides": {"task": list(task)}}})
+        SweepCallback().on_multirun_start(config)
+        return json.loads((tmp_path / "sweep.json").read_text())
+
+    first = start("a=1,2", "seed=1")
+    (tmp_path / "4_run" / ".hydra").mkdir(parents=True)
+    (tmp_path / "sweep.json").write_text(json.dumps({**first, "started": "2026-01-01_00-00-00"}))
+    assert start("b=1,2", "seed=1,2") == {"started": "2026-01-01_00-00-00", "swept": ["a", "b", "seed"], "first_job": 5}
+
+
 def test_an_identical_job_is_done_resumed_or_run_again_by_how_its_earlier_attempt_ended(tmp_path: Path) -> None:
     job = tmp_path / "0_run"
     (job / ".hydra").mkdir(parents=True)
+    (job / "train.log").write_text("Hydra opens it as the job starts\n")
     assert earlier_attempt(job) == "new"
     (job / "metrics.jsonl").write_text("{}\n")
     assert earlier_attempt(job) == "restart", "stopped before its first checkpoint"
@@ -299,6 +321,21 @@ def test_an_identical_job_is_done_resumed_or_run_again_by_how_its_earlier_attemp
     assert earlier_attempt(job) == "restart"
     (job / "status.json").write_text(json.dumps({"status": "completed"}))
     assert earlier_attempt(job) == "done"
+
+
+def test_a_job_resumes_in_its_directory_or_starts_again_with_only_hydras_files_left(tmp_path: Path) -> None:
+    job = tmp_path / "0_run"
+    (job / ".hydra").mkdir(parents=True)
+    (job / "checkpoints").mkdir()
+    torch.save({"global_step": 3}, job / "checkpoints" / "last.ckpt")
+    cfg = OmegaConf.create({"resume": None})
+    assert continue_job(cfg, job) is None and cfg.resume == str(job)
+    (job / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    (job / "metrics.jsonl").write_text("{}\n")
+    (job / "train.log").write_text("this attempt's log\n")
+    cfg = OmegaConf.create({"resume": None})
+    assert continue_job(cfg, job) is None and cfg.resume is None
+    assert sorted(p.name for p in job.iterdir()) == [".hydra", "train.log"]
 
 
 def test_the_report_reads_two_trainings_appended_in_one_job_as_the_newest(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from trident.training.steps import ValidationRowStep
 from trident.training.wandb_journal import WandbJournal
 
 
@@ -54,8 +55,8 @@ def test_a_resumed_attempt_resends_the_rows_before_its_checkpoint_once(tmp_path:
     assert [step for step, _ in second_wandb.rows] == list(range(10)), "every step once, in order"
     assert second_wandb.rows[3] == (3, {"train/loss": 3.0})
     # The journal now holds the whole history, for a third attempt.
-    third, third_wandb = _attempt(path, 9)
-    third.finalize("success")  # resumed at its last step: no row of its own
+    third, third_wandb = _attempt(path, 10)
+    third.finalize("success")  # resumed after its last step (10 steps done): no row of its own
     assert [step for step, _ in third_wandb.rows] == list(range(10))
 
 
@@ -88,9 +89,25 @@ def test_an_online_run_gets_only_the_steps_its_server_lacks(tmp_path: Path) -> N
     first, first_wandb = _attempt(path, None)
     _log(first, first_wandb, range(6))
     # An online run resumes on the server, whose summary knows the last step that arrived.
-    second, second_wandb = _attempt(path, 5, summary={"trainer/global_step": 3})
+    second, second_wandb = _attempt(path, 6, summary={"trainer/global_step": 3})
     _log(second, second_wandb, range(6, 7))
     assert [step for step, _ in second_wandb.rows] == [4, 5, 6]
+
+
+def test_a_validation_redone_at_the_checkpoints_step_is_sent_once(tmp_path: Path) -> None:
+    """A checkpoint of step 3 saved during its validation (a signal there): the resumed attempt runs that
+    validation again, so the earlier one's row goes; one saved after it keeps it (the next row is training's)."""
+    path = tmp_path / "history.jsonl"
+    first, first_wandb = _attempt(path, None)
+    _log(first, first_wandb, range(3))
+    first.log_metrics({"val/loss": 9.0}, 3)
+    redone, redone_wandb = _attempt(path, 3)
+    redone.log_metrics({"val/loss": 8.0}, 3)
+    assert [(step, metrics) for step, metrics in redone_wandb.rows if "val/loss" in metrics] == []
+    assert [step for step, _ in redone_wandb.rows] == [0, 1, 2]
+    kept, kept_wandb = _attempt(path, 3)
+    kept.log_metrics({"train/loss": 3.0}, 3)
+    assert kept_wandb.rows[-1] == (3, {"val/loss": 8.0})
 
 
 def test_a_line_cut_short_by_a_kill_ends_the_journal(tmp_path: Path) -> None:
@@ -152,14 +169,15 @@ class RecordingWandb(Logger):
 
 def _fit(journal_path: Path, max_steps: int, ckpt_dir: Path, resume: Path | None = None) -> RecordingWandb:
     """Train with the journal and a W&B stand-in as the loggers (in the pipeline's order), a checkpoint
-    and a validation every 3 steps, resuming from ``resume`` as the pipeline does (its global_step)."""
+    and a validation every 3 steps (validation rows at the step they follow, as the pipeline logs them),
+    resuming from ``resume`` as the pipeline does (its global_step)."""
     resumed_step = None if resume is None else int(torch.load(resume, weights_only=True)["global_step"])
     wandb = RecordingWandb()
     journal = WandbJournal(journal_path, cast(WandbLogger, wandb), resumed_step)
     data = DataLoader(torch.full((64, 1), 0.5), batch_size=4)  # every batch alike: losses depend on the step only
     trainer = L.Trainer(
         max_steps=max_steps, val_check_interval=3, limit_val_batches=1, log_every_n_steps=1, logger=[journal, wandb],
-        callbacks=[ModelCheckpoint(ckpt_dir, "{step}", every_n_train_steps=3, save_top_k=-1)],
+        callbacks=[ValidationRowStep(), ModelCheckpoint(ckpt_dir, "{step}", every_n_train_steps=3, save_top_k=-1)],
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu",
     )
     trainer.fit(TinyTask(), data, data, ckpt_path=resume)
@@ -179,3 +197,14 @@ def test_a_real_resume_gives_wandb_the_uninterrupted_runs_rows(tmp_path: Path) -
 
     assert sorted(rows(resumed)) == sorted(rows(reference))
     assert [step for step, _ in resumed.rows] == sorted(step for step, _ in resumed.rows), "in order"
+    assert (6, "val/loss") in {(step, name) for step, name, _ in rows(resumed)}, "the validation at the checkpoint's step"
+
+
+def test_an_extension_from_the_final_validation_keeps_it(tmp_path: Path) -> None:
+    """A 6-step run extended to 9 from its checkpoint of step 6, saved after the validation at 6 (the
+    pipeline's last.ckpt): W&B gets that validation once, as an uninterrupted 9-step run has it."""
+    reference = _fit(tmp_path / "reference.jsonl", 9, tmp_path / "reference")
+    _fit(tmp_path / "history.jsonl", 6, tmp_path / "first")
+    extended = _fit(tmp_path / "history.jsonl", 9, tmp_path / "extended", resume=tmp_path / "first" / "step=6.ckpt")
+    validations = [step for step, metrics in extended.rows if "val/loss" in metrics]
+    assert validations == [step for step, metrics in reference.rows if "val/loss" in metrics] == [3, 6, 9]

@@ -6,7 +6,8 @@ a resumed or extended run continues step for step, on one step axis, whatever ch
   otherwise writes it at train end when it saved none during the attempt (e.g. a run shorter than
   ``every_n_train_steps``), with the loops already past their end: the epoch counted as done and the
   logging step moved on, so a run extended from it (``resume=<run dir> trainer.max_steps=...``) took the
-  next epoch's batches and logged every later step one too far (30 -> 40 steps: 0-29, then 31-40).
+  next epoch's batches and logged every later step one too far (30 -> 40 steps: 0-29, then 31-40). A run
+  that early stopping ended keeps the last.ckpt its final validation saved, for the same reason.
 - :func:`keep_history_until`: a resumed attempt starts ``metrics.jsonl`` from the rows up to its
   checkpoint's step, without the earlier attempts' test rows: the file holds one training, each
   validation once and the test of the model as it ended.
@@ -43,8 +44,12 @@ class FinalStepCheckpoint(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning runs the checkpoint callbacks' hooks after the others': this comes first.
-        if self.saved:
-            for callback in _last_savers(trainer):
+        savers = _last_savers(trainer)
+        # An early stop ends training at a validation, whose checkpoint callback wrote last.ckpt of this step
+        # already; a callback that saved none this attempt would write it again over it, the loops past their end.
+        written = {str(c.dirpath) for c in savers if c._last_checkpoint_saved and c._last_global_step_saved == trainer.global_step}
+        for callback in savers:
+            if self.saved or str(callback.dirpath) in written:
                 callback.save_last = False
 
 

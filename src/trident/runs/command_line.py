@@ -28,7 +28,7 @@ from trident.extras import composition_extra, plugin_extra
 from trident.launch.torchrun import check_one_job, job_of_rank_zero, torchrun_rank
 from trident.launch.workers import JOB_VARIABLE, is_ddp_worker, worker_arguments
 from trident.runs.compose import CONF_DIR, compose_train_config
-from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments
+from trident.runs.resume import MULTIRUN_FLAGS, resume_arguments, resumed_run_dir
 
 
 def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list[str]:
@@ -47,6 +47,12 @@ def prepare_command_line(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list
 
     def checked() -> list[str]:
         check_group_choices(argv, conf_dir)
+        if not hydra_checks and resumed_run_dir(argv) is not None:
+            # Checked with the run's saved overrides first: a key of a group that the run chose
+            # (callbacks.early_stopping.patience after callbacks=early_stopping) is a key of its config.
+            arguments = resume_arguments(argv, None, conf_dir)
+            compose_checked([a for a in arguments if not a.startswith("hydra.run.dir=")], conf_dir)
+            return arguments
         cfg = None if hydra_checks else compose_checked(argv, conf_dir)
         return resume_arguments(argv, cfg, conf_dir)
 

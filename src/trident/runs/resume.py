@@ -81,11 +81,21 @@ def _key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
+def _resume_value(argv: Sequence[str]) -> str:
+    resume_args = [a for a in argv if _key(a) == "resume"]
+    return resume_args[-1].partition("=")[2] if resume_args else "null"
+
+
+def resumed_run_dir(argv: Sequence[str]) -> str | None:
+    """The run directory a ``resume=<run dir>`` command line names (None: no resume, or ``resume=auto``)."""
+    value = _resume_value(argv)
+    return None if value in ("null", "", "auto") else value
+
+
 def resume_arguments(argv: Sequence[str], cfg: DictConfig | None, conf_dir: Path) -> list[str]:
     """``train.py``'s command line with ``resume=...`` turned into the resumed run's overrides;
     ``cfg`` is the config composed with that command line, if it was (for ``resume=auto``)."""
-    resume_args = [a for a in argv if _key(a) == "resume"]
-    value = resume_args[-1].partition("=")[2] if resume_args else "null"
+    value = _resume_value(argv)
     if value in ("null", ""):
         return list(argv)
     if any(a in MULTIRUN_FLAGS for a in argv):

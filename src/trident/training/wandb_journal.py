@@ -22,6 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 JOURNAL = "history.jsonl"
 STEP = "trainer/global_step"  # where WandbLogger puts Lightning's step
 TEST_PREFIX = "test/"
+VALIDATION_PREFIX = "val/"
 
 
 class WandbJournal(Logger):
@@ -29,7 +30,8 @@ class WandbJournal(Logger):
 
     ``resumed_step``: the step of the checkpoint this attempt resumes from (None: a fresh start,
     which empties the journal). Rows after it came from an attempt that went on past its last
-    checkpoint and are logged again, so they are dropped, and so are test rows: this attempt trains
+    checkpoint and are logged again, so they are dropped (at its step: training rows; its validation,
+    which :class:`trident.training.steps.ValidationRowStep` logs at that step, stays), and so are test rows: this attempt trains
     on or tests again, and its test is the run's one; the rest wait for this attempt's first
     row and are sent before it, minus those the W&B run already has (an online run that resumes
     on the server knows its last step). Lightning calls the loggers in order: this one must come
@@ -42,7 +44,7 @@ class WandbJournal(Logger):
         self._wandb: WandbLogger | None = wandb_logger
         self._pending: list[dict[str, Any]] | None = None
         if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
-            kept = [] if resumed_step is None else [r for r in self._read() if r["step"] <= resumed_step and not _test_row(r)]
+            kept = [] if resumed_step is None else [r for r in self._read() if _before_checkpoint(r, resumed_step)]
             self._pending = kept
             self._rewrite(kept)
 
@@ -62,7 +64,9 @@ class WandbJournal(Logger):
         if step is None:  # Lightning gives every row a step: such a row cannot be placed again
             return
         if self._pending is not None:
-            self._settle([row for row in self._pending if row["step"] < step])
+            # A validation the checkpoint interrupted is run again at its step: its earlier rows go.
+            again = _validation_row(metrics)
+            self._settle([row for row in self._pending if row["step"] < step or (row["step"] == step and not again)])
         with self.path.open("a") as journal:
             journal.write(json.dumps({"step": step, "metrics": dict(metrics)}) + "\n")
 
@@ -107,3 +111,17 @@ class WandbJournal(Logger):
 
 def _test_row(row: dict[str, Any]) -> bool:
     return any(str(key).startswith(TEST_PREFIX) for key in row["metrics"])
+
+
+def _validation_row(metrics: Mapping[str, Any]) -> bool:
+    return any(str(key).startswith(VALIDATION_PREFIX) for key in metrics)
+
+
+def _before_checkpoint(row: dict[str, Any], resumed_step: int) -> bool:
+    """Whether an earlier attempt logged ``row`` before the checkpoint of ``resumed_step`` (trident.training.steps):
+    training rows at step ``s`` are the ``(s+1)``-th optimizer step's (after a checkpoint at ``s``), a validation
+    at ``s`` follows ``s`` steps (before it, or redone by the resumed attempt); test rows are of a model since
+    trained on."""
+    if _test_row(row):
+        return False
+    return row["step"] < resumed_step or (row["step"] == resumed_step and _validation_row(row["metrics"]))
