@@ -12,28 +12,12 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
-from torch import Tensor
 from torch.utils.data import DataLoader
 
 from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
 from trident.training.steps import ValidationRowStep
 
-
-class TinyTask(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-
-    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        loss = ((self.weight - batch) ** 2).mean()
-        self.log("train/loss", loss)
-        return loss
-
-    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        self.log("val/loss", ((self.weight - batch) ** 2).mean())
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+from .test_wandb_journal import TinyTask
 
 
 class Steps(Logger):

@@ -145,6 +145,13 @@ def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_fin
     assert len(runs) == 2 and len({run.run_id for run in runs if run.run_id}) == 1, "one W&B run, continued"
     assert {"test/loss", "test/ppl"} <= set(runs[-1].summary)
     assert [int(row["trainer/global_step"]) for row in runs[-1].history if "train/loss" in row] == list(range(10))
+    # Extended by 4 steps: from the final step's last.ckpt, not one saved again at train end (loops past their end:
+    # its steps would go on at 11).
+    result = run_train(*args, f"resume={run_dir}", "trainer.max_steps=14", "++callbacks.signal=null", cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    history = find_offline_runs(run_dir)[-1].history
+    assert [int(row["trainer/global_step"]) for row in history if "train/loss" in row] == list(range(14))
+    assert [int(row["trainer/global_step"]) for row in history if "test/loss" in row] == [14]
 
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from trident.bench.memory import peak_rss_bytes
+from trident.training.steps import ends_optimizer_step
 
 # Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
 WARM_UP_STEPS = 2
@@ -27,8 +28,8 @@ def local_bytes(tensors: Iterable[Tensor]) -> int:
 
 
 class RecordRank(L.Callback):
-    """Writes ``rank<r>.json`` into the run directory: this rank's training loss at every step (its
-    own batch, before any averaging over ranks), the parameters it holds (its shards under FSDP), the
+    """Writes ``rank<r>.json`` into the run directory: the training loss at every step (``train/loss``,
+    over the global batch), the parameters it holds (its shards under FSDP), the
     bytes of its parameters, gradients and optimizer state at the second step, its peak RSS, its
     mean step time after the warm-up steps, and the sum of each whole parameter at the start (after a
     resume: as loaded). A run stopped by a signal writes it too, and a resumed run continues its
@@ -72,7 +73,10 @@ class RecordRank(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self.losses.append(float(outputs["loss"]))
+        # The step's train/loss (the global batch's token mean, logged as the optimizer step ends), once a step:
+        # what training_step returns is a micro-batch's summed token losses times a scale (trident.training.token_loss).
+        if ends_optimizer_step(trainer):
+            self.losses.append(float(trainer.callback_metrics["train/loss"]))
         if len(self.losses) > WARM_UP_STEPS:
             self.step_seconds.append(time.perf_counter() - self._step_start)
 

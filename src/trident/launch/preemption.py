@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -98,7 +99,10 @@ class PreemptionCheckpoint(L.Callback):
         # A signal during the last validation comes after the last step's on_train_batch_end. The
         # job stops at its final step all the same and leaves the test to the next attempt: the
         # signal may have ended W&B's service, which the test's results could no longer reach.
-        self._save_and_stop_if_signalled(trainer)
+        # The final step's last.ckpt (trident.runs.attempts.FinalStepCheckpoint) was saved before that
+        # validation: saved again now, with the loops past their end, an extension of the run would
+        # start one step off (its next epoch's batches, its rows shifted by one).
+        self._save_and_stop_if_signalled(trainer, save=not holds_step(self.path, trainer.global_step))
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A signal during the test: its results may not have reached W&B either. Training is done
@@ -113,9 +117,10 @@ class PreemptionCheckpoint(L.Callback):
         only one of them got it (a collective call)."""
         return trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
 
-    def _save_and_stop_if_signalled(self, trainer: L.Trainer) -> None:
+    def _save_and_stop_if_signalled(self, trainer: L.Trainer, save: bool = True) -> None:
         if self.stop is None and self._signalled(trainer):
-            trainer.save_checkpoint(self.path, weights_only=False)
+            if save:
+                trainer.save_checkpoint(self.path, weights_only=False)
             self.stop = self.stopped(trainer, str(self.path))
             if trainer.is_global_zero:  # once per job, not once per DDP rank
                 log.warning("%s received: saved %s at step %d and stopping", self.stop.signal, self.path, self.stop.step)
@@ -137,3 +142,11 @@ class PreemptionCheckpoint(L.Callback):
         """A stop that Lightning made before this callback saved (each rank reads its own signal)."""
         name = self.received or "SIGTERM"
         return JobStopped(name, step, str(checkpoint or ""), stop_outcome(name), slurm_job())
+
+
+def holds_step(path: Path, step: int) -> bool:
+    """Whether ``path`` is a whole-file checkpoint of optimizer step ``step`` (read memory-mapped: only its counters
+    are looked at). A sharded checkpoint (a directory) or none: False."""
+    if not path.is_file():
+        return False
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("global_step", -1)) == step
