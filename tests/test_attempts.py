@@ -81,3 +81,15 @@ def test_a_resumed_history_keeps_the_rows_up_to_its_checkpoint_without_tests(tmp
     path.write_text("".join(json.dumps({"step": s, "stage": t}) + "\n" for s, t in rows) + '{"step": 12, "sta')
     keep_history_until(path, 6)
     assert [(r["step"], r["stage"]) for r in map(json.loads, path.read_text().splitlines())] == rows[:2]
+
+
+def test_holds_step_reads_the_checkpoints_step_and_refuses_a_sharded_one(tmp_path: Path) -> None:
+    """The preemption callback saves no second last.ckpt at train end where the final step's one stands."""
+    from trident.launch.preemption import holds_step
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"global_step": 7, "state_dict": {}}, path)
+    assert holds_step(path, 7) and not holds_step(path, 8) and not holds_step(path, 6)
+    assert not holds_step(tmp_path / "missing.ckpt", 7)
+    (tmp_path / "sharded.ckpt").mkdir()
+    assert not holds_step(tmp_path / "sharded.ckpt", 7)
