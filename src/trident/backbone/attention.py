@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.masks import causal_mask
+from trident.backbone.parallel_plan import Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import apply_rotary
 from trident.errors import ConfigError, choose
 
@@ -27,6 +29,16 @@ SDPA_KERNELS: dict[str, SDPBackend | None] = {
 # How PyTorch says that the forced kernel refuses these inputs: the CPU dispatcher's and the CUDA
 # dispatcher's wording (the latter after warnings that name the kernel's reasons, e.g. a mask).
 NO_KERNEL_MESSAGES = ("No viable backend", "No available kernel")
+
+
+class HeadShare(Protocol):
+    """A rank's share of an attention module's heads (trident.training.tensor_parallel.HeadDropoutRNG)."""
+
+    ranks: int  # the ranks the heads are split over
+
+    def __call__(self, compute: Callable[..., tuple[Tensor, Tensor | None]], module: nn.Module, q: Tensor,
+                 *args: Any) -> tuple[Tensor, Tensor | None]:
+        """``compute(module, q, *args)`` on the rank's own random stream."""
 
 
 class MultiHeadAttention(nn.Module):
@@ -61,9 +73,10 @@ class MultiHeadAttention(nn.Module):
         sdpa_backend: str = "auto",
     ) -> None:
         super().__init__()
-        self.n_heads = n_heads
-        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        self.kv_group = n_heads // self.n_kv_heads  # query heads per key/value head
+        # All the heads, as configured: a tensor-parallel plan leaves them as built (n_heads: this rank's share).
+        self.heads = n_heads
+        self.kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.kv_group = n_heads // self.kv_heads  # query heads per key/value head (on every rank alike)
         self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.cross = cross
         self.impl = impl
@@ -71,11 +84,12 @@ class MultiHeadAttention(nn.Module):
         self.sdpa_backend = sdpa_backend
         self.kernel = choose(SDPA_KERNELS, sdpa_backend, "model.sdpa_backend")
         self.attn_dropout = attn_dropout
-        # Tensor parallelism sets it (trident.training.tensor_parallel.HeadDropoutRNG): each rank holds other
-        # heads, so it runs the attention (its dropout) on a random stream of its own; None: the default stream.
-        self.head_rng: Callable[..., tuple[Tensor, Tensor | None]] | None = None
-        q_width, kv_width = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.split_sizes = (q_width, kv_width, kv_width)  # rows of the fused projection: [q; k; v]
+        # This rank's share of the heads, given by the parallel plan (its Heads split, trident.training.tensor_parallel):
+        # how many ranks split the heads, and the attention (its dropout) run on the rank's own random stream, as each
+        # rank holds other heads. None: every head here, on the default stream.
+        self.head_rng: HeadShare | None = None
+        q_width, kv_width = n_heads * self.head_dim, self.kv_heads * self.head_dim
+        self.widths = (q_width, kv_width, kv_width)  # rows of the fused projection: [q; k; v], all heads
         if cross:
             self.q_proj = nn.Linear(d_model, q_width, bias=qkv_bias)
             self.kv_proj = nn.Linear(d_model, 2 * kv_width, bias=qkv_bias)
@@ -85,6 +99,36 @@ class MultiHeadAttention(nn.Module):
         # QK-norm over each head's width: before rope, as Qwen3 and OLMo 2 do.
         self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
         self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
+
+    def parallel_plan(self) -> ParallelPlan:
+        """Megatron-LM's: the query, key and value projections split by heads ([q; k; v] and cross-attention's
+        [k; v] part by part), the output projection by its input, each rank computing its own heads."""
+        if self.cross:  # queries from the decoder (q_proj: its heads in order), [k; v] from the encoder output
+            projections: dict[str, Split] = {"q_proj": Columns(), "kv_proj": Columns(parts=self.widths[1:])}
+        else:
+            projections = {"qkv_proj": Columns(parts=self.widths)}
+        return {"": Heads(), **projections, "out_proj": Rows()}
+
+    @property
+    def ranks(self) -> int:
+        """The tensor-parallel ranks this module's heads are split over (1: all of them here)."""
+        return 1 if self.head_rng is None else self.head_rng.ranks
+
+    @property
+    def n_heads(self) -> int:
+        """The query heads this module computes: all of them, or this rank's share under tensor parallelism."""
+        return self.heads // self.ranks
+
+    @property
+    def n_kv_heads(self) -> int:
+        """The key/value heads this module computes (this rank's share under tensor parallelism)."""
+        return self.kv_heads // self.ranks
+
+    @property
+    def split_sizes(self) -> tuple[int, int, int]:
+        """The widths of q, k and v this module's projections return (this rank's share of ``widths``)."""
+        q_width, k_width, v_width = (width // self.ranks for width in self.widths)
+        return q_width, k_width, v_width
 
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         batch, length, _ = x.shape

@@ -9,6 +9,7 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trident.backbone.parallel_plan import Columns, ParallelPlan, Rows
 from trident.errors import choose
 
 # model.norm: name -> (d_model, bias, eps) -> module. ``layernorm`` is the paper's; ``rmsnorm`` has no
@@ -49,6 +50,12 @@ class FeedForward(nn.Module):
         hidden_out = 2 * d_ff if self.gated else d_ff
         self.fc_in = nn.Linear(d_model, hidden_out, bias=bias)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+
+    def parallel_plan(self) -> ParallelPlan:
+        """Megatron-LM's: ``fc_in`` split by hidden units (a gated one's [gate; value] part by part: each rank's
+        units need both halves), ``fc_out`` by its input."""
+        hidden = self.fc_out.in_features
+        return {"fc_in": Columns(parts=(hidden, hidden) if self.gated else ()), "fc_out": Rows()}
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc_in(x)  # (B, T, d_ff) or, gated, (B, T, 2*d_ff)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from trident.backbone import Decoder, KVCache, TokenEmbedding, TransformerConfig
+from trident.backbone.parallel_plan import VOCABULARY_PLAN, ParallelPlan
 
 
 class CausalLM(nn.Module):
@@ -22,6 +23,10 @@ class CausalLM(nn.Module):
             self.head.weight = self.embed.weight
         else:
             nn.init.normal_(self.head.weight, std=0.02)
+
+    def parallel_plan(self) -> ParallelPlan:
+        """The embedding and the head (tied or not) split by vocabulary; the blocks declare their own."""
+        return VOCABULARY_PLAN
 
     def forward(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from trident.backbone import Encoder, TokenEmbedding, TransformerConfig, make_norm
+from trident.backbone.parallel_plan import VOCABULARY_PLAN, ParallelPlan
 
 
 class MaskedLM(nn.Module):
@@ -27,6 +28,10 @@ class MaskedLM(nn.Module):
         self.head = nn.Linear(cfg.d_model, vocab_size)
         self.head.weight = self.embed.weight
         nn.init.zeros_(self.head.bias)
+
+    def parallel_plan(self) -> ParallelPlan:
+        """The embedding and its tied head split by vocabulary (the transform stays whole)."""
+        return VOCABULARY_PLAN
 
     def forward(self, ids: Tensor, *, key_padding_mask: Tensor | None = None, select: Tensor | None = None) -> Tensor:
         """``ids``: (B, T); ``key_padding_mask``: (B, T) True at padding. Returns logits (B, T, V), or

@@ -1,7 +1,10 @@
-"""Tensor parallelism (``trainer=fsdp trainer.strategy.tensor_parallel_size=N``): Megatron-LM's plan through
-``torch.distributed.tensor.parallel``, on the device mesh's ``tensor_parallel`` dimension (N processes).
+"""Tensor parallelism (``trainer=fsdp trainer.strategy.tensor_parallel_size=N``): the mechanics that carry out the
+parallel plans the modules declare (trident.backbone.parallel_plan), through ``torch.distributed.tensor.parallel``,
+on the device mesh's ``tensor_parallel`` dimension (N processes): the rank-major row order of fused projections and
+its state-dict hooks, the attention's head share and gathered weights, tied matrices kept one parameter, the
+heads' dropout streams, and gradient norms over several meshes. Nothing here names a kind of module.
 
-In each Transformer block (encoder, decoder, and a decoder's cross-attention) the q/k/v projections and the
+The plans declared today are Megatron-LM's. In each Transformer block (encoder, decoder, and a decoder's cross-attention) the q/k/v projections and the
 feed-forward input (gate and value for swiglu) are split column-wise: each rank computes its own heads (its query
 heads and the key/value heads they read) and its own hidden units from the whole input. The attention output and
 feed-forward output projections are split row-wise: each rank's partial sum, added over the ranks (one all-reduce
@@ -39,14 +42,8 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.optim import Optimizer
 
-from trident.backbone import (
-    FeedForward,
-    MultiHeadAttention,
-    PositionalEncoding,
-    TokenEmbedding,
-    TransformerConfig,
-    pos_encoding_class,
-)
+from trident.backbone import PositionalEncoding, TransformerConfig, pos_encoding_class
+from trident.backbone.parallel_plan import Heads, Rows, Split
 from trident.errors import ConfigError, is_int
 
 # The mesh dimension the tensor-parallel plan splits over (Lightning's name for it).
@@ -108,41 +105,55 @@ def rank_major_rows(parts: Sequence[int], ranks: int) -> Tensor:
 
 
 def tensor_parallelize(net: nn.Module, mesh: DeviceMesh) -> None:
-    """Split ``net``'s attention, feed-forward, token embedding and head over ``mesh`` (the tensor-parallel
-    dimension), in place; its parameters become DTensors, its forward keeps taking and returning whole tensors."""
-    ranks = mesh.size()
-    head_rng = HeadDropoutRNG(mesh.get_local_rank())
+    """Split ``net`` over ``mesh`` (the tensor-parallel dimension), in place, as each of its modules declares
+    (``parallel_plan()``, trident.backbone.parallel_plan); its parameters become DTensors, its forward keeps taking
+    and returning whole tensors. A matrix tied to several modules stays one parameter."""
+    tied = _holders(net)
+    for module in list(net.modules()):
+        declare = getattr(module, "parallel_plan", None)
+        for path, split in (declare() if declare is not None else {}).items():
+            _apply(split, module.get_submodule(path), mesh)
+    _retie(tied)
+
+
+def _apply(split: Split, module: nn.Module, mesh: DeviceMesh) -> None:
+    """One declared split carried out on ``module``."""
+    if isinstance(split, Heads):
+        # Attention weights (the explicit path's, for figures) come back whole: (B, heads, Tq, Tk) of all heads.
+        module.register_forward_hook(partial(_all_heads, mesh))
+        module.head_rng = HeadDropoutRNG(mesh.get_local_rank(), mesh.size())  # its local view: the rank's heads
+    elif isinstance(split, Rows):
+        parallelize_module(module, mesh, RowwiseParallel(input_layouts=Replicate()) if split.whole_input
+                           else RowwiseParallel())
+    elif len(split.parts) > 1:
+        assert isinstance(module, nn.Linear) and not split.gather, "fused parts: a projection whose output stays split"
+        split_fused_rows(module, rank_major_rows(split.parts, mesh.size()), mesh)
+    else:
+        parallelize_module(module, mesh, ColwiseParallel(output_layouts=Replicate()) if split.gather
+                           else ColwiseParallel())
+
+
+def _holders(net: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The parameters held by more than one module (a tied embedding and head): each as (module, name) pairs."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for module in net.modules():
-        if isinstance(module, MultiHeadAttention):
-            if module.cross:  # queries from the decoder (q_proj: its heads in order), [k; v] from the encoder output
-                parallelize_module(module.q_proj, mesh, ColwiseParallel())
-                split_fused_rows(module.kv_proj, rank_major_rows(module.split_sizes[1:], ranks), mesh)
-            else:
-                split_fused_rows(module.qkv_proj, rank_major_rows(module.split_sizes, ranks), mesh)
-            parallelize_module(module.out_proj, mesh, RowwiseParallel())
-            # Attention weights (the explicit path's, for figures) come back whole: (B, heads, Tq, Tk) of all heads.
-            module.register_forward_hook(partial(_all_heads, mesh))
-            module.head_rng = head_rng
-            # The forward reshapes by these counts: from here on it sees this rank's heads only.
-            module.n_heads //= ranks
-            module.n_kv_heads //= ranks
-            module.split_sizes = tuple(size // ranks for size in module.split_sizes)
-        elif isinstance(module, FeedForward):
-            if module.gated:  # [gate; value]: each rank's hidden units need both halves
-                hidden = module.fc_out.in_features
-                split_fused_rows(module.fc_in, rank_major_rows((hidden, hidden), ranks), mesh)
-            else:
-                parallelize_module(module.fc_in, mesh, ColwiseParallel())
-            parallelize_module(module.fc_out, mesh, RowwiseParallel())
-    embed, head = getattr(net, "embed", None), getattr(net, "head", None)
-    # A vocabulary head only (the LM's, the MLM's): a classifier's head and its token embedding stay whole.
-    if isinstance(embed, TokenEmbedding) and isinstance(head, nn.Linear) and head.out_features == embed.num_embeddings:
-        tied = head.weight is embed.weight
-        # Both split the vocabulary (dim 0 of either weight): a tied matrix is one DTensor for both.
-        parallelize_module(embed, mesh, RowwiseParallel(input_layouts=Replicate()))
-        parallelize_module(head, mesh, ColwiseParallel(output_layouts=Replicate()))
-        if tied:
-            head.weight = embed.weight
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    return [pairs for pairs in holders.values() if len(pairs) > 1]
+
+
+def _retie(tied: list[list[tuple[nn.Module, str]]]) -> None:
+    """Each tied matrix one parameter again: every module that held it holds the first holder's split copy. The
+    plans must split it alike (both vocabulary splits take dim 0), or no one copy fits both."""
+    for pairs in tied:
+        first, *others = (getattr(module, name) for module, name in pairs)
+        if not any(isinstance(param, DTensor) for param in (first, *others)):
+            continue  # left whole: still one parameter
+        if not all(isinstance(param, DTensor) and param.placements == first.placements for param in (first, *others)):
+            raise ValueError(f"{[name for _, name in pairs]} share one weight, which their parallel plans split "
+                             "differently: declare the same split for each")
+        for module, name in pairs[1:]:
+            setattr(module, name, first)
 
 
 class HeadDropoutRNG:
@@ -155,8 +166,9 @@ class HeadDropoutRNG:
     extra state. Every rank's default stream then draws one number, so the next attention call (the next layer,
     the next step) draws new masks."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, ranks: int = 1) -> None:
         self.rank = rank
+        self.ranks = ranks  # the ranks the heads are split over: the attention computes heads / ranks of them
 
     @torch.compiler.disable  # generator states are host-side: a compiled network runs this part eagerly
     def __call__(self, compute: Callable[..., tuple[Tensor, Tensor | None]], module: nn.Module, q: Tensor,
