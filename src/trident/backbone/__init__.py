@@ -16,6 +16,7 @@ from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
 from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, freeze_base, is_lora_parameter, merge_lora
 from trident.backbone.masks import build_attention_mask, causal_mask
+from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import (
     PositionalEncoding,
     available_pos_encodings,
@@ -31,14 +32,20 @@ __all__ = [
     "LORA_TARGETS",
     "NORMS",
     "SDPA_KERNELS",
+    "VOCABULARY_PLAN",
+    "Columns",
     "Decoder",
     "Encoder",
     "FeedForward",
+    "Heads",
     "KVCache",
     "LayerKVCache",
     "LoRALinear",
     "MultiHeadAttention",
+    "ParallelPlan",
     "PositionalEncoding",
+    "Rows",
+    "Split",
     "TokenEmbedding",
     "TransformerBlock",
     "TransformerConfig",

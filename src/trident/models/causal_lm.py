@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from trident.backbone import Decoder, KVCache, TokenEmbedding, TransformerConfig
-from trident.backbone.parallel_plan import VOCABULARY_PLAN, ParallelPlan
+from trident.backbone import VOCABULARY_PLAN, Decoder, KVCache, ParallelPlan, TokenEmbedding, TransformerConfig
 
 
 class CausalLM(nn.Module):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from trident.backbone import Encoder, TokenEmbedding, TransformerConfig, make_norm
-from trident.backbone.parallel_plan import VOCABULARY_PLAN, ParallelPlan
+from trident.backbone import VOCABULARY_PLAN, Encoder, ParallelPlan, TokenEmbedding, TransformerConfig, make_norm
 
 
 class MaskedLM(nn.Module):

@@ -17,8 +17,9 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra._internal.utils import _locate
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -76,15 +77,42 @@ class ShardedStrategy(ModelParallelStrategy):
 
 # trainer.precision values FSDP2 cannot run (fp16 mixed precision needs a gradient scaler).
 _UNSHARDABLE_PRECISIONS = {"16-mixed", "16"}
-# The strategies (class names) that shard the weights over the ranks.
-_SHARDING_STRATEGIES = {ShardedStrategy.__name__, ModelParallelStrategy.__name__, FSDPStrategy.__name__}
+# The strategies that shard the weights over the ranks: Lightning's ModelParallelStrategy (FSDP2, which
+# ShardedStrategy is) and its FSDPStrategy (FSDP1), and any subclass of either.
+SHARDING_STRATEGIES: tuple[type[Strategy], ...] = (ModelParallelStrategy, FSDPStrategy)
+
+
+def target_class(node: Mapping[str, Any]) -> type | None:
+    """The class a config node's ``_target_`` names, imported; None where it names none (no ``_target_``, a function,
+    or nothing importable: Hydra's instantiate says so later)."""
+    target = node.get("_target_")
+    try:  # Hydra's own lookup; get_class would log an error for a target that is a function, not a class
+        located = _locate(str(target)) if target else None
+    except (ImportError, ValueError):
+        return None
+    return located if isinstance(located, type) else None
+
+
+def strategy_class(strategy: Any) -> type | None:
+    """The class a ``trainer.strategy`` value builds: a strategy or its class, a ``_target_`` mapping (its class
+    imported, not its name read), or a name Lightning registers (``ddp``, ``fsdp``: its registry says which class).
+    None: it names no class (``auto``, an unknown name or target, which Lightning or Hydra refuse when they build it)."""
+    if isinstance(strategy, type):
+        return strategy
+    if isinstance(strategy, Strategy):
+        return type(strategy)
+    if isinstance(strategy, Mapping):
+        return target_class(strategy)
+    if isinstance(strategy, str) and strategy.lower() in StrategyRegistry:  # lower-cased, as Lightning reads it
+        return StrategyRegistry[strategy.lower()]["strategy"]
+    return None
 
 
 def shards_weights(strategy: Any) -> bool:
-    """Whether a ``trainer.strategy`` value (a name or a ``_target_`` mapping) shards the weights."""
-    if isinstance(strategy, Mapping):
-        return str(strategy.get("_target_", "")).rsplit(".", 1)[-1] in _SHARDING_STRATEGIES
-    return "fsdp" in str(strategy).lower()
+    """Whether a ``trainer.strategy`` value (:func:`strategy_class`'s kinds) shards the weights over the ranks: its
+    class is, or derives from, one of :data:`SHARDING_STRATEGIES`. The one test trident makes of a strategy."""
+    kind = strategy_class(strategy)
+    return kind is not None and issubclass(kind, SHARDING_STRATEGIES)
 
 
 def check_sharding_config(strategy: Any, precision: Any = None) -> None:

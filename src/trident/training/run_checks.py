@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hydra._internal.utils import _locate
 from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 
 from trident.errors import ConfigError, is_int, is_number
-from trident.training.parallel import check_sharding_config, shards_weights
+from trident.training.parallel import check_sharding_config, shards_weights, target_class
 
 SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
 
@@ -116,12 +115,8 @@ def check_averaging_callbacks(callbacks: Mapping[str, Any], strategy: Any) -> No
     if not shards_weights(strategy):
         return
     for name, callback in callbacks.items():
-        target = callback.get("_target_") if isinstance(callback, Mapping) else None
-        try:  # Hydra's own lookup; get_class would log an error for a target that is a function, not a class
-            kind = _locate(str(target)) if target else None
-        except (ImportError, ValueError):  # a _target_ that names nothing: Hydra's instantiate says so later
-            continue
-        if isinstance(kind, type) and issubclass(kind, (WeightAveraging, StochasticWeightAveraging)):
+        kind = target_class(callback) if isinstance(callback, Mapping) else None
+        if kind is not None and issubclass(kind, (WeightAveraging, StochasticWeightAveraging)):
             raise ConfigError(f"callbacks.{name} ({kind.__name__}) does not work with FSDP's sharded weights (it "
                               f"averages a deep copy of the whole model): use trainer=ddp, or remove callbacks.{name}")
 

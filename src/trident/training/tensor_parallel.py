@@ -42,8 +42,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.optim import Optimizer
 
-from trident.backbone import PositionalEncoding, TransformerConfig, pos_encoding_class
-from trident.backbone.parallel_plan import Heads, Rows, Split
+from trident.backbone import Heads, PositionalEncoding, Rows, Split, TransformerConfig, pos_encoding_class
 from trident.errors import ConfigError, is_int
 
 # The mesh dimension the tensor-parallel plan splits over (Lightning's name for it).
