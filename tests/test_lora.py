@@ -199,6 +199,10 @@ def test_a_resumed_lora_run_equals_the_uninterrupted_one_step_for_step(base_run:
     assert sorted(expected) == list(range(6))
     cut = tmp_path / "cut"
     train(compose_config([*lora, "trainer.max_steps=3"], output_dir=cut))
+    # What it resumes from holds what trains, not the frozen base (refilled from the run's copy of init_from).
+    saved = torch.load(cut / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(is_lora_parameter(name) for name in saved["state_dict"]), sorted(saved["state_dict"])
+    assert saved["trident_frozen_base"]["source"] == str(base_run)
     train(compose_config([*lora, f"resume={cut}"], output_dir=cut))
     resumed = {step: loss for step, loss in _losses(cut).items() if step >= 3}
     assert sorted(resumed) == [3, 4, 5]

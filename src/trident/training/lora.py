@@ -2,7 +2,8 @@
 
 Under LoRA the base network is frozen; the adapters (:mod:`trident.backbone.lora`) and the task's
 head (``TridentTask.HEAD``: the classifier a fine-tuning adds, peft's ``modules_to_save``) train.
-A run writes its adapter (trident.weights.lora_adapter).
+A run writes its adapter (trident.weights.lora_adapter); its checkpoints leave the frozen base out
+(trident.weights.frozen_base).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def lora_settings(cfg: DictConfig, backbone: TransformerConfig) -> dict[str, Any
     if not cfg.get("init_from"):
         raise ConfigError("finetune=lora adapts a trained model and none is given: add init_from=<a run, checkpoint or "
                           "Hugging Face directory> (or use finetune=full to train from scratch)")
+    strategy = cfg.trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and strategy.get("save_distributed_checkpoint") is True:
+        # Lightning's sharded loader (torch.distributed.checkpoint) reads every weight of the model from the directory.
+        raise ConfigError("finetune=lora checkpoints hold only what trains (the frozen base is refilled from init_from), "
+                          "which a sharded checkpoint cannot reload and which is small enough to save whole: set "
+                          "trainer.strategy.save_distributed_checkpoint=false")
     settings = {key: finetune.get(key) for key in LORA_KEYS}
     targets = settings["targets"]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
