@@ -18,6 +18,7 @@ import trident
 from trident.commands.average_checkpoints import average_checkpoints
 from trident.commands.evaluate import evaluate
 from trident.commands.export import main as export
+from trident.commands.sample import load_lm_checkpoint
 from trident.errors import ConfigError, DataError
 from trident.runs.pipeline import check_config, train
 from trident.weights.checkpoints import read_checkpoint
@@ -75,6 +76,7 @@ def test_load_eval_and_average_refill_the_base_and_give_the_model_the_run_ended_
     _, tuned, metrics, at_end = runs
     last = tuned / "checkpoints" / "last.ckpt"
     torch.testing.assert_close(_logits(trident.load(last).net), _logits(at_end), rtol=0, atol=0)
+    torch.testing.assert_close(_logits(load_lm_checkpoint(last).net), _logits(at_end), rtol=0, atol=0)  # trident-sample
     # eval.py tests the best checkpoint as the run did at its end.
     assert evaluate([f"ckpt_path={tuned}"])["test/loss"] == pytest.approx(metrics["test/loss"], rel=1e-6)
     # Averaging: the adapters' mean, the base's record kept; written outside the run, it refills from init_from.

@@ -6,9 +6,9 @@ what trains (the adapters, a new head) and every other tensor the source did not
 position table, buffers), plus :data:`FROZEN_BASE_KEY`: where the base came from (``init_from`` made
 absolute), the names of the tensors it fills and their fingerprint. Every reader refills them (the task's
 ``on_load_checkpoint``) from, in this order: the network itself when it already holds the base (a run that
-tests or resumes), ``$TRIDENT_BASE`` (where a moved base is now), the run's own copy of its source
-(``<run>/init``, beside the checkpoint) and the recorded ``init_from``. The fingerprint must match; a base
-found nowhere, or changed, is one error line.
+tests or resumes), the run's own copy of its source (``<run>/init``, beside the checkpoint), then
+``$TRIDENT_BASE`` (where a moved base is now) if set, else the recorded ``init_from``. The fingerprint must
+match; a base found nowhere, or changed, is one error line.
 
 The fingerprint is sha256 over each base tensor's name, dtype, shape and bytes as trident reads them from the
 source, one hash per tensor in threads (hashlib releases the GIL), so it costs about a read of the weights
@@ -160,14 +160,14 @@ def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, 
 
 
 def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
-    """The base's tensors from ``$TRIDENT_BASE``, else the run's copy of its source beside ``checkpoint``, else the
-    recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
+    """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
+    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
     from trident.weights.init_from import COPY_DIR, read_init_source  # here: it imports the tasks, which import this
 
     override = os.environ.get(BASE_VARIABLE)
     copies = [parent / COPY_DIR for parent in (checkpoint.resolve().parents if checkpoint is not None else [])
               if (parent / COPY_DIR / "source.json").is_file()][:1]
-    candidates = [Path(override)] if override else [*copies, Path(wanted.source)]
+    candidates = [*copies, Path(override) if override else Path(wanted.source)]
     shown = f"{BASE_VARIABLE}={override}" if override else f"init_from={wanted.source}"
     where = f"checkpoint {str(checkpoint)!r}" if checkpoint is not None else "the checkpoint"
     fix = (f"point {BASE_VARIABLE} at the base it was trained on" if override else
