@@ -141,3 +141,23 @@ def test_sharded_checkpoints_are_refused_under_lora(runs: tuple[Path, Path, Any,
     with pytest.raises(ConfigError, match="finetune=lora checkpoints hold only what trains .*: set "
                                           "trainer.strategy.save_distributed_checkpoint=false"):
         check_config(cfg)
+
+
+def test_a_resume_checks_its_base_against_the_checkpoint(runs: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
+    """A run whose copy of its source is gone resumes from init_from=<where the base is now>, checked by its
+    fingerprint: another base is one line, the right one continues."""
+    base, tuned, _, _ = runs
+    run, changed = tmp_path / "run", tmp_path / "changed"
+    shutil.copytree(tuned, run)
+    shutil.rmtree(run / "init")
+    shutil.copytree(base, changed)
+    best = next((changed / "checkpoints").glob("best-*.ckpt"))
+    checkpoint = torch.load(best, weights_only=True)
+    checkpoint["state_dict"]["net.decoder.final_norm.weight"] += 1
+    torch.save(checkpoint, best)
+    resume = [*RUN, *LORA, f"resume={run}", "trainer.max_steps=5", "test=false"]
+    with pytest.raises(DataError, match=rf"resume: .* init_from={base} \(\d+ tensors\), and the weights at {changed} "
+                                        r"changed \(fingerprint \w+, recorded \w+\): resume with init_from=<the base"):
+        train(compose_config([*resume, f"init_from={changed}"], output_dir=run))
+    train(compose_config([*resume, f"init_from={base}"], output_dir=run))
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
