@@ -20,7 +20,7 @@ from trident.commands.evaluate import evaluate
 from trident.commands.export import main as export
 from trident.commands.sample import load_lm_checkpoint
 from trident.errors import ConfigError, DataError
-from trident.runs.pipeline import check_config, train
+from trident.runs.pipeline import train
 from trident.weights.checkpoints import read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, FROZEN_BASE_KEY, fingerprint
 from trident.weights.init_from import read_init_source
@@ -135,12 +135,13 @@ def test_full_fine_tuning_and_a_run_from_scratch_keep_every_weight(runs: tuple[P
         assert set(_net(saved["state_dict"])) == set(trident.load(run).net.state_dict())
 
 
-def test_sharded_checkpoints_are_refused_under_lora(runs: tuple[Path, Path, Any, Any]) -> None:
+def test_sharded_checkpoints_are_refused_under_lora(runs: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:
     cfg = compose_config([*RUN, "trainer=fsdp_cpu", "trainer.strategy.save_distributed_checkpoint=true",
-                          "finetune=lora", f"init_from={runs[0]}"])
+                          "finetune=lora", f"init_from={runs[0]}"], output_dir=tmp_path / "run")
     with pytest.raises(ConfigError, match="finetune=lora checkpoints hold only what trains .*: set "
                                           "trainer.strategy.save_distributed_checkpoint=false"):
-        check_config(cfg)
+        train(cfg)
+    assert not (tmp_path / "run").exists(), "refused before any work"
 
 
 def test_a_resume_checks_its_base_against_the_checkpoint(runs: tuple[Path, Path, Any, Any], tmp_path: Path) -> None:

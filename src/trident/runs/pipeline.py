@@ -36,7 +36,7 @@ from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.distributed_checkpoint import check_sharded_resume
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
-from trident.training.lora import lora_settings
+from trident.training.lora import check_lora_checkpoints, lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
@@ -311,6 +311,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     source = source_for_run(configured_task_class(cfg), cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
+    check_lora_checkpoints(cfg)
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
     saved = read_resume_checkpoint(resume_from, cfg.trainer.get("strategy"))

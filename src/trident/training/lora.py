@@ -32,12 +32,6 @@ def lora_settings(cfg: DictConfig, backbone: TransformerConfig) -> dict[str, Any
     if not cfg.get("init_from"):
         raise ConfigError("finetune=lora adapts a trained model and none is given: add init_from=<a run, checkpoint or "
                           "Hugging Face directory> (or use finetune=full to train from scratch)")
-    strategy = cfg.trainer.get("strategy")
-    if isinstance(strategy, DictConfig) and strategy.get("save_distributed_checkpoint") is True:
-        # Lightning's sharded loader (torch.distributed.checkpoint) reads every weight of the model from the directory.
-        raise ConfigError("finetune=lora checkpoints hold only what trains (the frozen base is refilled from init_from), "
-                          "which a sharded checkpoint cannot reload and which is small enough to save whole: set "
-                          "trainer.strategy.save_distributed_checkpoint=false")
     settings = {key: finetune.get(key) for key in LORA_KEYS}
     targets = settings["targets"]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
@@ -57,6 +51,18 @@ def lora_settings(cfg: DictConfig, backbone: TransformerConfig) -> dict[str, Any
     if not is_number(settings["dropout"]) or not 0 <= settings["dropout"] < 1:
         raise ConfigError(f"finetune.dropout must be in [0, 1), got {settings['dropout']!r}: set e.g. finetune.dropout=0.05")
     return settings
+
+
+def check_lora_checkpoints(cfg: DictConfig) -> None:
+    """A training run's checkpoints under ``finetune=lora`` leave the frozen base out (trident.weights.frozen_base):
+    sharded ones cannot, since Lightning's sharded loader (torch.distributed.checkpoint) reads every weight of the
+    model from the directory. (Not part of the config check: eval.py still tests a sharded LoRA run saved before.)"""
+    strategy = cfg.trainer.get("strategy")
+    if ((cfg.get("finetune") or {}).get("name") == "lora" and isinstance(strategy, DictConfig)
+            and strategy.get("save_distributed_checkpoint") is True):
+        raise ConfigError("finetune=lora checkpoints hold only what trains (the frozen base is refilled from init_from), "
+                          "which a sharded checkpoint cannot reload and which is small enough to save whole: set "
+                          "trainer.strategy.save_distributed_checkpoint=false")
 
 
 def _widths(cfg: TransformerConfig) -> dict[str, int]:
