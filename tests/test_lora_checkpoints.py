@@ -162,3 +162,26 @@ def test_a_resume_checks_its_base_against_the_checkpoint(runs: tuple[Path, Path,
         train(compose_config([*resume, f"init_from={changed}"], output_dir=run))
     train(compose_config([*resume, f"init_from={base}"], output_dir=run))
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+
+
+def test_a_lora_run_from_a_llama_directory_refills_its_base_from_that_directory(tmp_path: Path) -> None:
+    """The base of a run from a Hugging Face directory (a tiny random Llama saved by transformers): a checkpoint away
+    from its run reads the directory again, through the same adapter, with the run's logits."""
+    from .test_convert_llama_family import CORPUS, bpe_tokenizer, hf_model
+
+    tokenizer = bpe_tokenizer()
+    hf_dir, corpus, run = tmp_path / "llama", tmp_path / "corpus.txt", tmp_path / "run"
+    corpus.write_text(CORPUS)
+    hf_model("llama", hf_dir, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    train(compose_config(["logger=none", "test=false", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                          "trainer.limit_val_batches=1", "data.block_size=32", "data.batch_size=4", "print_config=false",
+                          "task.sampling.max_new_tokens=2", "finetune=lora", "optimizer.lr=0.01", f"init_from={hf_dir}",
+                          "data=text_files", f"data.files=[{corpus}]"], output_dir=run))
+    last = run / "checkpoints" / "last.ckpt"
+    saved = read_checkpoint(last, "the test")
+    assert saved[FROZEN_BASE_KEY]["source"] == str(hf_dir)
+    assert all(".lora_" in name for name in saved["state_dict"]), sorted(saved["state_dict"])
+    away = tmp_path / "away.ckpt"
+    shutil.copy(last, away)
+    torch.testing.assert_close(_logits(trident.load(away).net), _logits(trident.load(last).net), rtol=0, atol=0)
