@@ -49,6 +49,16 @@ class NetworkAtStart(L.Callback):
         self.nets.append(copy.deepcopy(pl_module.net).eval())
 
 
+class NetworkAtEnd(L.Callback):
+    """A copy of the task's network as fitting ends (after every ``on_train_end``: an EMA has swapped in its average),
+    in ``nets``, shared by the class, in eval mode."""
+
+    nets: ClassVar[list[nn.Module]] = []
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.nets.append(copy.deepcopy(pl_module.net).eval())
+
+
 class FailOnRank(L.Callback):
     """Raises a user error (DataError) on global rank ``rank`` after training step ``step``."""
 

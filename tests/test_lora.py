@@ -192,13 +192,19 @@ def test_init_from_and_finetune_adapter_start_train_py_where_the_adapter_run_end
 
 
 def test_a_resumed_lora_run_equals_the_uninterrupted_one_step_for_step(base_run: Path, tmp_path: Path) -> None:
+    """With an EMA of the weights: the raw weights it resumes from (current_model_state) lack the base too."""
     lora = [*RUN, *CSV, "finetune=lora", f"init_from={base_run}", "trainer.max_steps=6",
-            "callbacks.last_checkpoint.every_n_train_steps=3"]
+            "callbacks.last_checkpoint.every_n_train_steps=3", "callbacks=ema", "callbacks.ema.decay=0.5"]
     train(compose_config(lora, output_dir=tmp_path / "uninterrupted"))
     expected = _losses(tmp_path / "uninterrupted")
     assert sorted(expected) == list(range(6))
     cut = tmp_path / "cut"
     train(compose_config([*lora, "trainer.max_steps=3"], output_dir=cut))
+    # What it resumes from holds what trains, not the frozen base (refilled from the run's copy of init_from).
+    saved = torch.load(cut / "checkpoints" / "last.ckpt", weights_only=True)
+    for entry in ("state_dict", "current_model_state"):
+        assert all(is_lora_parameter(name) for name in saved[entry]), sorted(saved[entry])
+    assert saved["trident_frozen_base"]["source"] == str(base_run)
     train(compose_config([*lora, f"resume={cut}"], output_dir=cut))
     resumed = {step: loss for step, loss in _losses(cut).items() if step >= 3}
     assert sorted(resumed) == [3, 4, 5]

@@ -7,7 +7,9 @@ With a run directory, the N checkpoints of the highest training steps under its 
 are averaged (``task=translation`` keeps the last 5 in ``checkpoints/periodic/``; copies of one
 step, such as ``last.ckpt``, count once). The output is the newest input with its weights
 replaced by the mean, without optimizer state: score it with ``python eval.py ckpt_path=...``
-or translate with it; it is not meant for resuming training.
+or translate with it; it is not meant for resuming training. A ``finetune=lora`` run's checkpoints
+hold what trains without the frozen base (trident.weights.frozen_base): that part is averaged, and the
+output keeps their record of the base, which every reader refills.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.training.distributed_checkpoint import holds_shards
 from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
+from trident.weights.frozen_base import FROZEN_BASE_KEY
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 
@@ -78,6 +81,10 @@ def average_checkpoints(paths: list[Path], output: Path) -> dict[str, Any]:
     if not paths:
         raise ConfigError("give at least one checkpoint to average")
     checkpoints = [_load(path) for path in paths]
+    bases = {str((c.get(FROZEN_BASE_KEY) or {}).get("fingerprint")) for c in checkpoints}
+    if len(bases) > 1:  # a LoRA run's adapters on one base each: means over other bases mean nothing
+        raise DataError("the checkpoints adapt different frozen bases (finetune=lora from other init_from weights): "
+                        "average checkpoints of one run only")
     result = {k: v for k, v in checkpoints[-1].items() if k not in TRAINING_STATE}
     result["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])
     result["averaged_from"] = [str(p) for p in paths]

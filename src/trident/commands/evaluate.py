@@ -77,8 +77,8 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
 
         cfg.optimizer = optimizer_by_name(OmegaConf.to_container(cfg.optimizer, resolve=True))  # type: ignore[arg-type]
     # The checkpoint holds the weights: neither init_from's source nor (in vit runs of an earlier
-    # version) the timm file named by model.pretrained is read again.
-    cfg.pop("init_from", None)
+    # version) the timm file named by model.pretrained is read again. init_from stays: finetune=lora
+    # names its base by it (a LoRA checkpoint's frozen base is refilled from <run>/init, trident.weights.frozen_base).
     for group in ("model", "task"):
         cfg[group].pop("pretrained", None)
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache

@@ -36,7 +36,7 @@ from trident.tasks.base import TridentTask
 from trident.training.callbacks import MetricHistory
 from trident.training.distributed_checkpoint import check_sharded_resume
 from trident.training.loggers import build_loggers, check_logger_config, record_summary
-from trident.training.lora import lora_settings
+from trident.training.lora import check_lora_checkpoints, lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
@@ -46,6 +46,7 @@ from trident.training.steps import ValidationRowStep, count_validation_in_optimi
 from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
+from trident.weights.frozen_base import keep_base_out
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
@@ -310,6 +311,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     source = source_for_run(configured_task_class(cfg), cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
+    check_lora_checkpoints(cfg)
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
     saved = read_resume_checkpoint(resume_from, cfg.trainer.get("strategy"))
@@ -336,6 +338,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     adapter = (cfg.get("finetune") or {}).get("adapter")
     if adapter and task.lora is not None and not resume_from:
         load_adapter(task.net, str(adapter), task.lora, str(cfg.init_from))
+    if task.lora is not None and source is not None:
+        keep_base_out(task, source.state_dict, str(cfg.init_from), saved[1] if saved else None, bool(resume_from))
     compile_network(task, cfg.get("compile", False))
     check_tunable(cfg.get("tune"), task)
     if preemption.received:  # before training began: the run's checkpoints are as they were

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
+from torch import nn
+
+from trident.weights.frozen_base import FrozenBase, drop_base, refill_base
 
 #: The checkpoint key naming the task class that wrote it (``trident.load`` rebuilds it from that).
 TASK_KEY = "trident_task"
@@ -14,10 +18,15 @@ class TaskInCheckpoint:
     """LightningModule mixin: every checkpoint names the task class that wrote it, so a checkpoint
     alone is enough to rebuild the task (``trident.load``, ``init_from=``), and a text task's
     checkpoint holds its tokenizer, so it alone can decode (it is not a hyperparameter: a BPE
-    vocabulary is large)."""
+    vocabulary is large). A ``finetune=lora`` run's checkpoints leave out its frozen base and record where it
+    comes from; reading one refills it (trident.weights.frozen_base)."""
 
     tokenizer: Tokenizer | None
     tokenizer_settings: dict[str, str]  # chat template and special tokens of an outside tokenizer (init_from)
+    net: nn.Module
+    #: finetune=lora from init_from: the frozen base its checkpoints leave out (set by the pipeline or a read); None:
+    #: the checkpoints hold every weight.
+    frozen_base: FrozenBase | None = None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[TASK_KEY] = f"{type(self).__module__}.{type(self).__qualname__}"
@@ -25,8 +34,14 @@ class TaskInCheckpoint:
             checkpoint["tokenizer_json"] = self.tokenizer.to_str()
         if self.tokenizer_settings:
             checkpoint["tokenizer_settings"] = self.tokenizer_settings
+        if self.frozen_base is not None:
+            drop_base(checkpoint, self.frozen_base)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before Lightning loads the weights: a LoRA checkpoint's base comes back from the network or its source.
+        trainer = getattr(self, "_trainer", None)
+        path = Path(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
+        self.frozen_base = refill_base(checkpoint, self.net, self.frozen_base, path)
         if checkpoint.get("tokenizer_json"):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
         # A resumed run keeps what it set from its data and source (a checkpoint written before runs recorded their

@@ -2,7 +2,8 @@
 
 Under LoRA the base network is frozen; the adapters (:mod:`trident.backbone.lora`) and the task's
 head (``TridentTask.HEAD``: the classifier a fine-tuning adds, peft's ``modules_to_save``) train.
-A run writes its adapter (trident.weights.lora_adapter).
+A run writes its adapter (trident.weights.lora_adapter); its checkpoints leave the frozen base out
+(trident.weights.frozen_base).
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def lora_settings(cfg: DictConfig, backbone: TransformerConfig) -> dict[str, Any
     if not is_number(settings["dropout"]) or not 0 <= settings["dropout"] < 1:
         raise ConfigError(f"finetune.dropout must be in [0, 1), got {settings['dropout']!r}: set e.g. finetune.dropout=0.05")
     return settings
+
+
+def check_lora_checkpoints(cfg: DictConfig) -> None:
+    """A training run's checkpoints under ``finetune=lora`` leave the frozen base out (trident.weights.frozen_base):
+    sharded ones cannot, since Lightning's sharded loader (torch.distributed.checkpoint) reads every weight of the
+    model from the directory. (Not part of the config check: eval.py still tests a sharded LoRA run saved before.)"""
+    strategy = cfg.trainer.get("strategy")
+    if ((cfg.get("finetune") or {}).get("name") == "lora" and isinstance(strategy, DictConfig)
+            and strategy.get("save_distributed_checkpoint") is True):
+        raise ConfigError("finetune=lora checkpoints hold only what trains (the frozen base is refilled from init_from), "
+                          "which a sharded checkpoint cannot reload and which is small enough to save whole: set "
+                          "trainer.strategy.save_distributed_checkpoint=false")
 
 
 def _widths(cfg: TransformerConfig) -> dict[str, int]:

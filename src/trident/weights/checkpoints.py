@@ -31,6 +31,7 @@ from trident.training.distributed_checkpoint import (
     read_sharded_checkpoint,
     replace_checkpoint,
 )
+from trident.weights.frozen_base import FROZEN_BASE_KEY, reading
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -103,7 +104,8 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
-        task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+        with reading(path):  # a finetune=lora checkpoint's base is looked for beside it (weights.frozen_base)
+            task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:
         raise unreadable_checkpoint(
             path, err, f"it may not be a trident {task_name} checkpoint; use another checkpoint of a task={task_name} "
@@ -190,7 +192,10 @@ def check_checkpoint_fits(checkpoint: dict[str, Any], module: nn.Module, path: P
                 f"checkpoint {str(path)!r} does not fit this model (another {kind}): {name} is "
                 f"{tuple(saved[name].shape)} there, {tuple(tensor.shape)} here; {fix}"
             )
-    missing, unexpected = sorted(expected.keys() - saved.keys()), sorted(saved.keys() - expected.keys())
+    # A finetune=lora checkpoint leaves out its frozen base, which reading it refills (weights.frozen_base).
+    left_out = {f"net.{name}" for name in (checkpoint.get(FROZEN_BASE_KEY) or {}).get("tensors", [])}
+    missing = sorted(expected.keys() - saved.keys() - left_out)
+    unexpected = sorted(saved.keys() - expected.keys())
     if missing or unexpected:
         detail = f"it lacks {missing[0]}" if missing else f"it has {unexpected[0]}, unknown here"
         raise ConfigError(f"checkpoint {str(path)!r} does not fit this model (another architecture): {detail}; {fix}")
