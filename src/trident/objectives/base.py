@@ -6,7 +6,8 @@ batch. An :class:`Objective` asks for those outputs and returns the summed loss 
 sequences or images) and their count: the task hands both to the one loss reduction
 (trident.training.token_loss: summed losses over the trained items of the optimizer step's global batch), and
 keeps the outputs for its metrics. An objective that needs another network's outputs on the same batch (a frozen
-reference policy for preference tuning, a teacher for distillation) asks the task for them through the same call.
+reference policy for preference tuning, a teacher for distillation) asks the task again: :meth:`Objective.forward`
+receives the task and the batch, not only the outputs (the task that holds such a network lets ``outputs`` name it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class OutputSource(Protocol):
 class Objective(nn.Module, ABC):
     """A loss on a task's outputs, chosen by the ``objective`` config group (``task.objective.name``).
 
-    A module, so that what it holds (a criterion, later a reference's temperature) moves with the task; it holds no
+    A module of the task (``task.objective``), so that what it holds (a criterion) moves with it; it holds no
     parameter or buffer, so checkpoints and state dicts are the task's networks' alone.
     """
 
