@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from trident.errors import ConfigError
 from trident.runs.command_line import group_options
 from trident.runs.pipeline import backbone_options, check_config
+from trident.tasks.registry import TASKS
 
 from .conftest import CONF_DIR, compose_config
 
@@ -49,6 +50,9 @@ def test_option_composes(group: str, option: str, tmp_path: Path) -> None:
             check_config(compose_config(["task=mlm", *overrides], output_dir=tmp_path))
     if group == "augment":  # image augmentation: settings of the ViT task and its data
         cfg = compose_config(["task=vit", *overrides], output_dir=tmp_path)
+    if group == "objective":  # a loss on a task's outputs: composed with a task that trains with it
+        task = next(name for name, task_class in TASKS.items() if option in task_class.TRAINS_WITH)
+        cfg = compose_config([f"task={task}", *overrides], output_dir=tmp_path)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     if group == "model":

@@ -99,8 +99,8 @@ def test_the_build_fails_on_a_dead_link_or_a_page_missing_from_the_nav(tmp_path:
     assert f"WARNING -  {warning}" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("guide", ["Add a task", "Add a Hugging Face architecture (an adapter)", "Add a positional encoding",
-                                   "Add a module to the parallel plan"])
+@pytest.mark.parametrize("guide", ["Add a task", "Add an objective", "Add a Hugging Face architecture (an adapter)",
+                                   "Add a positional encoding", "Add a module to the parallel plan"])
 def test_each_add_guide_names_the_one_file_to_open_and_every_file_it_names_exists(guide: str) -> None:
     """docs/architecture.md's "add ..." guides: each opens with the one file to open first, and every source,
     conf or test path a step names is there (a renamed module leaves no guide pointing at nothing)."""

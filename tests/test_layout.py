@@ -1,6 +1,6 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, training <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
+errors <- backbone <- models <- data, training <- objectives <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
 sample, ...), report/ (with the seeds-until-decided loop), bench/ <- the package's public face (``trident.load``)
 """
 
@@ -23,16 +23,17 @@ RANKS = {
     "trident.models": 2,
     "trident.data": 3,
     "trident.training": 3,
-    "trident.tasks": 4,
-    "trident.weights": 5,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
-    "trident.launch": 5,  # DDP workers, stop signals, SLURM requeue
-    "trident.runs": 6,
-    "trident.commands": 7,  # python -m trident.commands.<command>, the console scripts
-    "trident.report": 7,  # python -m trident.report, and its seeds-until-decided loop (report.adaptive)
-    "trident.bench": 7,  # python -m trident.bench
+    "trident.objectives": 4,  # the losses a task's outputs train on (next token, masked tokens, ...)
+    "trident.tasks": 5,
+    "trident.weights": 6,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
+    "trident.launch": 6,  # DDP workers, stop signals, SLURM requeue
+    "trident.runs": 7,
+    "trident.commands": 8,  # python -m trident.commands.<command>, the console scripts
+    "trident.report": 8,  # python -m trident.report, and its seeds-until-decided loop (report.adaptive)
+    "trident.bench": 8,  # python -m trident.bench
     # The package's public face re-exports, on first use, what the layers offer (``trident.load``):
     # nothing inside imports it (an arrow back up).
-    "trident": 8,
+    "trident": 9,
 }
 # Rooms whose every module is a command of its own: a command imports no other command.
 COMMAND_ROOMS = {"trident.commands"}
@@ -105,6 +106,7 @@ def test_no_import_cycles() -> None:
 def test_the_rules_catch_an_upward_import() -> None:
     assert rank("trident") > rank("trident.runs.code_version") > rank("trident.launch.requeue") > rank("trident.tasks.lm")
     assert rank("trident.runs.pipeline") > rank("trident.tasks.lm") > rank("trident.backbone.stack")
+    assert rank("trident.tasks.lm") > rank("trident.objectives.tokens") > rank("trident.data.masking")
     assert part_of("trident.commands.sample") == "trident.commands.sample" and rank("trident.commands.sample") == COMMAND_RANK
     assert part_of("trident.data.lm") != part_of("trident.training.optim")
     assert part_of("trident.commands.sample") != part_of("trident.commands.export")  # commands import no command

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
+import trident.objectives.tokens
 import trident.runs.pipeline
-import trident.tasks.translation
 from trident.runs.pipeline import train
 from trident.weights.adapters.timm_vit import timm_to_trident
 
@@ -110,7 +110,7 @@ def test_pretrained_weights_are_those_of_the_task_that_trains(trained_task: Trai
 
 def loss_calls(task: L.LightningModule, records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     """Record (logits, targets, loss) of every call of the task's training loss."""
-    task.train_loss.register_forward_hook(lambda module, args, out: records.append((args[0].detach(), args[1].detach(), out.detach())))
+    task.objective.train_loss.register_forward_hook(lambda module, args, out: records.append((args[0].detach(), args[1].detach(), out.detach())))
 
 
 def test_mixup_and_cutmix_give_the_loss_soft_smoothed_targets(trained_task: TrainedTask, tmp_path: Path) -> None:
@@ -143,13 +143,13 @@ def test_label_smoothing_shapes_the_image_loss(smoothing: float, trained_task: T
 def test_label_smoothing_reaches_the_translation_loss(smoothing: float, trained_task: TrainedTask, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[float] = []
-    loss_function = trident.tasks.translation.label_smoothed_cross_entropy
+    loss_function = trident.objectives.tokens.label_smoothed_cross_entropy
 
     def spy(*args: Any, epsilon: float, **kwargs: Any) -> Any:
         seen.append(epsilon)
         return loss_function(*args, epsilon=epsilon, **kwargs)
 
-    monkeypatch.setattr(trident.tasks.translation, "label_smoothed_cross_entropy", spy)
+    monkeypatch.setattr(trident.objectives.tokens, "label_smoothed_cross_entropy", spy)
     trained_task([*SMALL_MT, *ONE_STEP, f"task.label_smoothing={smoothing}"], tmp_path)
     assert seen == [smoothing]
 

@@ -20,7 +20,7 @@ from torch import Tensor
 import trident
 from trident.data.lm import LMDataModule
 from trident.errors import ConfigError, DataError
-from trident.tasks.base import TridentTask
+from trident.tasks.base import GENERATE, TridentTask
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
@@ -30,12 +30,15 @@ from trident.tasks.translation import TranslationTask
 from trident.tasks.vit import ImageClassificationTask
 
 from .conftest import CONF_DIR, ROOT
+from .entry_points import run_in_process
 
 SRC = ROOT / "src" / "trident"
 # Every module that works with a task the pipeline or a checkpoint gave it.
 TASK_CALLERS = ["runs/pipeline.py", "weights/load.py", "weights/checkpoints.py", "weights/init_from.py",
-                "commands/evaluate.py", "commands/sample.py", "commands/translate.py", "commands/fill_mask.py",
-                "commands/export.py", "training/callbacks.py"]
+                "weights/capable.py", "commands/evaluate.py", "commands/sample.py", "commands/chat.py",
+                "commands/translate.py", "commands/fill_mask.py", "commands/export.py", "training/callbacks.py"]
+# Commands that work with whatever task a run trained: they reach it through the contract, never a class name.
+CONTRACT_COMMANDS = ["commands/chat.py", "commands/sample.py", "commands/evaluate.py", "commands/export.py"]
 # One block, learned positions (a table to keep out of weight decay), biases and LayerNorm gains.
 BACKBONE = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
 OPTIMIZER = {"name": "adamw", "lr": 1.0, "weight_decay": 0.1, "fused": False}
@@ -76,6 +79,44 @@ def test_the_pipeline_calls_the_contract_instead_of_probing() -> None:
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")]
     assert calls == []
     assert [probe for caller in TASK_CALLERS for probe in _probes(SRC / caller)] == []
+
+
+def _task_modules(path: Path) -> set[str]:
+    """The modules of trident.tasks that ``path`` imports (function-level imports too)."""
+    return {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("trident.tasks")}
+
+
+def test_the_commands_name_no_task_class() -> None:
+    """chat, sample, eval and export ask the task contract (trident.tasks.base: CAPABILITIES, NAME, ...) what a
+    run's task can do; none imports a task's own module."""
+    named = {command: _task_modules(SRC / command) - {"trident.tasks.base"} for command in CONTRACT_COMMANDS}
+    assert named == {command: set() for command in CONTRACT_COMMANDS}
+
+
+def test_the_scan_finds_a_task_class_import(tmp_path: Path) -> None:
+    naming = tmp_path / "naming.py"
+    naming.write_text("from trident.tasks.base import TridentTask\ndef f():\n    from trident.tasks.lm import LanguageModelTask\n")
+    assert _task_modules(naming) == {"trident.tasks.base", "trident.tasks.lm"}
+
+
+def test_the_tasks_that_generate_declare_it() -> None:
+    assert [name for name, task in TASKS.items() if GENERATE in task.CAPABILITIES] == ["lm"]
+
+
+@pytest.mark.parametrize(("command", "name"), [("trident.commands.sample", "trident-sample"),
+                                               ("trident.commands.chat", "trident-chat")])
+def test_a_command_refuses_a_task_without_the_capability_it_needs_in_one_line(
+        command: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked on the class the checkpoint names, before its weights are read (this one holds none)."""
+    checkpoint = tmp_path / "mlm.ckpt"
+    torch.save({"state_dict": {}, TASK_KEY: "trident.tasks.mlm.MaskedLanguageModelTask",
+                "hyper_parameters": {"mask_id": 9}}, checkpoint)
+    result = run_in_process(command, [str(checkpoint), "--message", "Hi"][: 3 if "chat" in command else 1], tmp_path,
+                            monkeypatch)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.last_line == (f"error: checkpoint {str(checkpoint)!r} was written by task=mlm, which cannot generate: "
+                                f"{name} needs a run of task=lm")
 
 
 def _class_switches(path: Path) -> list[str]:

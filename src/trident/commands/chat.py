@@ -21,16 +21,17 @@ from trident.data.chat_template import ChatTemplate, Message, read_template
 from trident.data.tokenization import decode, plain_encoder
 from trident.errors import run_with_clear_errors
 from trident.models.sampling import check_filters, sample_next_token
-from trident.tasks.lm import LanguageModelTask
-from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, run_config_of
+from trident.tasks.base import GENERATE, TridentTask
+from trident.weights.capable import load_capable
+from trident.weights.checkpoints import checkpoint_of, run_config_of
 
 
 class Chat:
     """A conversation with ``task``'s model: the messages so far, the text the KV cache holds, the cache."""
 
-    def __init__(self, task: LanguageModelTask, template: ChatTemplate, *, max_new_tokens: int, temperature: float,
+    def __init__(self, task: TridentTask, template: ChatTemplate, *, max_new_tokens: int, temperature: float,
                  top_k: int | None, top_p: float | None, seed: int) -> None:
-        assert task.tokenizer is not None  # load_task_checkpoint refuses an lm checkpoint without one
+        assert task.tokenizer is not None  # load_task_checkpoint refuses a text task's checkpoint without one
         # Turns are encoded as the training text is: without the file's padding and truncation (and no special tokens).
         self.task, self.tokenizer, self.template = task, plain_encoder(task.tokenizer), template
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     def run() -> None:
         check_filters(args.top_k, args.top_p, args.temperature)
         checkpoint = checkpoint_of(args.run)
-        task = load_task_checkpoint(LanguageModelTask, checkpoint)
+        task = load_capable(checkpoint, GENERATE, "trident-chat")
         session = Chat(task, run_template(checkpoint, args.template), max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         chat(session, args.message if args.message is not None else ask())

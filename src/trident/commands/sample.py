@@ -15,13 +15,13 @@ import torch
 from trident.data.tokenization import encode_plain
 from trident.errors import run_with_clear_errors
 from trident.models import generate
-from trident.tasks.lm import LanguageModelTask
-from trident.weights.checkpoints import load_task_checkpoint
+from trident.tasks.base import GENERATE, TridentTask
+from trident.weights.capable import load_capable
 
 
-def load_lm_checkpoint(path: Path) -> LanguageModelTask:
-    """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
-    return load_task_checkpoint(LanguageModelTask, path)
+def load_lm_checkpoint(path: Path) -> TridentTask:
+    """Rebuild the task (model, tokenizer) of a checkpoint file or run directory, one that generates text."""
+    return load_capable(path, GENERATE, "trident-sample")
 
 
 def positive_int(text: str) -> int:

@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from trident.backbone import TransformerConfig, add_lora, freeze_base
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
+from trident.objectives import Loss, Objective, build_objective, objective_name
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.parallel import parallelize
@@ -27,6 +28,10 @@ from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, 
 
 # The checkpoint key of the training loss's constant scale (trident.training.token_loss.StepLoss.scale).
 LOSS_SCALE_KEY = "trident_loss_scale"
+
+# A capability (TridentTask.CAPABILITIES): ``net`` continues token ids (``net(ids, cache=...)`` -> logits (B, T, V),
+# ``net.new_cache(length)``, ``net.context_length``) and the task holds its tokenizer: trident-sample, trident-chat.
+GENERATE = "generate"
 
 # What a network's stack is, in the words of the error lines.
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}
@@ -81,6 +86,12 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     #: The parameters of ``net`` (name prefixes) that a fine-tuning adds and that train under ``finetune=lora``
     #: beside the adapters, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
     HEAD: ClassVar[tuple[str, ...]] = ()
+    #: The objectives (trident.objectives, by name) this task's outputs fit, its default first: the ``objective``
+    #: config group chooses among them. None: the task computes its loss in ``training_step`` itself.
+    TRAINS_WITH: ClassVar[tuple[str, ...]] = ()
+    #: What the commands may ask of a trained task beyond training and export (e.g. :data:`GENERATE`): a command
+    #: checks it before it loads the weights, in one line naming the tasks that can (trident.weights.capable).
+    CAPABILITIES: ClassVar[frozenset[str]] = frozenset()
 
     #: The metrics the task logs at every validation: what early stopping (and a checkpoint) may monitor.
     VALIDATION_METRICS: ClassVar[tuple[str, ...]]
@@ -110,6 +121,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         scheduler: dict[str, Any],
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # Plain values only: Lightning collects the arguments of every constructor up the chain
@@ -124,6 +136,19 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         # batch, validation and test over the whole epoch, both summed losses over trained tokens.
         self.step_loss = StepLoss()
         self.epoch_losses = nn.ModuleDict({"val": TokenMean(), "test": TokenMean()})
+
+    def chosen_objective(self, **settings: Any) -> Objective:
+        """The objective of the ``objective`` setting (the ``objective`` config group, saved with the
+        hyperparameters; None, as in checkpoints that predate it: this task's default), given the task's own
+        ``settings`` that it takes (e.g. ``label_smoothing``)."""
+        return build_objective(self.hparams.get("objective"), self.NAME, self.TRAINS_WITH, **settings)
+
+    def trained(self, loss: Loss) -> Tensor:
+        """What ``training_step`` returns for a micro-batch's objective ``loss`` (:meth:`trained_loss`); its parts
+        are logged as ``train/<part>``, over the optimizer step's global batch as the loss is."""
+        for name, (mean, weight) in loss.parts.items():
+            self.step_metric(f"train/{name}", mean * weight, weight)
+        return self.trained_loss(loss.summed, loss.count)
 
     def trained_loss(self, summed: Tensor, count: Tensor) -> Tensor:
         """What ``training_step`` returns for a micro-batch whose ``count`` trained tokens (targets, sequences or
@@ -200,6 +225,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
                 f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
                 f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (docs/configuration.md, config groups)"
             )
+        if cls.TRAINS_WITH:  # the objective fits the task's outputs
+            objective_name(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
 
     @classmethod
     def stack(cls, task: DictConfig) -> str | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 from torch.optim import Optimizer
@@ -17,6 +16,7 @@ from trident.data.base import TridentDataModule
 from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
+from trident.objectives import Outputs
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
@@ -31,6 +31,7 @@ class SequenceClassificationTask(TridentTask):
     NAME = "classify"
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/macro_f1", "val/majority_acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
+    TRAINS_WITH = ("class_label",)
     net: SequenceClassifier
     HEAD = ("head.",)  # trains under finetune=lora
 
@@ -51,14 +52,16 @@ class SequenceClassificationTask(TridentTask):
         tokenizer_json: str | None = None,
         class_token_in_text: bool = False,
         lora: dict[str, Any] | None = None,
+        objective: dict[str, Any] | None = None,
     ) -> None:
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         num_classes = len(class_names)
         self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
                                       scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
         self.add_adapters()
+        self.objective = self.chosen_objective()
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         if freeze_backbone_steps == FROZEN_FOR_GOOD:
@@ -126,24 +129,26 @@ class SequenceClassificationTask(TridentTask):
             for _, param in self.net.named_backbone_parameters():
                 param.grad = None
 
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+    def outputs(self, batch: Batch, stage: str) -> Outputs:
+        """The class logits (B, C) of ``batch``'s texts and their labels (B,)."""
         ids, padding, labels = batch
-        summed = F.cross_entropy(self(ids, padding).float(), labels, reduction="sum")
+        return Outputs(self(ids, padding).float(), labels)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        return self.trained_loss(summed, torch.tensor(labels.numel(), device=summed.device))
+        return self.trained(self.objective(self, batch, "train")[0])
 
     def _evaluate(self, batch: Batch, stage: str, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:
-        ids, padding, labels = batch
-        logits = self(ids, padding).float()
-        acc(logits, labels)
-        f1(logits, labels)
-        self.evaluated_loss(stage, F.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
+        loss, outputs = self.objective(self, batch, stage)
+        acc(outputs.logits, outputs.targets)
+        f1(outputs.logits, outputs.targets)
+        self.evaluated_loss(stage, loss.summed, loss.count)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
         self.log(f"{stage}/macro_f1", f1)
         # The baseline beside the accuracy: always answering the most frequent training class.
         split = "validation" if stage == "val" else "test"
         self.log(f"{stage}/majority_acc", self.majority_accuracy[split], sync_dist=True)
-        return logits
+        return outputs.logits
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_acc, self.val_f1)

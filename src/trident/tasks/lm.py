@@ -5,17 +5,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
 from trident.data.base import TridentDataModule
-from trident.data.chat import IGNORE_INDEX
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters, greedy_tokens_per_second, kv_cache_bytes_per_token
-from trident.tasks.base import NetInput, TridentTask, token_ids
+from trident.objectives import Outputs
+from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
 from trident.training.lora import trainable_parameters
 from trident.training.parallel import whole_weights
@@ -31,6 +30,8 @@ class LanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
+    TRAINS_WITH = ("next_token",)
+    CAPABILITIES = frozenset({GENERATE})
     net: CausalLM
 
     def __init__(
@@ -45,12 +46,14 @@ class LanguageModelTask(TridentTask):
         sampling: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = CausalLM(
             self.backbone_config, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
         self.add_adapters()
+        self.objective = self.chosen_objective()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
@@ -74,26 +77,28 @@ class LanguageModelTask(TridentTask):
         """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
         return causal_lm_flops(self.net.cfg, self.net.vocab_size, *batch[0].shape)
 
-    def _loss(self, batch: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-        """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``)
-        their document ids (B, T), which keep each document's attention to itself. Returns the summed loss of
-        the trained targets and their count: targets of IGNORE_INDEX (prompt tokens of chat data, padding) count
-        in neither (a batch of none sums to 0, never 0/0)."""
+    def outputs(self, batch: tuple[Tensor, ...], stage: str) -> Outputs:
+        """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``) their
+        document ids (B, T), which keep each document's attention to itself -> the logits (B, T, V) and the targets
+        (IGNORE_INDEX at prompt tokens of chat data and padding)."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
         logits = self.net(inputs, documents=documents[0]) if documents else self.net(inputs)  # (B, T, V)
-        summed = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                 reduction="sum")
-        return summed, targets.ne(IGNORE_INDEX).sum()
+        return Outputs(logits, targets)
+
+    def _loss(self, batch: tuple[Tensor, ...], stage: str = "train") -> tuple[Tensor, Tensor]:
+        """The objective's summed loss of ``batch`` and the count of its trained targets."""
+        loss, _ = self.objective(self, batch, stage)
+        return loss.summed, loss.count
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        return self.trained_loss(*self._loss(batch))
+        return self.trained(self.objective(self, batch, "train")[0])
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.evaluated_loss("val", *self._loss(batch))
+        self.evaluated_loss("val", *self._loss(batch, "val"))
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.evaluated_loss("test", *self._loss(batch))
+        self.evaluated_loss("test", *self._loss(batch, "test"))
 
     def on_test_epoch_end(self) -> None:
         """Beside the test loss, what grouped-query attention trades for it: the KV cache's bytes per token

@@ -7,7 +7,6 @@ import logging
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
@@ -19,6 +18,7 @@ from trident.data.mlm import MLMDataModule
 from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
+from trident.objectives import Outputs
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
@@ -35,6 +35,7 @@ class MaskedLanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"
+    TRAINS_WITH = ("masked_tokens",)
     net: MaskedLM
     HEAD = ("transform.", "head.bias")  # trains under finetune=lora
 
@@ -55,10 +56,12 @@ class MaskedLanguageModelTask(TridentTask):
         num_examples: int = 4,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = MaskedLM(self.backbone_config, vocab_size, scale_embeddings=scale_embeddings)
         self.add_adapters()
+        self.objective = self.chosen_objective()
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.num_examples = seed, num_examples
@@ -129,29 +132,34 @@ class MaskedLanguageModelTask(TridentTask):
             ids, self.masking, mask_id=self.mask_id, num_regular_tokens=self.num_regular_tokens, generator=generator
         )
 
-    def _loss(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Cross entropy over the selected positions only; returns (summed loss, logits (N, V), targets (N,)):
-        N, the count of trained tokens, may be 0 (the sum is then 0)."""
+    def outputs(self, batch: tuple[Tensor, Tensor], stage: str) -> Outputs:
+        """``batch``: masked inputs and their targets (B, T) (:meth:`mask`) -> the logits of the selected positions
+        only (N, V) and their original tokens (N,): N, the count of trained tokens, may be 0."""
+        inputs, targets = batch
         select = targets != IGNORE_INDEX  # (B, T)
-        logits = self.net(inputs, select=select).float()  # (N, V)
-        selected_targets = targets[select]  # (N,)
-        return F.cross_entropy(logits, selected_targets, reduction="sum"), logits, selected_targets
+        return Outputs(self.net(inputs, select=select).float(), targets[select])
+
+    def _loss(self, inputs: Tensor, targets: Tensor, stage: str = "train") -> tuple[Tensor, Tensor, Outputs]:
+        """The objective's summed loss of the masked ``inputs`` and ``targets``, the count of trained tokens, and the
+        outputs it was computed on."""
+        loss, outputs = self.objective(self, (inputs, targets), stage)
+        return loss.summed, loss.count, outputs
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         # Micro-batches across epochs (Lightning restores the count on resume), unlike batch_idx.
         inputs, targets = self.mask(batch, "train", self.trainer.fit_loop.epoch_loop.total_batch_idx)
-        summed, _, selected_targets = self._loss(inputs, targets)
+        summed, count, _ = self._loss(inputs, targets)
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        return self.trained_loss(summed, torch.tensor(selected_targets.numel(), device=summed.device))
+        return self.trained_loss(summed, count)
 
     def _evaluate(self, batch: Tensor, batch_idx: int, stage: str, acc: MulticlassAccuracy) -> None:
         inputs, targets = self.mask(batch, stage, batch_idx)
-        summed, logits, selected_targets = self._loss(inputs, targets)
-        self.evaluated_loss(stage, summed, torch.tensor(selected_targets.numel(), device=summed.device))
-        acc(logits, selected_targets)
+        summed, count, outputs = self._loss(inputs, targets, stage)
+        self.evaluated_loss(stage, summed, count)
+        acc(outputs.logits, outputs.targets)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val")
         if batch_idx == 0 and stage == "val" and self.trainer.is_global_zero:
-            self._examples = self.filled_in(batch, inputs, targets, logits.argmax(dim=-1))
+            self._examples = self.filled_in(batch, inputs, targets, outputs.logits.argmax(dim=-1))
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, "val", self.val_acc)

@@ -16,13 +16,14 @@ from torchmetrics import MeanMetric
 
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
+from trident.data.masking import IGNORE_INDEX
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
+from trident.objectives import TRAIN, Outputs
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.training.flops import encoder_decoder_flops
-from trident.training.losses import label_smoothed_cross_entropy
 from trident.training.parallel import whole_weights
 from trident.training.text_logging import log_text_table
 
@@ -66,6 +67,7 @@ class TranslationTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True
+    TRAINS_WITH = ("target_sequence",)
     net: EncoderDecoder
 
     def __init__(
@@ -91,14 +93,15 @@ class TranslationTask(TridentTask):
         lora: dict[str, Any] | None = None,
         tgt_lang: str | None = None,
         bleu_tokenize: str = "auto",
+        objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = EncoderDecoder(
             self.backbone_config, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
         self.add_adapters()
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.label_smoothing = label_smoothing
+        self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -133,28 +136,28 @@ class TranslationTask(TridentTask):
         (size, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
         return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len)
 
-    def _loss(self, batch: TranslationBatch) -> tuple[Tensor, Tensor, Tensor]:
+    def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
+        """The decoder's logits (B, T, V) under teacher forcing and the target tokens (B, T), IGNORE_INDEX at the
+        target's padding."""
         logits = self.net(batch["src"], batch["tgt_in"])  # (B, T, V)
-        return label_smoothed_cross_entropy(
-            logits, batch["tgt_out"], epsilon=self.label_smoothing, ignore_index=self.pad_id
-        )
+        return Outputs(logits, batch["tgt_out"].masked_fill(batch["tgt_out"] == self.pad_id, IGNORE_INDEX))
 
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
-        loss, nll, n_tokens = self._loss(batch)
+        loss, _ = self.objective(self, batch, TRAIN)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
         real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
         # Each metric of the optimizer step's global batch, logged once per step (TridentTask.on_before_optimizer_step):
-        # the NLL over its target tokens, as the loss; padding over its positions. What token-budget batching is for:
-        # compute spent on padding (fairseq keeps it small).
-        self.step_metric("train/nll_loss", nll * n_tokens, n_tokens)
+        # the NLL over its target tokens (the objective's part nll_loss, logged as the loss is); padding over its
+        # positions. What token-budget batching is for: compute spent on padding (fairseq keeps it small).
         self.step_metric("train/padding_fraction", padded - real, padded)
-        self.step_metric("train/tokens_per_batch", n_tokens, 1)  # the mean micro-batch of a rank
-        return self.trained_loss(loss * n_tokens, n_tokens)
+        self.step_metric("train/tokens_per_batch", loss.count, 1)  # the mean micro-batch of a rank
+        return self.trained(loss)
 
     def _evaluate(self, batch: TranslationBatch, stage: str, nll_metric: MeanMetric) -> None:
-        loss, nll, n_tokens = self._loss(batch)
-        self.evaluated_loss(stage, loss * n_tokens, n_tokens)
-        nll_metric.update(nll, weight=n_tokens)
+        loss, _ = self.objective(self, batch, stage)
+        self.evaluated_loss(stage, loss.summed, loss.count)
+        nll, count = loss.parts["nll_loss"]
+        nll_metric.update(nll, weight=count)
         for suffix, beam in self._decoders(stage).items():
             with whole_weights(self.net):  # under FSDP, each rank's decoding loop stops when its own batch is done
                 hypotheses = self.decode_ids(batch["src"], beam_size=beam)

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 import torch
 from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
 from torch.export import Dim
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -15,6 +14,7 @@ from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
+from trident.objectives import TRAIN, Outputs
 from trident.tasks.base import NetInput, TridentTask
 from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
@@ -32,6 +32,7 @@ class ImageClassificationTask(TridentTask):
     NEEDS_TOKENIZER = False
     READS = "images"
     STACK = "encoder"
+    TRAINS_WITH = ("class_label",)
     net: VisionTransformer
     HEAD = ("head.",)  # trains under finetune=lora
 
@@ -52,8 +53,9 @@ class ImageClassificationTask(TridentTask):
         mixup: dict[str, Any] | None = None,
         num_figure_images: int = 16,
         lora: dict[str, Any] | None = None,
+        objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, lora=lora)
+        super().__init__(backbone, optimizer, scheduler, lora=lora, objective=objective)
         self.net = VisionTransformer(
             self.backbone_config, patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
         )
@@ -65,7 +67,7 @@ class ImageClassificationTask(TridentTask):
         if mixup.get("mixup_alpha", 0) > 0 or mixup.get("cutmix_alpha", 0) > 0:
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
-        self.train_loss: nn.Module = SoftTargetCrossEntropy() if self.mixup else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.objective = self.chosen_objective(label_smoothing=label_smoothing, soft_targets=self.mixup is not None)
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -99,37 +101,37 @@ class ImageClassificationTask(TridentTask):
         return vit_flops(self.net.encoder.cfg, batch=batch[0].size(0), patch_size=hp.patch_size,
                          in_channels=hp.in_channels, num_classes=hp.num_classes)
 
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+    def outputs(self, batch: Batch, stage: str) -> Outputs:
+        """The class logits (B, C) of ``batch``'s images and their labels (B,); in training under Mixup / CutMix,
+        of the mixed images and their mixed (smoothed) labels, class probabilities (B, C)."""
         images, labels = batch
-        if self.mixup is not None:
+        if stage == TRAIN and self.mixup is not None:
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
-            images, targets = self.mixup(images, labels)
-            loss = self.train_loss(self.net(images).float(), targets)
-        else:
-            loss = self.train_loss(self.net(images).float(), labels)
-        # The mean over the micro-batch's images, summed: the step's loss is the mean over its global batch.
-        summed = loss * images.size(0)
+            images, labels = self.mixup(images, labels)
+        return Outputs(self.net(images).float(), labels)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        return self.trained_loss(summed, torch.tensor(images.size(0), device=summed.device))
+        return self.trained(self.objective(self, batch, TRAIN)[0])
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        images, labels = batch
-        logits = self.net(images).float()
-        self.val_top1(logits, labels)
-        self.val_top5(logits, labels)
-        self.evaluated_loss("val", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
+        loss, outputs = self.objective(self, batch, "val")
+        self.val_top1(outputs.logits, outputs.targets)
+        self.val_top5(outputs.logits, outputs.targets)
+        self.evaluated_loss("val", loss.summed, loss.count)
         self.log("val/acc", self.val_top1, prog_bar=True)
         self.log("val/acc_top5", self.val_top5)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        images, labels = batch
-        logits = self.net(images).float()
+        images = batch[0]
+        loss, outputs = self.objective(self, batch, "test")
+        logits, labels = outputs.logits, outputs.targets
         preds = logits.argmax(dim=-1)
         self.test_top1(logits, labels)
         self.test_top5(logits, labels)
         self.test_confusion(preds, labels)
-        self.evaluated_loss("test", nn.functional.cross_entropy(logits, labels, reduction="sum"), torch.tensor(labels.numel()))
+        self.evaluated_loss("test", loss.summed, loss.count)
         self.log("test/acc", self.test_top1)
         self.log("test/acc_top5", self.test_top5)
         for k in torch.nonzero(preds != labels).flatten().tolist():
