@@ -8,7 +8,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import nn
 
-from trident.weights.frozen_base import FrozenBase, drop_base, refill_base
+from trident.tasks.frozen_base import FrozenBase, drop_base, refill_base
 
 #: The checkpoint key naming the task class that wrote it (``trident.load`` rebuilds it from that).
 TASK_KEY = "trident_task"
@@ -19,7 +19,7 @@ class TaskInCheckpoint:
     alone is enough to rebuild the task (``trident.load``, ``init_from=``), and a text task's
     checkpoint holds its tokenizer, so it alone can decode (it is not a hyperparameter: a BPE
     vocabulary is large). A ``finetune=lora`` run's checkpoints leave out its frozen base and record where it
-    comes from; reading one refills it (trident.weights.frozen_base)."""
+    comes from; reading one refills it (trident.tasks.frozen_base)."""
 
     tokenizer: Tokenizer | None
     tokenizer_settings: dict[str, str]  # chat template and special tokens of an outside tokenizer (init_from)

@@ -25,13 +25,14 @@ from torch import nn
 
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
+from trident.tasks.frozen_base import FROZEN_BASE_KEY, reading
 from trident.training.distributed_checkpoint import (
     holds_shards,
     is_checkpoint,
     read_sharded_checkpoint,
     replace_checkpoint,
 )
-from trident.weights.frozen_base import FROZEN_BASE_KEY, reading
+from trident.weights.frozen_base import find_base
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -104,7 +105,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
-        with reading(path):  # a finetune=lora checkpoint's base is looked for beside it (weights.frozen_base)
+        with reading(path, find_base):  # a finetune=lora checkpoint's base is looked for beside it (weights.frozen_base)
             task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:
         raise unreadable_checkpoint(

@@ -4,10 +4,11 @@ Under LoRA the ``init_from`` weights do not train: every checkpoint of the run (
 step checkpoints, the EMA's swapped copy, an average of them, what ``log_model=best`` uploads) holds only
 what trains (the adapters, a new head) and every other tensor the source did not give as it is (a resampled
 position table, buffers), plus :data:`FROZEN_BASE_KEY`: where the base came from (``init_from`` made
-absolute), the names of the tensors it fills and their fingerprint. Every reader refills them (the task's
-``on_load_checkpoint``) from, in this order: the network itself when it already holds the base (a run that
-tests or resumes), the run's own copy of its source (``<run>/init``, beside the checkpoint), then
-``$TRIDENT_BASE`` (where a moved base is now) if set, else the recorded ``init_from``. The fingerprint must
+absolute), the names of the tensors it fills and their fingerprint (trident.tasks.frozen_base takes them out
+and puts them back). Every reader refills them (the task's ``on_load_checkpoint``, with :func:`find_base`)
+from, in this order: the network itself when it already holds the base (a run that tests or resumes), the
+run's own copy of its source (``<run>/init``, beside the checkpoint), then ``$TRIDENT_BASE`` (where a moved
+base is now) if set, else the recorded ``init_from``. The fingerprint must
 match; a base found nowhere, or changed, is one error line.
 
 The fingerprint is sha256 over each base tensor's name, dtype, shape and bytes as trident reads them from the
@@ -17,13 +18,9 @@ over the cores; sizes and mtimes of files would miss a base rewritten in place a
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import os
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,38 +28,16 @@ import torch
 from torch import Tensor, nn
 
 from trident.errors import DataError
+from trident.tasks.frozen_base import FROZEN_BASE_KEY, FrozenBase
 
 if TYPE_CHECKING:
     from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 
-#: The checkpoint key of the base's record (source, fingerprint, tensors).
-FROZEN_BASE_KEY = "trident_frozen_base"
+__all__ = ["BASE_VARIABLE", "FROZEN_BASE_KEY", "base_from_source", "find_base", "fingerprint", "frozen_base_of",
+           "keep_base_out"]
+
 #: Where a moved base is now (a reader's override of the recorded ``init_from``).
 BASE_VARIABLE = "TRIDENT_BASE"
-#: The checkpoint entries that hold the network's weights: the weights, and the EMA's raw weights beside its average.
-WEIGHT_ENTRIES = ("state_dict", "current_model_state")
-# The network's prefix in a task's state dict.
-NET = "net."
-# The checkpoint being read (trident.load and the commands), to find the run's copy of the source beside it.
-_reading: contextvars.ContextVar[Path | None] = contextvars.ContextVar("reading_checkpoint", default=None)
-
-
-@dataclass
-class FrozenBase:
-    """The base of a LoRA network: ``source`` (init_from, absolute), the ``names`` of the network's tensors it
-    fills (state-dict keys, without ``net.``), their ``fingerprint``; ``in_net``: the network holds them now."""
-
-    source: str
-    names: list[str]
-    fingerprint: str
-    in_net: bool = field(default=False, compare=False)
-
-    def record(self) -> dict[str, Any]:
-        return {"source": self.source, "fingerprint": self.fingerprint, "tensors": list(self.names)}
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> FrozenBase:
-        return cls(str(record["source"]), list(record["tensors"]), str(record["fingerprint"]))
 
 
 def fingerprint(weights: dict[str, Tensor], names: list[str]) -> str:
@@ -85,48 +60,6 @@ def frozen_base_of(net: nn.Module, source: str, weights: dict[str, Tensor]) -> F
              if isinstance(tensor, nn.Parameter) and not tensor.requires_grad and name in weights
              and weights[name].shape == tensor.shape and torch.equal(weights[name].to(tensor.dtype), tensor.detach())]
     return FrozenBase(source, names, fingerprint(weights, names), in_net=True)
-
-
-def drop_base(checkpoint: dict[str, Any], base: FrozenBase) -> None:
-    """Take the base's tensors out of ``checkpoint`` (its weights, the EMA's raw weights) and record where they
-    come from."""
-    for entry in WEIGHT_ENTRIES:
-        weights = checkpoint.get(entry)
-        if isinstance(weights, dict):
-            for name in base.names:
-                weights.pop(NET + name, None)
-    checkpoint[FROZEN_BASE_KEY] = base.record()
-
-
-@contextmanager
-def reading(path: Path) -> Iterator[None]:
-    """The checkpoint at ``path`` is being read: a base missing from it is looked for beside it (``<run>/init``)."""
-    token = _reading.set(path)
-    try:
-        yield
-    finally:
-        _reading.reset(token)
-
-
-def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | None,
-                path: Path | None) -> FrozenBase | None:
-    """Put the base back into ``checkpoint``'s weights, from ``net`` when it holds the same base (``known``),
-    else from where :func:`find_base` finds it; returns the base ``net`` holds once the checkpoint is loaded."""
-    record = checkpoint.get(FROZEN_BASE_KEY)
-    if not isinstance(record, dict):
-        return known
-    wanted = FrozenBase.from_record(record)
-    if known is not None and known.in_net and known.fingerprint == wanted.fingerprint:
-        own = net.state_dict()
-        weights = {name: own[name].detach() for name in wanted.names}
-    else:
-        weights = find_base(wanted, path if path is not None else _reading.get())
-    for entry in WEIGHT_ENTRIES:
-        saved = checkpoint.get(entry)
-        if isinstance(saved, dict):
-            saved.update({NET + name: weights[name] for name in wanted.names})
-    wanted.in_net = True
-    return wanted
 
 
 def keep_base_out(task: TaskInCheckpoint, weights: dict[str, Any], init_from: str, saved: dict[str, Any] | None,
@@ -162,7 +95,7 @@ def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, 
 def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
     """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
     else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
-    from trident.weights.init_from import COPY_DIR, read_init_source  # here: it imports the tasks, which import this
+    from trident.weights.init_from import COPY_DIR, read_init_source  # here: a cycle (it reads checkpoints)
 
     override = os.environ.get(BASE_VARIABLE)
     copies = [parent / COPY_DIR for parent in (checkpoint.resolve().parents if checkpoint is not None else [])
