@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.training.distributed_checkpoint import holds_shards
-from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# torch and the checkpoint readers are imported in the functions that use them: ``--help`` answers without them.
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 
 
 def _load(path: Path) -> dict[str, Any]:
+    import torch
+
+    from trident.training.distributed_checkpoint import holds_shards
+    from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
+
     if holds_shards(path):  # a sharded checkpoint (trainer=fsdp): its weights gathered
         return read_checkpoint(path, "the checkpoints to average")
     if not path.is_file():
@@ -39,15 +45,17 @@ def _load(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def average_state_dicts(state_dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Element-wise mean of floating-point tensors (summed in float64); other tensors (integer
     buffers such as counters) are taken from the last state dict."""
+    import torch
+
     keys = list(state_dicts[-1])
     for i, state in enumerate(state_dicts):
         if list(state) != keys:
             missing = sorted(set(keys) ^ set(state))[:3]
             raise DataError(f"checkpoint {i + 1} has different weights ({missing}...): average checkpoints of one run only")
-    averaged: dict[str, torch.Tensor] = {}
+    averaged: dict[str, Tensor] = {}
     for key in keys:
         last = state_dicts[-1][key]
         if not last.is_floating_point():
@@ -77,6 +85,8 @@ def average_checkpoints(paths: list[Path], output: Path) -> dict[str, Any]:
     """Write the mean of ``paths``' weights to ``output`` (other contents from the last path)."""
     if not paths:
         raise ConfigError("give at least one checkpoint to average")
+    import torch
+
     checkpoints = [_load(path) for path in paths]
     result = {k: v for k, v in checkpoints[-1].items() if k not in TRAINING_STATE}
     result["state_dict"] = average_state_dicts([c["state_dict"] for c in checkpoints])

@@ -9,19 +9,31 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trident.data.tokenization import encode_plain
 from trident.errors import run_with_clear_errors
-from trident.models import generate
-from trident.tasks.lm import LanguageModelTask
-from trident.weights.checkpoints import load_task_checkpoint
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from trident.tasks.lm import LanguageModelTask
+
+# torch and the task are imported once the arguments are parsed: ``--help`` and a refused argument answer without them.
 
 
 def load_lm_checkpoint(path: Path) -> LanguageModelTask:
     """Rebuild a :class:`LanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
+    from trident.tasks.lm import LanguageModelTask
+    from trident.weights.checkpoints import load_task_checkpoint
+
     return load_task_checkpoint(LanguageModelTask, path)
+
+
+def generate(*args: Any, **kwargs: Any) -> Tensor:
+    """:func:`trident.models.generate`, imported on the first call."""
+    from trident.models.sampling import generate as sample_tokens
+
+    return sample_tokens(*args, **kwargs)
 
 
 def positive_int(text: str) -> int:
@@ -50,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         "model fastest: its kernels are one-row matmuls too small to split (docs/benchmarks.md, generation rows)",
     )
     args = parser.parse_args(argv)
+    import torch
+
+    from trident.data.tokenization import encode_plain
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
