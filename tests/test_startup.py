@@ -147,3 +147,14 @@ def test_train_and_eval_log_the_lm_costs(lm_reference_run: tuple[Path, dict[str,
     shutil.copytree(run, copy)
     scored = evaluate([f"ckpt_path={copy}", "trainer.limit_test_batches=1"])
     assert costs <= set(scored) and scored["test/kv_cache_bytes_per_token"] == metrics["test/kv_cache_bytes_per_token"]
+
+
+def test_the_lm_costs_on_a_task_that_does_not_decode_are_one_line() -> None:
+    from trident.errors import ConfigError
+    from trident.tasks.mlm import MaskedLanguageModelTask
+    from trident.training.callbacks import ModelCosts
+
+    backbone = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
+    task = MaskedLanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={})
+    with pytest.raises(ConfigError, match="remove callbacks.model_costs"):
+        ModelCosts().setup(None, task, "test")  # type: ignore[arg-type]  # the callback asks the task alone

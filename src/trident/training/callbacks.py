@@ -177,9 +177,10 @@ class ModelCosts(L.Callback):
     DECODE_TOKENS: ClassVar[int] = 64
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not hasattr(pl_module.net, "new_cache"):
+        net = pl_module.net  # asked whether it decodes with a KV cache
+        if not hasattr(net, "new_cache"):
             raise ConfigError(f"callbacks.model_costs measures decoding with a KV cache, which task={pl_module.NAME}'s "
-                              "network has not: remove callbacks.model_costs (task=lm has it)")
+                              "network does not do: remove callbacks.model_costs (task=lm has it)")
 
     @torch.no_grad()
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -8,8 +8,8 @@ by which task's constructor takes its hyperparameters.
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import pydoc
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +44,17 @@ def load(path: str | Path) -> TridentTask:
 def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
     """The task class that wrote ``checkpoint`` (read from ``path``)."""
     target = checkpoint.get(TASK_KEY) or _target_in_run_config(path) or _target_by_settings(checkpoint, path)
-    try:
-        task_class = named_class(target)
-    except (ImportError, AttributeError, ValueError) as err:
+    try:  # pydoc's lookup, not Hydra's: exporting, chatting and sampling import Hydra nowhere else
+        task_class = pydoc.locate(target)
+    except pydoc.ErrorDuringImport:
+        task_class = None
+    if task_class is None:
         raise DataError(f"checkpoint {str(path)!r} was written by the task {target!r}, which this trident lacks: "
-                        "load it with the trident version that wrote it") from err
+                        "load it with the trident version that wrote it")
     if not (isinstance(task_class, type) and issubclass(task_class, TridentTask)):
         raise DataError(f"checkpoint {str(path)!r} names {target!r}, which is not a trident task: "
                         "pass a checkpoint written by train.py")
     return task_class
-
-
-def named_class(target: str) -> Any:
-    """The object a dotted ``module.Name`` names (a checkpoint's task): without Hydra, which exporting,
-    chatting and sampling need nowhere else."""
-    module, _, name = target.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _target_in_run_config(path: Path) -> str | None:
@@ -75,7 +70,7 @@ def _target_by_settings(checkpoint: dict[str, Any], path: Path) -> str:
     """The one earlier task whose constructor takes every hyperparameter of ``checkpoint``."""
     settings = set(checkpoint.get("hyper_parameters") or {}) - RETIRED_SETTINGS
     fits = [target for target in EARLIER_TASKS.values()
-            if settings and settings <= set(inspect.signature(named_class(target).__init__).parameters)]
+            if settings and settings <= set(inspect.signature(pydoc.locate(target).__init__).parameters)]
     if len(fits) != 1:
         raise DataError(
             f"checkpoint {str(path)!r} does not say which task wrote it, and its settings fit "
