@@ -155,6 +155,7 @@ def test_the_lm_costs_on_a_task_that_does_not_decode_are_one_line() -> None:
     from trident.training.callbacks import ModelCosts
 
     backbone = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
-    task = MaskedLanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={})
+    task = MaskedLanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={}, mask_id=9, pad_id=10,
+                                   num_regular_tokens=9)
     with pytest.raises(ConfigError, match="remove callbacks.model_costs"):
         ModelCosts().setup(None, task, "test")  # type: ignore[arg-type]  # the callback asks the task alone
