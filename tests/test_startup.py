@@ -1,161 +1,131 @@
-"""Commands that do not train start fast (issue 51): each console command's ``--help`` answers without torch or
-Lightning, ``trident-export``, ``trident-chat`` and ``trident-sample`` without anything they do not use, and a value
-the code shares (the ignored target, a special token, the run's config file) is defined once."""
+"""Start-up of a plain ``task=lm`` run (issue 26: the first training step under 5 s after the command
+on a cache hit), protected without timing: the modules that such a run imports before its first
+step import none of the packages that only other runs need, each of which costs up to seconds."""
 
 from __future__ import annotations
 
-import io
-import json
-import re
-import shutil
+import ast
+import os
 import subprocess
 import sys
-import tokenize
-import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from trident.commands.evaluate import evaluate
+import trident
+from trident.runs.compose import compose_train_config
 
-from .conftest import ROOT, compose_config
-
-# What no command imports to answer --help: the import floor of a command that loads a model.
-NOT_FOR_HELP = ("torch", "lightning")
-# What loading and running a model for export, chat or sampling does not use either: configs (Hydra), loggers,
-# data sets, metrics (the Lightning task's own imports aside, tests below).
-NOT_FOR_A_MODEL = ("hydra", "wandb", "mlflow", "datasets", "torchmetrics", "omegaconf", "transformers", "matplotlib")
-LEAN = ("trident-export", "trident-chat", "trident-sample")
-
-# Run each command's --help in one fresh process, in turn, recording what each one added to sys.modules.
-HELP_ALL = """
-import contextlib, importlib, io, json, sys
-found = {}
-for name, target in json.loads(sys.argv[1]).items():
-    module, function = target.split(":")
-    sys.argv = [name, "--help"]
-    out, code = io.StringIO(), 0
-    with contextlib.redirect_stdout(out):
-        try:
-            getattr(importlib.import_module(module), function)()
-        except SystemExit as stop:
-            code = stop.code or 0
-    found[name] = {"code": code, "help": out.getvalue(), "modules": sorted({m.split(".")[0] for m in sys.modules})}
-print(json.dumps(found))
-"""
+# Packages only some runs need: images and ViT (timm, torchvision), table files and the hub (`datasets`
+# with pandas and pyarrow), logger=wandb, translation (sacrebleu), export (onnx, transformers),
+# reports and figures (matplotlib, scipy), and the extras.
+ONLY_SOME_RUNS = frozenset({
+    "timm", "torchvision", "datasets", "pandas", "pyarrow", "wandb", "sacrebleu", "transformers", "onnx",
+    "onnxruntime", "onnxscript", "matplotlib", "scipy", "sklearn", "mlxtend", "tensorboard", "optuna",
+})
+SOURCE_ROOT = Path(trident.__file__).parent.parent
 
 
-def console_commands() -> dict[str, str]:
-    """pyproject.toml's [project.scripts]: name -> "module:function"; the lean commands first (modules accumulate in
-    the one process), the Hydra command (trident-train) last."""
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    return dict(sorted(scripts.items(), key=lambda item: (item[0] not in LEAN, item[0] == "trident-train")))
+def start_up_modules() -> list[str]:
+    """What ``python train.py logger=csv`` imports itself: its entry, the job runner, and every trident
+    ``_target_`` of the composed config (task, data, callbacks)."""
+    cfg = OmegaConf.to_container(compose_train_config(["logger=csv"]), resolve=False)
+    targets = []
+
+    def collect(node: object) -> None:
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if isinstance(target, str) and target.startswith("trident."):
+                targets.append(target.rsplit(".", 1)[0])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(cfg)
+    assert "trident.tasks.lm" in targets and "trident.data.lm" in targets  # the walk finds the run's modules
+    return ["trident.commands.train", "trident.runs.jobs", *sorted(set(targets))]
 
 
-@pytest.mark.slow
-def test_every_command_answers_help_without_torch_or_lightning() -> None:
-    commands = console_commands()
-    assert {"trident-export", "trident-chat", "trident-sample", "trident-eval", "trident-train"} <= set(commands)
-    result = subprocess.run([sys.executable, "-c", HELP_ALL, json.dumps(commands)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
-    for name, seen in found.items():  # modules accumulate: the first command that imports one is named
-        assert seen["code"] == 0 and seen["help"].strip(), f"{name} --help: exit {seen['code']}, {seen['help']!r}"
-        assert not set(NOT_FOR_HELP) & set(seen["modules"]), f"{name} --help imported {set(NOT_FOR_HELP) & set(seen['modules'])}"
-        if name in LEAN:
-            assert not set(NOT_FOR_A_MODEL) & set(seen["modules"]), name
-    assert "checkpoint" in found["trident-eval"]["help"] and "== Config ==" in found["trident-train"]["help"]
+def _source(module: str) -> Path | None:
+    path = SOURCE_ROOT.joinpath(*module.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
-def python_strings(path: Path) -> list[str]:
-    """The values of ``path``'s string literals (docstrings and comments hold words, not these values)."""
-    strings = []
-    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-        if token.type == tokenize.STRING and not token.string.startswith(('"""', "'''")):
-            strings.append(token.string.strip("\"'"))
-    return strings
+def _import_time_statements(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Import statements that run when the module is imported: not in functions, not under TYPE_CHECKING."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (s for child in node.orelse for s in _import_time_statements(ast.Module([child], [])))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        else:
+            yield from _import_time_statements(node)
 
 
-def test_shared_values_are_defined_once() -> None:
-    """The ignored target (-100), the special tokens and the run's config file name are each written in one module."""
-    src = ROOT / "src" / "trident"
-    homes = {"[MASK]": "data/special_tokens.py", "[PAD]": "data/special_tokens.py", "[UNK]": "data/special_tokens.py",
-             "[CLS]": "data/special_tokens.py", "[SEP]": "data/special_tokens.py", "<pad>": "data/special_tokens.py",
-             "<s>": "data/special_tokens.py", "</s>": "data/special_tokens.py",
-             "config_resolved.yaml": "weights/run_config.py"}
-    written: dict[str, set[str]] = {value: set() for value in homes}
-    ignore_index = set()
-    for path in src.rglob("*.py"):
-        relative = str(path.relative_to(src))
-        for value in python_strings(path):
-            if value in written:
-                written[value].add(relative)
-        if re.search(r"^\s*\w+\s*(:[^=]+)?=\s*-100\b", path.read_text(), re.MULTILINE):  # a name given F.cross_entropy's default
-            ignore_index.add(relative)
-    assert {value: sorted(paths) for value, paths in written.items()} == {v: [home] for v, home in homes.items()}
-    assert ignore_index == {"data/special_tokens.py"}
+def eager_imports(roots: list[str]) -> dict[str, set[str]]:
+    """Trident module -> the top-level packages it imports when imported, over every trident module
+    that ``roots`` import at import time (their packages' ``__init__`` included)."""
+    found: dict[str, set[str]] = {}
+    pending = list(roots)
+    while pending:
+        module = pending.pop()
+        source = _source(module)
+        if module in found or source is None:
+            continue
+        found[module] = set()
+        parts = module.split(".")
+        pending += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for statement in _import_time_statements(ast.parse(source.read_text())):
+            if isinstance(statement, ast.Import):
+                names = [alias.name for alias in statement.names]
+            else:
+                base = statement.module or ""
+                names = [base] + [f"{base}.{alias.name}" for alias in statement.names]
+            for name in names:
+                if name.startswith("trident"):
+                    pending.append(name)
+                else:
+                    found[module].add(name.split(".")[0])
+    return found
 
 
-# Export, sample and chat of one run in one fresh process, each followed by the top-level modules loaded so far.
-USE_ALL = """
-import contextlib, io, json, sys
-from trident.commands import chat, export, sample
-run, out = sys.argv[1], sys.argv[2]
-found = {}
-for name, command, argv in (("trident-export", export.main, [run, "--format", "safetensors", "--out", out]),
-                            ("trident-sample", sample.main, [run, "--max-new-tokens", "2"]),
-                            ("trident-chat", chat.main, [run, "--message", "Hi", "--max-new-tokens", "2"])):
-    with contextlib.redirect_stdout(io.StringIO()):
-        command(argv)
-    found[name] = sorted({m.split(".")[0] for m in sys.modules})
-print(json.dumps(found))
-"""
+def test_start_up_modules_import_no_package_that_only_other_runs_need() -> None:
+    imports = eager_imports(start_up_modules())
+    assert "trident.backbone.block" in imports and "trident.runs.pipeline" in imports  # the walk follows trident
+    offending = {module: sorted(packages & ONLY_SOME_RUNS) for module, packages in imports.items()
+                 if packages & ONLY_SOME_RUNS}
+    assert offending == {}, "import these where they are used (a function), not at the top of the module"
 
 
-@pytest.mark.slow
-def test_export_sample_and_chat_of_a_run_import_no_configs_loggers_or_data_sets(
-        lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
-    run, _ = lm_reference_run
-    result = subprocess.run([sys.executable, "-c", USE_ALL, str(run), str(tmp_path / "exported")], capture_output=True,
-                            text=True, cwd=tmp_path, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.splitlines()[-1])
-    assert (tmp_path / "exported" / "model.safetensors").is_file()
-    # Lightning itself imports torchmetrics, and through it transformers and matplotlib: the floor of a task.
-    unused = {"hydra", "wandb", "mlflow", "datasets"}
-    assert not unused & set(found["trident-export"]) and "omegaconf" not in found["trident-sample"]
-    assert not unused & set(found["trident-chat"])  # chat reads the run's config (omegaconf): its template
-
-
-def test_the_lm_measures_its_costs_whatever_the_callbacks_and_no_other_task_does() -> None:
-    for callbacks in ("default", "none", "early_stopping"):
-        cfg = compose_config([f"callbacks={callbacks}"])
-        assert cfg.callbacks.model_costs._target_ == "trident.training.callbacks.ModelCosts", callbacks
-    for task in ("mlm", "translation", "vit", "classify"):
-        assert "model_costs" not in compose_config([f"task={task}"]).callbacks, task
+def _loaded_after(prelude: str, modules: list[str]) -> set[str]:
+    """Top-level packages that importing ``modules`` adds, in a fresh interpreter, after ``prelude``."""
+    code = (f"import sys\n{prelude}\nbefore = set(sys.modules)\n"
+            f"import {', '.join(modules)}\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(SOURCE_ROOT), os.environ.get("PYTHONPATH", "")])})
+    return set(done.stdout.split())
 
 
 @pytest.mark.slow
-def test_train_and_eval_log_the_lm_costs(lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
-    """train.py's test of a task=lm run logs what its quality costs (callbacks.model_costs); eval.py, which
-    drops the training callbacks, keeps that measure."""
-    run, metrics = lm_reference_run
-    costs = {"test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s", "test/trainable_params"}
-    assert costs <= set(metrics)
-    copy = tmp_path / "run"  # eval.py writes into the run directory: the shared run stays as it is
-    shutil.copytree(run, copy)
-    scored = evaluate([f"ckpt_path={copy}", "trainer.limit_test_batches=1"])
-    assert costs <= set(scored) and scored["test/kv_cache_bytes_per_token"] == metrics["test/kv_cache_bytes_per_token"]
+def test_a_language_model_run_loads_no_package_that_only_other_runs_need() -> None:
+    # Lightning imports torchmetrics, which imports torchvision, scipy, matplotlib (and transformers
+    # where installed) itself; what trident's own modules add on top must hold none of the list.
+    added = _loaded_after("import lightning, torchmetrics", start_up_modules())
+    assert "trident" in added  # the modules were imported in the child
+    assert added & ONLY_SOME_RUNS == set()
 
 
-def test_the_lm_costs_on_a_task_that_does_not_decode_are_one_line() -> None:
-    from trident.errors import ConfigError
-    from trident.tasks.mlm import MaskedLanguageModelTask
-    from trident.training.callbacks import ModelCosts
-
-    backbone = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
-    task = MaskedLanguageModelTask(backbone, vocab_size=11, optimizer={}, scheduler={}, mask_id=9, pad_id=10,
-                                   num_regular_tokens=9)
-    with pytest.raises(ConfigError, match="remove callbacks.model_costs"):
-        ModelCosts().setup(None, task, "test")  # type: ignore[arg-type]  # the callback asks the task alone
+def test_the_backbone_loads_neither_lightning_nor_an_optional_package() -> None:
+    added = _loaded_after("", ["trident.backbone", "trident.models.causal_lm"])
+    assert "torch" in added
+    assert added & (ONLY_SOME_RUNS | {"lightning", "torchmetrics"}) == set()

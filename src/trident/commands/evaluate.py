@@ -98,7 +98,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
     cfg, checkpoint = load_config(arguments)
     import lightning as L
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
@@ -115,7 +115,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     # model_costs); one process tests the whole split exactly (a DDP run's distributed sampler would pad it),
     # whatever the run was trained on.
     measures = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
-                if c is not None and c.get("_target_") and issubclass(get_class(c._target_), TEST_MEASURES)]
+                if c is not None and c.get("_target_") in {f"{m.__module__}.{m.__qualname__}" for m in TEST_MEASURES}]
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=measures,
                        default_root_dir=str(checkpoint.parent), devices=1, num_nodes=1, strategy="auto")
     trainer = build_trainer(trainer_cfg)
