@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from trident.backbone import TransformerConfig
 from trident.runs.pipeline import backbone_options, check_config
 from trident.tasks.lm import LanguageModelTask
+from trident.training.callbacks import ModelCosts
 from trident.training.lora import lora_settings
 
 from .conftest import compose_config
@@ -52,6 +53,7 @@ def test_the_lm_test_stage_logs_the_trainable_parameters(lora: dict | None, monk
     ids = torch.randint(0, 11, (2, 8))  # (B, T): one test batch, so the epoch has a loss to log beside the counts
     task.test_step((ids, ids.roll(-1, dims=1)), 0)
     task.on_test_epoch_end()
+    ModelCosts().on_test_epoch_end(None, task)  # type: ignore[arg-type]  # every task=lm run's callbacks.model_costs
     # Full: every (tied) parameter; LoRA r=4 on q and v: 2 layers x 2 slices x (A 4 x 32 + B 32 x 4).
     total = sum(p.numel() for p in task.net.parameters())
     assert logged["test/trainable_params"] == (total if lora is None else 2 * 2 * 2 * 4 * 32)

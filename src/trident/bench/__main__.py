@@ -5,6 +5,7 @@
     python -m trident.bench --only kv_cache      # grouped-query cache bytes and speed, a sliding window's cache
     python -m trident.bench --only lora          # full fine-tuning vs LoRA of a 124 M LM: bytes, peak RSS, step
     python -m trident.bench --only sharding      # FSDP over 1, 2, 4 processes and tensor parallelism vs DDP, per rank
+    python -m trident.bench --only startup       # each command's --help, and trident-export of a nano run, from cold
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
     python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import shlex
 import sys
@@ -19,40 +21,52 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from trident.bench.results import Row, Settings
 
-from trident.bench import data, generation, kv_cache, levers, lora, mfu, preparation, sharding, steps
-from trident.bench.results import Row, Settings, render, write
+
+def rows_of(module: str, function: str, *args: str) -> Callable[[Settings], list[Row]]:
+    """The rows ``trident.bench.<module>.<function>`` measures (of ``function(*args)`` where it makes the measure),
+    its module imported when they run: ``--help`` imports no torch."""
+    def measure(settings: Settings) -> list[Row]:
+        found = getattr(importlib.import_module(f"trident.bench.{module}"), function)
+        return (found(*args) if args else found)(settings)
+
+    return measure
+
 
 ROWS: dict[str, Callable[[Settings], list[Row]]] = {
-    "vit_small": steps.vit_rows("vit_small"),
-    "vit_b16": steps.vit_rows("vit_b16"),
-    "lm": steps.lm_rows,
-    "translation": steps.translation_rows,
-    "pipeline": data.pipeline_rows,
-    "generation": generation.generation_rows,
-    "kv_cache": kv_cache.kv_cache_rows,
-    "lora": lora.lora_rows,
-    "batching": data.batching_rows,
-    "bf16": steps.bf16_rows,
-    "compile": levers.compile_rows,
-    "fused": levers.fused_rows,
-    "sdpa": levers.sdpa_rows,
-    "checkpointing": levers.checkpointing_rows,
-    "workers": data.workers_rows,
-    "data": preparation.preparation_rows,
-    "data_2gb": preparation.big_corpus_rows,
-    "mfu": mfu.mfu_rows,
-    "sharding": sharding.sharding_rows,
+    "vit_small": rows_of("steps", "vit_rows", "vit_small"),
+    "vit_b16": rows_of("steps", "vit_rows", "vit_b16"),
+    "lm": rows_of("steps", "lm_rows"),
+    "translation": rows_of("steps", "translation_rows"),
+    "pipeline": rows_of("data", "pipeline_rows"),
+    "generation": rows_of("generation", "generation_rows"),
+    "kv_cache": rows_of("kv_cache", "kv_cache_rows"),
+    "lora": rows_of("lora", "lora_rows"),
+    "batching": rows_of("data", "batching_rows"),
+    "bf16": rows_of("steps", "bf16_rows"),
+    "compile": rows_of("levers", "compile_rows"),
+    "fused": rows_of("levers", "fused_rows"),
+    "sdpa": rows_of("levers", "sdpa_rows"),
+    "checkpointing": rows_of("levers", "checkpointing_rows"),
+    "workers": rows_of("data", "workers_rows"),
+    "data": rows_of("preparation", "preparation_rows"),
+    "data_2gb": rows_of("preparation", "big_corpus_rows"),
+    "mfu": rows_of("mfu", "mfu_rows"),
+    "sharding": rows_of("sharding", "sharding_rows"),
+    "startup": rows_of("startup", "startup_rows"),
 }
 # Compilation alone takes minutes on a small CPU: a quick run leaves it out unless asked for.
 NOT_QUICK = ("compile",)
 # GPU-sized batches of model=base: on a CPU they run only when named (--only mfu) or tiny (--quick).
 GPU_ONLY = ("mfu",)
 # Only when named: minutes of disk-bound work (a 2 GB corpus, --only data_2gb); five multi-process train.py
-# runs, one after the other (--only sharding).
-ON_REQUEST = ("data_2gb", "sharding")
+# runs, one after the other (--only sharding); fresh processes timed from their start, which want the machine to
+# themselves (--only startup).
+ON_REQUEST = ("data_2gb", "sharding", "startup")
 
 log = logging.getLogger("trident.bench")
 
@@ -64,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=list(ROWS), metavar="ROW",
                         help=f"rows to run, among: {', '.join(ROWS)}")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown file to write")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="default: cuda where torch finds a GPU, else cpu")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 1)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (default 5; quick 2)")
     return parser.parse_args(argv)
@@ -73,13 +87,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    import torch
+
+    from trident.bench.results import Settings, render, write
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # nn.Transformer builds its encoder with nested tensors on, then warns that post-/pre-norm turns them off.
     warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
     settings = Settings(
-        device=torch.device(args.device), quick=args.quick,
+        device=torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")), quick=args.quick,
         warmup=1 if args.warmup is None else args.warmup,
         repeats=args.repeats or (2 if args.quick else 5),
     )

@@ -6,8 +6,10 @@ import datetime
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ def milliseconds(seconds: float) -> str:
 
 def machine_description(device: torch.device) -> str:
     """CPU model and cores, GPU name, torch version."""
+    import torch
+
     cpu = _cpu_model()
     text = f"{cpu} (bf16 matmul units: {_bf16_units()}), {_cores()} cores, {torch.get_num_threads()} torch threads"
     if device.type == "cuda":

@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.training.distributed_checkpoint import holds_shards
-from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
-from trident.weights.frozen_base import FROZEN_BASE_KEY
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# torch and the checkpoint readers are imported in the functions that use them: ``--help`` answers without them.
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 
 
 def _load(path: Path) -> dict[str, Any]:
+    import torch
+
+    from trident.training.distributed_checkpoint import holds_shards
+    from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
+
     if holds_shards(path):  # a sharded checkpoint (trainer=fsdp): its weights gathered
         return read_checkpoint(path, "the checkpoints to average")
     if not path.is_file():
@@ -42,15 +47,17 @@ def _load(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def average_state_dicts(state_dicts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Element-wise mean of floating-point tensors (summed in float64); other tensors (integer
     buffers such as counters) are taken from the last state dict."""
+    import torch
+
     keys = list(state_dicts[-1])
     for i, state in enumerate(state_dicts):
         if list(state) != keys:
             missing = sorted(set(keys) ^ set(state))[:3]
             raise DataError(f"checkpoint {i + 1} has different weights ({missing}...): average checkpoints of one run only")
-    averaged: dict[str, torch.Tensor] = {}
+    averaged: dict[str, Tensor] = {}
     for key in keys:
         last = state_dicts[-1][key]
         if not last.is_floating_point():
@@ -80,6 +87,10 @@ def average_checkpoints(paths: list[Path], output: Path) -> dict[str, Any]:
     """Write the mean of ``paths``' weights to ``output`` (other contents from the last path)."""
     if not paths:
         raise ConfigError("give at least one checkpoint to average")
+    import torch
+
+    from trident.tasks.frozen_base import FROZEN_BASE_KEY
+
     checkpoints = [_load(path) for path in paths]
     bases = {str((c.get(FROZEN_BASE_KEY) or {}).get("fingerprint")) for c in checkpoints}
     if len(bases) > 1:  # a LoRA run's adapters on one base each: means over other bases mean nothing

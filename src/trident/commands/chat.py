@@ -13,17 +13,18 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-import torch
-from omegaconf import OmegaConf
+from typing import TYPE_CHECKING
 
 from trident.data.chat_template import ChatTemplate, Message, read_template
-from trident.data.tokenization import decode, plain_encoder
 from trident.errors import run_with_clear_errors
-from trident.models.sampling import check_filters, sample_next_token
-from trident.tasks.base import GENERATE, TridentTask
-from trident.weights.capable import load_capable
-from trident.weights.checkpoints import checkpoint_of, run_config_of
+from trident.weights.run_config import run_config_of
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from trident.tasks.base import TridentTask
+
+# torch, the tokenizers and the task are imported once the arguments are parsed: ``--help`` answers without them.
 
 
 class Chat:
@@ -31,6 +32,10 @@ class Chat:
 
     def __init__(self, task: TridentTask, template: ChatTemplate, *, max_new_tokens: int, temperature: float,
                  top_k: int | None, top_p: float | None, seed: int) -> None:
+        import torch
+
+        from trident.data.tokenization import plain_encoder
+
         assert task.tokenizer is not None  # load_task_checkpoint refuses a text task's checkpoint without one
         # Turns are encoded as the training text is: without the file's padding and truncation (and no special tokens).
         self.task, self.tokenizer, self.template = task, plain_encoder(task.tokenizer), template
@@ -48,15 +53,25 @@ class Chat:
         self.fed_ids: list[int] = []  # the tokens in the cache
         self.cache = self.task.net.new_cache(self.context or 1 << 16)
 
-    def _feed(self, ids: list[int]) -> torch.Tensor:
+    def _feed(self, ids: list[int]) -> Tensor:
         """Run ``ids`` through the model on top of the cache; the next-token logits (V,)."""
+        import torch
+
         self.fed_ids += ids
         return self.task.net(torch.tensor([ids]), cache=self.cache)[0, -1]
 
-    @torch.no_grad()
     def reply(self, text: str, write: Callable[[str], None]) -> str:
         """The answer to the user's ``text``, written piece by piece to ``write`` as it is sampled (the end
         marker is not written); it joins the conversation."""
+        import torch
+
+        with torch.no_grad():
+            return self._reply(text, write)
+
+    def _reply(self, text: str, write: Callable[[str], None]) -> str:
+        from trident.data.tokenization import decode
+        from trident.models.sampling import sample_next_token
+
         self.messages.append({"role": "user", "content": text})
         prompt = self.template.render(self.messages, add_generation_prompt=True)
         # The whole conversation encoded at once, as the training data was (a SentencePiece-style tokenizer encodes
@@ -99,6 +114,8 @@ def _partial_marker(text: str, marker: str) -> int:
 
 def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
     """``--template``, else the template of the run's data settings (its ``data.template`` and ``data.tokenizer``)."""
+    from omegaconf import OmegaConf
+
     config = run_config_of(checkpoint)
     data = OmegaConf.load(config).get("data", {}) if config is not None else {}
     if choice is not None:  # a .jinja file reads the special tokens of the run's tokenizer directory, as in training
@@ -145,6 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def run() -> None:
+        from trident.models.sampling import check_filters
+        from trident.tasks.base import GENERATE
+        from trident.weights.capable import load_capable
+        from trident.weights.checkpoints import checkpoint_of
+
         check_filters(args.top_k, args.top_p, args.temperature)
         checkpoint = checkpoint_of(args.run)
         task = load_capable(checkpoint, GENERATE, "trident-chat")

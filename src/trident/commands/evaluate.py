@@ -16,15 +16,16 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, DataError, run_with_clear_errors
-from trident.weights.checkpoints import run_config_of
+from trident.weights.run_config import run_config_of
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig, ListConfig
 
 # torch and Lightning (~8 s) are imported once the arguments are checked and the checkpoint's path exists,
-# so that a mistake in them is one error line at once.
+# so that a mistake in them is one error line at once; ``--help`` imports neither (nor omegaconf).
 
 # Lightning asks for the training callbacks when restoring a checkpoint; testing needs none of them.
 warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks")
@@ -44,6 +45,8 @@ def find_run_config(checkpoint: Path) -> Path:
 def check_no_group_choice(saved: DictConfig | ListConfig, overrides: DictConfig) -> None:
     """``task=vit`` or ``model=small`` would replace a group of the run's settings by a word: the
     checkpoint is tested as it was trained; only the keys inside a group can change."""
+    from omegaconf import DictConfig
+
     for key, value in overrides.items():
         if isinstance(saved, DictConfig) and isinstance(saved.get(key), DictConfig) and not isinstance(value, DictConfig):
             raise ConfigError(f"eval.py overrides keys of the run's config, not config groups: {key}={value} would replace "
@@ -53,6 +56,8 @@ def check_no_group_choice(saved: DictConfig | ListConfig, overrides: DictConfig)
 
 def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     """The run's saved config with the command-line ``key=value`` overrides applied."""
+    from omegaconf import DictConfig, OmegaConf
+
     bad = [a for a in arguments if "=" not in a]
     if bad:
         raise ConfigError(f"eval.py takes key=value arguments, got {bad[0]!r}: e.g. python eval.py ckpt_path=<run>/checkpoints/last.ckpt")
@@ -93,8 +98,11 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
     cfg, checkpoint = load_config(arguments)
     import lightning as L
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+    from trident.training.callbacks import TEST_MEASURES
     from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
 
     backbone = check_config(cfg)
@@ -103,10 +111,13 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     datamodule, task = build_data_and_task(cfg, backbone, "test")
     check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
-    # Testing needs no logger, checkpoints or training limits; one process tests the whole split
-    # exactly (a DDP run's distributed sampler would pad it), whatever the run was trained on.
-    trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=[], default_root_dir=str(checkpoint.parent),
-                       devices=1, num_nodes=1, strategy="auto")
+    # Testing needs no logger, checkpoints or training limits, only the run's measures of the test (task=lm's
+    # model_costs); one process tests the whole split exactly (a DDP run's distributed sampler would pad it),
+    # whatever the run was trained on.
+    measures = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
+                if c is not None and c.get("_target_") in {f"{m.__module__}.{m.__qualname__}" for m in TEST_MEASURES}]
+    trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=measures,
+                       default_root_dir=str(checkpoint.parent), devices=1, num_nodes=1, strategy="auto")
     trainer = build_trainer(trainer_cfg)
     trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -119,7 +130,11 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
 
 
 def main() -> None:
-    run_with_clear_errors(lambda: evaluate(sys.argv[1:]))
+    arguments = sys.argv[1:]
+    if {"-h", "--help"} & set(arguments):  # key=value arguments otherwise: no argparse, whose help would list none
+        print(__doc__)
+        return
+    run_with_clear_errors(lambda: evaluate(arguments))
 
 
 if __name__ == "__main__":

@@ -28,24 +28,29 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_model
-
-from trident.backbone import merge_lora
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
-from trident.tasks.base import TridentTask
-from trident.weights.adapters.hf_export import write_hf
-from trident.weights.adapters.peft_export import write_peft
+
+if TYPE_CHECKING:
+    from trident.tasks.base import TridentTask
+
+# Each format imports what it writes with once the arguments are parsed: ``--help`` and a refused argument
+# answer without torch (docs/commands.md, start-up).
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
+    from trident.backbone import merge_lora
+    from trident.weights.adapters.hf_export import write_hf
+
     merge_lora(task.net)  # a finetune=lora run: the adapters folded into the weights Hugging Face reads
     write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
 
 
 def export_safetensors(task: TridentTask, directory: Path) -> None:
+    from safetensors.torch import save_model
+
     # save_model keeps one name of each group of shared tensors (the tied head); load_model ties them again.
     save_model(task.net, str(directory / "model.safetensors"))
     config = {
@@ -60,6 +65,8 @@ def export_safetensors(task: TridentTask, directory: Path) -> None:
 
 def export_onnx(task: TridentTask, directory: Path) -> None:
     require_package("onnxscript")
+    import torch
+
     inputs = task.example_input()  # the task's network inputs, with which of their axes are free
     torch.onnx.export(task.net, (), str(directory / "model.onnx"), kwargs={i.parameter: i.example for i in inputs},
                       dynamo=True, dynamic_shapes={i.parameter: i.dynamic for i in inputs},
@@ -67,11 +74,17 @@ def export_onnx(task: TridentTask, directory: Path) -> None:
                       external_data=False)
 
 
+def export_peft(task: TridentTask, directory: Path) -> None:
+    from trident.weights.adapters.peft_export import write_peft
+
+    write_peft(task, directory)
+
+
 FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "hf": export_hf,
     "safetensors": export_safetensors,
     "onnx": export_onnx,
-    "peft": write_peft,
+    "peft": export_peft,
 }
 
 
@@ -98,6 +111,8 @@ def export(checkpoint: Path, fmt: str, out: Path) -> None:
     """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically)."""
     writer = choose(FORMATS, fmt, "--format")
     check_out(out)
+    import torch
+
     from trident.weights.load import load
 
     task = load(checkpoint)

@@ -14,15 +14,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trident.data.masking import MASK_TOKEN
+from trident.data.special_tokens import MASK_TOKEN
 from trident.errors import ConfigError, run_with_clear_errors
-from trident.tasks.mlm import MaskedLanguageModelTask
-from trident.weights.checkpoints import load_task_checkpoint
+
+if TYPE_CHECKING:
+    from trident.tasks.mlm import MaskedLanguageModelTask
 
 
 def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:
     """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
+    # Imported here, once the arguments are parsed: ``--help`` answers without torch.
+    from trident.tasks.mlm import MaskedLanguageModelTask
+    from trident.weights.checkpoints import load_task_checkpoint
+
     return load_task_checkpoint(MaskedLanguageModelTask, path)
 
 

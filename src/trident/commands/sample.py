@@ -9,19 +9,31 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trident.data.tokenization import encode_plain
 from trident.errors import run_with_clear_errors
-from trident.models import generate
-from trident.tasks.base import GENERATE, TridentTask
-from trident.weights.capable import load_capable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from trident.tasks.base import TridentTask
+
+# torch and the task are imported once the arguments are parsed: ``--help`` and a refused argument answer without them.
 
 
 def load_lm_checkpoint(path: Path) -> TridentTask:
     """Rebuild the task (model, tokenizer) of a checkpoint file or run directory, one that generates text."""
+    from trident.tasks.base import GENERATE
+    from trident.weights.capable import load_capable
+
     return load_capable(path, GENERATE, "trident-sample")
+
+
+def generate(*args: Any, **kwargs: Any) -> Tensor:
+    """:func:`trident.models.generate`, imported on the first call."""
+    from trident.models.sampling import generate as sample_tokens
+
+    return sample_tokens(*args, **kwargs)
 
 
 def positive_int(text: str) -> int:
@@ -50,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         "model fastest: its kernels are one-row matmuls too small to split (docs/benchmarks.md, generation rows)",
     )
     args = parser.parse_args(argv)
+    import torch
+
+    from trident.data.tokenization import encode_plain
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 

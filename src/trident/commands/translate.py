@@ -13,16 +13,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from trident.errors import ConfigError, run_with_clear_errors
-from trident.tasks.translation import TranslationTask
-from trident.weights.checkpoints import load_task_checkpoint
+
+if TYPE_CHECKING:
+    from trident.tasks.translation import TranslationTask
 
 
 def load_translation_checkpoint(path: Path) -> TranslationTask:
     """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint or run directory."""
+    # Imported here, once the arguments are parsed: ``--help`` answers without torch.
+    from trident.tasks.translation import TranslationTask
+    from trident.weights.checkpoints import load_task_checkpoint
+
     return load_task_checkpoint(TranslationTask, path)
 
 
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     def run() -> None:
         if args.beam_size is not None and args.beam_size < 1:
             raise ConfigError(f"--beam-size must be at least 1, got {args.beam_size}")
+        import torch
+
         task = load_translation_checkpoint(args.checkpoint)
         for name in ("length_penalty", "max_len_a", "max_len_b"):
             if getattr(args, name) is not None:

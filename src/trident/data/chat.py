@@ -36,14 +36,12 @@ from trident.data.chat_template import (
 from trident.data.corpora import shakespeare_texts
 from trident.data.lm import LMDataModule
 from trident.data.readers import SPLITS, files_by_split
+from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder, tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-# The target of a token that predicts nothing the loss counts (a prompt token's successor, padding),
-# F.cross_entropy's default ignore_index.
-IGNORE_INDEX = -100
 CACHE_VERSION = 3  # 3: {% generation %} blocks decide what trains
 # The document id of padding at the end of a row.
 PADDING = -1

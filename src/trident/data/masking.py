@@ -20,11 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError, is_number
-
-MASK_TOKEN = "[MASK]"
-PAD_TOKEN = "[PAD]"
-IGNORE_INDEX = -100  # F.cross_entropy's default: positions that carry no loss
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from trident.data.lm import LMDataModule
-from trident.data.masking import MASK_TOKEN, PAD_TOKEN
+from trident.data.special_tokens import MASK_TOKEN, PAD_TOKEN
 
 
 class TokenBlocks(Dataset[Tensor]):

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
+
+
 TEXT_SUFFIXES = (".txt", ".text")
 # File suffix -> the `datasets` builder that reads it (and its options).
 TABLE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -61,6 +63,12 @@ def split_name(name: str) -> str:
         if name in aliases:
             return split
     raise ConfigError(f"unknown split {name!r} in data.files: use train, validation and test")
+
+
+def check_split(fractions: list[float]) -> None:
+    """``data.split``: the train, validation and test fractions of a corpus that gives fewer splits."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
 
 
 def saved_splits(loaded: datasets.DatasetDict, path: Path) -> dict[str, datasets.Dataset]:

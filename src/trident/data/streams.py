@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from trident.data.readers import (
     TEXT_SUFFIXES,
     check_file,
+    check_split,
     check_utf8,
     expand,
     files_by_split,
@@ -154,8 +155,7 @@ def split_streams(given: dict[str, Stream], fractions: list[float], test_on_vali
     """train / validation / test from the splits the data gives: each missing one is cut from the
     end of train with its ``data.split`` fraction (logged), never copied from another split,
     except test from validation when ``data.test_on_validation=true`` asks for it."""
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
+    check_split(fractions)
     splits = dict(given)
     if test_on_validation:
         if "test" in splits or "validation" not in splits:

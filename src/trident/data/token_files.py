@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, models
 
-from trident.data.masking import PAD_TOKEN
+from trident.data.special_tokens import PAD_TOKEN, SEP_TOKEN, SEQ_END_TOKEN, SEQ_PAD_TOKEN
 from trident.data.streams import Piece, Stream
 from trident.data.tokenization import END_OF_TEXT, every_character
 from trident.errors import DataError
@@ -32,8 +32,8 @@ BATCH_PIECES = max(8, 4 * (os.cpu_count() or 1))  # enough pieces per batch to k
 # script, a normalizer skipped, a broken file) gives mostly unknowns, and the broken cases seen gave
 # 100 %. Half is far from both: no alarm on real text, and a model is never trained on noise.
 MOSTLY_FILLER = 0.5
-PAD_NAMES = (PAD_TOKEN, "<pad>")
-SEPARATOR_NAMES = ("[SEP]", "</s>")  # BERT's, and RoBERTa's / T5's, for a file without their post-processor
+PAD_NAMES = (PAD_TOKEN, SEQ_PAD_TOKEN)
+SEPARATOR_NAMES = (SEP_TOKEN, SEQ_END_TOKEN)  # BERT's, and RoBERTa's / T5's, for a file without their post-processor
 BLANK_LINE = "\n\n"
 
 

@@ -46,7 +46,7 @@ from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.data.parallel_files import load_parallel_files
-from trident.data.readers import SPLIT_ALIASES, SPLITS
+from trident.data.readers import SPLIT_ALIASES, SPLITS, check_split
 from trident.data.tokenization import tokenizer_key
 from trident.data.translation_tokenizer import (
     BOS,
@@ -108,11 +108,6 @@ def split_of(key: str, fractions: list[float]) -> str:
     if value < fractions[0]:
         return "train"
     return "validation" if value < fractions[0] + fractions[1] else "test"
-
-
-def check_split(fractions: list[float]) -> None:
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ConfigError(f"data.split must be three non-negative fractions summing to 1, got {list(fractions)}")
 
 
 def cut_from_train(

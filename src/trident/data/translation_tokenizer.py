@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import datasets
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from trident.data.special_tokens import SEQ_END_TOKEN, SEQ_PAD_TOKEN, SEQ_START_TOKEN
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, DataError
 
 # Special tokens every translation tokenizer has: ids 0, 1, 2 in a trained one, any ids in a given one.
-PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+PAD, BOS, EOS = SEQ_PAD_TOKEN, SEQ_START_TOKEN, SEQ_END_TOKEN
 TRAINED_TOKENIZER = "bpe"  # data.tokenizer: train a shared BPE; anything else names a tokenizer file
 
 

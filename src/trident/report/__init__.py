@@ -25,30 +25,37 @@ The steps are importable (a notebook uses them; the adaptive-seed loop runs
 :mod:`trident.report.sequential`, whose looks are :func:`trident.report.statistics.look`).
 """
 
-from trident.report.cross_task import cross_task_markdown, cross_task_table
-from trident.report.plots import plot_curves, plot_final
-from trident.report.statistics import compare_to_best, hedges_g, holm
-from trident.report.sweep import Job, Sweep, load, load_jobs_csv, load_sweep, write_jobs_csv
-from trident.report.tables import comparison_table, markdown_table, summarize
-from trident.report.write import main, write_report
+import importlib
+from typing import Any
 
-__all__ = [
-    "Job",
-    "Sweep",
-    "compare_to_best",
-    "comparison_table",
-    "cross_task_markdown",
-    "cross_task_table",
-    "hedges_g",
-    "holm",
-    "load",
-    "load_jobs_csv",
-    "load_sweep",
-    "main",
-    "markdown_table",
-    "plot_curves",
-    "plot_final",
-    "summarize",
-    "write_jobs_csv",
-    "write_report",
-]
+from trident.report.command import main
+
+# Public name -> its module, imported on first use: pandas, scipy and matplotlib take seconds, which
+# ``trident-report --help`` does not wait for.
+_MODULES = {
+    "Job": "sweep",
+    "Sweep": "sweep",
+    "compare_to_best": "statistics",
+    "comparison_table": "tables",
+    "cross_task_markdown": "cross_task",
+    "cross_task_table": "cross_task",
+    "hedges_g": "statistics",
+    "holm": "statistics",
+    "load": "sweep",
+    "load_jobs_csv": "sweep",
+    "load_sweep": "sweep",
+    "markdown_table": "tables",
+    "plot_curves": "plots",
+    "plot_final": "plots",
+    "summarize": "tables",
+    "write_jobs_csv": "sweep",
+    "write_report": "write",
+}
+
+__all__ = list(_MODULES) + ["main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)

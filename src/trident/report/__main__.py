@@ -1,5 +1,5 @@
 """``python -m trident.report <sweep dir or jobs.csv>``: see :mod:`trident.report`."""
 
-from trident.report.write import main
+from trident.report.command import main
 
 main()

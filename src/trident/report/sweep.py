@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from trident.errors import DataError
 from trident.runs.sweeps import STATUS_FILE, SWEEP_FILE, job_statuses, read_json, setting_of
+from trident.weights.run_config import RUN_CONFIG
 
 # The final metrics a report compares: the best validation value and the test metrics.
 FINAL_PREFIXES = ("best/", "test/")
@@ -109,7 +110,7 @@ def _wall_time(job_dir: Path, record: dict[str, Any]) -> float:
 
 def _training_length(job_dir: Path) -> dict[str, float]:
     """The LENGTH_COLUMNS of a job, from the config it ran with (empty before it wrote one)."""
-    config_file = job_dir / "config_resolved.yaml"
+    config_file = job_dir / RUN_CONFIG
     if not config_file.is_file():
         return {}
     config = OmegaConf.load(config_file)

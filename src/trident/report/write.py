@@ -1,8 +1,7 @@
-"""``report.md``, its plots and ``jobs.csv`` for one sweep, and the ``python -m trident.report`` command."""
+"""``report.md``, its plots and ``jobs.csv`` for one sweep (the command: :mod:`trident.report.command`)."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 from collections.abc import Sequence
@@ -10,12 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from trident.errors import DataError, run_with_clear_errors
+from trident.errors import DataError
 from trident.report.cross_task import cross_task_markdown, cross_task_table, task_metric, task_sweeps
 from trident.report.plots import plot_curves, plot_final
 from trident.report.sequential import ADAPTIVE_FILE, read_record
 from trident.report.statistics import compare_to_best
-from trident.report.sweep import JOBS_FILE, Job, Sweep, final_metrics, load, write_jobs_csv
+from trident.report.sweep import JOBS_FILE, Job, Sweep, final_metrics, write_jobs_csv
 from trident.report.tables import comparison_heading, comparison_table, markdown_table, summarize
 from trident.runs.budget import comparison_basis
 from trident.runs.sweeps import STOPPED_EARLY_STEP
@@ -148,15 +147,3 @@ def write_report(
     report.write_text("\n".join(lines) + "\n")
     return report
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Report on a sweep: report.md, plots and jobs.csv.")
-    parser.add_argument("source", type=Path,
-                        help="a multirun directory (outputs/multirun/<date>/<time>) or a report's jobs.csv")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the sweep's directory)")
-    parser.add_argument("--metric", default=None, help="the metric to plot (default: the monitored one)")
-    parser.add_argument("--compare", nargs="+", default=(), metavar="METRIC",
-                        help="metrics to test between settings (default: the plotted final one), e.g. test/ppl val/loss")
-    args = parser.parse_args(argv)
-    report = run_with_clear_errors(lambda: write_report(load(args.source), args.out, args.metric, args.compare))
-    print(report)

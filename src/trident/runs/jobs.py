@@ -35,6 +35,7 @@ from trident.runs.sweeps import (
     in_multirun,
     name_after_sweep,
 )
+from trident.weights.run_config import RUN_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def discard_failed_run_dir(run_dir: Path) -> None:
     contents = {p.name for p in run_dir.iterdir()}
     log_file = run_dir / "train.log"
     short_log = not log_file.exists() or log_file.stat().st_size < 4096
-    if contents <= {".hydra", "train.log", "config_resolved.yaml"} and short_log:
+    if contents <= {".hydra", "train.log", RUN_CONFIG} and short_log:
         # Hydra's handler for train.log stays on the root logger: a later job of this process
         # (a sweep, a test) would log into the removed directory and fail.
         root = logging.getLogger()

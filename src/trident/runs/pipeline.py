@@ -49,6 +49,7 @@ from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fit
 from trident.weights.frozen_base import keep_base_out
 from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
+from trident.weights.run_config import RUN_CONFIG
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ def print_config_tree(cfg: DictConfig) -> None:
 
 def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
 
 # ckpt_path values that Lightning resolves itself (no file of that name).

@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trident.errors import ConfigError
 from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, slurm_job
 from trident.runs.compose import compose_train_config
+from trident.weights.run_config import RUN_CONFIG, run_config_of
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
 
 def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
     """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None."""
-    runs = [config.parent for config in output_root.glob("runs/*/*/config_resolved.yaml")
+    runs = [config.parent for config in output_root.glob(f"runs/*/*/{RUN_CONFIG}")
             if run_name in run_names(config.parent) and latest_checkpoint(config.parent) is not None]
     if not runs:
         return None
@@ -69,7 +70,7 @@ def run_names(run_dir: Path) -> set[str]:
     fixed its settings, e.g. learned positions) and the command line's that named its directory
     (Hydra's ``.hydra/config.yaml``, composed before the source was read)."""
     names = set()
-    for config in (run_dir / "config_resolved.yaml", run_dir / ".hydra" / "config.yaml"):
+    for config in (run_dir / RUN_CONFIG, run_dir / ".hydra" / "config.yaml"):
         saved = OmegaConf.load(config) if config.is_file() else None
         if isinstance(saved, DictConfig):
             with contextlib.suppress(OmegaConfBaseException):  # a run_name that needs Hydra's resolvers
@@ -170,7 +171,7 @@ def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) 
     output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
     run_dir = find_run_to_resume(output_root, run_name)
     if run_dir is None:
-        named = [c.parent for c in output_root.glob("runs/*/*/config_resolved.yaml") if run_name in run_names(c.parent)]
+        named = [c.parent for c in output_root.glob(f"runs/*/*/{RUN_CONFIG}") if run_name in run_names(c.parent)]
         why = (f"{len(named)} run(s) of {run_name} under {output_root}/runs, none with a checkpoint yet" if named
                else f"no run of {run_name} under {output_root}/runs")
         print(f"resume=auto: {why}: starting a new run")
@@ -214,7 +215,6 @@ def check_resume_continues(checkpoint: dict[str, Any], path: Path, data: DictCon
 
         if Tokenizer.from_str(saved_tokenizer).get_vocab() != vocabulary:
             raise ConfigError(f"ckpt_path={path} was trained with another tokenizer than this run's data gives: {fix}")
-    from trident.weights.checkpoints import run_config_of  # here: it loads torch, which train.py's checks precede
 
     config = run_config_of(path)
     saved = OmegaConf.load(config) if config is not None else None

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import hydra.utils
 import lightning as L
 import torch
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
-from omegaconf import DictConfig
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.export import Dim
@@ -25,6 +23,9 @@ from trident.training.optim import check_optimizer_config, optimizers_for, param
 from trident.training.parallel import parallelize
 from trident.training.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
+
+if TYPE_CHECKING:  # Hydra's config, imported where a run is configured, not where a checkpoint loads
+    from omegaconf import DictConfig
 
 # The checkpoint key of the training loss's constant scale (trident.training.token_loss.StepLoss.scale).
 LOSS_SCALE_KEY = "trident_loss_scale"
@@ -219,6 +220,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     def validate_config(cls, cfg: DictConfig) -> None:
         """Checked before any work, with a message naming the fix: the data option feeds this task
         (e.g. not image data for the language model). A task that checks more calls this first."""
+        import hydra.utils
+
         data_class = hydra.utils.get_class(cfg.data._target_)
         if not issubclass(data_class, cls.DATA_MODULE):
             raise ConfigError(

@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
+from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
-from trident.models.sampling import check_filters, greedy_tokens_per_second, kv_cache_bytes_per_token
+from trident.models.sampling import check_filters
 from trident.objectives import Outputs
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
 from trident.training.flops import causal_lm_flops
-from trident.training.lora import trainable_parameters
 from trident.training.parallel import whole_weights
 from trident.training.tensor_parallel import is_tensor_parallel
 from trident.training.text_logging import log_text_table
 
-# Tokens generated to time decoding at the end of the test (experiment=ablation_kv_heads reads the speed).
-DECODE_TOKENS = 64
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class LanguageModelTask(TridentTask):
@@ -101,19 +100,9 @@ class LanguageModelTask(TridentTask):
         self.evaluated_loss("test", *self._loss(batch, "test"))
 
     def on_test_epoch_end(self) -> None:
-        """Beside the test loss, what grouped-query attention trades for it: the KV cache's bytes per token
-        (read from a real cache's tensors) and greedy decoding speed of one sequence (tokens/s, the
-        machine's load included: compare within one sweep); and what trains, the parameters a LoRA rank buys
-        that quality with (experiment=ablation_lora_rank)."""
+        # What the quality costs (KV-cache bytes, decoding speed, trainable parameters) is measured by
+        # trident.training.callbacks.ModelCosts (conf/task/lm.yaml's callbacks.model_costs).
         self.log_epoch_loss("test", with_perplexity=True)
-        context = self.net.context_length
-        new_tokens = DECODE_TOKENS if context is None else max(1, min(DECODE_TOKENS, context - 1))
-        prompt = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1): any token will do
-        greedy_tokens_per_second(self.net, prompt, min(8, new_tokens))  # warm-up: first calls allocate
-        speed = greedy_tokens_per_second(self.net, prompt, new_tokens)
-        self.log("test/kv_cache_bytes_per_token", float(kv_cache_bytes_per_token(self.net, prompt)), rank_zero_only=True)
-        self.log("test/greedy_tokens_per_s", speed, rank_zero_only=True)
-        self.log("test/trainable_params", float(trainable_parameters(self.net)["params/trainable"]), rank_zero_only=True)
 
     def on_validation_epoch_end(self) -> None:
         self.log_epoch_loss("val", with_perplexity=True)

@@ -13,8 +13,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from trident.backbone import bidirectional_pos_encodings, pos_encoding_class
 from trident.data.base import TridentDataModule
-from trident.data.masking import IGNORE_INDEX, Masking, mask_tokens, masking_generator
+from trident.data.masking import Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
+from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM

@@ -1,7 +1,8 @@
 """Callbacks that Lightning does not ship: throughput in the task's own units (tokens, images) and
-MFU, metrics in train.log, and a metric history file that does not depend on the logger; and
-Lightning's EMA callback, adjusted to trident's end of training (:class:`ModelEMA`), and its early
-stopping, adjusted to resume (:class:`StopEarly`)."""
+MFU, metrics in train.log, a metric history file that does not depend on the logger, and what a language
+model's quality costs, measured at the end of the test (:class:`ModelCosts`); and Lightning's EMA callback,
+adjusted to trident's end of training (:class:`ModelEMA`), and its early stopping, adjusted to resume
+(:class:`StopEarly`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import EarlyStopping, EMAWeightAveraging
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
+from trident.models.sampling import greedy_tokens_per_second, kv_cache_bytes_per_token
 from trident.training.flops import compute_dtype, device_peak_flops
+from trident.training.lora import trainable_parameters
 from trident.training.steps import ends_optimizer_step, training_row_step
 
 log = logging.getLogger(__name__)
@@ -159,6 +163,40 @@ class MetricHistory(L.Callback):
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._append(trainer, "test")
+
+
+class ModelCosts(L.Callback):
+    """Beside the test's quality, what it costs (``callbacks.model_costs``, on in every ``task=lm`` run): the KV
+    cache's bytes per token (read from a real cache's tensors) and the greedy decoding speed of one sequence
+    (tokens/s, the machine's load included: compare within one sweep), which grouped-query attention trades
+    (experiment=ablation_kv_heads); and the parameters that train, which a LoRA rank buys its quality with
+    (experiment=ablation_lora_rank). Logged as ``test/kv_cache_bytes_per_token``, ``test/greedy_tokens_per_s``
+    and ``test/trainable_params``."""
+
+    # Tokens generated to time decoding.
+    DECODE_TOKENS: ClassVar[int] = 64
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        net = pl_module.net  # asked whether it decodes with a KV cache
+        if not hasattr(net, "new_cache"):
+            raise ConfigError(f"callbacks.model_costs measures decoding with a KV cache, which task={pl_module.NAME}'s "
+                              "network does not do: remove callbacks.model_costs (task=lm has it)")
+
+    @torch.no_grad()
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        net = pl_module.net
+        context = net.context_length
+        new_tokens = self.DECODE_TOKENS if context is None else max(1, min(self.DECODE_TOKENS, context - 1))
+        prompt = torch.zeros(1, 1, dtype=torch.long, device=pl_module.device)  # (1, 1): any token will do
+        greedy_tokens_per_second(net, prompt, min(8, new_tokens))  # warm-up: first calls allocate
+        speed = greedy_tokens_per_second(net, prompt, new_tokens)
+        pl_module.log("test/kv_cache_bytes_per_token", float(kv_cache_bytes_per_token(net, prompt)), rank_zero_only=True)
+        pl_module.log("test/greedy_tokens_per_s", speed, rank_zero_only=True)
+        pl_module.log("test/trainable_params", float(trainable_parameters(net)["params/trainable"]), rank_zero_only=True)
+
+
+# The callbacks that measure at the test: eval.py keeps a run's, where it drops the training ones.
+TEST_MEASURES = (ModelCosts,)
 
 
 class ModelEMA(EMAWeightAveraging):

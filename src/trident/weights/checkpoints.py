@@ -154,14 +154,6 @@ def _recorded_best(last: Path) -> str | None:
     return None
 
 
-def run_config_of(checkpoint: Path) -> Path | None:
-    """``config_resolved.yaml`` of the train.py run that wrote ``checkpoint`` (the nearest parent that has one)."""
-    for parent in checkpoint.resolve().parents:
-        if (parent / "config_resolved.yaml").is_file():
-            return parent / "config_resolved.yaml"
-    return None
-
-
 def read_checkpoint(path: Path, setting: str, weights: bool = True) -> dict[str, Any]:
     """The checkpoint file at ``path`` (named by the config key ``setting``), memory-mapped and read
     with ``weights_only=True`` (tensors and plain values: safe for a file from elsewhere). A sharded

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
@@ -170,6 +169,8 @@ def check_source_stack(task: type[TridentTask], options: DictConfig, source: Pre
 def explicit_overrides() -> list[str]:
     """The keys the user set on the command line (``model``, ``model.d_model``, ``pos_encoding``...),
     as Hydra recorded them; group defaults and experiment presets are not among them."""
+    from hydra.core.hydra_config import HydraConfig  # here: trident-chat stages a run's tokenizer without Hydra
+
     if not HydraConfig.initialized():
         return []
     return [o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task]

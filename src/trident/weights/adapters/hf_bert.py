@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.data.masking import MASK_TOKEN, PAD_TOKEN
+from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, PAD_TOKEN, SEP_TOKEN, UNK_TOKEN
 from trident.models import MaskedLM
 from trident.weights.adapters.common import (
     encoder_settings,
@@ -35,7 +35,7 @@ NETWORK = MaskedLM
 TARGET = "BERT (hf export)"
 TOKEN_TYPES = 2  # BERT's sentence A / sentence B
 # Tokenizer attribute -> token, where the run's vocabulary has it (trident's MLM appends [MASK] and [PAD]).
-SPECIAL_TOKENS = {"unk_token": "[UNK]", "pad_token": PAD_TOKEN, "cls_token": "[CLS]", "sep_token": "[SEP]",
+SPECIAL_TOKENS = {"unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN,
                   "mask_token": MASK_TOKEN}
 
 _LAYER = {

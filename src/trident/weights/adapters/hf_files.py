@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch import Tensor
 
 from trident.data.chat_template import chat_template_of, special_tokens_of
+from trident.data.special_tokens import CLS_TOKEN, SEP_TOKEN, UNK_TOKEN
 from trident.errors import DataError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -100,10 +101,10 @@ def _byte_level_bpe(directory: Path) -> Tokenizer:
 
 def _wordpiece(directory: Path) -> Tokenizer:
     settings = _tokenizer_config(directory)
-    tokenizer = Tokenizer(models.WordPiece.from_file(str(directory / "vocab.txt"), unk_token=settings.get("unk_token", "[UNK]")))
+    tokenizer = Tokenizer(models.WordPiece.from_file(str(directory / "vocab.txt"), unk_token=settings.get("unk_token", UNK_TOKEN)))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=bool(settings.get("do_lower_case", True)))
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = settings.get("cls_token", "[CLS]"), settings.get("sep_token", "[SEP]")
+    cls, sep = settings.get("cls_token", CLS_TOKEN), settings.get("sep_token", SEP_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}",
         pair=f"{cls} $A {sep} $B:1 {sep}:1",
