@@ -102,8 +102,10 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+    from trident.tasks.frozen_base import reading
     from trident.training.callbacks import TEST_MEASURES
     from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
+    from trident.weights.sources import find_base
 
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path", weights=False)  # fails on a damaged file before the data is prepared
@@ -119,7 +121,8 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=measures,
                        default_root_dir=str(checkpoint.parent), devices=1, num_nodes=1, strategy="auto")
     trainer = build_trainer(trainer_cfg)
-    trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
+    with reading(checkpoint, find_base):  # a finetune=lora checkpoint's frozen base comes from where it is now
+        trainer.test(task, datamodule=datamodule, ckpt_path=str(checkpoint), weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     out = find_run_config(checkpoint).parent / "eval" / f"{checkpoint.stem}.json"
     if trainer.is_global_zero:

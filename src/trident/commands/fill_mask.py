@@ -27,9 +27,9 @@ def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:
     """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
     # Imported here, once the arguments are parsed: ``--help`` answers without torch.
     from trident.tasks.mlm import MaskedLanguageModelTask
-    from trident.weights.checkpoints import load_task_checkpoint
+    from trident.weights.load import load_task
 
-    return load_task_checkpoint(MaskedLanguageModelTask, path)
+    return load_task(MaskedLanguageModelTask, path)
 
 
 def fill_in(text: str, tokens: list[str]) -> str:

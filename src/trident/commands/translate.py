@@ -25,9 +25,9 @@ def load_translation_checkpoint(path: Path) -> TranslationTask:
     """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint or run directory."""
     # Imported here, once the arguments are parsed: ``--help`` answers without torch.
     from trident.tasks.translation import TranslationTask
-    from trident.weights.checkpoints import load_task_checkpoint
+    from trident.weights.load import load_task
 
-    return load_task_checkpoint(TranslationTask, path)
+    return load_task(TranslationTask, path)
 
 
 def main(argv: list[str] | None = None) -> None:

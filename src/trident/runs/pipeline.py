@@ -47,9 +47,10 @@ from trident.training.tensor_parallel import check_tensor_parallel_config
 from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.frozen_base import keep_base_out
-from trident.weights.init_from import DERIVED_SETTINGS, copy_source, source_for_run
+from trident.weights.init_from import copy_source, source_for_run
 from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.run_config import RUN_CONFIG
+from trident.weights.sources import DERIVED_SETTINGS
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
 
 log = logging.getLogger(__name__)

@@ -61,9 +61,9 @@ def drop_base(checkpoint: dict[str, Any], base: FrozenBase) -> None:
 
 
 @contextmanager
-def reading(path: Path, find: BaseFinder) -> Iterator[None]:
+def reading(path: Path, find: BaseFinder | None) -> Iterator[None]:
     """The checkpoint at ``path`` is being read: a base missing from it is found by ``find`` (beside it first)."""
-    token = _reading.set((path, find))
+    token = _reading.set((path, find) if find is not None else None)
     try:
         yield
     finally:

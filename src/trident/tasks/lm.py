@@ -9,7 +9,6 @@ from torch import Tensor
 
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
-from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters

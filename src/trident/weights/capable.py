@@ -8,8 +8,9 @@ from pathlib import Path
 
 from trident.errors import DataError
 from trident.tasks.base import TridentTask
-from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
-from trident.weights.load import task_class_of
+from trident.weights.checkpoints import checkpoint_of, read_checkpoint
+from trident.weights.load import load_task
+from trident.weights.task_class import task_class_of
 
 
 def load_capable(path: Path, capability: str, command: str) -> TridentTask:
@@ -24,4 +25,4 @@ def load_capable(path: Path, capability: str, command: str) -> TridentTask:
         able = [f"task={name}" for name, task in TASKS.items() if capability in task.CAPABILITIES]
         raise DataError(f"checkpoint {str(checkpoint)!r} was written by task={task_class.NAME}, which cannot "
                         f"{capability}: {command} needs a run of {' or '.join(able)}")
-    return load_task_checkpoint(task_class, checkpoint)
+    return load_task(task_class, checkpoint)

@@ -25,14 +25,13 @@ from torch import nn
 
 from trident.errors import ConfigError, DataError
 from trident.tasks.base import TridentTask
-from trident.tasks.frozen_base import FROZEN_BASE_KEY, reading
+from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
 from trident.training.distributed_checkpoint import (
     holds_shards,
     is_checkpoint,
     read_sharded_checkpoint,
     replace_checkpoint,
 )
-from trident.weights.frozen_base import find_base
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)
@@ -89,9 +88,11 @@ TaskT = TypeVar("TaskT", bound=TridentTask)
 RETIRED_SETTINGS = frozenset({"pretrained"})
 
 
-def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
+def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFinder | None = None) -> TaskT:
     """Rebuild ``task_class`` from ``path`` (a checkpoint or a run directory: :func:`checkpoint_of`) on the
-    CPU, in eval mode, with its tokenizer (text tasks)."""
+    CPU, in eval mode, with its tokenizer (text tasks). ``find_base`` finds a ``finetune=lora`` checkpoint's
+    frozen base (trident.weights.sources'; this module sits below the readers of sources): without it such a
+    checkpoint is refused in one line."""
     path = checkpoint_of(path)
     task_name = task_class.NAME
     # Another task's checkpoint has settings this task's constructor does not take.
@@ -105,7 +106,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path) -> TaskT:
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
-        with reading(path, find_base):  # a finetune=lora checkpoint's base is looked for beside it (weights.frozen_base)
+        with reading(path, find_base):  # a finetune=lora checkpoint's base is found (trident.tasks.frozen_base)
             task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:
         raise unreadable_checkpoint(

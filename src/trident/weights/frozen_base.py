@@ -5,7 +5,8 @@ step checkpoints, the EMA's swapped copy, an average of them, what ``log_model=b
 what trains (the adapters, a new head) and every other tensor the source did not give as it is (a resampled
 position table, buffers), plus :data:`FROZEN_BASE_KEY`: where the base came from (``init_from`` made
 absolute), the names of the tensors it fills and their fingerprint (trident.tasks.frozen_base takes them out
-and puts them back). Every reader refills them (the task's ``on_load_checkpoint``, with :func:`find_base`)
+and puts them back). Every reader refills them (the task's ``on_load_checkpoint``, with trident.weights.sources'
+``find_base``)
 from, in this order: the network itself when it already holds the base (a run that tests or resumes), the
 run's own copy of its source (``<run>/init``, beside the checkpoint), then ``$TRIDENT_BASE`` (where a moved
 base is now) if set, else the recorded ``init_from``. The fingerprint must
@@ -21,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,12 +29,13 @@ from torch import Tensor, nn
 
 from trident.errors import DataError
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, FrozenBase
+from trident.weights.lora_adapter import base_of
 
 if TYPE_CHECKING:
     from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 
-__all__ = ["BASE_VARIABLE", "FROZEN_BASE_KEY", "base_from_source", "find_base", "fingerprint", "frozen_base_of",
-           "keep_base_out"]
+__all__ = ["BASE_VARIABLE", "FROZEN_BASE_KEY", "base_difference", "base_from_source", "fingerprint",
+           "frozen_base_of", "keep_base_out"]
 
 #: Where a moved base is now (a reader's override of the recorded ``init_from``).
 BASE_VARIABLE = "TRIDENT_BASE"
@@ -67,8 +68,6 @@ def keep_base_out(task: TaskInCheckpoint, weights: dict[str, Any], init_from: st
     """finetune=lora: the run's checkpoints leave out the frozen base, the ``weights`` of ``init_from`` that the
     network holds (weights.frozen_base); a resumed run's base goes into the network from its source first, checked
     against its checkpoint's record (a checkpoint written before records none: it holds every weight)."""
-    from trident.weights.lora_adapter import base_of  # here: it reads checkpoints, whose module imports this one
-
     if not resumed:  # the record names it as the run's adapter.json does
         task.frozen_base = frozen_base_of(task.net, base_of(init_from), weights)
     elif saved is not None and FROZEN_BASE_KEY in saved:
@@ -82,7 +81,7 @@ def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, 
     """A resumed run's base (``record``, from its checkpoint) put into ``net`` from the ``weights`` of its source
     (``given``: how the run names it), before the checkpoint is loaded (FSDP loads the saved part alone)."""
     wanted = FrozenBase.from_record(record)
-    differs = _difference(wanted, weights, given)
+    differs = base_difference(wanted, weights, given)
     if differs is not None:
         raise DataError(f"resume: the run's checkpoint holds its finetune=lora adapters without the frozen base they "
                         f"adapt, init_from={wanted.source} ({len(wanted.names)} tensors), and {differs}: resume with "
@@ -92,31 +91,7 @@ def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, 
     return wanted
 
 
-def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
-    """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
-    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
-    from trident.weights.init_from import COPY_DIR, read_init_source  # here: a cycle (it reads checkpoints)
-
-    override = os.environ.get(BASE_VARIABLE)
-    copies = [parent / COPY_DIR for parent in (checkpoint.resolve().parents if checkpoint is not None else [])
-              if (parent / COPY_DIR / "source.json").is_file()][:1]
-    candidates = [*copies, Path(override) if override else Path(wanted.source)]
-    shown = f"{BASE_VARIABLE}={override}" if override else f"init_from={wanted.source}"
-    where = f"checkpoint {str(checkpoint)!r}" if checkpoint is not None else "the checkpoint"
-    fix = (f"point {BASE_VARIABLE} at the base it was trained on" if override else
-           f"put the base back at {wanted.source}, or set {BASE_VARIABLE}=<where it is now>")
-    differs: str | None = f"{candidates[-1]} is not there"
-    for candidate in candidates:
-        if candidate.exists():
-            weights = read_init_source(str(candidate)).state_dict
-            differs = _difference(wanted, weights, str(candidate))
-            if differs is None:
-                return weights
-    raise DataError(f"{where} holds a finetune=lora run's adapters without the frozen base they adapt, "
-                    f"{shown} ({len(wanted.names)} tensors), and {differs}: {fix}")
-
-
-def _difference(wanted: FrozenBase, weights: dict[str, Tensor], where: str) -> str | None:
+def base_difference(wanted: FrozenBase, weights: dict[str, Tensor], where: str) -> str | None:
     """How ``weights`` (read from ``where``) differ from the recorded base; None: they are it."""
     missing = [name for name in wanted.names if name not in weights]
     if missing:

@@ -21,26 +21,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
-from trident.backbone import TransformerConfig, merge_lora, pos_encoding_class
-from trident.errors import ConfigError, DataError
+from trident.backbone import TransformerConfig
+from trident.errors import ConfigError
 from trident.tasks.base import STACK_KINDS, TridentTask
-from trident.training.distributed_checkpoint import holds_shards
-from trident.weights.checkpoints import load_task_checkpoint, read_checkpoint
-from trident.weights.load import checkpoint_of, task_class_of
-from trident.weights.normalisation import STATISTICS, outside_statistics, trident_statistics
+from trident.weights.normalisation import STATISTICS
 from trident.weights.pretrained import PretrainedWeights
+from trident.weights.sources import (
+    COPY_DIR,
+    read_init_source,
+    read_source_copy,
+)
 
-# Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
-TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
-# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
-DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
 # Model settings younger than some sources (issue 40): a source that does not state one (an earlier trident run,
 # GPT-2, BERT, ViT) has its default, which init_from then fixes like any setting the source states.
 ATTENTION_SHAPE_SETTINGS = ("n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "attn_out_bias", "mlp_bias")
-# Task settings that change what the weights compute (the other task settings are the run's own).
-SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
-# Data settings that shape the weights (the patch grid of an image model).
-SHAPING_DATA_OPTIONS = ("patch_size",)
 # Data settings of a source that the run may change: the weights follow (a ViT's position table is resampled to
 # another image size, see transfer.py), or the user chooses (the images' normalisation, see normalisation.py);
 # the source's value is the default.
@@ -48,69 +42,8 @@ ADAPTABLE_DATA_OPTIONS = ("image_size", *STATISTICS)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
-# The copy of the source inside the run directory: the run stays self-contained.
-COPY_DIR = "init"
 # The trident runs a task that reads text or images can start from (TridentTask.READS); sources_reading adds the rest.
 RUNS_READING = {"images": "a trident vit run", "text": "a trident lm, mlm or classify run"}
-
-
-def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
-    """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
-    source inside a run (``<run>/init``). ``n_heads`` (``model.n_heads=``) states the head count of a
-    timm file, which does not record it."""
-    location = Path(path)
-    if not location.exists():
-        raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
-                        "a Hugging Face model directory or a timm ViT file")
-    if (location / "source.json").is_file():
-        return _read_copy(location)
-    # A Hugging Face directory, a peft adapter on one (adapter_config.json) or a timm file.
-    if any((location / name).is_file() for name in ("config.json", "adapter_config.json")) or (
-            location.is_file() and location.suffix != ".ckpt"):
-        return _from_outside(path, n_heads)
-    if (location.is_dir() and not holds_shards(location) and not any(location.glob("checkpoints/*.ckpt"))
-            and not any(location.glob("*.ckpt"))):
-        raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
-                        "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
-    return _from_trident_checkpoint(path, checkpoint_of(location))
-
-
-def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeights:
-    checkpoint = read_checkpoint(checkpoint_path, "init_from")
-    task_class = task_class_of(checkpoint, checkpoint_path)
-    settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
-    backbone = dict(settings.get("backbone") or {})
-    if not backbone:
-        raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
-    model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
-    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings} | trident_statistics(settings, path)
-    # A bounded position table (learned) has one row per position: its length is part of the weights.
-    if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
-        data_options["max_seq_len"] = backbone["max_seq_len"]
-    tokenizer_json = checkpoint.get("tokenizer_json")
-    state_dict = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-    if settings.get("lora"):  # a finetune=lora run hands on its weights with the adapters folded in
-        task = load_task_checkpoint(task_class, checkpoint_path)
-        merge_lora(task.net)
-        state_dict = task.net.state_dict()
-    return PretrainedWeights(
-        source=str(path), format="trident", task=task_class.NAME, model=model,
-        pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
-        task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
-        state_dict=state_dict,
-        tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
-        tokenizer_settings=dict(checkpoint.get("tokenizer_settings") or {}),
-    )
-
-
-def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
-    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
-    # Imported here: safetensors and the adapters load only when a source needs them.
-    from trident.weights.adapters.reading import read_pretrained
-
-    weights = read_pretrained(path, n_heads=n_heads)
-    statistics = outside_statistics(Path(path), weights.data_options.get("in_channels"))
-    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
 
 
 def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> None:
@@ -292,17 +225,6 @@ def copy_source(source: PretrainedWeights, run_dir: Path) -> None:
         source.tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def _read_copy(folder: Path) -> PretrainedWeights:
-    """A source as :func:`copy_source` left it in a run directory."""
-    described = json.loads((folder / "source.json").read_text())
-    tokenizer = folder / "tokenizer.json"
-    return PretrainedWeights(
-        **described,
-        state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True),
-        tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer.is_file() else None,
-    )
-
-
 def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resume_from: str | None,
                    embeddings_only: bool) -> PretrainedWeights | None:
     """The ``init_from`` source of a run of ``task``, with what it fixes (its architecture, its tokenizer) written into
@@ -318,7 +240,7 @@ def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resu
     explicit = explicit_overrides()
     n_heads = int(cfg.model.n_heads) if "model.n_heads" in explicit else None
     resumed = bool(resume_from) and (copy / "source.json").is_file()
-    source = _read_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
+    source = read_source_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
     check_source_task(task, source)
     fixed = settings_fixed_by(cfg, source, explicit)
     apply_settings(cfg, fixed)

@@ -1,0 +1,131 @@
+"""The sources ``init_from=`` reads, as weights: a trident checkpoint or run directory, the copy of a source inside a
+run (``<run>/init``), a Hugging Face model directory (a peft adapter on one) or a timm ViT file; and where a
+``finetune=lora`` checkpoint's frozen base is found again (:func:`find_base`). What a source fixes in a run's
+config is trident.weights.init_from's business; this module reads (no config library: ``trident.load`` and the
+commands that do not train import it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.backbone import merge_lora, pos_encoding_class
+from trident.errors import DataError
+from trident.tasks.frozen_base import FrozenBase
+from trident.training.distributed_checkpoint import holds_shards
+from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
+from trident.weights.frozen_base import BASE_VARIABLE, base_difference
+from trident.weights.normalisation import outside_statistics, trident_statistics
+from trident.weights.pretrained import PretrainedWeights
+from trident.weights.task_class import task_class_of
+
+# Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
+TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
+# TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
+DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
+# Task settings that change what the weights compute (the other task settings are the run's own).
+SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
+# Data settings that shape the weights (the patch grid of an image model).
+SHAPING_DATA_OPTIONS = ("patch_size",)
+# The copy of the source inside the run directory: the run stays self-contained.
+COPY_DIR = "init"
+
+def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
+    """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
+    source inside a run (``<run>/init``). ``n_heads`` (``model.n_heads=``) states the head count of a
+    timm file, which does not record it."""
+    location = Path(path)
+    if not location.exists():
+        raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
+                        "a Hugging Face model directory or a timm ViT file")
+    if (location / "source.json").is_file():
+        return read_source_copy(location)
+    # A Hugging Face directory, a peft adapter on one (adapter_config.json) or a timm file.
+    if any((location / name).is_file() for name in ("config.json", "adapter_config.json")) or (
+            location.is_file() and location.suffix != ".ckpt"):
+        return _from_outside(path, n_heads)
+    if (location.is_dir() and not holds_shards(location) and not any(location.glob("checkpoints/*.ckpt"))
+            and not any(location.glob("*.ckpt"))):
+        raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
+                        "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
+    return _from_trident_checkpoint(path, checkpoint_of(location))
+
+
+def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeights:
+    checkpoint = read_checkpoint(checkpoint_path, "init_from")
+    task_class = task_class_of(checkpoint, checkpoint_path)
+    settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
+    backbone = dict(settings.get("backbone") or {})
+    if not backbone:
+        raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
+    model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
+    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings} | trident_statistics(settings, path)
+    # A bounded position table (learned) has one row per position: its length is part of the weights.
+    if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
+        data_options["max_seq_len"] = backbone["max_seq_len"]
+    tokenizer_json = checkpoint.get("tokenizer_json")
+    state_dict = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+    if settings.get("lora"):  # a finetune=lora run hands on its weights with the adapters folded in
+        task = load_task_checkpoint(task_class, checkpoint_path, find_base)
+        merge_lora(task.net)
+        state_dict = task.net.state_dict()
+    return PretrainedWeights(
+        source=str(path), format="trident", task=task_class.NAME, model=model,
+        pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
+        task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
+        state_dict=state_dict,
+        tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
+        tokenizer_settings=dict(checkpoint.get("tokenizer_settings") or {}),
+    )
+
+
+def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
+    """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
+    # Imported here: safetensors and the adapters load only when a source needs them.
+    from trident.weights.adapters.reading import read_pretrained
+
+    weights = read_pretrained(path, n_heads=n_heads)
+    statistics = outside_statistics(Path(path), weights.data_options.get("in_channels"))
+    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
+
+
+def read_source_copy(folder: Path) -> PretrainedWeights:
+    """A source as :func:`copy_source` left it in a run directory."""
+    described = json.loads((folder / "source.json").read_text())
+    tokenizer = folder / "tokenizer.json"
+    return PretrainedWeights(
+        **described,
+        state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True),
+        tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer.is_file() else None,
+    )
+
+
+
+def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
+    """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
+    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
+    override = os.environ.get(BASE_VARIABLE)
+    copies = [parent / COPY_DIR for parent in (checkpoint.resolve().parents if checkpoint is not None else [])
+              if (parent / COPY_DIR / "source.json").is_file()][:1]
+    candidates = [*copies, Path(override) if override else Path(wanted.source)]
+    shown = f"{BASE_VARIABLE}={override}" if override else f"init_from={wanted.source}"
+    where = f"checkpoint {str(checkpoint)!r}" if checkpoint is not None else "the checkpoint"
+    fix = (f"point {BASE_VARIABLE} at the base it was trained on" if override else
+           f"put the base back at {wanted.source}, or set {BASE_VARIABLE}=<where it is now>")
+    differs: str | None = f"{candidates[-1]} is not there"
+    for candidate in candidates:
+        if candidate.exists():
+            weights = read_init_source(str(candidate)).state_dict
+            differs = base_difference(wanted, weights, str(candidate))
+            if differs is None:
+                return weights
+    raise DataError(f"{where} holds a finetune=lora run's adapters without the frozen base they adapt, "
+                    f"{shown} ({len(wanted.names)} tensors), and {differs}: {fix}")
