@@ -165,3 +165,20 @@ def test_a_declared_gemma_to_transformers_and_back_is_exact(tmp_path: Path, fami
 def test_a_setting_the_gemma_family_lacks_is_one_line(family: str, settings: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=f"^{named}"):
         to_transformers(gemma_lm(family, **settings))
+
+
+@pytest.mark.parametrize(("family", "config_class"), [("gemma2", "Gemma2Config"), ("gemma3", "Gemma3TextConfig")])
+def test_every_reader_default_is_that_of_the_transformers_config_class(family: str, config_class: str) -> None:
+    """A setting config.json leaves out reads as transformers' config class defaults it (its dataclass field)."""
+    import dataclasses
+
+    from trident.weights.adapters.hf_gemma import GEMMA2, GEMMA3, SHARED_DEFAULTS
+
+    adapter = {"gemma2": GEMMA2, "gemma3": GEMMA3}[family]
+    theirs = {field.name: field.default for field in dataclasses.fields(getattr(transformers, config_class))}
+    read = SHARED_DEFAULTS | adapter.defaults
+    if family == "gemma3":  # its rope bases are default_theta's, per layer type
+        assert getattr(transformers, config_class).default_theta == {"global": 1_000_000.0, "local": 10_000.0}
+        read = {key: value for key, value in read.items() if key != "rope_theta"}
+    assert {key: read[key] for key in read.keys() & theirs.keys()} == {key: theirs[key] for key in read.keys() & theirs.keys()}
+    assert read.keys() - theirs.keys() <= {"rope_theta"}

@@ -15,7 +15,7 @@ does not apply attn_logit_softcapping: it is read as none, and a capped stack is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from tokenizers import Tokenizer
 from torch import Tensor
@@ -24,7 +24,7 @@ from trident.backbone import TransformerConfig
 from trident.models import CausalLM
 from trident.weights.adapters.common import require_equivalent, require_source
 from trident.weights.adapters.llama_style import (
-    SPECIAL_TOKENS,
+    DecoderNames,
     context_length,
     family_name,
     older_rope_keys,
@@ -42,36 +42,22 @@ _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "self_attn_post_nor
           "ffn_norm.weight": "pre_feedforward_layernorm.weight", "ffn_post_norm.weight": "post_feedforward_layernorm.weight",
           "self_attn.out_proj.weight": "self_attn.o_proj.weight", "ffn.fc_out.weight": "mlp.down_proj.weight"}
 SLIDING, FULL = "sliding_attention", "full_attention"
-# The defaults of transformers' config classes both share, for the settings the reader takes (Family.defaults adds each's).
+# The defaults of transformers' config classes both share, for the settings the reader takes (GemmaFamily.defaults adds each's).
 SHARED_DEFAULTS: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                                    "attention_bias": False, "query_pre_attn_scalar": 256, "sliding_window": 4096,
-                                   "num_key_value_heads": 4, "head_dim": 256, "use_bidirectional_attention": False}
+                                   "num_key_value_heads": 4, "head_dim": 256, "use_bidirectional_attention": None}
 
 
 @dataclass(frozen=True)
-class GemmaFamily:
+class GemmaFamily(DecoderNames):
     """Gemma 2 or Gemma 3's text model: their names and what sets one apart from the other."""
 
-    model_type: str  # config.json's "model_type": "gemma2", "gemma3_text"
-    family: str  # model.family: "gemma2", "gemma3"
-    architecture: str  # the transformers class export writes: "Gemma2ForCausalLM"
-    target: str  # how error lines name it: "Gemma 2 (hf export)"
+    family: str  # model.family: "gemma2", "gemma3" (Gemma 3's model_type is "gemma3_text")
     qk_norm: bool  # Gemma 3's q_norm / k_norm
     softcap: bool  # whether the attention applies attn_logit_softcapping (Gemma 2's does)
     two_ropes: bool  # rope_parameters per layer type (Gemma 3)
     sliding_every: int  # the layer_types a config without them has: every n-th layer global, the others sliding
     defaults: dict[str, Any] = field(default_factory=dict, hash=False)
-
-    NETWORK: ClassVar[type[CausalLM]] = CausalLM
-    SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
-
-    @property
-    def FORMAT(self) -> str:
-        return f"hf-{self.family}"
-
-    @property
-    def MODEL_TYPE(self) -> str:
-        return self.model_type
 
     @property
     def FAMILY(self) -> str:
@@ -81,18 +67,50 @@ class GemmaFamily:
     def ARCHITECTURES(self) -> tuple[str, ...]:
         return self.architecture, self.architecture.replace("ForCausalLM", "TextModel" if self.two_ropes else "Model")
 
-    @property
-    def TARGET(self) -> str:
-        return self.target
-
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> PretrainedWeights:
-        return to_trident(self, SHARED_DEFAULTS | self.defaults | config, state, tokenizer, source)
+        """``config.json`` (over transformers' defaults), the state dict and the tokenizer in trident's terms."""
+        config = SHARED_DEFAULTS | self.defaults | config
+        model, options = model_settings(self, config, source)
+        tied = bool(config["tie_word_embeddings"])
+        return PretrainedWeights(
+            source=source, format=self.FORMAT, task="lm", model=model, pos_encoding="rope", pos_encoding_options=options,
+            task_options={"tie_embeddings": tied, "scale_embeddings": True},
+            data_options={"max_seq_len": context_length(config, options)},
+            state_dict=state_from_hf(state, model, tied, _BLOCK), tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
+        )
 
     def from_trident(self, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
-        return from_trident(self, net)
+        """The architecture name, config arguments and state dict (Gemma's names) of ``net``."""
+        cfg = net.cfg
+        _require_family(self, cfg, net)
+        kinds, ropes = _layer_ropes(self, cfg)
+        window = next((layer.attention_window for layer in cfg.layer_settings if layer.attention_window is not None), None)
+        _, dynamic_start = rope_parameters(cfg.pos_encoding_options)
+        context = dynamic_start or cfg.max_seq_len
+        config: dict[str, Any] = {
+            "vocab_size": net.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+            "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": context, "rms_norm_eps": cfg.norm_eps,
+            "tie_word_embeddings": net.head.weight is net.embed.weight, "attention_bias": cfg.qkv_bias,
+            "attention_dropout": cfg.attn_dropout, "query_pre_attn_scalar": _number(cfg.attn_scale_dim or cfg.head_dim),
+            # transformers' Gemma builds a sliding mask whatever layer_types says: with no sliding layer, one as long as the
+            # context (which reads back as none).
+            "sliding_window": context if window is None else window, "layer_types": kinds, "final_logit_softcapping": cfg.final_logit_softcap,
+            "attn_logit_softcapping": cfg.attn_softcap,
+        }
+        if self.two_ropes:
+            full, local = ropes[FULL], ropes[SLIDING]
+            # transformers 4 reads rope_theta, rope_scaling (the global layers') and rope_local_base_freq instead.
+            config |= {"rope_parameters": {FULL: full, SLIDING: local}, **older_rope_keys(full),
+                       "rope_local_base_freq": local["rope_theta"]}
+        else:
+            config |= {"rope_parameters": ropes[FULL], **older_rope_keys(ropes[FULL])}
+        return self.architecture, config, state_to_hf(net, _BLOCK)
 
     def writes(self, net: CausalLM) -> bool:
+        """A rope decoder that declares no family, with Gemma's norms (``family_name``)."""
         return net.cfg.pos_encoding == "rope" and family_name(net.cfg) == self.family
 
 
@@ -152,18 +170,6 @@ def model_settings(family: GemmaFamily, config: dict[str, Any], source: str) -> 
     return settings, full
 
 
-def to_trident(family: GemmaFamily, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
-               source: str) -> PretrainedWeights:
-    model, options = model_settings(family, config, source)
-    tied = bool(config["tie_word_embeddings"])
-    return PretrainedWeights(
-        source=source, format=family.FORMAT, task="lm", model=model, pos_encoding="rope", pos_encoding_options=options,
-        task_options={"tie_embeddings": tied, "scale_embeddings": True},
-        data_options={"max_seq_len": context_length(config, options)},
-        state_dict=state_from_hf(state, model, tied, _BLOCK), tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
-    )
-
-
 def _require_family(family: GemmaFamily, cfg: TransformerConfig, net: CausalLM) -> None:
     """One line for each setting the family's config cannot state."""
     target = family.target
@@ -208,36 +214,6 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def from_trident(family: GemmaFamily, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
-    """The architecture name, config arguments and state dict (Gemma's names) of ``net``."""
-    cfg = net.cfg
-    _require_family(family, cfg, net)
-    kinds, ropes = _layer_ropes(family, cfg)
-    window = next((layer.attention_window for layer in cfg.layer_settings if layer.attention_window is not None), None)
-    _, dynamic_start = rope_parameters(cfg.pos_encoding_options)
-    context = dynamic_start or cfg.max_seq_len
-    config: dict[str, Any] = {
-        "vocab_size": net.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": context, "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": net.head.weight is net.embed.weight, "attention_bias": cfg.qkv_bias,
-        "attention_dropout": cfg.attn_dropout, "query_pre_attn_scalar": _number(cfg.attn_scale_dim or cfg.head_dim),
-        # transformers' Gemma builds a sliding mask whatever layer_types says: with no sliding layer, one as long as the
-        # context (which reads back as none).
-        "sliding_window": context if window is None else window, "layer_types": kinds, "final_logit_softcapping": cfg.final_logit_softcap,
-        "attn_logit_softcapping": cfg.attn_softcap,
-    }
-    if family.two_ropes:
-        full, local = ropes[FULL], ropes[SLIDING]
-        # transformers 4 reads rope_theta, rope_scaling (the global layers') and rope_local_base_freq instead.
-        config |= {"rope_parameters": {FULL: full, SLIDING: local}, **older_rope_keys(full),
-                   "rope_local_base_freq": local["rope_theta"]}
-    else:
-        config |= {"rope_parameters": ropes[FULL], **older_rope_keys(ropes[FULL])}
-    return family.architecture, config, state_to_hf(net, _BLOCK)
-
-
 GEMMA2 = GemmaFamily(model_type="gemma2", family="gemma2", architecture="Gemma2ForCausalLM", target="Gemma 2 (hf export)",
                      qk_norm=False, softcap=True, two_ropes=False, sliding_every=2,
                      defaults={"max_position_embeddings": 8192, "rope_theta": 10000.0, "final_logit_softcapping": 30.0,
@@ -245,4 +221,4 @@ GEMMA2 = GemmaFamily(model_type="gemma2", family="gemma2", architecture="Gemma2F
 GEMMA3 = GemmaFamily(model_type="gemma3_text", family="gemma3", architecture="Gemma3ForCausalLM", target="Gemma 3 (hf export)",
                      qk_norm=True, softcap=False, two_ropes=True, sliding_every=6,
                      defaults={"max_position_embeddings": 131_072, "final_logit_softcapping": None,
-                               "attn_logit_softcapping": None})
+                               "attn_logit_softcapping": None, "use_bidirectional_attention": False})

@@ -40,27 +40,21 @@ _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": 
 
 
 @dataclass(frozen=True)
-class Family:
-    """One of the Llama-style families: its names and which optional parts its config can state."""
+class DecoderNames:
+    """The names a decoder family's adapter answers to (the Adapter interface of base.py, registered as it is in
+    registry.ADAPTERS): those of :class:`Family` and of ``hf_gemma.GemmaFamily``."""
 
     model_type: str  # config.json's "model_type": "llama"
     architecture: str  # the transformers class export writes: "LlamaForCausalLM"
     target: str  # how error lines name it: "Llama (hf export)"
-    qk_norm: bool  # q_norm / k_norm over each head (Qwen3), always present
-    attention_bias: str  # "config": attention_bias on q, k, v and o (Llama, Qwen3); "qkv": always on q, k, v (Qwen2); "none"
-    mlp_bias: bool  # config.mlp_bias can be true (Llama)
-    window: str  # "none", "all" (Mistral's sliding_window on every layer), "layers" (Qwen's use_sliding_window)
-    # transformers' config-class defaults of this family that differ from SHARED_DEFAULTS (max_position_embeddings,
-    # Mistral's 8 key/value heads, Qwen's max_window_layers of 28...): what an absent key reads as.
-    defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
-    # The Adapter interface (base.py): a family is registered as it is (registry.ADAPTERS).
     NETWORK: ClassVar[type[CausalLM]] = CausalLM
     SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
+    BASE_MODEL: ClassVar[str] = "Model"  # the headless class's suffix: LlamaModel
 
     @property
     def FORMAT(self) -> str:
-        return f"hf-{self.model_type}"
+        return f"hf-{self.FAMILY}"
 
     @property
     def MODEL_TYPE(self) -> str:
@@ -72,11 +66,24 @@ class Family:
 
     @property
     def ARCHITECTURES(self) -> tuple[str, ...]:
-        return self.architecture, self.architecture.replace("ForCausalLM", "Model")
+        return self.architecture, self.architecture.replace("ForCausalLM", self.BASE_MODEL)
 
     @property
     def TARGET(self) -> str:
         return self.target
+
+
+@dataclass(frozen=True)
+class Family(DecoderNames):
+    """One of the Llama-style families: its names and which optional parts its config can state."""
+
+    qk_norm: bool  # q_norm / k_norm over each head (Qwen3), always present
+    attention_bias: str  # "config": attention_bias on q, k, v and o (Llama, Qwen3); "qkv": always on q, k, v (Qwen2); "none"
+    mlp_bias: bool  # config.mlp_bias can be true (Llama)
+    window: str  # "none", "all" (Mistral's sliding_window on every layer), "layers" (Qwen's use_sliding_window)
+    # transformers' config-class defaults of this family that differ from SHARED_DEFAULTS (max_position_embeddings,
+    # Mistral's 8 key/value heads, Qwen's max_window_layers of 28...): what an absent key reads as.
+    defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> PretrainedWeights:
