@@ -132,3 +132,21 @@ def test_an_architecture_composed_on_the_command_line_is_written_and_read_back_a
     ids = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         torch.testing.assert_close(reference(ids).logits, net(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_the_kv_cache_bytes_per_position_count_each_layer_as_it_stores() -> None:
+    """A sliding layer's cache holds its window, a global one the prompt: per position, each layer still keeps its
+    keys and values of 4 heads of 8 in fp32 (the lm test's kv_cache_bytes_per_token)."""
+    from trident.models.sampling import kv_cache_bytes_per_token
+
+    net = rope_lm(layers=[{"attention_window": 4}, None])
+    assert kv_cache_bytes_per_token(net, torch.randint(0, 40, (1, 10))) == 2 * 2 * 4 * 8 * 4
+
+
+def test_a_geglu_block_counts_its_gate_in_the_flops_as_swiglu_does() -> None:
+    """Gemma's GeGLU has SwiGLU's three matrices (gate, up, down): the FLOP count of budget=equal_compute and MFU."""
+    from trident.training.flops import block_matmul_params
+
+    net = rope_lm(activation="geglu_tanh")
+    assert block_matmul_params(net.cfg) == sum(p.numel() for name, p in net.decoder.blocks[0].named_parameters()
+                                               if p.dim() == 2)

@@ -1,8 +1,8 @@
 """What Llama, Mistral, Qwen2 and Qwen3 share, both ways: a pre-norm decoder with RMSNorm, SwiGLU and
 rope, laid out as ``model.layers.<i>.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``,
 ``input_layernorm``, ``post_attention_layernorm``, ``model.norm`` and ``lm_head``. A family
-(:class:`Family`) says which of the optional parts (attention biases, QK-norm, a sliding window) its
-config states and how.
+(:class:`Family`) says which of the optional parts (attention biases, QK-norm, a sliding window in every layer or
+in some) its config states and how.
 
 trident's fused ``qkv_proj`` rows are ``[q; k; v]`` and its SwiGLU ``fc_in`` rows ``[gate; up]``
 (silu(gate) * up); its rope rotates the two halves of each head (``rotate_half``), as transformers does.
