@@ -182,3 +182,24 @@ def test_every_reader_default_is_that_of_the_transformers_config_class(family: s
         read = {key: value for key, value in read.items() if key != "rope_theta"}
     assert {key: read[key] for key in read.keys() & theirs.keys()} == {key: theirs[key] for key in read.keys() & theirs.keys()}
     assert read.keys() - theirs.keys() <= {"rope_theta"}
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2-max-window-layers"])
+def test_init_from_a_directory_fixes_its_family_and_layers_in_the_run_config(tmp_path: Path, case: str) -> None:
+    """init_from=<directory>: the composed run config takes the family, its per-layer settings and its switches from the
+    source, and the network it builds loads the source's tensors strictly, with transformers' logits."""
+    from tests.conftest import compose_config
+    from trident.runs.pipeline import check_config
+    from trident.weights.init_from import apply_settings, read_init_source, settings_fixed_by
+
+    reference = hf_model(case, tmp_path / "source")
+    cfg = compose_config([f"init_from={tmp_path / 'source'}", "model=nano", "data.block_size=64"], output_dir=tmp_path / "run")
+    source = read_init_source(str(tmp_path / "source"))
+    apply_settings(cfg, settings_fixed_by(cfg, source, []))
+    backbone = check_config(cfg)
+    assert (backbone.family, backbone.layers) == (case.split("-")[0], CASES[case][3]["layers"])
+    net = CausalLM(backbone, VOCAB, tie_embeddings=cfg.task.tie_embeddings, scale_embeddings=cfg.task.scale_embeddings)
+    net.load_state_dict(source.state_dict, strict=True)
+    ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(net.eval()(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
