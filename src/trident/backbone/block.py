@@ -44,8 +44,8 @@ class TransformerBlock(nn.Module):
         def norm() -> nn.Module:
             return make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps)
 
-        def post_norm() -> nn.Module:
-            return norm() if cfg.sandwich_norm else nn.Identity()
+        def post_norm() -> nn.Module | None:
+            return norm() if cfg.sandwich_norm else None  # None, not Identity: no call per decoding step
 
         def layer_scale() -> nn.Module:
             # CaiT's per-channel scale on each residual branch, started small so deep stacks train.
@@ -69,10 +69,11 @@ class TransformerBlock(nn.Module):
 
     def _residual(
         self, x: Tensor, norm: nn.Module, scale: nn.Module, sublayer: Callable[[Tensor], Tensor],
-        post_norm: nn.Module,
+        post_norm: nn.Module | None,
     ) -> Tensor:
         if self.norm_first:
-            return x + self._branch(post_norm(sublayer(norm(x))), scale)
+            out = sublayer(norm(x))
+            return x + self._branch(out if post_norm is None else post_norm(out), scale)
         return norm(x + self._branch(sublayer(x), scale))
 
     def _branch(self, out: Tensor, scale: nn.Module) -> Tensor:
@@ -106,8 +107,7 @@ class TransformerBlock(nn.Module):
             return out
 
         x = self._residual(x, self.self_attn_norm, self.self_attn_scale, self_attention, self.self_attn_post_norm)
-        if (self.cross_attn is not None and self.cross_attn_norm is not None and self.cross_attn_scale is not None
-                and self.cross_attn_post_norm is not None):
+        if self.cross_attn is not None and self.cross_attn_norm is not None and self.cross_attn_scale is not None:
             cross_attn = self.cross_attn
             x = self._residual(
                 x,

@@ -8,6 +8,7 @@ unknown key fails naming the keys there are (as x-transformers refuses an unknow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ def layer_settings(layers: list[Any] | None, n_layers: int, attention_window: in
     stack = LayerSettings(attention_window, pos_encoding == "rope", dict(pos_encoding_options))
     if layers is None:
         return [stack] * n_layers
-    if not isinstance(layers, list | tuple) or len(layers) != n_layers:
+    # A Sequence, not only a list: Hydra's ListConfig where a config is built from the composed one.
+    if not isinstance(layers, Sequence) or isinstance(layers, str) or len(layers) != n_layers:
         raise ConfigError(f"model.layers must be a list of one entry per layer ({n_layers}, model.n_layers), got "
                           f"{layers!r}: give null or a mapping for each layer, or model.layers=null for identical layers")
     return [_one_layer(i, entry, stack, pos_encoding) for i, entry in enumerate(layers)]
