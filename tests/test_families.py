@@ -150,3 +150,12 @@ def test_a_geglu_block_counts_its_gate_in_the_flops_as_swiglu_does() -> None:
     net = rope_lm(activation="geglu_tanh")
     assert block_matmul_params(net.cfg) == sum(p.numel() for name, p in net.decoder.blocks[0].named_parameters()
                                                if p.dim() == 2)
+
+
+def test_an_unknown_per_layer_key_on_the_command_line_is_one_line(tmp_path: Path) -> None:
+    from trident.runs.pipeline import check_config
+
+    cfg = compose_config(["model=nano", "architecture=gemma2", "model.layers=[{window: 8},null]"], output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"^model.layers\[0\].window is not a per-layer setting: a layer takes "
+                                          r"attention_window, rope, pos_encoding_options \(docs/architecture.md\)$"):
+        check_config(cfg)
