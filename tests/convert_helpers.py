@@ -14,6 +14,7 @@ from trident.models import CausalLM, MaskedLM
 from trident.models.vit import VisionTransformer, vit_geometry
 from trident.weights import PretrainedWeights, read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
+from trident.weights.adapters.registry import adapter_for_network
 
 
 def randomise(model: nn.Module, seed: int, std: float = 0.2) -> nn.Module:
@@ -81,7 +82,9 @@ def assert_hf_round_trip(net: nn.Module, inputs: Tensor, directory: Path) -> Pre
     cfg = net.encoder.cfg if isinstance(net, VisionTransformer) else net.cfg
     # RMSNorm has no bias: there model.bias only stands for the projection biases left null, which construction
     # resolves (cfg.qkv_bias...) and the Llama family states each, so the resolved values are compared, not it.
-    shaping = [key for key in back.model if not (key == "bias" and cfg.norm == "rmsnorm")]
+    shaping = [key for key in back.model if not (key == "bias" and cfg.norm == "rmsnorm") and key != "family"]
     assert {key: getattr(cfg, key) for key in shaping} == {key: back.model[key] for key in shaping}, \
         "the settings read back are the model's"
+    # Read back, the stack is declared as the family the export wrote: the one it declared, else the one it matched.
+    assert back.model["family"] == adapter_for_network(net).FAMILY == (cfg.family or back.model["family"])
     return back

@@ -33,6 +33,10 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-qwen2": {"pos_encoding": "rope", "qkv_bias": True, "attn_out_bias": False},
     "hf-qwen3": {"pos_encoding": "rope", "qk_norm": True},
     "hf-qwen3-with-window-and-biases": {"pos_encoding": "rope", "qk_norm": True, "bias": True, "attention_window": 16},
+    "hf-gemma2": {"pos_encoding": "rope", "sandwich_norm": True},
+    "hf-gemma3": {"pos_encoding": "rope", "sandwich_norm": True, "qk_norm": True},
+    # A declared family is written as itself, whatever its settings suggest (issue 51).
+    "hf-mistral-declared": {"pos_encoding": "rope", "family": "mistral"},
 }
 
 

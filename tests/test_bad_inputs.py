@@ -117,7 +117,7 @@ def readme_error_files(root: Path) -> None:
     (root / "pairs.en").write_text("\n".join(lines) + "\n")
     (root / "pairs.de").write_text("\n".join(lines) + "\n")
     (root / "no_model").mkdir()
-    for name, config in (("t5_dir", {"model_type": "t5"}), ("gemma2_dir", {"model_type": "gemma2"}),
+    for name, config in (("t5_dir", {"model_type": "t5"}), ("phi3_dir", {"model_type": "phi3"}),
                          ("gpt2_without_weights", {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4})):
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
@@ -148,7 +148,7 @@ LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"in
 
 
 def hf_family_files(root: Path) -> None:
-    """Tiny Llama and Qwen2 directories (random weights) whose config states what trident lacks."""
+    """Tiny Llama and Gemma 2 directories (random weights) whose config states what trident lacks."""
     transformers = pytest.importorskip("transformers")
     sizes = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
              "max_position_embeddings": 64}
@@ -157,7 +157,9 @@ def hf_family_files(root: Path) -> None:
         ("llama_longrope", transformers.LlamaConfig(**sizes, rope_parameters={
             "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
             "original_max_position_embeddings": 32})),
-        ("qwen2_mixed_window", transformers.Qwen2Config(**sizes, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+        # (A Qwen2 window in some layers only was the example until trident read it, issue 51.)
+        ("gemma2_bidirectional", transformers.Gemma2Config(**sizes, head_dim=8, num_key_value_heads=1,
+                                                           use_bidirectional_attention=True)),
         ("llama_gqa", transformers.LlamaConfig(**(sizes | {"num_attention_heads": 8}), num_key_value_heads=2, head_dim=8)),
     ):
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
@@ -381,7 +383,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-from-vocabulary-does-not-fit", "train.py", ["task=mlm", f"init_from=outputs/{PREVIOUS_RUN}", "init_only=embeddings", "data=text_files", "data.files=[corpus.txt]"], ["has a vocabulary of", "tokens"]),
     # Outside formats
     ("init-from-t5", "train.py", ["init_from=t5_dir"], ["T5"]),
-    ("init-from-other-architecture", "train.py", ["init_from=gemma2_dir"], ["gemma2", "which trident does not convert"]),
+    ("init-from-other-architecture", "train.py", ["init_from=phi3_dir"], ["phi3", "which trident does not convert"]),
     ("init-from-hf-without-weights", "train.py", ["init_from=gpt2_without_weights"], ["gpt2_without_weights"]),
     ("init-from-hf-other-names", "train.py", ["init_from=gpt2_other_names"], ["gpt2_other_names", "encoder.layer.0.weight"]),
     # The timm file's grey images (data.in_channels=1) against imagefolder's three means and deviations
@@ -409,7 +411,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     # Issue 40: HF families (files: hf_family_files)
     ("init-from-llama-gelu", "train.py", ["init_from=llama_gelu"], ["llama_gelu", "activation 'gelu'", "cannot reproduce exactly"]),
     ("init-from-llama-longrope", "train.py", ["init_from=llama_longrope"], ["rope scaling 'longrope'", "llama3"]),
-    ("init-from-qwen2-mixed-window", "train.py", ["init_from=qwen2_mixed_window"], ["a sliding window in 1 of 2 layers", "max_window_layers"]),
+    ("init-from-gemma2-bidirectional", "train.py", ["init_from=gemma2_bidirectional"], ["bidirectional attention", "use_bidirectional_attention"]),
     ("init-from-llama-other-kv-heads", "train.py", ["init_from=llama_gqa", "model.n_kv_heads=4"],
      ["model.n_kv_heads=4 contradicts init_from=llama_gqa, which has model.n_kv_heads=2", "drop that override"]),
     ("init-from-run-other-kv-heads", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "model.n_kv_heads=2"],

@@ -91,6 +91,8 @@ WRITE_CASES: list[tuple[str, dict[str, Any]]] = [
         "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}}),
     ("mistral", {"attention_window": 16, "n_kv_heads": 2}),
     ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2}),
+    # A window in the second layer only: Qwen2's max_window_layers=1 (issue 51).
+    ("qwen2", {"qkv_bias": True, "attn_out_bias": False, "layers": [None, {"attention_window": 16}]}),
     ("qwen3", {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2}),
     ("qwen3", {"qk_norm": True, "bias": True, "mlp_bias": False, "attention_window": 16}),
     # Dynamic NTK: transformers' original length is max_position_embeddings (24), the context 24 x 4 = data.max_seq_len.
@@ -253,7 +255,7 @@ def test_a_setting_the_family_lacks_is_named(settings: dict[str, Any], named: st
     ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
                                    "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}},
      "rope scaling 'longrope'"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "a sliding window in 1 of 2 layers"),
+    ("qwen2", {"hidden_act": "relu"}, "activation 'relu'"),
 ])
 def test_a_family_setting_trident_lacks_is_one_line(tmp_path: Path, family: str, settings: dict[str, Any], named: str) -> None:
     hf_model(family, tmp_path, **settings)
@@ -457,7 +459,7 @@ def test_a_source_of_the_other_kind_is_one_line_naming_every_family_the_task_rea
                                           r"of model_type vit, a timm ViT state-dict file .*\), or train from scratch$"):
         check_source_task(TASKS["vit"], read_pretrained(tmp_path / "llama"))
     with pytest.raises(ConfigError, match=r"pass the weights of a text model \(a trident lm, mlm or classify run, a Hugging "
-                                          r"Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3\), or"):
+                                          r"Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3, gemma2, gemma3_text\), or"):
         check_source_task(TASKS["lm"], read_pretrained(tmp_path / "vit"))
 
 

@@ -13,7 +13,7 @@ from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS, MultiHeadA
 from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
-from trident.backbone.layers import ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
+from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
 from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, freeze_base, is_lora_parameter, merge_lora
 from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
@@ -29,6 +29,7 @@ from trident.backbone.stack import Decoder, Encoder, TransformerStack
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_IMPLS",
+    "GATED_ACTIVATIONS",
     "LORA_TARGETS",
     "NORMS",
     "SDPA_KERNELS",

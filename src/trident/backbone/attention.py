@@ -55,6 +55,9 @@ class MultiHeadAttention(nn.Module):
     ``head_dim`` (default d_model // n_heads) sets the width of every head apart from ``d_model``.
     ``qk_norm`` builds a norm of one head's width, applied to each head's queries and keys (one
     module for all query heads, one for all key heads, as Qwen3) before rope.
+    ``scale_dim`` divides the scores by its square root instead of the head width's (Gemma's
+    query_pre_attn_scalar); ``softcap`` caps them smoothly, cap * tanh(scores / cap), before the mask
+    (Gemma 2), which SDPA cannot: a capped layer computes its attention on the explicit path.
     """
 
     def __init__(
@@ -71,6 +74,8 @@ class MultiHeadAttention(nn.Module):
         attn_dropout: float = 0.0,
         impl: str = "sdpa",
         sdpa_backend: str = "auto",
+        scale_dim: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         # All the heads, as configured: a tensor-parallel plan leaves them as built (n_heads: this rank's share).
@@ -78,6 +83,10 @@ class MultiHeadAttention(nn.Module):
         self.kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.kv_group = n_heads // self.kv_heads  # query heads per key/value head (on every rank alike)
         self.head_dim = d_model // n_heads if head_dim is None else head_dim
+        # SDPA's scale: None is its own 1/sqrt(head_dim), the same as the explicit path's default.
+        self.scale = None if scale_dim is None else scale_dim**-0.5
+        self.scale_dim = self.head_dim if scale_dim is None else scale_dim
+        self.softcap = softcap
         self.cross = cross
         self.impl = impl
         self.compute = choose(ATTENTION_IMPLS, impl, "model.attn_impl")
@@ -177,7 +186,8 @@ class MultiHeadAttention(nn.Module):
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(q.dtype)  # SDPA wants the float mask in the query's dtype
         dropout_p = self.attn_dropout if self.training else 0.0
-        compute = MultiHeadAttention._explicit if need_weights else self.compute  # only the explicit path has weights
+        # Only the explicit path has weights, and soft-capping.
+        compute = MultiHeadAttention._explicit if need_weights or self.softcap is not None else self.compute
         if dropout_p and self.head_rng is not None:
             y, weights = self.head_rng(compute, self, q, k, v, attn_mask, is_causal, dropout_p)  # (B, nh, Tq, hs)
         else:
@@ -193,13 +203,15 @@ class MultiHeadAttention(nn.Module):
         grouped = self.kv_group > 1
         if self.kernel is None:
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped,
+                scale=self.scale,
             )
             return y, None
         try:
             with sdpa_kernel(self.kernel):
                 y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped
+                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=grouped,
+                    scale=self.scale,
                 )
             return y, None
         except RuntimeError as err:
@@ -218,7 +230,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         if self.kv_group > 1:  # each key/value head serves its group of query heads (transformers' repeat_kv)
             k, v = k.repeat_interleave(self.kv_group, dim=1), v.repeat_interleave(self.kv_group, dim=1)  # (B, nh, Tk, hs)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, Tq, Tk)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.scale_dim)  # (B, nh, Tq, Tk)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if is_causal:
             attn_mask = causal_mask(q.size(2), k.size(2), q.device)
         if attn_mask is not None:

@@ -17,7 +17,8 @@ from trident.backbone.residual import DropPath, LayerScale
 class TransformerBlock(nn.Module):
     """Post-norm (``norm_first=False``, the paper): x = Norm(x + Dropout(Sublayer(x))).
     Pre-norm (``norm_first=True``): x = x + Dropout(Sublayer(Norm(x))), which trains stably
-    without warmup and needs a final norm after the stack."""
+    without warmup and needs a final norm after the stack. ``sandwich_norm`` (Gemma) adds a norm on each
+    sub-layer's output: x = x + Dropout(PostNorm(Sublayer(Norm(x))))."""
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False, drop_path: float = 0.0) -> None:
         super().__init__()
@@ -36,10 +37,15 @@ class TransformerBlock(nn.Module):
                 attn_dropout=cfg.attn_dropout,
                 impl=cfg.attn_impl,
                 sdpa_backend=cfg.sdpa_backend,
+                scale_dim=cfg.attn_scale_dim,
+                softcap=cfg.attn_softcap,
             )
 
         def norm() -> nn.Module:
             return make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps)
+
+        def post_norm() -> nn.Module | None:
+            return norm() if cfg.sandwich_norm else None  # None, not Identity: no call per decoding step
 
         def layer_scale() -> nn.Module:
             # CaiT's per-channel scale on each residual branch, started small so deep stacks train.
@@ -48,21 +54,26 @@ class TransformerBlock(nn.Module):
         self.self_attn = attention(cross=False)
         self.self_attn_norm = norm()
         self.self_attn_scale = layer_scale()
+        self.self_attn_post_norm = post_norm()
         self.cross_attn = attention(cross=True) if cross_attention else None
         self.cross_attn_norm = norm() if cross_attention else None
         self.cross_attn_scale = layer_scale() if cross_attention else None
+        self.cross_attn_post_norm = post_norm() if cross_attention else None
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, bias=cfg.mlp_bias)
         self.ffn_norm = norm()
         self.ffn_scale = layer_scale()
+        self.ffn_post_norm = post_norm()
         self.dropout = nn.Dropout(cfg.dropout)
         # Stochastic depth: drop the whole residual branch per sample (Huang et al. 2016).
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _residual(
-        self, x: Tensor, norm: nn.Module, scale: nn.Module, sublayer: Callable[[Tensor], Tensor]
+        self, x: Tensor, norm: nn.Module, scale: nn.Module, sublayer: Callable[[Tensor], Tensor],
+        post_norm: nn.Module | None,
     ) -> Tensor:
         if self.norm_first:
-            return x + self._branch(sublayer(norm(x)), scale)
+            out = sublayer(norm(x))
+            return x + self._branch(out if post_norm is None else post_norm(out), scale)
         return norm(x + self._branch(sublayer(x), scale))
 
     def _branch(self, out: Tensor, scale: nn.Module) -> Tensor:
@@ -95,7 +106,7 @@ class TransformerBlock(nn.Module):
             self_weights.append(weights)
             return out
 
-        x = self._residual(x, self.self_attn_norm, self.self_attn_scale, self_attention)
+        x = self._residual(x, self.self_attn_norm, self.self_attn_scale, self_attention, self.self_attn_post_norm)
         if self.cross_attn is not None and self.cross_attn_norm is not None and self.cross_attn_scale is not None:
             cross_attn = self.cross_attn
             x = self._residual(
@@ -103,6 +114,7 @@ class TransformerBlock(nn.Module):
                 self.cross_attn_norm,
                 self.cross_attn_scale,
                 lambda h: cross_attn(h, memory, attn_mask=memory_mask, cache=cache)[0],
+                self.cross_attn_post_norm,
             )
-        x = self._residual(x, self.ffn_norm, self.ffn_scale, self.ffn)
+        x = self._residual(x, self.ffn_norm, self.ffn_scale, self.ffn, self.ffn_post_norm)
         return x, self_weights[0]

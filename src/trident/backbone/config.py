@@ -6,9 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS
+from trident.backbone.layer_settings import LayerSettings, layer_settings
 from trident.backbone.layers import ACTIVATIONS, NORMS
 from trident.backbone.positional import pos_encoding_class
 from trident.errors import ConfigError, choose, is_int, is_number
+
+# model.family: the outside families a stack can be declared as, each read and written by the adapter of that name
+# (trident.weights.adapters.registry; conf/architecture/<family>.yaml sets the switches and this name). null: a
+# stack of trident's own, which the hf export writes as the family whose settings it has.
+FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 
 
 @dataclass
@@ -62,6 +68,19 @@ class TransformerConfig:
     # Sliding-window attention (Mistral): a causal query sees its last ``attention_window`` positions,
     # itself included; an encoder's query sees the keys less than ``attention_window`` away. None = all.
     attention_window: int | None = None
+    # Per-layer overrides (trident.backbone.layer_settings.LAYER_KEYS): None, or one entry per layer, null or a mapping
+    # of attention_window, rope, pos_encoding_options (Gemma's alternating local and global layers, Qwen2's
+    # max_window_layers). Read resolved through :attr:`layer_settings`.
+    layers: list[Any] | None = None
+    # Attention scores are q.k / sqrt(attn_scale_dim); None = head_dim (Gemma's query_pre_attn_scalar sets another).
+    attn_scale_dim: float | None = None
+    # Soft-capping (Gemma 2): scores -> cap * tanh(scores / cap) before the mask and softmax; None = off.
+    attn_softcap: float | None = None
+    # The same on a causal LM's vocabulary logits (CausalLM applies it after its head); None = off.
+    final_logit_softcap: float | None = None
+    # Gemma's "sandwich" norms: a norm also on each sub-layer's output, before it joins the residual (pre-norm only).
+    sandwich_norm: bool = False
+    family: str | None = None  # the outside family the stack is declared as (FAMILIES), which export writes
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -129,6 +148,34 @@ class TransformerConfig:
                     f"model.attention_window={self.attention_window} is larger than the context data.max_seq_len="
                     f"{self.max_seq_len}: lower model.attention_window to at most {self.max_seq_len}, or null"
                 )
+
+        self._check_family_switches()
+
+    @property
+    def layer_settings(self) -> list[LayerSettings]:
+        """Each layer's window and rope, the stack's settings with ``layers``' overrides applied."""
+        return layer_settings(self.layers, self.n_layers, self.attention_window, self.pos_encoding,
+                              self.pos_encoding_options)
+
+    def _check_family_switches(self) -> None:
+        """The per-layer list, Gemma's switches and the declared family: one line each for a bad value."""
+        for i, layer in enumerate(self.layer_settings):
+            if layer.attention_window is not None and layer.attention_window > self.max_seq_len:
+                raise ConfigError(
+                    f"model.layers[{i}].attention_window={layer.attention_window} is larger than the context "
+                    f"data.max_seq_len={self.max_seq_len}: lower it to at most {self.max_seq_len}, or null"
+                )
+        for name in ("attn_scale_dim", "attn_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (not is_number(value) or value <= 0):
+                raise ConfigError(f"model.{name} must be a positive number or null (off), got {value!r}")
+        if not isinstance(self.sandwich_norm, bool):
+            raise ConfigError(f"model.sandwich_norm must be true or false, got {self.sandwich_norm!r}")
+        if self.sandwich_norm and not self.norm_first:
+            raise ConfigError("model.sandwich_norm=true needs model.norm_first=true (a post-norm block already ends "
+                              "in a norm): set one of them")
+        if self.family is not None:
+            choose(dict.fromkeys(FAMILIES), self.family, "model.family")
 
     def _resolve_attention_shape(self) -> None:
         """Check the attention-shape keys and replace their None defaults by what they stand for."""

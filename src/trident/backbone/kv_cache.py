@@ -79,10 +79,12 @@ class LayerKVCache:
 
 
 class KVCache:
-    """One :class:`LayerKVCache` per block of a decoder stack."""
+    """One :class:`LayerKVCache` per block of a decoder stack; ``window``: every layer's, or a list of each
+    layer's (Gemma's sliding layers keep their window, its global layers the whole context)."""
 
-    def __init__(self, n_layers: int, max_len: int, window: int | None = None) -> None:
-        self.layers = [LayerKVCache(max_len, window) for _ in range(n_layers)]
+    def __init__(self, n_layers: int, max_len: int, window: int | None | list[int | None] = None) -> None:
+        windows = window if isinstance(window, list) else [window] * n_layers
+        self.layers = [LayerKVCache(max_len, layer_window) for layer_window in windows]
 
     @property
     def length(self) -> int:
@@ -92,10 +94,11 @@ class KVCache:
     @property
     def max_len(self) -> int:
         """Positions stored at most (with a window: at most the window, however long the sequence)."""
-        return self.layers[0].max_len
+        return max(layer.max_len for layer in self.layers)
 
     def key_positions(self, new: int, device: torch.device) -> Tensor:
-        """Absolute positions of the keys every layer attends to after ``new`` more positions."""
+        """Absolute positions of the keys the first layer attends to after ``new`` more positions (each layer's:
+        ``layers[i].key_positions``; the same for layers of the same window)."""
         return self.layers[0].key_positions(new, device)
 
     def reorder(self, index: Tensor) -> None:

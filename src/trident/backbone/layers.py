@@ -6,28 +6,48 @@ import math
 from collections.abc import Callable
 from functools import partial
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trident.backbone.parallel_plan import Columns, ParallelPlan, Rows
 from trident.errors import choose
 
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the gain is 1 + weight (weight starts at 0), computed in float32 and cast back, as
+    transformers' ``GemmaRMSNorm`` does (its checkpoints store the offset, not the gain)."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
 # model.norm: name -> (d_model, bias, eps) -> module. ``layernorm`` is the paper's; ``rmsnorm`` has no
-# mean centring and no bias (Zhang & Sennrich 2019).
+# mean centring and no bias (Zhang & Sennrich 2019); ``rmsnorm_offset`` is Gemma's RMSNorm with gain 1 + weight.
 NORMS: dict[str, Callable[[int, bool, float], nn.Module]] = {
     "layernorm": lambda d_model, bias, eps: nn.LayerNorm(d_model, eps=eps, bias=bias),
     "rmsnorm": lambda d_model, bias, eps: nn.RMSNorm(d_model, eps=eps),
+    "rmsnorm_offset": lambda d_model, bias, eps: OffsetRMSNorm(d_model, eps),
 }
 # model.activation: name -> nonlinearity of the feed-forward hidden layer. ``gelu_tanh`` is GELU's tanh
 # approximation (GPT-2's ``gelu_new``, needed to reproduce its weights exactly). ``swiglu`` applies its
-# silu to a gate that multiplies a second (linear) half of the hidden layer (GATED_ACTIVATIONS).
+# silu to a gate that multiplies a second (linear) half of the hidden layer (GATED_ACTIVATIONS); ``geglu_tanh``
+# the tanh GELU (Gemma's GeGLU, transformers' gelu_pytorch_tanh).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "swiglu": F.silu,
+    "geglu_tanh": partial(F.gelu, approximate="tanh"),
 }
-GATED_ACTIVATIONS = ("swiglu",)
+GATED_ACTIVATIONS = ("swiglu", "geglu_tanh")
 
 
 def make_norm(name: str, d_model: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:

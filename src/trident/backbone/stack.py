@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import partial
 
@@ -14,7 +15,7 @@ from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
 from trident.backbone.masks import build_attention_mask, document_positions, padding_allowed, window_band
-from trident.backbone.positional import build_pos_encoding, positions_from
+from trident.backbone.positional import PositionalEncoding, build_pos_encoding, positions_from
 
 
 class TransformerStack(nn.Module):
@@ -29,6 +30,24 @@ class TransformerStack(nn.Module):
         self.cfg = cfg
         self.causal = causal
         self.pos_encoding = build_pos_encoding(cfg, causal=causal)
+        # model.layers: each layer's window, and which rope rotates it (None: none), as indices into
+        # [pos_encoding, *layer_encodings]: one rope per distinct set of options (Gemma 3's local and global bases).
+        layers = cfg.layer_settings
+        self.windows = [layer.attention_window for layer in layers]
+        options = [cfg.pos_encoding_options]
+        encodings: list[PositionalEncoding] = []
+        self.rope_of_layer: list[int | None] = []
+        for layer in layers:
+            if not layer.rope:
+                self.rope_of_layer.append(None if self.pos_encoding.uses_rotary else 0)
+                continue
+            if layer.pos_encoding_options not in options:
+                options.append(layer.pos_encoding_options)
+                shape = copy.copy(cfg)  # the stack's shape with this layer's rope options
+                shape.pos_encoding_options = layer.pos_encoding_options
+                encodings.append(build_pos_encoding(shape, causal=causal))
+            self.rope_of_layer.append(options.index(layer.pos_encoding_options))
+        self.layer_encodings = nn.ModuleList(encodings)
         # BERT normalises the summed embeddings before the first block; no other model here does.
         self.embedding_norm = (
             make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps) if cfg.embedding_norm else nn.Identity()
@@ -59,14 +78,14 @@ class TransformerStack(nn.Module):
     def new_cache(self, max_len: int) -> KVCache:
         """An empty KV cache for incremental decoding of up to ``max_len`` positions; with
         ``attention_window`` <= ``max_len`` it stores the last ``attention_window`` and rolls on forever."""
-        return KVCache(len(self.blocks), max_len, self.cfg.attention_window)
+        return KVCache(len(self.blocks), max_len, list(self.windows))
 
     @property
     def context_length(self) -> int | None:
         """Longest sequence generation feeds the stack (``max_seq_len``), or None for no limit: with
-        a sliding window and positions that enter only as distances (rope, alibi, relative, none),
-        the KV cache rolls on and every token sees what a pass over the whole sequence shows it."""
-        if self.cfg.attention_window is not None and not self.pos_encoding.absolute:
+        a sliding window in every layer and positions that enter only as distances (rope, alibi, relative,
+        none), the KV cache rolls on and every token sees what a pass over the whole sequence shows it."""
+        if None not in self.windows and not self.pos_encoding.absolute:
             return None
         return self.cfg.max_seq_len
 
@@ -118,26 +137,13 @@ class TransformerStack(nn.Module):
         # Packed documents restart their positions: the longest document bounds them, not the row.
         embedded_positions = q_positions if documents is None else document_positions(documents)  # (T,) or (B, T)
         self.pos_encoding.check_length(offset + length if documents is None else int(embedded_positions.max()) + 1)
-        # The keys' absolute positions in the order attention sees them (a rolling cache: its slots).
-        k_positions = cache.key_positions(length, x.device) if cache is not None else q_positions  # (Tk,)
-        # Everything position-dependent is computed once here and shared by all blocks.
-        # A length-following rope (dynamic NTK) takes each packed document's own length, not the row's.
-        rope = self.pos_encoding.rotary(q_positions, documents)
-        bias = self.pos_encoding.attention_bias(q_positions, k_positions)
-        window = self.cfg.attention_window
-        band = window_band(q_positions, k_positions, window, causal=self.causal) if window is not None else None
-        if key_padding_mask is not None and band is not None:
-            key_padding_mask = key_padding_mask[:, k_positions]  # (B, Tk): absolute positions -> the keys attended
-        attn_mask, is_causal = build_attention_mask(
-            q_len=length,
-            k_len=k_positions.numel(),
-            causal=self.causal,
-            key_padding_mask=key_padding_mask,
-            bias=bias,
-            band=band,
-            documents=documents,
-            device=x.device,
-        )
+        # Everything position-dependent is computed once here and shared by the blocks of the same kind:
+        # one rotation per rope (a length-following one, dynamic NTK, takes each packed document's own length),
+        # one mask per window.
+        encodings = [self.pos_encoding, *self.layer_encodings]
+        ropes = [encoding.rotary(q_positions, documents) for encoding in encodings]
+        masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents)
+                 for window in dict.fromkeys(self.windows)}
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
         h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))
         if self.training:  # dropout returns its input otherwise: one call less per decoding step
@@ -149,11 +155,13 @@ class TransformerStack(nn.Module):
             # Non-reentrant checkpointing keeps keyword arguments and restores the RNG state, so the
             # recomputed forward draws the same dropout masks as the first one.
             run_block = partial(checkpoint, block, use_reentrant=False) if recompute else block
+            attn_mask, is_causal = masks[self.windows[i]]
+            rope_index = self.rope_of_layer[i]
             h, weights = run_block(
                 h,
                 attn_mask=attn_mask,
                 is_causal=is_causal,
-                rope=rope,
+                rope=None if rope_index is None else ropes[rope_index],
                 memory=memory,
                 memory_mask=memory_mask,
                 cache=cache.layers[i] if cache is not None else None,
@@ -161,6 +169,28 @@ class TransformerStack(nn.Module):
             )
             all_weights.append(weights)
         return self.final_norm(h), all_weights
+
+    def _mask(self, window: int | None, q_positions: Tensor, cache: KVCache | None, key_padding_mask: Tensor | None,
+              documents: Tensor | None) -> tuple[Tensor | None, bool]:
+        """The attention mask of the layers with sliding ``window`` (None: the whole context): their keys' absolute
+        positions in the order attention sees them (a rolling cache: its slots), the window's band, the padding."""
+        length = q_positions.numel()
+        layer = self.windows.index(window)
+        k_positions = cache.layers[layer].key_positions(length, q_positions.device) if cache is not None else q_positions
+        bias = self.pos_encoding.attention_bias(q_positions, k_positions)
+        band = window_band(q_positions, k_positions, window, causal=self.causal) if window is not None else None
+        if key_padding_mask is not None and band is not None:
+            key_padding_mask = key_padding_mask[:, k_positions]  # (B, Tk): absolute positions -> the keys attended
+        return build_attention_mask(
+            q_len=length,
+            k_len=k_positions.numel(),
+            causal=self.causal,
+            key_padding_mask=key_padding_mask,
+            bias=bias,
+            band=band,
+            documents=documents,
+            device=q_positions.device,
+        )
 
 
 class Encoder(TransformerStack):

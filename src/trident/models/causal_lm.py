@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from trident.backbone import VOCABULARY_PLAN, Decoder, KVCache, ParallelPlan, TokenEmbedding, TransformerConfig
@@ -40,12 +41,18 @@ class CausalLM(nn.Module):
         ``key_padding_mask``: (B, T) True at padding, e.g. the left padding of a batch of prompts (transformers'
         ``attention_mask == 0``); no position attends to a padded one."""
         hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask)
-        return self.head(hidden)
+        return self._logits(hidden)
 
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""
         hidden, weights = self.decoder.forward_with_attention(self.embed(ids))
-        return self.head(hidden), weights
+        return self._logits(hidden), weights
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V); with ``model.final_logit_softcap`` (Gemma 2) capped at +-cap, smoothly."""
+        logits = self.head(hidden)
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def new_cache(self, max_len: int) -> KVCache:
         return self.decoder.new_cache(max_len)

@@ -125,10 +125,15 @@ def kv_cache_bytes_per_token(model: Generative, prompt: Tensor) -> int:
     ``prompt`` (1, T) went through it (2 * layers * n_kv_heads * head_dim * dtype bytes, if the cache is right)."""
     cache = model.new_cache(prompt.size(1))
     model(prompt, cache=cache)
-    total = cache_bytes(cache)
-    if total % cache.max_len:
-        raise AssertionError(f"a KV cache of {cache.max_len} positions holds {total} bytes, not a whole number per position")
-    return total // cache.max_len
+    # Layer by layer: a sliding layer stores fewer positions than a global one (model.layers).
+    per_position = 0
+    for i, layer in enumerate(cache.layers):
+        total = sum(tensor.untyped_storage().nbytes() for tensor in (layer.keys, layer.values) if tensor is not None)
+        if total % layer.max_len:
+            raise AssertionError(f"layer {i}'s KV cache of {layer.max_len} positions holds {total} bytes, not a whole "
+                                 "number per position")
+        per_position += total // layer.max_len
+    return per_position
 
 
 def greedy_tokens_per_second(model: Generative, prompt: Tensor, new_tokens: int) -> float:

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from trident.backbone import TransformerConfig
+from trident.backbone import GATED_ACTIVATIONS, TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def key_value_width(cfg: TransformerConfig) -> int:
 
 def block_matmul_params(cfg: TransformerConfig) -> int:
     """Weights applied to every token of a self-attention block: Q, K, V, output, feed-forward."""
-    ffn_in = 2 * cfg.d_ff if cfg.activation == "swiglu" else cfg.d_ff  # swiglu: gate and value
+    ffn_in = 2 * cfg.d_ff if cfg.activation in GATED_ACTIVATIONS else cfg.d_ff  # swiglu, geglu_tanh: gate and value
     attention = (2 * query_width(cfg) + 2 * key_value_width(cfg)) * cfg.d_model
     return attention + (ffn_in + cfg.d_ff) * cfg.d_model
 

@@ -27,6 +27,7 @@ class Adapter(Protocol):
 
     FORMAT: str  # PretrainedWeights.format: "hf-gpt2"
     MODEL_TYPE: str  # config.json's "model_type" the adapter reads: "gpt2"
+    FAMILY: str  # the model.family it reads as and writes (trident.backbone.config.FAMILIES): "gpt2"
     ARCHITECTURES: tuple[str, ...]  # the transformers classes it reads; the first is the one export writes
     NETWORK: type[nn.Module]  # the trident network it reads into and writes out (CausalLM)
     TARGET: str  # how export error lines name the format: "GPT-2 (hf export)"
@@ -44,8 +45,10 @@ class Adapter(Protocol):
         ...
 
     def writes(self, net: Any) -> bool:
-        """Whether the hf export writes ``net`` (a NETWORK) as this family: several families share CausalLM
-        (GPT-2 takes learned positions, Llama and its cousins rope, ``llama_style.family_name``)."""
+        """Whether the hf export writes ``net`` (a NETWORK) whose stack declares no family (model.family null: trident's
+        own, or a run from before families were declared) as this family: several families share CausalLM (GPT-2 takes
+        learned positions, Llama and its cousins rope, ``llama_style.family_name``). A declared family is written as
+        itself."""
         ...
 
 

@@ -30,6 +30,7 @@ from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-bert"
 MODEL_TYPE = "bert"
+FAMILY = "bert"  # model.family of the stacks it reads and writes
 ARCHITECTURES = ("BertForMaskedLM", "BertModel")
 NETWORK = MaskedLM
 TARGET = "BERT (hf export)"

@@ -28,6 +28,7 @@ from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-gpt2"
 MODEL_TYPE = "gpt2"
+FAMILY = "gpt2"  # model.family of the stacks it reads and writes
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
 NETWORK = CausalLM
 TARGET = "GPT-2 (hf export)"

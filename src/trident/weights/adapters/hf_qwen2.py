@@ -1,6 +1,7 @@
 """Qwen2 (``Qwen2ForCausalLM`` / ``Qwen2Model``) <-> trident's ``CausalLM`` (task=lm): the layout of
-``llama_style.py``; biases on q, k and v, none on o (model.qkv_bias=true, model.attn_out_bias=false); use_sliding_window on every
-layer or none (a window in some layers only is one line)."""
+``llama_style.py``; biases on q, k and v, none on o (model.qkv_bias=true, model.attn_out_bias=false); use_sliding_window in the
+layers from max_window_layers on (or those layer_types names): model.attention_window where that is every layer, else
+model.layers."""
 
 from trident.weights.adapters.llama_style import Family
 

@@ -1,6 +1,6 @@
 """Qwen3 (``Qwen3ForCausalLM`` / ``Qwen3Model``) <-> trident's ``CausalLM`` (task=lm): the layout of
 ``llama_style.py``; q_norm / k_norm over each head before rope (model.qk_norm=true), head_dim independent of the width,
-attention_bias on q, k, v and o; use_sliding_window on every layer or none."""
+attention_bias on q, k, v and o; the sliding window as Qwen2."""
 
 from trident.weights.adapters.llama_style import Family
 

@@ -29,6 +29,7 @@ from trident.weights.pretrained import PretrainedWeights
 
 FORMAT = "hf-vit"
 MODEL_TYPE = "vit"
+FAMILY = "vit"  # model.family of the stacks it reads and writes
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 NETWORK = VisionTransformer
 TARGET = "ViT (hf export)"

@@ -1,8 +1,8 @@
 """What Llama, Mistral, Qwen2 and Qwen3 share, both ways: a pre-norm decoder with RMSNorm, SwiGLU and
 rope, laid out as ``model.layers.<i>.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``,
 ``input_layernorm``, ``post_attention_layernorm``, ``model.norm`` and ``lm_head``. A family
-(:class:`Family`) says which of the optional parts (attention biases, QK-norm, a sliding window) its
-config states and how.
+(:class:`Family`) says which of the optional parts (attention biases, QK-norm, a sliding window in every layer or
+in some) its config states and how.
 
 trident's fused ``qkv_proj`` rows are ``[q; k; v]`` and its SwiGLU ``fc_in`` rows ``[gate; up]``
 (silu(gate) * up); its rope rotates the two halves of each head (``rotate_half``), as transformers does.
@@ -40,12 +40,43 @@ _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": 
 
 
 @dataclass(frozen=True)
-class Family:
-    """One of the Llama-style families: its names and which optional parts its config can state."""
+class DecoderNames:
+    """The names a decoder family's adapter answers to (the Adapter interface of base.py, registered as it is in
+    registry.ADAPTERS): those of :class:`Family` and of ``hf_gemma.GemmaFamily``."""
 
     model_type: str  # config.json's "model_type": "llama"
     architecture: str  # the transformers class export writes: "LlamaForCausalLM"
     target: str  # how error lines name it: "Llama (hf export)"
+
+    NETWORK: ClassVar[type[CausalLM]] = CausalLM
+    SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
+    BASE_MODEL: ClassVar[str] = "Model"  # the headless class's suffix: LlamaModel
+
+    @property
+    def FORMAT(self) -> str:
+        return f"hf-{self.FAMILY}"
+
+    @property
+    def MODEL_TYPE(self) -> str:
+        return self.model_type
+
+    @property
+    def FAMILY(self) -> str:
+        return self.model_type
+
+    @property
+    def ARCHITECTURES(self) -> tuple[str, ...]:
+        return self.architecture, self.architecture.replace("ForCausalLM", self.BASE_MODEL)
+
+    @property
+    def TARGET(self) -> str:
+        return self.target
+
+
+@dataclass(frozen=True)
+class Family(DecoderNames):
+    """One of the Llama-style families: its names and which optional parts its config can state."""
+
     qk_norm: bool  # q_norm / k_norm over each head (Qwen3), always present
     attention_bias: str  # "config": attention_bias on q, k, v and o (Llama, Qwen3); "qkv": always on q, k, v (Qwen2); "none"
     mlp_bias: bool  # config.mlp_bias can be true (Llama)
@@ -53,26 +84,6 @@ class Family:
     # transformers' config-class defaults of this family that differ from SHARED_DEFAULTS (max_position_embeddings,
     # Mistral's 8 key/value heads, Qwen's max_window_layers of 28...): what an absent key reads as.
     defaults: dict[str, Any] = field(default_factory=dict, hash=False)
-
-    # The Adapter interface (base.py): a family is registered as it is (registry.ADAPTERS).
-    NETWORK: ClassVar[type[CausalLM]] = CausalLM
-    SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
-
-    @property
-    def FORMAT(self) -> str:
-        return f"hf-{self.model_type}"
-
-    @property
-    def MODEL_TYPE(self) -> str:
-        return self.model_type
-
-    @property
-    def ARCHITECTURES(self) -> tuple[str, ...]:
-        return self.architecture, self.architecture.replace("ForCausalLM", "Model")
-
-    @property
-    def TARGET(self) -> str:
-        return self.target
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> PretrainedWeights:
@@ -86,13 +97,16 @@ class Family:
 
 
 def family_name(cfg: TransformerConfig) -> str:
-    """The family a rope decoder is exported as: QK-norm is Qwen3's, biases on q/k/v alone Qwen2's, a
-    window Mistral's; anything else Llama (whose export then names what it lacks)."""
+    """The family a rope decoder that declares none (model.family null) is exported as: norms after the sub-layers are
+    Gemma's (with QK-norm Gemma 3's), QK-norm is Qwen3's, biases on q/k/v alone Qwen2's, a window Mistral's; anything
+    else Llama (whose export then names what it lacks)."""
+    if cfg.sandwich_norm:
+        return "gemma3" if cfg.qk_norm else "gemma2"
     if cfg.qk_norm:
         return "qwen3"
     if cfg.qkv_bias and not cfg.attn_out_bias:
         return "qwen2"
-    return "mistral" if cfg.attention_window is not None else "llama"
+    return "mistral" if any(layer.attention_window is not None for layer in cfg.layer_settings) else "llama"
 
 
 def rope_options(config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -131,25 +145,28 @@ def context_length(config: dict[str, Any], options: dict[str, Any]) -> int:
     return int(context * scaling["factor"]) if scaling.get("type") == "dynamic" else context
 
 
-def _window(family: Family, config: dict[str, Any], n_layers: int, source: str, context: int) -> int | None:
-    """The one sliding window of every layer, None for none; layers of both kinds are one line."""
+def layer_windows(family: Family, config: dict[str, Any], n_layers: int, context: int) -> list[int | None]:
+    """Each layer's sliding window, None for none (Qwen's first max_window_layers layers, or its layer_types' full ones)."""
     # Qwen's config reads sliding_window as null without use_sliding_window, whatever layer_types says.
     if family.window == "none" or not config["sliding_window"]:
-        return None
+        return [None] * n_layers
     if family.window == "layers" and not config["use_sliding_window"]:
-        return None
-    if family.window == "layers":
-        first = int(config["max_window_layers"])
-        kinds = config.get("layer_types") or ["full_attention" if i < first else "sliding_attention" for i in range(n_layers)]
-        sliding = [kind == "sliding_attention" for kind in kinds]
-        require_source(all(sliding) or not any(sliding), source,
-                       f"a sliding window in {sum(sliding)} of {n_layers} layers (use_sliding_window, max_window_layers, "
-                       "layer_types; trident's model.attention_window is every layer's)")
-        if not any(sliding):
-            return None
-    window = int(config["sliding_window"])
+        return [None] * n_layers
     # A window as long as the context (data.max_seq_len) changes nothing (Mistral's 4096 in a shorter model).
-    return window if window < context else None
+    window = int(config["sliding_window"]) if int(config["sliding_window"]) < context else None
+    if family.window == "all":
+        return [window] * n_layers
+    first = int(config["max_window_layers"])
+    kinds = config.get("layer_types") or ["full_attention" if i < first else "sliding_attention" for i in range(n_layers)]
+    return [window if kind == "sliding_attention" else None for kind in kinds]
+
+
+def window_settings(windows: list[int | None]) -> dict[str, Any]:
+    """The ``model`` values of each layer's window: one ``attention_window`` where every layer has the same (none where
+    that is no window), else ``layers``, a window in the layers that have one."""
+    if len(set(windows)) == 1:
+        return {} if windows[0] is None else {"attention_window": windows[0]}
+    return {"layers": [None if window is None else {"attention_window": window} for window in windows]}
 
 
 def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -171,19 +188,31 @@ def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[
     # has no bias, so model.bias only says whether every projection has one.
     settings |= {"n_kv_heads": n_kv_heads, "head_dim": head_dim, "qk_norm": family.qk_norm, **biases,
                  "bias": all(biases.values())}
-    window = _window(family, config, n_layers, source, context_length(config, rope_options(config, source)))
-    return settings | ({"attention_window": window} if window is not None else {})
+    context = context_length(config, rope_options(config, source))
+    return settings | window_settings(layer_windows(family, config, n_layers, context))
 
 
 def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                source: str) -> PretrainedWeights:
     model = model_settings(family, config, source)
     tied = bool(config["tie_word_embeddings"])
+    options = rope_options(config, source)
+    return PretrainedWeights(
+        source=source, format=f"hf-{family.model_type}", task="lm", model=model, pos_encoding="rope",
+        pos_encoding_options=options, task_options={"tie_embeddings": tied, "scale_embeddings": False},
+        data_options={"max_seq_len": context_length(config, options)},
+        state_dict=state_from_hf(state, model, tied), tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
+    )
+
+
+def state_from_hf(state: dict[str, Tensor], model: dict[str, Any], tied: bool,
+                  block: dict[str, str] = _BLOCK) -> dict[str, Tensor]:
+    """A Llama-style state dict in trident's names; ``block``: the one-to-one block tensors (trident <- theirs)."""
     backbone = strip_prefix(state, "model.")
     out = {"embed.weight": backbone["embed_tokens.weight"], "decoder.final_norm.weight": backbone["norm.weight"]}
     for i in range(model["n_layers"]):
         hf, trident = f"layers.{i}", f"decoder.blocks.{i}"
-        out |= {f"{trident}.{name}": backbone[f"{hf}.{theirs}"] for name, theirs in _BLOCK.items()}
+        out |= {f"{trident}.{name}": backbone[f"{hf}.{theirs}"] for name, theirs in block.items()}
         out[f"{trident}.self_attn.qkv_proj.weight"] = torch.cat([backbone[f"{hf}.self_attn.{p}_proj.weight"] for p in "qkv"])
         out[f"{trident}.ffn.fc_in.weight"] = torch.cat([backbone[f"{hf}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
         if model["qkv_bias"]:
@@ -198,13 +227,7 @@ def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor],
                 out[f"{trident}.self_attn.{part}.weight"] = backbone[f"{hf}.self_attn.{part}.weight"]
     head = state.get("lm_head.weight")
     out["head.weight"] = out["embed.weight"] if tied or head is None else head
-    options = rope_options(config, source)
-    return PretrainedWeights(
-        source=source, format=f"hf-{family.model_type}", task="lm", model=model, pos_encoding="rope",
-        pos_encoding_options=options, task_options={"tie_embeddings": tied, "scale_embeddings": False},
-        data_options={"max_seq_len": context_length(config, options)},
-        state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
-    )
+    return out
 
 
 def writes(family: Family, net: CausalLM) -> bool:
@@ -233,8 +256,24 @@ def _require_family(family: Family, cfg: TransformerConfig, net: CausalLM) -> No
                        "its attention_bias puts a bias on q, k, v and o alike" if family.attention_bias == "config"
                        else "its o_proj has no bias")
     require_equivalent(family.mlp_bias or not cfg.mlp_bias, "model.mlp_bias", True, target, "its MLP has no biases")
-    require_equivalent(family.window != "none" or cfg.attention_window is None, "model.attention_window",
+    windows = [layer.attention_window for layer in cfg.layer_settings]
+    require_equivalent(family.window != "none" or windows == [None] * cfg.n_layers, "model.attention_window",
                        cfg.attention_window, target, "it has no sliding window (Mistral, Qwen2 and Qwen3 have)")
+    require_same_layers(cfg, target, windows=family.window != "all")
+
+
+def require_same_layers(cfg: TransformerConfig, target: str, *, windows: bool, ropes: int = 1) -> None:
+    """One line for per-layer settings ``target`` cannot state: rope off or other rope options in some layers (beyond
+    ``ropes`` sets of options), windows of several lengths (or, without ``windows``, in some layers only)."""
+    layers = cfg.layer_settings
+    options = {str(layer.pos_encoding_options) for layer in layers}
+    require_equivalent(all(layer.rope for layer in layers) and len(options) <= ropes, "model.layers", cfg.layers, target,
+                       "its layers all rotate their queries and keys" + (" with the same rope" if ropes == 1 else
+                                                                        f", with at most {ropes} rope settings"))
+    sliding = {layer.attention_window for layer in layers} - {None}
+    require_equivalent(len(sliding) <= 1 and (windows or len({layer.attention_window for layer in layers}) == 1),
+                       "model.layers", cfg.layers, target, "its sliding window is one length" + (
+                           "" if windows else ", in every layer (Qwen2, Qwen3 and Gemma have it in some layers only)"))
 
 
 def rope_parameters(options: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
@@ -273,20 +312,30 @@ def from_trident(family: Family, net: CausalLM) -> tuple[str, dict[str, Any], di
     if family.window == "all":
         config["sliding_window"] = cfg.attention_window
     elif family.window == "layers":
-        sliding = cfg.attention_window is not None
-        config |= {"use_sliding_window": sliding, "sliding_window": cfg.attention_window, "max_window_layers": 0,
-                   "layer_types": ["sliding_attention" if sliding else "full_attention"] * cfg.n_layers}
-    return family.architecture, config, _state_to_hf(net)
+        config |= qwen_windows([layer.attention_window for layer in cfg.layer_settings])
+    return family.architecture, config, state_to_hf(net)
 
 
-def _state_to_hf(net: CausalLM) -> dict[str, Tensor]:
+def qwen_windows(windows: list[int | None]) -> dict[str, Any]:
+    """Qwen's window settings of each layer's window: layer_types, and max_window_layers the full layers before the
+    first sliding one where only those are full (0 where none slides, as transformers reads it with layer_types)."""
+    sliding = [window is not None for window in windows]
+    leading = sliding.index(True) if any(sliding) else 0
+    window = next((window for window in windows if window is not None), None)
+    return {"use_sliding_window": any(sliding), "sliding_window": window,
+            "max_window_layers": leading if all(sliding[leading:]) else 0,
+            "layer_types": ["sliding_attention" if slides else "full_attention" for slides in sliding]}
+
+
+def state_to_hf(net: CausalLM, block: dict[str, str] = _BLOCK) -> dict[str, Tensor]:
+    """The inverse of :func:`state_from_hf`."""
     state, cfg = net.state_dict(), net.cfg
     q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     out = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["decoder.final_norm.weight"],
            "lm_head.weight": state["head.weight"]}
     for i in range(cfg.n_layers):
         hf, trident = f"model.layers.{i}", f"decoder.blocks.{i}"
-        out |= {f"{hf}.{theirs}": state[f"{trident}.{name}"] for name, theirs in _BLOCK.items()}
+        out |= {f"{hf}.{theirs}": state[f"{trident}.{name}"] for name, theirs in block.items()}
         kinds = ["weight"] + (["bias"] if cfg.qkv_bias else [])
         for kind in kinds:
             # (q_rows + 2 * kv_rows, ...) -> q (q_rows, ...), k and v (kv_rows, ...)

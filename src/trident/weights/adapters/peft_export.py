@@ -26,7 +26,7 @@ from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
-from trident.weights.adapters import hf_bert, hf_gpt2, hf_vit, llama_style
+from trident.weights.adapters import hf_bert, hf_gemma, hf_gpt2, hf_vit, llama_style
 from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import adapter_for_network
 
@@ -70,7 +70,9 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
        _encoder("vit.layers", ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
                                "mlp.fc1", "mlp.fc2"), "classifier"))
 # The MLM head (transform, and the decoder whose own bias trains) is cls.predictions; ViT's is classifier.
-LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT}
+# Gemma's modules (in a block) are named as Llama's; its extra norms are no LoRA targets.
+LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
+                                             hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:

@@ -70,6 +70,8 @@ def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None
     try:
         tokenizer = read_tokenizer(path)
         weights = adapter.to_trident(config, state, tokenizer, source)
+        # The stack is declared as the family it was read from: the run records it, and its export writes it back.
+        weights = replace(weights, model=weights.model | {"family": adapter.FAMILY})
         return replace(weights, tokenizer_settings=read_tokenizer_settings(path)) if tokenizer is not None else weights
     except KeyError as err:  # a setting or tensor the config or weights lack (e.g. an old or edited checkpoint)
         missing, kind = err.args[0], f"a {model_type} ({', '.join(adapter.ARCHITECTURES)})"

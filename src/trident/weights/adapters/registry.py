@@ -9,11 +9,22 @@ from pathlib import Path
 from torch import nn
 
 from trident.errors import ConfigError
-from trident.weights.adapters import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, hf_vit, timm_vit
+from trident.weights.adapters import (
+    hf_bert,
+    hf_gemma,
+    hf_gpt2,
+    hf_llama,
+    hf_mistral,
+    hf_qwen2,
+    hf_qwen3,
+    hf_vit,
+    timm_vit,
+)
 from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
+    hf_gemma.GEMMA2, hf_gemma.GEMMA3,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
 
@@ -28,9 +39,23 @@ def adapter_for_model_type(model_type: str) -> Adapter | None:
     return next((adapter for adapter in ADAPTERS if adapter.MODEL_TYPE == model_type), None)
 
 
+def declared_family(net: nn.Module) -> str | None:
+    """The ``model.family`` ``net``'s stack declares (a ViT's is its encoder's), or None."""
+    cfg = getattr(net, "cfg", None) or getattr(getattr(net, "encoder", None), "cfg", None)
+    return getattr(cfg, "family", None)
+
+
 def adapter_for_network(net: nn.Module) -> Adapter:
-    """The adapter that writes ``net`` (of those whose NETWORK it is, the one that says it :meth:`~Adapter.writes`
-    it); a network of no registered family is one ConfigError line."""
+    """The adapter that writes ``net``: its declared family's (``model.family``); for a stack that declares none,
+    of those whose NETWORK it is, the one that says it :meth:`~Adapter.writes` it. A network of no registered
+    family is one ConfigError line."""
+    family = declared_family(net)
+    if family is not None:
+        adapter = next(adapter for adapter in ADAPTERS if adapter.FAMILY == family)
+        if type(net) is not adapter.NETWORK:
+            raise ConfigError(f"model.family={family} is a {adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]}), not a "
+                              f"{type(net).__name__}: set model.family=null, or the family of a {type(net).__name__}")
+        return adapter
     adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK and adapter.writes(net)), None)
     if adapter is None:
         kinds = ", ".join(f"{adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]})" for adapter in ADAPTERS)
