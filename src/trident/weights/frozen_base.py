@@ -109,9 +109,10 @@ def reading(path: Path) -> Iterator[None]:
 
 
 def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | None,
-                path: Path | None) -> FrozenBase | None:
+                path: Path | None, n_heads: int | None) -> FrozenBase | None:
     """Put the base back into ``checkpoint``'s weights, from ``net`` when it holds the same base (``known``),
-    else from where :func:`find_base` finds it; returns the base ``net`` holds once the checkpoint is loaded."""
+    else from where :func:`find_base` finds it (``n_heads``: ``net``'s, for a source that does not record them);
+    returns the base ``net`` holds once the checkpoint is loaded."""
     record = checkpoint.get(FROZEN_BASE_KEY)
     if not isinstance(record, dict):
         return known
@@ -120,7 +121,7 @@ def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | 
         own = net.state_dict()
         weights = {name: own[name].detach() for name in wanted.names}
     else:
-        weights = find_base(wanted, path if path is not None else _reading.get())
+        weights = find_base(wanted, path if path is not None else _reading.get(), n_heads)
     for entry in WEIGHT_ENTRIES:
         saved = checkpoint.get(entry)
         if isinstance(saved, dict):
@@ -159,9 +160,10 @@ def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, 
     return wanted
 
 
-def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
+def find_base(wanted: FrozenBase, checkpoint: Path | None, n_heads: int | None = None) -> dict[str, Tensor]:
     """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
-    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
+    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line.
+    ``n_heads``: the head count of the network, for a source that does not record it (a timm file)."""
     from trident.weights.init_from import COPY_DIR, read_init_source  # here: it imports the tasks, which import this
 
     override = os.environ.get(BASE_VARIABLE)
@@ -175,7 +177,7 @@ def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
     differs: str | None = f"{candidates[-1]} is not there"
     for candidate in candidates:
         if candidate.exists():
-            weights = read_init_source(str(candidate)).state_dict
+            weights = read_init_source(str(candidate), n_heads).state_dict
             differs = _difference(wanted, weights, str(candidate))
             if differs is None:
                 return weights
