@@ -185,3 +185,20 @@ def test_a_lora_run_from_a_llama_directory_refills_its_base_from_that_directory(
     away = tmp_path / "away.ckpt"
     shutil.copy(last, away)
     torch.testing.assert_close(_logits(trident.load(away).net), _logits(trident.load(last).net), rtol=0, atol=0)
+
+
+def test_a_lora_vit_from_a_timm_file_that_records_no_heads_refills_its_base_from_that_file(tmp_path: Path) -> None:
+    """A timm file 96 wide with 3 heads records no head count (the run states it: model.n_heads=3): a checkpoint away
+    from its run's copy reads the file again with the heads of the network it fills, not 64-channel ones."""
+    from .test_init_from import FROZEN, VIT, _image_folder, _image_run, _timm_file
+
+    _timm_file(tmp_path / "vit.safetensors", width=96, heads=3)
+    run = tmp_path / "run"
+    train(compose_config([*(o for o in VIT if o != "model=nano"), *FROZEN, "finetune=lora",
+                          *_image_run(_image_folder(tmp_path / "images", 3, 10)),
+                          f"init_from={tmp_path / 'vit.safetensors'}", "model.n_heads=3"], output_dir=run))
+    images = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = trident.load(run).net(images)
+        shutil.rmtree(run / "init")
+        torch.testing.assert_close(trident.load(run).net(images), expected, rtol=0, atol=0)

@@ -42,8 +42,9 @@ class FrozenBase:
         return cls(str(record["source"]), list(record["tensors"]), str(record["fingerprint"]))
 
 
-#: Finds a base's tensors for the checkpoint at the path being read (None: not known).
-BaseFinder = Callable[[FrozenBase, Path | None], dict[str, Tensor]]
+#: Finds a base's tensors for the checkpoint at the path being read (None: not known), read with the network's head
+#: count (a timm file does not record it).
+BaseFinder = Callable[[FrozenBase, Path | None, int | None], dict[str, Tensor]]
 # The checkpoint being read (trident.load and the commands) and its reader's finder.
 _reading: contextvars.ContextVar[tuple[Path, BaseFinder] | None] = contextvars.ContextVar("reading_checkpoint",
                                                                                           default=None)
@@ -71,9 +72,10 @@ def reading(path: Path, find: BaseFinder | None) -> Iterator[None]:
 
 
 def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | None,
-                path: Path | None) -> FrozenBase | None:
+                path: Path | None, n_heads: int | None) -> FrozenBase | None:
     """Put the base back into ``checkpoint``'s weights, from ``net`` when it holds the same base (``known``),
-    else from where the reader's finder finds it; returns the base ``net`` holds once the checkpoint is loaded."""
+    else from where the reader's finder finds it (``n_heads``: ``net``'s, for a source that does not
+    record them); returns the base ``net`` holds once the checkpoint is loaded."""
     record = checkpoint.get(FROZEN_BASE_KEY)
     if not isinstance(record, dict):
         return known
@@ -82,7 +84,7 @@ def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | 
         own = net.state_dict()
         weights = {name: own[name].detach() for name in wanted.names}
     else:
-        weights = _find(wanted, path)
+        weights = _find(wanted, path, n_heads)
     for entry in WEIGHT_ENTRIES:
         saved = checkpoint.get(entry)
         if isinstance(saved, dict):
@@ -91,11 +93,11 @@ def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | 
     return wanted
 
 
-def _find(wanted: FrozenBase, path: Path | None) -> dict[str, Tensor]:
+def _find(wanted: FrozenBase, path: Path | None, n_heads: int | None) -> dict[str, Tensor]:
     reader = _reading.get()
     if reader is None:  # e.g. Lightning's load_from_checkpoint called by hand
         raise DataError(f"{path or 'the checkpoint'} holds a finetune=lora run's adapters without the frozen base they "
                         f"adapt (init_from={wanted.source}): read it with trident.load(<the checkpoint>), which puts "
                         "the base back")
     reading_path, find = reader
-    return find(wanted, path if path is not None else reading_path)
+    return find(wanted, path if path is not None else reading_path, n_heads)

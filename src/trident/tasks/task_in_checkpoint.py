@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 from torch import nn
 
 from trident.tasks.frozen_base import FrozenBase, drop_base, refill_base
+
+if TYPE_CHECKING:
+    from trident.backbone import TransformerConfig
 
 #: The checkpoint key naming the task class that wrote it (``trident.load`` rebuilds it from that).
 TASK_KEY = "trident_task"
@@ -24,6 +27,7 @@ class TaskInCheckpoint:
     tokenizer: Tokenizer | None
     tokenizer_settings: dict[str, str]  # chat template and special tokens of an outside tokenizer (init_from)
     net: nn.Module
+    backbone_config: TransformerConfig
     #: finetune=lora from init_from: the frozen base its checkpoints leave out (set by the pipeline or a read); None:
     #: the checkpoints hold every weight.
     frozen_base: FrozenBase | None = None
@@ -41,7 +45,9 @@ class TaskInCheckpoint:
         # Before Lightning loads the weights: a LoRA checkpoint's base comes back from the network or its source.
         trainer = getattr(self, "_trainer", None)
         path = Path(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else None
-        self.frozen_base = refill_base(checkpoint, self.net, self.frozen_base, path)
+        # A timm file records no head count: it is read again with the heads the run read it with (the network's).
+        heads = self.backbone_config.n_heads
+        self.frozen_base = refill_base(checkpoint, self.net, self.frozen_base, path, heads)
         if checkpoint.get("tokenizer_json"):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
         # A resumed run keeps what it set from its data and source (a checkpoint written before runs recorded their

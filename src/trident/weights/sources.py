@@ -109,9 +109,10 @@ def read_source_copy(folder: Path) -> PretrainedWeights:
 
 
 
-def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
+def find_base(wanted: FrozenBase, checkpoint: Path | None, n_heads: int | None = None) -> dict[str, Tensor]:
     """The base's tensors from the run's copy of its source beside ``checkpoint``, else ``$TRIDENT_BASE`` when set,
-    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line."""
+    else the recorded ``init_from``: the first that exists and holds the recorded fingerprint; else one error line.
+    ``n_heads``: the head count of the network, for a source that does not record it (a timm file)."""
     override = os.environ.get(BASE_VARIABLE)
     copies = [parent / COPY_DIR for parent in (checkpoint.resolve().parents if checkpoint is not None else [])
               if (parent / COPY_DIR / "source.json").is_file()][:1]
@@ -123,7 +124,7 @@ def find_base(wanted: FrozenBase, checkpoint: Path | None) -> dict[str, Tensor]:
     differs: str | None = f"{candidates[-1]} is not there"
     for candidate in candidates:
         if candidate.exists():
-            weights = read_init_source(str(candidate)).state_dict
+            weights = read_init_source(str(candidate), n_heads).state_dict
             differs = base_difference(wanted, weights, str(candidate))
             if differs is None:
                 return weights
