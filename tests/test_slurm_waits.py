@@ -1,0 +1,110 @@
+"""The SLURM tests' waits (tests/slurm_jobs.py), against stand-in ``scontrol``, ``squeue``, ``sinfo``, ``sacct``
+and ``scancel``: a wait for something a job will not bring stops within seconds (the sweep's process ended,
+the job ended or is held, it ran too long), says where the job stands with the tails of its logs, and cancels
+the job; time in line is not time running; a job requeued for later is started now."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .slurm_jobs import Job, Started, run_until
+
+JOB = "18"
+# Each stand-in command records its arguments; scontrol shows the job's records from a file, or fails as
+# SLURM does for a job it no longer knows.
+STAND_IN = """#!/bin/sh
+echo "$(basename "$0") $*" >> "{calls}"
+if [ "$(basename "$0") $1 $2" = "scontrol show job" ]; then
+  [ -f "{records}" ] || {{ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }}
+  cat "{records}"
+fi
+echo "$(basename "$0") stands in"
+"""
+
+
+class Cluster:
+    """The stand-in commands on PATH, the job's records and the calls made."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        self.calls, self.records = tmp_path / "calls", tmp_path / "records"
+        for name in ("scontrol", "squeue", "sinfo", "sacct", "scancel"):
+            (bin_dir / name).write_text(STAND_IN.format(calls=self.calls, records=self.records))
+            (bin_dir / name).chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+        self.root = tmp_path / "sweep"
+        log = self.root / "multirun" / "day" / "time" / ".submitit" / JOB / f"{JOB}_0_log.err"
+        log.parent.mkdir(parents=True)
+        log.write_text("srun: error: task 0 launch failed\n")
+
+    def job_is(self, state: str, reason: str = "None") -> None:
+        self.records.write_text(f"JobId={JOB} JobName=train JobState={state} Reason={reason} Dependency=(null)\n")
+
+    def called(self, command: str) -> bool:
+        return self.calls.is_file() and command in self.calls.read_text().splitlines()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    return Cluster(tmp_path, monkeypatch)
+
+
+def _fails_within(seconds: float, job: Job, **limits: float) -> str:
+    started = time.monotonic()
+    with pytest.raises(AssertionError) as failed:
+        run_until(job, lambda: False, "checkpoint", **limits)
+    assert time.monotonic() - started < seconds
+    return str(failed.value)
+
+
+def test_a_wait_stops_when_the_sweep_has_ended_and_says_why(cluster: Cluster) -> None:
+    cluster.job_is("RUNNING")
+    console = cluster.root / "train-0.console"
+    with console.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-c", "print('error: the sweep gave up'); raise SystemExit(3)"],
+                                   stdout=out, stderr=subprocess.STDOUT, text=True)
+    process.wait()
+    message = _fails_within(5, Job(JOB, cluster.root, Started(process, console)))
+    assert message.startswith("no checkpoint: the sweep ended (exit status 3)"), message
+    assert "error: the sweep gave up" in message, "the sweep's console"
+    assert "srun: error: task 0 launch failed" in message, "the tail of submitit's log"
+    assert f"$ scontrol show job {JOB}\nJobId={JOB}" in message and "$ squeue" in message and "$ sinfo" in message
+    assert cluster.called(f"scancel {JOB}"), "the job's nodes go to the next test's jobs"
+
+
+@pytest.mark.parametrize("state", ["FAILED", "COMPLETED", "CANCELLED", None])
+def test_a_wait_stops_once_the_job_has_ended(cluster: Cluster, state: str | None) -> None:
+    if state is not None:
+        cluster.job_is(state)
+    message = _fails_within(5, Job(JOB, cluster.root), after_end_s=0)
+    assert message.startswith(f"no checkpoint: the job ended ({state or 'no longer listed'})"), message
+
+
+def test_a_wait_stops_when_the_job_is_held(cluster: Cluster) -> None:
+    cluster.job_is("PENDING", "launch_failed_requeued_held")
+    message = _fails_within(5, Job(JOB, cluster.root))
+    assert "the job is held (launch_failed_requeued_held)" in message, message
+
+
+def test_a_job_running_too_long_fails_the_wait_and_time_in_line_is_not_counted(cluster: Cluster) -> None:
+    cluster.job_is("RUNNING")
+    message = _fails_within(5, Job(JOB, cluster.root), running_s=0.8)
+    assert re.match(r"no checkpoint: the job ran for \d+ s\n", message), message
+    cluster.job_is("PENDING", "Resources")
+    message = _fails_within(6, Job(JOB, cluster.root), running_s=0.8, timeout=2)
+    assert re.match(r"no checkpoint: waited 2 s, [23] s of it in line\n", message), message
+
+
+def test_a_requeued_job_held_until_later_is_started_now_and_the_wait_ends_when_done(cluster: Cluster) -> None:
+    cluster.job_is("PENDING", "BeginTime")
+    started = time.monotonic()
+    run_until(Job(JOB, cluster.root), lambda: time.monotonic() - started > 1, "checkpoint")
+    assert cluster.called(f"scontrol update JobId={JOB} StartTime=now")
+    assert not cluster.called(f"scancel {JOB}")
