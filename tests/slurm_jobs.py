@@ -171,6 +171,9 @@ def _report(job: Job, headline: str) -> str:
     if job.sweep is not None and not job.sweep.ended():
         job.sweep.process.kill()
         job.sweep.process.wait()
+    # What the jobs saved (a wait for a checkpoint that is there but unreadable shows here).
+    saved = sorted(job.root.glob("multirun/*/*/*/checkpoints/*"))
+    parts.append("checkpoints: " + (", ".join(f"{p.name} ({time.ctime(p.stat().st_mtime)})" for p in saved) or "none"))
     logs = [*job.root.glob("multirun/*/*/.submitit/*/*_log.*"), *job.root.glob("multirun/*/*/*/train.log"),
             *job.root.glob("*/*.out"), *([job.sweep.console] if job.sweep is not None else [])]
     parts += [f"--- {log}\n{_tail(log)}" for log in sorted(logs)] or [f"(no logs under {job.root})"]
