@@ -40,8 +40,13 @@ HELD = {"REQUEUE_HOLD", "SPECIAL_EXIT"}
 
 
 def env() -> dict[str, str]:
-    # The jobs inherit this environment (sbatch exports it): the tests' helpers, one thread.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    """The environment of the runs and sweeps (sbatch exports it to the jobs): the tests' helpers, one thread,
+    and no ``WANDB_SERVICE``: a W&B run in the pytest process (an in-process test's) leaves its service's
+    address there, and a job's rank 0 would log into that service, not one of its own (which SLURM's signals
+    reach, as they do on a cluster), or fail at its start when that service has gone."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    environment.pop("WANDB_SERVICE", None)
+    return environment
 
 
 @dataclass(frozen=True)

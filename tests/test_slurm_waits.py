@@ -1,7 +1,8 @@
 """The SLURM tests' waits (tests/slurm_jobs.py), against stand-in ``scontrol``, ``squeue``, ``sinfo``, ``sacct``
 and ``scancel``: a wait for something a job will not bring stops within seconds (the sweep's process ended,
 the job ended or is held, it ran too long), says where the job stands with the tails of its logs, and cancels
-the job; time in line is not time running; a job requeued for later is started now."""
+the job; time in line is not time running; a job requeued for later is started now. The jobs do not inherit
+the pytest process's W&B service."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .slurm_jobs import Job, Started, run_until
+from .slurm_jobs import Job, Started, env, run_until
 
 JOB = "18"
 # Each stand-in command records its arguments; scontrol shows the job's records from a file, or fails as
@@ -108,3 +109,10 @@ def test_a_requeued_job_held_until_later_is_started_now_and_the_wait_ends_when_d
     run_until(Job(JOB, cluster.root), lambda: time.monotonic() - started > 1, "checkpoint")
     assert cluster.called(f"scontrol update JobId={JOB} StartTime=now")
     assert not cluster.called(f"scancel {JOB}")
+
+
+def test_the_jobs_get_no_w_and_b_service_of_the_pytest_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A W&B run in this process leaves WANDB_SERVICE set: a job's rank 0 would connect to that service (seen:
+    "Connected to an existing wandb-core service via WANDB_SERVICE"), and fail at its start once it has gone."""
+    monkeypatch.setenv("WANDB_SERVICE", "3-1234-unix-/tmp/wandb-gone/socket")
+    assert "WANDB_SERVICE" not in env() and env()["OMP_NUM_THREADS"] == "1"
