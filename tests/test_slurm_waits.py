@@ -2,17 +2,23 @@
 and ``scancel``: a wait for something a job will not bring stops within seconds (the sweep's process ended,
 the job ended or is held, it ran too long), says where the job stands with the tails of its logs, and cancels
 the job; time in line is not time running; a job requeued for later is started now. The jobs do not inherit
-the pytest process's W&B service."""
+the pytest process's W&B service; and a job's ranks read whole the run files that rank 0 rewrites."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+
+from trident.runs.jobs import write_status
+from trident.runs.rerun import RESTART, earlier_attempt, remember_sweep, remembered_sweep
 
 from .slurm_jobs import Job, Started, env, run_until
 
@@ -117,3 +123,31 @@ def test_the_jobs_get_no_w_and_b_service_of_the_pytest_process(monkeypatch: pyte
     "Connected to an existing wandb-core service via WANDB_SERVICE"), and fail at its start once it has gone."""
     monkeypatch.setenv("WANDB_SERVICE", "3-1234-unix-/tmp/wandb-gone/socket")
     assert "WANDB_SERVICE" not in env() and env()["OMP_NUM_THREADS"] == "1"
+
+
+def test_every_rank_reads_the_run_files_whole_while_rank_zero_rewrites_them(tmp_path: Path) -> None:
+    """Each rank of a multi-node job reads ``status.json`` and ``run.json`` as it starts (is there an earlier
+    attempt? a sweep?) while rank 0 may be writing them. A file rewritten in place is empty for a moment: a
+    requeued job's rank 1 read it so and failed, and rank 0 waited for it until gloo's 30 minutes ran out.
+    A reader sees the old file or the new one, whole."""
+    cfg = OmegaConf.create({"task": {"monitor": "val/loss", "monitor_mode": "min"}})
+    write_status(tmp_path, cfg, "running")
+    remember_sweep(tmp_path, "sweep-0", "model.n_heads=2")
+    stop = threading.Event()
+
+    def rewrite() -> None:  # rank 0, as a job starts and runs
+        for step in itertools.count():
+            if stop.is_set():
+                return
+            write_status(tmp_path, cfg, "running", step=step)
+            remember_sweep(tmp_path, f"sweep-{step}", "model.n_heads=2")
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        for _ in range(3000):  # another rank
+            assert earlier_attempt(tmp_path) == RESTART  # a job stopped before its first checkpoint
+            assert remembered_sweep(tmp_path) is not None
+    finally:
+        stop.set()
+        writer.join()
