@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from trident.training.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL
 from .shared_runs import ONE_NODE, QUIET, TASK_RUNS, one_node_run
+from .slurm_jobs import CHECKPOINT_S, Job, env, finish, run_until, start, submitted_job, sweep_end
 
 CLUSTER = ROOT / "scripts" / "slurm_cluster.sh"
 
@@ -57,31 +57,6 @@ TASKS = {"lm": LM, **TASK_RUNS}
 # Slow steps (0.25 s) leave time to interrupt a job mid-run, between validations; they change no number.
 SLOW = ["+callbacks.slow._target_=tests.resume_helpers.SlowSteps", "+callbacks.slow.seconds=0.25"]
 CHECKPOINT = "multirun/*/*/*/checkpoints/last.ckpt"
-
-
-def _env() -> dict[str, str]:
-    # The jobs inherit this environment (sbatch exports it): the tests' helpers, one thread.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-
-
-def _train(root: Path, *args: str) -> subprocess.Popen[str]:
-    root.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(ROOT / "train.py"), *args, f"paths.output_root={root}"]
-    return subprocess.Popen(command, cwd=root, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-# Limits for a run that hangs, generous: the module's jobs wait in line for the two nodes (behind
-# those of any other run of these tests on the cluster).
-TIMEOUT_S = 1800
-
-
-def _finish(process: subprocess.Popen[str], timeout: float = TIMEOUT_S) -> tuple[int, str]:
-    try:
-        _, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()  # not left waiting after the test
-        raise
-    return process.returncode, err
 
 
 def _sweep_jobs(root: Path) -> list[Path]:
@@ -122,16 +97,6 @@ def _no_traceback(root: Path) -> None:
         assert "Traceback" not in log.read_text(), f"{log}:\n{log.read_text()[-3000:]}"
 
 
-def _slurm_job(root: Path) -> str:
-    """The SLURM job id of the (one) job that a sweep under ``root`` submitted, once submitted."""
-    for _ in range(300):
-        jobs = list(root.glob("multirun/*/*/.submitit/*/*_submitted.pkl"))
-        if jobs:
-            return jobs[0].parent.name
-        time.sleep(1)
-    raise AssertionError("no job was submitted")
-
-
 def _status_is(run_dir: Path, status: str) -> bool:
     try:
         return _status(run_dir)["status"] == status
@@ -149,17 +114,6 @@ def _checkpoint_step(root: Path) -> int:
 def _saved_step(checkpoint: Path, mtime_ns: int) -> int:
     """A checkpoint's training step, read once per version of the file (each written atomically)."""
     return torch.load(checkpoint, weights_only=True)["global_step"]
-
-
-def _run_until(job: str, done: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
-    """Wait for ``done()``; SLURM holds a requeued job for about 2 minutes (BeginTime): start it now."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True, check=False).stdout
-        if "PENDING" in state and "BeginTime" in state:
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
-        time.sleep(0.5)
 
 
 @dataclass
@@ -183,45 +137,41 @@ def _requeued_twice(root: Path) -> Interrupted:
     # --signal=USR2@<signal_delay_s>); sent here mid-run, as submitit's own tests do, since a real
     # limit of minutes would land anywhere on this shared machine.
     limit = ["hydra.launcher.timeout_min=10", "hydra.launcher.max_num_timeout=1"]
-    process = _train(root, *SLURM, *LM, *SLOW, "seed=1", *limit)
-    job = _slurm_job(root)
-    _run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint")
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    job = submitted_job(root, start(root, *SLURM, *LM, *SLOW, "seed=1", *limit))
+    run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint", running_s=CHECKPOINT_S)
+    subprocess.run(["scancel", "--signal=USR2", job.id], check=True)
     run_dir = _sweep_jobs(root)[0]
     # Once the first attempt has stopped (a few steps in), a checkpoint at step 10 is the second's:
     # it has run the validation at step 8 and is well before the one at 16.
-    _run_until(job, lambda: _status_is(run_dir, "requeued"), "requeue at the time-limit signal")
-    _run_until(job, lambda: _checkpoint_step(root) >= 10, "checkpoint of the second attempt")
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    _run_until(job, lambda: process.poll() is not None, "end of the sweep")
-    rc, err = _finish(process)
+    run_until(job, lambda: _status_is(run_dir, "requeued"), "requeue at the time-limit signal")
+    run_until(job, lambda: _checkpoint_step(root) >= 10, "checkpoint of the second attempt")
+    subprocess.run(["scontrol", "requeue", job.id], check=True)
+    rc, err = sweep_end(job)
     return Interrupted(root, rc, err, run_dir, _status(run_dir))
 
 
 def _cancelled_then_resumed(root: Path) -> Interrupted:
     """Cancelled with ``scancel`` once a checkpoint exists, then continued by the same 2 ranks as 2
     processes of this machine."""
-    process = _train(root, *SLURM, *LM, *SLOW, "seed=1")
-    job = _slurm_job(root)
-    _run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint")
-    subprocess.run(["scancel", job], check=True)
-    _run_until(job, lambda: process.poll() is not None, "end of the sweep")
-    rc, err = _finish(process)
+    job = submitted_job(root, start(root, *SLURM, *LM, *SLOW, "seed=1"))
+    run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint", running_s=CHECKPOINT_S)
+    subprocess.run(["scancel", job.id], check=True)
+    rc, err = sweep_end(job)
     run_dir = _sweep_jobs(root)[0]
     stopped = _status(run_dir)
-    resumed = _finish(_train(root, f"resume={run_dir}", "trainer.devices=2", "trainer.num_nodes=1"))
+    resumed = finish(start(root, f"resume={run_dir}", "trainer.devices=2", "trainer.num_nodes=1"))
     return Interrupted(root, rc, err, run_dir, stopped, resumed)
 
 
 def _two_node_sweep(root: Path, task: str, seeds: str) -> Path:
-    rc, err = _finish(_train(root, *SLURM, *TASKS[task], seeds))
+    rc, err = sweep_end(submitted_job(root, start(root, *SLURM, *TASKS[task], seeds)))
     assert rc == 0, err[-3000:]
     assert "jobs of the sweep completed" in err
     return root
 
 
 def _one_node_lm(root: Path) -> Path:
-    rc, err = _finish(_train(root, *ONE_NODE, *LM, "hydra.run.dir=run"))
+    rc, err = finish(start(root, *ONE_NODE, *LM, "hydra.run.dir=run"))
     assert rc == 0, err[-3000:]
     return root / "run"
 
@@ -229,14 +179,10 @@ def _one_node_lm(root: Path) -> Path:
 def _two_nodes_by_hand(root: Path) -> Path:
     """The LM's 2-node run, as two ``train.py`` processes started by hand on this machine."""
     args = [*ONE_NODE, *LM, "trainer.devices=1", "trainer.num_nodes=2", "hydra.run.dir=run"]
-    root.mkdir(parents=True)
-    nodes = []
-    for rank in (0, 1):
-        env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517", "NODE_RANK": str(rank)}
-        command = [sys.executable, str(ROOT / "train.py"), *args, f"paths.output_root={root}"]
-        nodes.append(subprocess.Popen(command, cwd=root, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    nodes = [start(root, *args, environment={**env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517",
+                                             "NODE_RANK": str(rank)}) for rank in (0, 1)]
     for node in nodes:
-        rc, err = _finish(node)
+        rc, err = finish(node)
         assert rc == 0 and "Traceback" not in err, err[-3000:]
     return root / "run"
 
@@ -305,7 +251,7 @@ def test_two_seeds_are_two_slurm_jobs_and_one_report(runs: Runs) -> None:
     assert len({json.loads((job / "run.json").read_text())["slurm_job"] for job in jobs}) == len(jobs) == 2
     assert [_status(job)["status"] for job in jobs] == ["completed"] * 2
     sweep = jobs[0].parent
-    result = subprocess.run([sys.executable, "-m", "trident.report", str(sweep)], capture_output=True, text=True, env=_env(), check=False)
+    result = subprocess.run([sys.executable, "-m", "trident.report", str(sweep)], capture_output=True, text=True, env=env(), check=False)
     assert result.returncode == 0, result.stderr
     assert "| 2 |" in (sweep / "report.md").read_text(), "one setting, n = 2 seeds"
 
@@ -382,8 +328,8 @@ def test_a_job_whose_log_directory_appears_after_sbatch_still_runs(tmp_path: Pat
     for log_dir in logs:
         log_dir.mkdir(parents=True)
     queued = ["squeue", "-h", "-j", array]
-    _run_until(array, lambda: not subprocess.run(queued, capture_output=True, text=True, check=False).stdout.strip(),
-               "end of the array")
+    run_until(Job(array, out), lambda: not subprocess.run(queued, capture_output=True, text=True, check=False).stdout.strip(),
+              "end of the array")
     for log_dir in logs:
         assert (log_dir / "log.out").read_text().strip() == "ran", log_dir
         assert [(log_dir / f"step_{rank}.out").read_text().strip() for rank in (0, 1)] == ["step", "step"]

@@ -18,6 +18,7 @@ from trident.training.distributed_checkpoint import is_sharded_checkpoint
 from trident.weights.checkpoints import read_checkpoint
 
 from . import test_slurm as slurm
+from .slurm_jobs import CHECKPOINT_S, finish, run_until, start, submitted_job, sweep_end
 
 pytestmark = slurm.pytestmark
 
@@ -46,18 +47,16 @@ def _checkpoint_step(root: Path) -> int:
 
 def _preempted(root: Path) -> tuple[int, str, Path]:
     """The sharded 2-node job, requeued by SLURM (a preemption's SIGTERM) once it has saved a checkpoint:
-    its sweep's exit status and stderr, and its run directory."""
-    process = slurm._train(root, *FSDP, *LM, *SLOW)
-    job = slurm._slurm_job(root)
-    slurm._run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint")
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    slurm._run_until(job, lambda: process.poll() is not None, "end of the sweep")
-    rc, err = slurm._finish(process)
+    its sweep's exit status and console output, and its run directory."""
+    job = submitted_job(root, start(root, *FSDP, *LM, *SLOW))
+    run_until(job, lambda: _checkpoint_step(root) > 0, "checkpoint", running_s=CHECKPOINT_S)
+    subprocess.run(["scontrol", "requeue", job.id], check=True)
+    rc, err = sweep_end(job)
     return rc, err, slurm._sweep_jobs(root)[0]
 
 
 def _uninterrupted(root: Path) -> Path:
-    rc, err = slurm._finish(slurm._train(root, "trainer=fsdp_cpu", *SHARDED, *LM, "hydra.run.dir=run"))  # 2 processes
+    rc, err = finish(start(root, "trainer=fsdp_cpu", *SHARDED, *LM, "hydra.run.dir=run"))  # 2 processes
     assert rc == 0, err[-3000:]
     return root / "run"
 

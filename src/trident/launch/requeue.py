@@ -35,6 +35,16 @@ REQUEUED, CANCELLED, TIMEOUT = "requeued", "cancelled", "timeout"
 RUN_INFO = "run.json"
 
 
+def write_json(path: Path, record: dict[str, Any], indent: int) -> None:
+    """Write ``record`` as JSON to ``path`` at once (a temporary file renamed over it). Every rank of a
+    multi-node job reads ``run.json`` and ``status.json`` as it starts, while rank 0 may be writing them:
+    written in place, a file is empty for a moment, and a rank that read it so failed while rank 0 waited
+    for it (30 minutes, gloo's limit)."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(record, indent=indent) + "\n")
+    os.replace(partial, path)
+
+
 @dataclass(eq=False)  # an exception keeps identity equality (and stays hashable)
 class JobStopped(Exception):
     """Training stopped on a signal after saving ``checkpoint`` at ``step``; ``outcome`` says

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from trident.errors import find_user_error, run_with_clear_errors
 from trident.launch.distributed import is_global_zero
-from trident.launch.requeue import REQUEUED, JobStopped, come_back_later
+from trident.launch.requeue import REQUEUED, JobStopped, come_back_later, write_json
 from trident.runs.code_version import code_version
 from trident.runs.pipeline import train
 from trident.runs.rerun import continue_job, remember_sweep, remembered_sweep
@@ -92,7 +92,7 @@ def write_status(run_dir: Path, cfg: DictConfig, status: str, **fields: Any) -> 
     if requeues:
         record["requeues"] = requeues
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(path, record, indent=2)
 
 
 def record_stop(run_dir: Path, cfg: DictConfig, stop: JobStopped, identity: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from trident.launch.distributed import is_global_zero
-from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt
+from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, write_json
 from trident.launch.workers import JOB_VARIABLE
 from trident.runs.sweeps import STATUS_FILE, read_json
 
@@ -89,7 +89,7 @@ def remember_sweep(run_dir: Path, sweep_id: str, setting: str) -> None:
     info = json.loads(path.read_text()) if path.is_file() else {}
     info.update(sweep=sweep_id, setting=setting)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=1))
+    write_json(path, info, indent=1)
 
 
 def remembered_sweep(run_dir: Path) -> tuple[str, str] | None:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trident.errors import ConfigError
-from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, slurm_job
+from trident.launch.requeue import RUN_INFO, latest_checkpoint, requeued_attempt, slurm_job, write_json
 from trident.runs.compose import compose_train_config
 from trident.weights.run_config import RUN_CONFIG, run_config_of
 
@@ -45,7 +45,7 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
         return info
     info["slurm_job"] = slurm_job()
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=1))
+    write_json(path, info, indent=1)
     return info
 
 
