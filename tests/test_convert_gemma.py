@@ -155,6 +155,15 @@ def test_a_declared_gemma_to_transformers_and_back_is_exact(tmp_path: Path, fami
     assert back.task_options == {"tie_embeddings": net.head.weight is net.embed.weight, "scale_embeddings": True}
 
 
+def test_a_gemma3_export_states_the_sliding_window_pattern_older_transformers_read() -> None:
+    """transformers 4 before layer_types (4.51, the [hf] floor) reads Gemma 3's layers from sliding_window_pattern alone
+    (6 where it is absent): the export states the pattern its layer_types follow (tests/test_export_older_transformers.py
+    reads it there)."""
+    written = to_transformers(gemma_lm("gemma3", **WRITE_CASES[2][1])).config.to_dict()
+    every = written["sliding_window_pattern"]
+    assert every == 4 and written["layer_types"] == [LOCAL if (i + 1) % every else GLOBAL for i in range(4)]
+
+
 @pytest.mark.parametrize(("family", "settings", "named"), [
     ("gemma3", {"attn_softcap": 20.0}, r"model.attn_softcap=20.0 has no Gemma 3 \(hf export\) equivalent"),
     ("gemma2", {"sandwich_norm": False}, r"model.sandwich_norm=False has no Gemma 2"),
