@@ -21,6 +21,8 @@ from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
 
 transformers = pytest.importorskip("transformers")
+# Tiny models: intra-op threads cost more than they save on a shared CPU (the generation tests most).
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 VOCAB, WINDOW = 150, 8
 LOCAL, GLOBAL = "sliding_attention", "full_attention"
