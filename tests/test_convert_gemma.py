@@ -1,10 +1,11 @@
 """Gemma 2, Gemma 3 (text) and Qwen2 with max_window_layers below the layer count (transformers, every parameter random)
--> trident: the same logits with right and left padding, the same 64 greedy tokens through the KV cache past the sliding
+-> trident: the same logits with right and left padding, the same greedy tokens through the KV cache past the sliding
 window; -> back to transformers: the same tensors and config (issue 51, item 3)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
 
 transformers = pytest.importorskip("transformers")
+# Tiny models: intra-op threads cost more than they save on a shared CPU (the generation tests most).
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 VOCAB, WINDOW = 150, 8
 LOCAL, GLOBAL = "sliding_attention", "full_attention"
@@ -71,10 +74,27 @@ def hf_model(case: str, path: Path) -> torch.nn.Module:
     return model
 
 
+Source = Callable[[str], tuple[torch.nn.Module, Path]]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
+    """case -> its transformers model and the directory it is saved in, built once for the module's tests (read only)."""
+    built: dict[str, tuple[torch.nn.Module, Path]] = {}
+
+    def get(case: str) -> tuple[torch.nn.Module, Path]:
+        if case not in built:
+            path = tmp_path_factory.mktemp(case)
+            built[case] = hf_model(case, path), path
+        return built[case]
+
+    return get
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_logits_equal_those_of_transformers_with_right_and_left_padding(tmp_path: Path, case: str) -> None:
-    reference = hf_model(case, tmp_path)
-    weights = read_pretrained(tmp_path)
+def test_logits_equal_those_of_transformers_with_right_and_left_padding(source: Source, case: str) -> None:
+    reference, path = source(case)
+    weights = read_pretrained(path)
     read = CASES[case][3]
     assert {key: weights.model.get(key) for key in read} == read
     net = net_from(weights)
@@ -93,14 +113,17 @@ def test_logits_equal_those_of_transformers_with_right_and_left_padding(tmp_path
         torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_greedy_generation_of_64_tokens_past_the_window_matches_transformers(tmp_path: Path, case: str) -> None:
-    reference = hf_model(case, tmp_path)
-    net = net_from(read_pretrained(tmp_path))
-    prompt = torch.tensor([[5, 17, 3, 42, 99]])
-    expected = reference.generate(prompt, max_new_tokens=64, do_sample=False, attention_mask=torch.ones_like(prompt))
+# The untied and linear-rope cases compute through the cache as gemma2 and gemma3 do (their logits are checked above).
+@pytest.mark.parametrize("case", ["gemma2", "gemma3", "qwen2-max-window-layers"])
+def test_greedy_generation_past_the_window_matches_transformers(source: Source, case: str) -> None:
+    """Two prompts of 11 tokens, longer than the window of 8 (the sliding layers' caches take more positions than they
+    keep), then 16 tokens one by one, their caches rolling over twice: transformers' greedy tokens."""
+    reference, path = source(case)
+    net = net_from(read_pretrained(path))
+    prompt = torch.randint(2, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
+    expected = reference.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
     with torch.no_grad():
-        produced = generate(net, prompt, 64, top_k=1, use_cache=True)
+        produced = generate(net, prompt, 16, top_k=1, use_cache=True)
     assert produced.tolist() == expected.tolist()
 
 
@@ -113,15 +136,15 @@ ARCHITECTURE_KEYS = ("model_type", "architectures", "hidden_size", "intermediate
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_directory_read_and_exported_is_the_same_tensors_and_config(tmp_path: Path, case: str) -> None:
-    hf_model(case, tmp_path / "source")
-    weights = read_pretrained(tmp_path / "source")
+def test_a_directory_read_and_exported_is_the_same_tensors_and_config(source: Source, tmp_path: Path, case: str) -> None:
+    _, path = source(case)
+    weights = read_pretrained(path)
     assert weights.model["family"] == case.split("-")[0]
     net = net_from(weights)
     to_transformers(net).save_pretrained(tmp_path / "exported")
-    source, exported = (json.loads((tmp_path / name / "config.json").read_text()) for name in ("source", "exported"))
-    assert {key: exported.get(key) for key in ARCHITECTURE_KEYS} == {key: source.get(key) for key in ARCHITECTURE_KEYS}
-    theirs, ours = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("source", "exported"))
+    theirs_config, exported = (json.loads((directory / "config.json").read_text()) for directory in (path, tmp_path / "exported"))
+    assert {key: exported.get(key) for key in ARCHITECTURE_KEYS} == {key: theirs_config.get(key) for key in ARCHITECTURE_KEYS}
+    theirs, ours = (load_file(str(directory / "model.safetensors")) for directory in (path, tmp_path / "exported"))
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
 
@@ -155,6 +178,15 @@ def test_a_declared_gemma_to_transformers_and_back_is_exact(tmp_path: Path, fami
     assert back.task_options == {"tie_embeddings": net.head.weight is net.embed.weight, "scale_embeddings": True}
 
 
+def test_a_gemma3_export_states_the_sliding_window_pattern_older_transformers_read() -> None:
+    """transformers 4 before layer_types (4.51, the [hf] floor) reads Gemma 3's layers from sliding_window_pattern alone
+    (6 where it is absent): the export states the pattern its layer_types follow (tests/test_export_older_transformers.py
+    reads it there)."""
+    written = to_transformers(gemma_lm("gemma3", **WRITE_CASES[2][1])).config.to_dict()
+    every = written["sliding_window_pattern"]
+    assert every == 4 and written["layer_types"] == [LOCAL if (i + 1) % every else GLOBAL for i in range(4)]
+
+
 @pytest.mark.parametrize(("family", "settings", "named"), [
     ("gemma3", {"attn_softcap": 20.0}, r"model.attn_softcap=20.0 has no Gemma 3 \(hf export\) equivalent"),
     ("gemma2", {"sandwich_norm": False}, r"model.sandwich_norm=False has no Gemma 2"),
@@ -185,21 +217,22 @@ def test_every_reader_default_is_that_of_the_transformers_config_class(family: s
 
 
 @pytest.mark.parametrize("case", ["gemma3", "qwen2-max-window-layers"])
-def test_init_from_a_directory_fixes_its_family_and_layers_in_the_run_config(tmp_path: Path, case: str) -> None:
+def test_init_from_a_directory_fixes_its_family_and_layers_in_the_run_config(source: Source, tmp_path: Path,
+                                                                            case: str) -> None:
     """init_from=<directory>: the composed run config takes the family, its per-layer settings and its switches from the
     source, and the network it builds loads the source's tensors strictly, with transformers' logits."""
     from tests.conftest import compose_config
     from trident.runs.pipeline import check_config
     from trident.weights.init_from import apply_settings, read_init_source, settings_fixed_by
 
-    reference = hf_model(case, tmp_path / "source")
-    cfg = compose_config([f"init_from={tmp_path / 'source'}", "model=nano", "data.block_size=64"], output_dir=tmp_path / "run")
-    source = read_init_source(str(tmp_path / "source"))
-    apply_settings(cfg, settings_fixed_by(cfg, source, []))
+    reference, path = source(case)
+    cfg = compose_config([f"init_from={path}", "model=nano", "data.block_size=64"], output_dir=tmp_path / "run")
+    read = read_init_source(str(path))
+    apply_settings(cfg, settings_fixed_by(cfg, read, []))
     backbone = check_config(cfg)
     assert (backbone.family, backbone.layers) == (case.split("-")[0], CASES[case][3]["layers"])
     net = CausalLM(backbone, VOCAB, tie_embeddings=cfg.task.tie_embeddings, scale_embeddings=cfg.task.scale_embeddings)
-    net.load_state_dict(source.state_dict, strict=True)
+    net.load_state_dict(read.state_dict, strict=True)
     ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(net.eval()(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)

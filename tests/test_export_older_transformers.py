@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
+from tests.test_convert_gemma import WRITE_CASES, gemma_lm
 from tests.test_convert_llama_family import trident_lm
 from tests.test_export_chat import CHATML, MESSAGES, chat_task, chatml_tokenizer
 from trident.commands.export import export_hf
@@ -47,6 +48,10 @@ CASES: dict[str, dict[str, Any]] = {
     "qwen2": {"qkv_bias": True, "attn_out_bias": False, "n_kv_heads": 2, "pos_encoding_options": {"base": 1000000.0}},
     "qwen3": {"qk_norm": True, "head_dim": 32, "n_kv_heads": 2, "pos_encoding_options": {"base": 1000000.0}},
 }
+# Gemma 2 (sliding layers first, alternating: what 4.x before layer_types builds) and Gemma 3 (every 4th layer global,
+# its sliding_window_pattern; two ropes, the global one scaled), past their window of 16. Gemma 3 layer_types that
+# follow no pattern need a transformers that reads layer_types (docs/weights.md).
+GEMMA_CASES = {f"{family}-{i}": (family, settings) for i, (family, settings) in enumerate(WRITE_CASES) if "layers" in settings}
 # Run by the older transformers: each exported directory's logits on the shared ids, and the chat export's template.
 READER = """
 import json, sys, torch, transformers
@@ -54,7 +59,9 @@ out = sys.argv[1]
 ids = torch.load(f"{out}/ids.pt")
 found = {"version": transformers.__version__}
 for name in json.loads(sys.argv[2]):
-    model = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/{name}").eval()
+    # transformers 4's SDPA drops Gemma 2's score soft-capping: it asks for eager attention (5 picks it itself).
+    eager = {"attn_implementation": "eager"} if name.startswith("gemma") else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/{name}", **eager).eval()
     with torch.no_grad():
         torch.save(model(ids).logits, f"{out}/{name}/older_logits.pt")
 tokenizer = transformers.AutoTokenizer.from_pretrained(f"{out}/chat")
@@ -113,11 +120,17 @@ def test_the_oldest_allowed_transformers_reads_the_hf_export_as_trident_computes
         write_hf(net, None, None, tmp_path / name)
         with torch.no_grad():
             expected[name] = net(ids)
+    for name, (family, settings) in GEMMA_CASES.items():
+        net = gemma_lm(family, **settings)
+        write_hf(net, None, None, tmp_path / name)
+        with torch.no_grad():
+            expected[name] = net(ids)
     template = ChatTemplate("chatml.jinja", CHATML, {})
     tokenizer = chatml_tokenizer()
     export_hf(chat_task(tokenizer, template), tmp_path / "chat")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    read = subprocess.run([str(python), "-c", READER, str(tmp_path), json.dumps(list(CASES)), json.dumps(MESSAGES)],
+    names = json.dumps([*CASES, *GEMMA_CASES])
+    read = subprocess.run([str(python), "-c", READER, str(tmp_path), names, json.dumps(MESSAGES)],
                           capture_output=True, text=True, timeout=600, check=False, env=env)
     assert read.returncode == 0, read.stderr[-3000:]
     found = json.loads(read.stdout.strip().splitlines()[-1])

@@ -20,6 +20,8 @@ from trident.weights import read_pretrained
 from trident.weights.adapters.registry import ADAPTERS
 
 transformers = pytest.importorskip("transformers")
+# Tiny models: intra-op threads cost more than they save on a shared CPU (the generation tests most).
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 # family -> the task its network serves (the export's network kind).
 TASKS = {"gpt2": "lm", "bert": "mlm", "vit": "vit", "llama": "lm", "mistral": "lm", "qwen2": "lm", "qwen3": "lm",

@@ -104,7 +104,7 @@ class GemmaFamily(DecoderNames):
             full, local = ropes[FULL], ropes[SLIDING]
             # transformers 4 reads rope_theta, rope_scaling (the global layers') and rope_local_base_freq instead.
             config |= {"rope_parameters": {FULL: full, SLIDING: local}, **older_rope_keys(full),
-                       "rope_local_base_freq": local["rope_theta"]}
+                       "rope_local_base_freq": local["rope_theta"], **sliding_window_pattern(kinds)}
         else:
             config |= {"rope_parameters": ropes[FULL], **older_rope_keys(ropes[FULL])}
         return self.architecture, config, state_to_hf(net, _BLOCK)
@@ -207,6 +207,15 @@ def _layer_ropes(family: GemmaFamily, cfg: TransformerConfig) -> tuple[list[str]
     require_equivalent(all(start is None for _, start in parameters.values()) or not family.two_ropes,
                        "pos_encoding.options.scaling", "dynamic", family.target, "its two ropes take no dynamic scaling")
     return kinds, {kind: rope for kind, (rope, _) in parameters.items()}
+
+
+def sliding_window_pattern(kinds: list[str]) -> dict[str, int]:
+    """Gemma 3's ``sliding_window_pattern`` n of layer_types where every n-th layer is global, the others sliding (none
+    where no n gives them). transformers 4 before layer_types reads only n, and where it is absent 6, not layer_types."""
+    for every in range(1, len(kinds) + 2):  # n_layers + 1: every layer sliding
+        if kinds == [SLIDING if (i + 1) % every else FULL for i in range(len(kinds))]:
+            return {"sliding_window_pattern": every}
+    return {}
 
 
 def _number(value: float) -> float | int:
