@@ -117,13 +117,14 @@ def test_logits_equal_those_of_transformers_with_right_and_left_padding(source: 
 @pytest.mark.parametrize("case", ["gemma2", "gemma3", "qwen2-max-window-layers"])
 def test_greedy_generation_past_the_window_matches_transformers(source: Source, case: str) -> None:
     """Two prompts of 11 tokens, longer than the window of 8 (the sliding layers' caches take more positions than they
-    keep), then 16 tokens one by one, their caches rolling over twice: transformers' greedy tokens."""
+    keep), then 64 tokens one by one (the issue's check), their caches rolling over many times: transformers' greedy
+    tokens."""
     reference, path = source(case)
     net = net_from(read_pretrained(path))
     prompt = torch.randint(2, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
-    expected = reference.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
+    expected = reference.generate(prompt, max_new_tokens=64, do_sample=False, attention_mask=torch.ones_like(prompt))
     with torch.no_grad():
-        produced = generate(net, prompt, 16, top_k=1, use_cache=True)
+        produced = generate(net, prompt, 64, top_k=1, use_cache=True)
     assert produced.tolist() == expected.tolist()
 
 
