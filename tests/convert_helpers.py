@@ -88,3 +88,22 @@ def assert_hf_round_trip(net: nn.Module, inputs: Tensor, directory: Path) -> Pre
     # Read back, the stack is declared as the family the export wrote: the one it declared, else the one it matched.
     assert back.model["family"] == adapter_for_network(net).FAMILY == (cfg.family or back.model["family"])
     return back
+
+
+def assert_padded_logits_match(net: nn.Module, reference: nn.Module, vocab: int) -> None:
+    """``net``'s logits equal those of the transformers model ``reference`` (within 1e-5) on three texts of 17, 11 and
+    5 tokens, right-padded (a causal model's real positions never see the padding), then left-padded as a batch of
+    prompts is: the padding takes the first positions (transformers numbers positions 0..T-1 whatever the mask),
+    and no real token may attend to it."""
+    ids = torch.randint(2, vocab, (3, 17), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([17, 11, 5])
+    mask = torch.arange(17)[None, :] < lengths[:, None]  # (3, 17) True at real tokens
+    ids = ids.masked_fill(~mask, 0)
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(net(ids)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+        left = torch.stack([row.roll(int(17 - n)) for row, n in zip(ids, lengths, strict=True)])  # (3, 17)
+        left_mask = mask.flip(1)
+        expected = reference(left, attention_mask=left_mask.long()).logits
+        produced = net(left, key_padding_mask=~left_mask)
+        torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)

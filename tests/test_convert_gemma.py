@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.convert_helpers import assert_hf_round_trip, net_from, randomise
+from tests.convert_helpers import assert_hf_round_trip, assert_padded_logits_match, net_from, randomise
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM, generate
@@ -98,19 +98,7 @@ def test_logits_equal_those_of_transformers_with_right_and_left_padding(source: 
     read = CASES[case][3]
     assert {key: weights.model.get(key) for key in read} == read
     net = net_from(weights)
-    # Three texts of 17, 11 and 5 tokens (longer than the window of 8), right-padded, then left-padded.
-    ids = torch.randint(2, VOCAB, (3, 17), generator=torch.Generator().manual_seed(1))
-    lengths = torch.tensor([17, 11, 5])
-    mask = torch.arange(17)[None, :] < lengths[:, None]  # (3, 17) True at real tokens
-    ids = ids.masked_fill(~mask, 0)
-    with torch.no_grad():
-        expected = reference(ids, attention_mask=mask.long()).logits
-        torch.testing.assert_close(net(ids)[mask], expected[mask], atol=1e-5, rtol=1e-5)
-        left = torch.stack([row.roll(int(17 - n)) for row, n in zip(ids, lengths, strict=True)])  # (3, 17)
-        left_mask = mask.flip(1)
-        expected = reference(left, attention_mask=left_mask.long()).logits
-        produced = net(left, key_padding_mask=~left_mask)
-        torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
+    assert_padded_logits_match(net, reference, VOCAB)  # texts of 17, 11 and 5 tokens: longer than the window of 8
 
 
 # The untied and linear-rope cases compute through the cache as gemma2 and gemma3 do (their logits are checked above).

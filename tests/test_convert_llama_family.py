@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
+from tests.convert_helpers import (
+    assert_hf_round_trip,
+    assert_padded_logits_match,
+    drop_default_settings,
+    net_from,
+    randomise,
+)
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, DataError
 from trident.models import CausalLM, generate
@@ -153,21 +159,7 @@ def test_logits_equal_those_of_transformers_with_padding(tmp_path: Path, family:
     assert weights.pos_encoding_options["base"] == reference.config.rope_parameters["rope_theta"]
     assert weights.task_options["tie_embeddings"] is reference.config.tie_word_embeddings
     net = net_from(weights)
-    # Three texts of 17, 11 and 5 tokens, right-padded: a causal model's real positions never see the padding.
-    ids = torch.randint(2, VOCAB, (3, 17), generator=torch.Generator().manual_seed(1))
-    lengths = torch.tensor([17, 11, 5])
-    mask = torch.arange(17)[None, :] < lengths[:, None]  # (3, 17) True at real tokens
-    ids = ids.masked_fill(~mask, 0)
-    with torch.no_grad():
-        expected = reference(ids, attention_mask=mask.long()).logits
-        torch.testing.assert_close(net(ids)[mask], expected[mask], atol=1e-5, rtol=1e-5)
-        # The same texts left-padded, as a batch of prompts is: the padding takes the first positions (transformers
-        # numbers positions 0..T-1 whatever the mask), and no real token may attend to it.
-        left = torch.stack([row.roll(int(17 - n)) for row, n in zip(ids, lengths, strict=True)])  # (3, 17)
-        left_mask = mask.flip(1)
-        expected = reference(left, attention_mask=left_mask.long()).logits
-        produced = net(left, key_padding_mask=~left_mask)
-        torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
+    assert_padded_logits_match(net, reference, VOCAB)
 
 
 def test_sharded_pickled_weights_are_read(tmp_path: Path) -> None:
