@@ -60,8 +60,19 @@ def test_train_py_refuses_an_objective_of_another_task_in_one_line(tmp_path: Pat
 
 def test_an_objective_setting_it_does_not_take_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"task.objective.beta is not a setting of objective=class_label: remove it; "
-                                          r"it takes label_smoothing, soft_targets"):
+                                          r"it takes label_smoothing$"):
         build_objective({"name": "class_label", "beta": 0.1}, "vit", ("class_label",))
+
+
+def test_soft_targets_follow_from_the_targets_not_from_a_setting_that_could_disagree(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixup's class probabilities or hard labels: the class_label objective reads which from the targets' shape, so
+    the command line cannot set a soft-target loss on labels (a traceback at the first step)."""
+    result = run_in_process("train.py", ["task=vit", "+task.objective.soft_targets=true", "logger=none"], tmp_path,
+                            monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.last_line == ("error: task.objective.soft_targets is not a setting of objective=class_label: remove "
+                                "it; it takes label_smoothing")
 
 
 def test_the_choice_is_saved_with_the_hyperparameters_and_a_checkpoint_without_it_gets_the_default() -> None:
