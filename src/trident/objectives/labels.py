@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from trident.objectives.base import TRAIN, Loss, Objective, Outputs
@@ -20,6 +19,10 @@ class ClassLabel(Objective):
     NAME = "class_label"
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
+        # Here, not at the top: trident.objectives loads with every task, timm (and the W&B it imports) with those
+        # that classify only.
+        from timm.loss import SoftTargetCrossEntropy
+
         super().__init__()
         self.hard_loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.soft_loss = SoftTargetCrossEntropy()
