@@ -310,7 +310,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["task._target_=trident.data.lm.LMDataModule is not a trident task", "TridentTask"]),
     ("mlm-corpus-smaller-than-a-block", "train.py", ["task=mlm", *TEXT, "data.block_size=4000"], ["fewer than one block", "data.block_size"]),
     ("fill-mask-corrupt-checkpoint", "trident.commands.fill_mask", ["corrupt.ckpt", "To be or not to [MASK]"], ["corrupt.ckpt", "corrupt"]),
-    ("fill-mask-lm-checkpoint", "trident.commands.fill_mask", [LAST, "To be or not to [MASK]"], ["is not a trident mlm checkpoint", "'sample_prompts'", "task=mlm"]),
+    ("fill-mask-lm-checkpoint", "trident.commands.fill_mask", [LAST, "To be or not to [MASK]"], ["written by task=lm, which cannot fill in masks", "trident-fill-mask needs a run of task=mlm"]),
     # Issue 38: exports and commands
     ("sample-directory-not-a-run", "trident.commands.sample", ["outputs"], ["'outputs' holds no checkpoint", "train.py run"]),
     ("fill-mask-directory-not-a-run", "trident.commands.fill_mask", ["outputs", "To be or not to [MASK]"], ["'outputs' holds no checkpoint", "train.py run"]),

@@ -139,12 +139,18 @@ def test_the_lm_measures_its_costs_whatever_the_callbacks_and_no_other_task_does
 @pytest.mark.slow
 def test_train_and_eval_log_the_lm_costs(lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
     """train.py's test of a task=lm run logs what its quality costs (callbacks.model_costs); eval.py, which
-    drops the training callbacks, keeps that measure."""
+    drops the training callbacks, keeps that measure, also for a run saved before the callback existed (its config
+    names none: the task measured its costs itself then)."""
+    from omegaconf import OmegaConf
+
     run, metrics = lm_reference_run
     costs = {"test/kv_cache_bytes_per_token", "test/greedy_tokens_per_s", "test/trainable_params"}
     assert costs <= set(metrics)
     copy = tmp_path / "run"  # eval.py writes into the run directory: the shared run stays as it is
     shutil.copytree(run, copy)
+    saved = OmegaConf.load(copy / "config_resolved.yaml")
+    saved.callbacks.pop("model_costs")
+    OmegaConf.save(saved, copy / "config_resolved.yaml")
     scored = evaluate([f"ckpt_path={copy}", "trainer.limit_test_batches=1"])
     assert costs <= set(scored) and scored["test/kv_cache_bytes_per_token"] == metrics["test/kv_cache_bytes_per_token"]
 

@@ -60,8 +60,19 @@ def test_train_py_refuses_an_objective_of_another_task_in_one_line(tmp_path: Pat
 
 def test_an_objective_setting_it_does_not_take_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"task.objective.beta is not a setting of objective=class_label: remove it; "
-                                          r"it takes label_smoothing, soft_targets"):
+                                          r"it takes label_smoothing$"):
         build_objective({"name": "class_label", "beta": 0.1}, "vit", ("class_label",))
+
+
+def test_soft_targets_follow_from_the_targets_not_from_a_setting_that_could_disagree(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixup's class probabilities or hard labels: the class_label objective reads which from the targets' shape, so
+    the command line cannot set a soft-target loss on labels (a traceback at the first step)."""
+    result = run_in_process("train.py", ["task=vit", "+task.objective.soft_targets=true", "logger=none"], tmp_path,
+                            monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.last_line == ("error: task.objective.soft_targets is not a setting of objective=class_label: remove "
+                                "it; it takes label_smoothing")
 
 
 def test_the_choice_is_saved_with_the_hyperparameters_and_a_checkpoint_without_it_gets_the_default() -> None:
@@ -121,3 +132,77 @@ def test_an_objective_may_ask_the_task_for_outputs_of_its_own() -> None:
     batch: tuple[Tensor, Tensor] = (torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))
     summed, count = task._loss(batch)
     assert float(summed.detach()) == 0.0 and int(count) == 16
+
+
+def _smoothed_cross_entropy_sum(logits: Tensor, targets: Tensor, epsilon: float) -> Tensor:
+    """By hand in float64: the summed cross entropy of ``logits`` (N, V) against the smoothed one-hot target
+    q = (1 - eps) * one_hot + eps / V of each label (N,) other than IGNORE_INDEX (Szegedy et al. 2016; transformers'
+    LabelSmoother and F.cross_entropy(label_smoothing=eps) spread eps over all V classes alike)."""
+    keep = targets != IGNORE_INDEX
+    log_p = torch.log_softmax(logits.double()[keep], dim=-1)  # (n, V)
+    q = F.one_hot(targets[keep], log_p.size(-1)).double() * (1 - epsilon) + epsilon / log_p.size(-1)
+    return -(q * log_p).sum()
+
+
+def _float64(summed: Tensor) -> float:
+    return float(summed.detach().double())
+
+
+def test_each_token_objective_is_its_float64_hand_computation() -> None:
+    """next_token on chat-like targets (a prompt of IGNORE_INDEX), masked_tokens, and target_sequence's label
+    smoothing: summed loss, count and NLL part against the definitions computed by hand in float64."""
+    from trident.tasks.mlm import MaskedLanguageModelTask
+
+    torch.manual_seed(0)
+    lm = LanguageModelTask(BACKBONE, 11, {}, {})
+    inputs, targets = torch.randint(0, 11, (3, 8)), torch.randint(0, 11, (3, 8))
+    targets[0, :6], targets[2, 5:] = IGNORE_INDEX, IGNORE_INDEX  # a prompt, padding
+    loss, outputs = lm.objective(lm, (inputs, targets), "train")
+    assert int(loss.count) == 24 - 6 - 3
+    expected = _smoothed_cross_entropy_sum(lm.net(inputs).flatten(0, 1), targets.flatten(), 0.0)
+    assert _float64(loss.summed) == pytest.approx(float(expected), rel=1e-5)
+
+    mlm = MaskedLanguageModelTask(BACKBONE, vocab_size=11, optimizer={}, scheduler={}, mask_id=9, pad_id=10,
+                                  num_regular_tokens=9)
+    masked, truth = torch.randint(0, 9, (2, 8)), torch.full((2, 8), IGNORE_INDEX)
+    truth[0, 1], truth[1, 3], truth[1, 6] = 4, 2, 7
+    masked[truth != IGNORE_INDEX] = mlm.mask_id
+    loss, _ = mlm.objective(mlm, (masked, truth), "val")
+    expected = _smoothed_cross_entropy_sum(mlm.net(masked).flatten(0, 1), truth.flatten(), 0.0)
+    assert int(loss.count) == 3 and _float64(loss.summed) == pytest.approx(float(expected), rel=1e-5)
+
+    mt = TranslationTask(BACKBONE, 11, {}, {}, label_smoothing=0.1)
+    src, tgt_in, tgt_out = (torch.randint(3, 11, (2, 6)) for _ in range(3))
+    tgt_out[0, 4:] = mt.pad_id
+    loss, outputs = mt.objective(mt, {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}, "train")
+    logits, labels = mt.net(src, tgt_in).flatten(0, 1), outputs.targets.flatten()
+    assert int(loss.count) == 10
+    assert _float64(loss.summed) == pytest.approx(float(_smoothed_cross_entropy_sum(logits, labels, 0.1)), rel=1e-5)
+    nll, weight = loss.parts["nll_loss"]
+    assert float(nll) * int(weight) == pytest.approx(float(_smoothed_cross_entropy_sum(logits, labels, 0.0)), rel=1e-5)
+
+
+@pytest.mark.parametrize("mixup", [{}, {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}])
+def test_the_class_label_objective_is_its_float64_hand_computation(mixup: dict[str, float]) -> None:
+    """vit's training loss: hard labels smoothed by task.label_smoothing, or Mixup / CutMix soft targets (timm's
+    SoftTargetCrossEntropy: -sum_c q_c log p_c, averaged over the images), summed over the images; validation the
+    plain cross entropy of the hard labels."""
+    from trident.models.vit import vit_geometry
+    from trident.tasks.vit import ImageClassificationTask
+
+    torch.manual_seed(0)
+    vit = ImageClassificationTask({**BACKBONE, **vit_geometry(8, 4, "cls")}, {}, {}, num_classes=5, image_size=8, in_channels=1, patch_size=4,
+                                  class_names=list("abcde"), mean=[0.5], std=[0.5], label_smoothing=0.1, mixup=mixup)
+    images, labels = torch.randn(4, 1, 8, 8), torch.tensor([0, 3, 3, 1])
+    loss, outputs = vit.objective(vit, (images, labels), "train")
+    assert int(loss.count) == 4
+    if mixup:  # class probabilities (B, C): each row a distribution, no class below the smoothing's eps / C
+        assert outputs.targets.shape == (4, 5) and outputs.targets.min() >= 0.1 / 5 - 1e-6
+        torch.testing.assert_close(outputs.targets.sum(-1), torch.ones(4))
+        expected = -(outputs.targets.double() * torch.log_softmax(outputs.logits.double(), -1)).sum()
+    else:
+        expected = _smoothed_cross_entropy_sum(outputs.logits, labels, 0.1)
+    assert _float64(loss.summed) == pytest.approx(float(expected), rel=1e-5)
+    loss, outputs = vit.objective(vit, (images, labels), "val")
+    assert _float64(loss.summed) == pytest.approx(float(_smoothed_cross_entropy_sum(vit.net(images), labels, 0.0)),
+                                                  rel=1e-5)

@@ -110,7 +110,8 @@ def test_pretrained_weights_are_those_of_the_task_that_trains(trained_task: Trai
 
 def loss_calls(task: L.LightningModule, records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     """Record (logits, targets, loss) of every call of the task's training loss."""
-    task.objective.train_loss.register_forward_hook(lambda module, args, out: records.append((args[0].detach(), args[1].detach(), out.detach())))
+    for criterion in (task.objective.hard_loss, task.objective.soft_loss):  # labels, or Mixup's class probabilities
+        criterion.register_forward_hook(lambda module, args, out: records.append((args[0].detach(), args[1].detach(), out.detach())))
 
 
 def test_mixup_and_cutmix_give_the_loss_soft_smoothed_targets(trained_task: TrainedTask, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from torch import Tensor
 import trident
 from trident.data.lm import LMDataModule
 from trident.errors import ConfigError, DataError
-from trident.tasks.base import GENERATE, TridentTask
+from trident.tasks.base import FILL_MASK, GENERATE, TRANSLATE, TridentTask
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
@@ -38,7 +38,8 @@ TASK_CALLERS = ["runs/pipeline.py", "weights/load.py", "weights/checkpoints.py",
                 "weights/capable.py", "commands/evaluate.py", "commands/sample.py", "commands/chat.py",
                 "commands/translate.py", "commands/fill_mask.py", "commands/export.py", "training/callbacks.py"]
 # Commands that work with whatever task a run trained: they reach it through the contract, never a class name.
-CONTRACT_COMMANDS = ["commands/chat.py", "commands/sample.py", "commands/evaluate.py", "commands/export.py"]
+CONTRACT_COMMANDS = ["commands/chat.py", "commands/sample.py", "commands/evaluate.py", "commands/export.py",
+                     "commands/fill_mask.py", "commands/translate.py"]
 # One block, learned positions (a table to keep out of weight decay), biases and LayerNorm gains.
 BACKBONE = {"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16, "max_seq_len": 8, "pos_encoding": "learned"}
 OPTIMIZER = {"name": "adamw", "lr": 1.0, "weight_decay": 0.1, "fused": False}
@@ -88,9 +89,11 @@ def _task_modules(path: Path) -> set[str]:
 
 
 def test_the_commands_name_no_task_class() -> None:
-    """chat, sample, eval and export ask the task contract (trident.tasks.base: CAPABILITIES, NAME, ...) what a
+    """chat, sample, eval, export, fill-mask and translate ask the task contract (trident.tasks.base: CAPABILITIES, NAME, ...) what a
     run's task can do; none imports a task's own module."""
-    named = {command: _task_modules(SRC / command) - {"trident.tasks.base"} for command in CONTRACT_COMMANDS}
+    # The modules that define a task (trident.tasks' helpers, e.g. frozen_base, are no task's own).
+    own = {task.__module__ for task in TASKS.values()}
+    named = {command: _task_modules(SRC / command) & own for command in CONTRACT_COMMANDS}
     assert named == {command: set() for command in CONTRACT_COMMANDS}
 
 
@@ -100,23 +103,32 @@ def test_the_scan_finds_a_task_class_import(tmp_path: Path) -> None:
     assert _task_modules(naming) == {"trident.tasks.base", "trident.tasks.lm"}
 
 
-def test_the_tasks_that_generate_declare_it() -> None:
-    assert [name for name, task in TASKS.items() if GENERATE in task.CAPABILITIES] == ["lm"]
+def test_each_command_capability_is_declared_by_its_task() -> None:
+    able = {capability: [name for name, task in TASKS.items() if capability in task.CAPABILITIES]
+            for capability in (GENERATE, FILL_MASK, TRANSLATE)}
+    assert able == {GENERATE: ["lm"], FILL_MASK: ["mlm"], TRANSLATE: ["translation"]}
 
 
-@pytest.mark.parametrize(("command", "name"), [("trident.commands.sample", "trident-sample"),
-                                               ("trident.commands.chat", "trident-chat")])
+MLM_TARGET, LM_TARGET = "trident.tasks.mlm.MaskedLanguageModelTask", "trident.tasks.lm.LanguageModelTask"
+
+
+@pytest.mark.parametrize(("command", "name", "args", "written_by", "capability", "able"), [
+    ("trident.commands.sample", "trident-sample", [], MLM_TARGET, GENERATE, "lm"),
+    ("trident.commands.chat", "trident-chat", ["--message", "Hi"], MLM_TARGET, GENERATE, "lm"),
+    ("trident.commands.fill_mask", "trident-fill-mask", ["To be or not to [MASK]"], LM_TARGET, FILL_MASK, "mlm"),
+    ("trident.commands.translate", "trident-translate", ["Hello."], MLM_TARGET, TRANSLATE, "translation"),
+])
 def test_a_command_refuses_a_task_without_the_capability_it_needs_in_one_line(
-        command: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        command: str, name: str, args: list[str], written_by: str, capability: str, able: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked on the class the checkpoint names, before its weights are read (this one holds none)."""
-    checkpoint = tmp_path / "mlm.ckpt"
-    torch.save({"state_dict": {}, TASK_KEY: "trident.tasks.mlm.MaskedLanguageModelTask",
-                "hyper_parameters": {"mask_id": 9}}, checkpoint)
-    result = run_in_process(command, [str(checkpoint), "--message", "Hi"][: 3 if "chat" in command else 1], tmp_path,
-                            monkeypatch)
+    checkpoint = tmp_path / "run.ckpt"
+    torch.save({"state_dict": {}, TASK_KEY: written_by, "hyper_parameters": {}}, checkpoint)
+    result = run_in_process(command, [str(checkpoint), *args], tmp_path, monkeypatch)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.last_line == (f"error: checkpoint {str(checkpoint)!r} was written by task=mlm, which cannot generate: "
-                                f"{name} needs a run of task=lm")
+    task = written_by.split(".")[2]
+    assert result.last_line == (f"error: checkpoint {str(checkpoint)!r} was written by task={task}, which cannot "
+                                f"{capability}: {name} needs a run of task={able}")
 
 
 def _class_switches(path: Path) -> list[str]:

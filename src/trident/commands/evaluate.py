@@ -98,12 +98,12 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
     cfg, checkpoint = load_config(arguments)
     import lightning as L
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+    from trident.tasks.base import GENERATE
     from trident.tasks.frozen_base import reading
-    from trident.training.callbacks import TEST_MEASURES
+    from trident.training.callbacks import ModelCosts
     from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
     from trident.weights.sources import find_base
 
@@ -113,11 +113,12 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     datamodule, task = build_data_and_task(cfg, backbone, "test")
     check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
-    # Testing needs no logger, checkpoints or training limits, only the run's measures of the test (task=lm's
-    # model_costs); one process tests the whole split exactly (a DDP run's distributed sampler would pad it),
-    # whatever the run was trained on.
-    measures = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
-                if c is not None and c.get("_target_") in {f"{m.__module__}.{m.__qualname__}" for m in TEST_MEASURES}]
+    # Testing needs no logger, checkpoints or training limits, only the measures of the test that the task's
+    # capabilities call for (a task that generates: what its decoding costs, callbacks.model_costs in training).
+    # Chosen by the task, not by the run's saved callbacks: an LM run saved before that callback existed (its task
+    # measured the costs itself) keeps them. One process tests the whole split exactly (a DDP run's distributed
+    # sampler would pad it), whatever the run was trained on.
+    measures = [measure() for capability, measure in ((GENERATE, ModelCosts),) if capability in type(task).CAPABILITIES]
     trainer_cfg.update(logger=False, enable_checkpointing=False, callbacks=measures,
                        default_root_dir=str(checkpoint.parent), devices=1, num_nodes=1, strategy="auto")
     trainer = build_trainer(trainer_cfg)

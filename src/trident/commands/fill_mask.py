@@ -20,16 +20,16 @@ from trident.data.special_tokens import MASK_TOKEN
 from trident.errors import ConfigError, run_with_clear_errors
 
 if TYPE_CHECKING:
-    from trident.tasks.mlm import MaskedLanguageModelTask
+    from trident.tasks.base import TridentTask
 
 
-def load_mlm_checkpoint(path: Path) -> MaskedLanguageModelTask:
-    """Rebuild a :class:`MaskedLanguageModelTask` (model, tokenizer) from a checkpoint file or run directory."""
+def load_mlm_checkpoint(path: Path) -> TridentTask:
+    """Rebuild the task (model, tokenizer) of a checkpoint file or run directory, one that fills in masks."""
     # Imported here, once the arguments are parsed: ``--help`` answers without torch.
-    from trident.tasks.mlm import MaskedLanguageModelTask
-    from trident.weights.load import load_task
+    from trident.tasks.base import FILL_MASK
+    from trident.weights.capable import load_capable
 
-    return load_task(MaskedLanguageModelTask, path)
+    return load_capable(path, FILL_MASK, "trident-fill-mask")
 
 
 def fill_in(text: str, tokens: list[str]) -> str:

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 from trident.errors import ConfigError, run_with_clear_errors
 
 if TYPE_CHECKING:
-    from trident.tasks.translation import TranslationTask
+    from trident.tasks.base import TridentTask
 
 
-def load_translation_checkpoint(path: Path) -> TranslationTask:
-    """Rebuild a :class:`TranslationTask` (model, tokenizer, decoding settings) from a checkpoint or run directory."""
+def load_translation_checkpoint(path: Path) -> TridentTask:
+    """Rebuild the task (model, tokenizer, decoding settings) of a checkpoint or run directory, one that translates."""
     # Imported here, once the arguments are parsed: ``--help`` answers without torch.
-    from trident.tasks.translation import TranslationTask
-    from trident.weights.load import load_task
+    from trident.tasks.base import TRANSLATE
+    from trident.weights.capable import load_capable
 
-    return load_task(TranslationTask, path)
+    return load_capable(path, TRANSLATE, "trident-translate")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,12 @@ LOSS_SCALE_KEY = "trident_loss_scale"
 # A capability (TridentTask.CAPABILITIES): ``net`` continues token ids (``net(ids, cache=...)`` -> logits (B, T, V),
 # ``net.new_cache(length)``, ``net.context_length``) and the task holds its tokenizer: trident-sample, trident-chat.
 GENERATE = "generate"
+# A capability: the task fills in the [MASK]s of texts (``task.fill_mask(texts, top_k=...)`` -> per text, per mask,
+# its top-k (token, probability)): trident-fill-mask.
+FILL_MASK = "fill in masks"
+# A capability: the task translates sentences (``task.translate(texts, beam_size=..., use_cache=...)`` -> one text
+# each; its decoding settings ``length_penalty``, ``max_len_a``, ``max_len_b`` are attributes): trident-translate.
+TRANSLATE = "translate"
 
 # What a network's stack is, in the words of the error lines.
 STACK_KINDS = {"decoder": "a decoder (causal)", "encoder": "an encoder (bidirectional)"}

@@ -20,7 +20,7 @@ from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.objectives import Outputs
-from trident.tasks.base import NetInput, TridentTask, token_ids
+from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
 from trident.training.text_logging import log_text_table
@@ -37,6 +37,7 @@ class MaskedLanguageModelTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"
     TRAINS_WITH = ("masked_tokens",)
+    CAPABILITIES = frozenset({FILL_MASK})
     net: MaskedLM
     HEAD = ("transform.", "head.bias")  # trains under finetune=lora
 

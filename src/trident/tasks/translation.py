@@ -22,7 +22,7 @@ from trident.errors import ConfigError
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
-from trident.tasks.base import NetInput, TridentTask, token_ids
+from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
 from trident.training.flops import encoder_decoder_flops
 from trident.training.parallel import whole_weights
 from trident.training.text_logging import log_text_table
@@ -68,6 +68,7 @@ class TranslationTask(TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True
     TRAINS_WITH = ("target_sequence",)
+    CAPABILITIES = frozenset({TRANSLATE})
     net: EncoderDecoder
 
     def __init__(

@@ -67,7 +67,7 @@ class ImageClassificationTask(TridentTask):
         if mixup.get("mixup_alpha", 0) > 0 or mixup.get("cutmix_alpha", 0) > 0:
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
-        self.objective = self.chosen_objective(label_smoothing=label_smoothing, soft_targets=self.mixup is not None)
+        self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")

@@ -195,9 +195,6 @@ class ModelCosts(L.Callback):
         pl_module.log("test/trainable_params", float(trainable_parameters(net)["params/trainable"]), rank_zero_only=True)
 
 
-# The callbacks that measure at the test: eval.py keeps a run's, where it drops the training ones.
-TEST_MEASURES = (ModelCosts,)
-
 
 class ModelEMA(EMAWeightAveraging):
     """Lightning's exponential moving average of the weights (``callbacks=ema``). Validation runs on

@@ -8,13 +8,15 @@ A run writes its adapter (trident.weights.lora_adapter); its checkpoints leave t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from trident.backbone import LORA_TARGETS, TransformerConfig
 from trident.errors import ConfigError, is_int, is_number
+
+if TYPE_CHECKING:  # omegaconf is imported where a config is read: a command that loads a run (sample) reads none
+    from omegaconf import DictConfig
 
 FINETUNE_MODES = ("full", "lora")
 #: The keys of ``finetune=lora`` that build the adapters (the task's ``lora`` hyperparameter).
@@ -23,6 +25,8 @@ LORA_KEYS = ("rank", "alpha", "dropout", "targets")
 
 def lora_settings(cfg: DictConfig, backbone: TransformerConfig) -> dict[str, Any] | None:
     """The ``finetune`` group checked against ``backbone``: the adapters' settings, or None for full fine-tuning."""
+    from omegaconf import OmegaConf
+
     finetune: dict[str, Any] = OmegaConf.to_container(cfg.get("finetune") or {"name": "full"}, resolve=True)  # type: ignore[assignment]
     mode = finetune.get("name")
     if mode not in FINETUNE_MODES:
@@ -57,6 +61,8 @@ def check_lora_checkpoints(cfg: DictConfig) -> None:
     """A training run's checkpoints under ``finetune=lora`` leave the frozen base out (trident.weights.frozen_base):
     sharded ones cannot, since Lightning's sharded loader (torch.distributed.checkpoint) reads every weight of the
     model from the directory. (Not part of the config check: eval.py still tests a sharded LoRA run saved before.)"""
+    from omegaconf import DictConfig
+
     strategy = cfg.trainer.get("strategy")
     if ((cfg.get("finetune") or {}).get("name") == "lora" and isinstance(strategy, DictConfig)
             and strategy.get("save_distributed_checkpoint") is True):

@@ -17,7 +17,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra._internal.utils import _locate
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch import nn
@@ -86,6 +85,9 @@ def target_class(node: Mapping[str, Any]) -> type | None:
     """The class a config node's ``_target_`` names, imported; None where it names none (no ``_target_``, a function,
     or nothing importable: Hydra's instantiate says so later)."""
     target = node.get("_target_")
+    # Here, not at the top: every task imports this module, and a command that loads a run (export, sample) no Hydra.
+    from hydra._internal.utils import _locate
+
     try:  # Hydra's own lookup; get_class would log an error for a target that is a function, not a class
         located = _locate(str(target)) if target else None
     except (ImportError, ValueError):
