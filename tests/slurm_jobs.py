@@ -37,15 +37,22 @@ SWEEP_NOTICES_S = 60
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE"}
 HELD = {"REQUEUE_HOLD", "SPECIAL_EXIT"}
+# What a launcher sets for the ranks it starts (Lightning's own launcher and torchrun's).
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE",
+                      "LOCAL_WORLD_SIZE")
 
 
 def env() -> dict[str, str]:
     """The environment of the runs and sweeps (sbatch exports it to the jobs): the tests' helpers, one thread,
     and no ``WANDB_SERVICE``: a W&B run in the pytest process (an in-process test's) leaves its service's
     address there, and a job's rank 0 would log into that service, not one of its own (which SLURM's signals
-    reach, as they do on a cluster), or fail at its start when that service has gone."""
+    reach, as they do on a cluster), or fail at its start when that service has gone. Nor the launcher variables
+    an in-process test's Trainer leaves (Lightning sets ``MASTER_PORT`` to a free port it found): every attempt of a
+    job, and the run beside it, would then listen on that one port (seen: a requeued job's rank 0 failed with
+    EADDRINUSE, and rank 1 waited for it until gloo's 30 minutes ran out)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    environment.pop("WANDB_SERVICE", None)
+    for name in ("WANDB_SERVICE", *LAUNCHER_VARIABLES):
+        environment.pop(name, None)
     return environment
 
 

@@ -125,6 +125,14 @@ def test_the_jobs_get_no_w_and_b_service_of_the_pytest_process(monkeypatch: pyte
     assert "WANDB_SERVICE" not in env() and env()["OMP_NUM_THREADS"] == "1"
 
 
+def test_the_jobs_get_no_launcher_port_of_the_pytest_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process Trainer leaves MASTER_PORT (a free port Lightning found) in this process: a requeued job's
+    attempts and the run beside it would all listen on it (seen in CI: EADDRINUSE at the second attempt)."""
+    for name, value in {"MASTER_PORT": "44401", "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", "NODE_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert not {"MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK"} & env().keys()
+
+
 def test_every_rank_reads_the_run_files_whole_while_rank_zero_rewrites_them(tmp_path: Path) -> None:
     """Each rank of a multi-node job reads ``status.json`` and ``run.json`` as it starts (is there an earlier
     attempt? a sweep?) while rank 0 may be writing them. A file rewritten in place is empty for a moment: a
