@@ -225,3 +225,15 @@ def test_init_from_a_directory_fixes_its_family_and_layers_in_the_run_config(sou
     ids = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(net.eval()(ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("kinds", "stated"), [
+    ("SSSF", {"sliding_window_pattern": 4}), ("SFSF", {"sliding_window_pattern": 2}), ("SSSS", {"sliding_window_pattern": 5}),
+    ("FFFF", {"sliding_window_pattern": 1}), ("FSSF", {}), ("SFFS", {}),
+])
+def test_the_sliding_window_pattern_names_every_nth_layer_global_counting_from_one(kinds: str, stated: dict) -> None:
+    """transformers 4.x makes layer i global when (i + 1) % n == 0: the pattern written must say so (none for
+    layer kinds no n gives)."""
+    from trident.weights.adapters.hf_gemma import FULL, SLIDING, sliding_window_pattern
+
+    assert sliding_window_pattern([FULL if kind == "F" else SLIDING for kind in kinds]) == stated
