@@ -237,3 +237,16 @@ def test_the_sliding_window_pattern_names_every_nth_layer_global_counting_from_o
     from trident.weights.adapters.hf_gemma import FULL, SLIDING, sliding_window_pattern
 
     assert sliding_window_pattern([FULL if kind == "F" else SLIDING for kind in kinds]) == stated
+
+
+def test_a_gemma3_file_without_layer_types_reads_its_sliding_window_pattern_counting_from_one() -> None:
+    """Older Gemma 3 files state only sliding_window_pattern n: layer i is global when (i + 1) % n == 0."""
+    from transformers import Gemma3TextConfig
+
+    from trident.weights.adapters.hf_gemma import GEMMA3, model_settings
+
+    config = Gemma3TextConfig(**SIZES, sliding_window=WINDOW).to_dict()
+    config.pop("layer_types", None)
+    config["sliding_window_pattern"] = 2
+    settings, _ = model_settings(GEMMA3, config, "gemma3-dir")
+    assert [(entry or {}).get("attention_window") for entry in settings["layers"]] == [WINDOW, None, WINDOW, None]
