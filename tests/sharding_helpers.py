@@ -14,8 +14,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from trident.bench.rank_record import RecordRank
-from trident.training.parallel import DATA_PARALLEL, ShardedStrategy
-from trident.training.tensor_parallel import TENSOR_PARALLEL
+from trident.parallel.fsdp import DATA_PARALLEL, ShardedStrategy
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL
 
 # The FSDP tests' runs load it by this module's name (``tests.sharding_helpers.RecordRank``).
 __all__ = ["RecordRank", "fake_two_ranks", "one_rank_process_group", "save_sharded_copy"]

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
 from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
-from trident.training.steps import ValidationRowStep
+from trident.tracking.steps import ValidationRowStep
 
 from .test_wandb_journal import TinyTask
 

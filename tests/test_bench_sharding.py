@@ -20,7 +20,7 @@ from trident.bench.__main__ import ROWS, main
 from trident.bench.memory import peak_rss_bytes
 from trident.bench.rank_record import local_bytes
 from trident.bench.sharding import KINDS, REFERENCE, VARIANTS, WHOLE, Measured, rows_of, summarize
-from trident.training.tensor_parallel import TENSOR_PARALLEL
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL
 
 from .sharding_helpers import fake_two_ranks
 

@@ -37,8 +37,8 @@ from trident.errors import DataError
 from trident.launch.distributed import RankFailed, WorkerProcesses, ranks_fail_together, workers_follow
 from trident.runs.command_line import prepare_command_line
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config, constructor_args, instantiate
-from trident.training.loggers import build_loggers, record_summary, summarize_monitor
-from trident.training.wandb_files import OfflineRun, find_offline_runs
+from trident.tracking.loggers import build_loggers, record_summary, summarize_monitor
+from trident.tracking.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL, compose_config
 from .test_translation_data import many_pairs, write_tsv
@@ -231,7 +231,7 @@ def test_wandb_run_is_touched_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("WANDB_MODE")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    with caplog.at_level(logging.WARNING, logger="trident.training.loggers"):
+    with caplog.at_level(logging.WARNING, logger="trident.tracking.loggers"):
         _journal, logger = build_loggers(compose_config(["logger=wandb"], tmp_path / "run"), tmp_path / "run", "abc123", None)
     assert caplog.records == [], "rank 0 alone says that W&B logs offline"
     assert isinstance(logger, WandbLogger)

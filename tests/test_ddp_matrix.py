@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 import trident
 from trident.backbone import is_lora_parameter
 from trident.runs.pipeline import train
-from trident.training.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
+from trident.tracking.wandb_files import OfflineRun, read_offline_run, wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
 from .shared_runs import assert_clean, one_node_run, run_script

@@ -25,14 +25,14 @@ import trident
 from trident.commands.average_checkpoints import average_checkpoints
 from trident.errors import ConfigError, DataError
 from trident.launch.requeue import latest_checkpoint
-from trident.runs.pipeline import read_resume_checkpoint
-from trident.training.distributed_checkpoint import (
+from trident.parallel.distributed_checkpoint import (
     REST,
     check_sharded_resume,
     is_sharded_checkpoint,
     save_sharded,
 )
-from trident.training.parallel import ShardedStrategy
+from trident.parallel.fsdp import ShardedStrategy
+from trident.runs.pipeline import read_resume_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, checkpoint_of, read_checkpoint
 from trident.weights.init_from import read_init_source
 
@@ -277,7 +277,7 @@ def test_a_sharded_checkpoint_is_checked_against_the_model_and_resumed_only_unde
     torch.save(checkpoint(1), sharded.parent / "whole.ckpt")
     check_sharded_resume(sharded.parent / "whole.ckpt", sharded_strategy=False)
     # The run's own check reads the shapes only (no rank gathers the weights), and only under trainer=fsdp.
-    resumed = read_resume_checkpoint(str(sharded), {"_target_": "trident.training.parallel.ShardedStrategy"})
+    resumed = read_resume_checkpoint(str(sharded), {"_target_": "trident.parallel.fsdp.ShardedStrategy"})
     assert resumed is not None and all(t.is_meta for t in resumed[1]["state_dict"].values())
     with pytest.raises(ConfigError, match="only FSDP resumes"):
         read_resume_checkpoint(str(sharded), "auto")

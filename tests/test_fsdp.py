@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 import trident
-from trident.training.distributed_checkpoint import is_sharded_checkpoint
+from trident.parallel.distributed_checkpoint import is_sharded_checkpoint
 from trident.weights.checkpoints import read_checkpoint
 from trident.weights.init_from import read_init_source
 

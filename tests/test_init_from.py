@@ -20,7 +20,7 @@ from PIL import Image
 import trident
 from trident.errors import ConfigError, DataError, TridentError
 from trident.runs.pipeline import configured_task_class, constructor_args, instantiate, train
-from trident.training.wandb_files import wait_for_offline_runs
+from trident.tracking.wandb_files import wait_for_offline_runs
 from trident.weights.init_from import read_init_source, settings_fixed_by, source_for_run
 
 from .conftest import SMALL, compose_config

@@ -1,6 +1,6 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, training <- objectives <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
+errors <- backbone <- models <- data, parallel, tracking <- training <- objectives <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
 sample, ...), report/ (with the seeds-until-decided loop), bench/ <- the package's public face (``trident.load``)
 """
 
@@ -22,18 +22,20 @@ RANKS = {
     "trident.backbone": 1,
     "trident.models": 2,
     "trident.data": 3,
-    "trident.training": 3,
-    "trident.objectives": 4,  # the losses a task's outputs train on (next token, masked tokens, ...)
-    "trident.tasks": 5,
-    "trident.weights": 6,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
-    "trident.launch": 6,  # DDP workers, stop signals, SLURM requeue
-    "trident.runs": 7,
-    "trident.commands": 8,  # python -m trident.commands.<command>, the console scripts
-    "trident.report": 8,  # python -m trident.report, and its seeds-until-decided loop (report.adaptive)
-    "trident.bench": 8,  # python -m trident.bench
+    "trident.parallel": 3,  # FSDP2 and tensor parallelism, sharded checkpoints
+    "trident.tracking": 3,  # loggers, the step axis of records, W&B files
+    "trident.training": 4,  # optimizers, losses, callbacks, precision, FLOPs, run checks
+    "trident.objectives": 5,  # the losses a task's outputs train on (next token, masked tokens, ...)
+    "trident.tasks": 6,
+    "trident.weights": 7,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
+    "trident.launch": 7,  # DDP workers, stop signals, SLURM requeue
+    "trident.runs": 8,
+    "trident.commands": 9,  # python -m trident.commands.<command>, the console scripts
+    "trident.report": 9,  # python -m trident.report, and its seeds-until-decided loop (report.adaptive)
+    "trident.bench": 9,  # python -m trident.bench
     # The package's public face re-exports, on first use, what the layers offer (``trident.load``):
     # nothing inside imports it (an arrow back up).
-    "trident": 9,
+    "trident": 10,
 }
 # Rooms whose every module is a command of its own: a command imports no other command.
 COMMAND_ROOMS = {"trident.commands"}

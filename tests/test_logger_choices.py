@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from trident.errors import ConfigError
 from trident.runs.command_line import prepare_command_line
 from trident.runs.pipeline import train
-from trident.training.wandb_artifacts import check_log_model
-from trident.training.wandb_files import OfflineRun, wait_for_offline_runs
+from trident.tracking.wandb_artifacts import check_log_model
+from trident.tracking.wandb_files import OfflineRun, wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
 

@@ -19,7 +19,7 @@ from trident.runs.jobs import run_job
 from trident.runs.lr_find import FIGURE_FILE, RESULT_FILE, SUGGESTED_LR, find_learning_rate
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 from trident.tasks.lm import LanguageModelTask
-from trident.training.wandb_files import find_offline_runs
+from trident.tracking.wandb_files import find_offline_runs
 
 from .conftest import SMALL, compose_config
 from .test_vit_pipeline import VIT_SMALL

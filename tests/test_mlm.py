@@ -31,8 +31,8 @@ from trident.errors import ConfigError
 from trident.models import MaskedLM
 from trident.runs.pipeline import check_config, constructor_args, instantiate, train
 from trident.tasks.mlm import MaskedLanguageModelTask
+from trident.tracking.wandb_files import find_offline_runs, wait_for_offline_runs
 from trident.training.flops import masked_lm_flops
-from trident.training.wandb_files import find_offline_runs, wait_for_offline_runs
 
 from .conftest import ROOT, SMALL, compose_config
 from .test_flops_mfu import counted_training_flops, tiny_cfg

@@ -1,4 +1,4 @@
-"""trident.training.parallel in one process (a gloo group of one rank): which modules FSDP2 shards,
+"""trident.parallel.fsdp in one process (a gloo group of one rank): which modules FSDP2 shards,
 its mixed precision, activation checkpointing through the sharded blocks, gathered weights for
 rank-0-only forwards, and the ``trainer=fsdp`` settings refused before any work. The 2-process runs
 (losses equal to DDP's, every task): tests/test_fsdp.py."""
@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from trident.backbone import TransformerBlock, TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM, EncoderDecoder
-from trident.training.parallel import (
+from trident.parallel.fsdp import (
     DATA_PARALLEL,
     ShardedStrategy,
     check_sharding_config,
@@ -130,9 +130,9 @@ def test_fsdp_presets_build_the_sharded_strategy() -> None:
 
 @pytest.mark.parametrize(("strategy", "named"), [
     ("fsdp", "trainer.strategy=fsdp is Lightning's FSDP1"),
-    ({"_target_": "trident.training.parallel.ShardedStrategy", "data_parallel_size": 1},
+    ({"_target_": "trident.parallel.fsdp.ShardedStrategy", "data_parallel_size": 1},
      "trainer.strategy.data_parallel_size cannot be set"),
-    ({"_target_": "trident.training.parallel.ShardedStrategy", "save_distributed_checkpoint": "yes"},
+    ({"_target_": "trident.parallel.fsdp.ShardedStrategy", "save_distributed_checkpoint": "yes"},
      "trainer.strategy.save_distributed_checkpoint must be true or false"),
 ])
 def test_what_fsdp_cannot_honour_is_refused(strategy: object, named: str) -> None:
@@ -145,7 +145,7 @@ def test_what_fsdp_cannot_honour_is_refused(strategy: object, named: str) -> Non
 def test_callbacks_built_by_a_function_or_naming_nothing_pass_the_averaging_check(caplog: pytest.LogCaptureFixture) -> None:
     """Only a class that averages the weights is refused under FSDP: a ``_target_`` naming a factory function (Hydra
     instantiates it happily) or nothing at all (instantiate says so later) passes, without an error in the log."""
-    fsdp = {"_target_": "trident.training.parallel.ShardedStrategy"}
+    fsdp = {"_target_": "trident.parallel.fsdp.ShardedStrategy"}
     callbacks = {"factory": {"_target_": "os.getcwd"}, "typo": {"_target_": "no.such.Thing"},
                  "off": None, "progress": {"_target_": "lightning.pytorch.callbacks.RichProgressBar"}}
     check_callbacks(callbacks, fsdp)

@@ -1,6 +1,6 @@
 """Parallel plans declared by the modules (trident.backbone.parallel_plan, carried out by
-trident.training.tensor_parallel), and the one test of a strategy: whether it shards the weights
-(trident.training.parallel.shards_weights), by its class, never by its name.
+trident.parallel.tensor_parallel), and the one test of a strategy: whether it shards the weights
+(trident.parallel.fsdp.shards_weights), by its class, never by its name.
 
 Fast, in one process: what each kind of module declares, a new kind of module split by its declaration alone,
 the configured head counts left as built, and which ``trainer.strategy`` values shard; a read of ``src/`` finds no
@@ -20,8 +20,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 from trident.backbone import Columns, FeedForward, Heads, MultiHeadAttention, ParallelPlan, Rows
 from trident.models import CausalLM, SequenceClassifier, VisionTransformer, vit_geometry
-from trident.training.parallel import ShardedStrategy, parallelize, shards_weights, strategy_class
-from trident.training.tensor_parallel import tensor_parallelize
+from trident.parallel.fsdp import ShardedStrategy, parallelize, shards_weights, strategy_class
+from trident.parallel.tensor_parallel import tensor_parallelize
 
 from .conftest import compose_config
 from .sharding_helpers import fake_two_ranks
@@ -117,7 +117,7 @@ class OwnSharded(ShardedStrategy):
 
 
 @pytest.mark.parametrize(("strategy", "shards"), [
-    ({"_target_": "trident.training.parallel.ShardedStrategy", "tensor_parallel_size": 2}, True),
+    ({"_target_": "trident.parallel.fsdp.ShardedStrategy", "tensor_parallel_size": 2}, True),
     ({"_target_": f"{__name__}.OwnSharded"}, True),
     ({"_target_": "lightning.pytorch.strategies.ModelParallelStrategy"}, True),
     ({"_target_": "lightning.pytorch.strategies.FSDPStrategy"}, True),
@@ -159,7 +159,7 @@ def strategies_recognised_by_name(text: str) -> list[str]:
 def test_no_strategy_is_recognised_by_its_name_in_src() -> None:
     found = {str(path.relative_to(SRC)): lines for path in sorted(SRC.rglob("*.py"))
              if (lines := strategies_recognised_by_name(path.read_text()))}
-    assert not found, f"strategies recognised by their names (use trident.training.parallel.shards_weights): {found}"
+    assert not found, f"strategies recognised by their names (use trident.parallel.fsdp.shards_weights): {found}"
 
 
 def test_the_read_catches_each_way_of_naming_a_strategy() -> None:

@@ -13,10 +13,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from trident.runs.pipeline import train
+from trident.tracking.wandb_files import wait_for_offline_runs
 from trident.training import precision
 from trident.training.flops import measured_peak_flops
 from trident.training.precision import check_precision, cpu_matmul_rates
-from trident.training.wandb_files import wait_for_offline_runs
 
 from .probes import LinearOutputDtypes
 

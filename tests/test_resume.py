@@ -25,7 +25,7 @@ from trident.runs.command_line import prepare_command_line
 from trident.runs.jobs import discard_failed_run_dir, write_status
 from trident.runs.pipeline import train
 from trident.runs.resume import resume_arguments
-from trident.training.wandb_files import find_offline_runs, offline_runs_to_sync, read_offline_run
+from trident.tracking.wandb_files import find_offline_runs, offline_runs_to_sync, read_offline_run
 from trident.weights.checkpoints import AtomicCheckpointIO
 
 from .conftest import CONF_DIR, ROOT, SMALL, compose_config

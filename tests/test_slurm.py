@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from trident.training.wandb_files import OfflineRun, find_offline_runs
+from trident.tracking.wandb_files import OfflineRun, find_offline_runs
 
 from .conftest import ROOT, SMALL
 from .shared_runs import ONE_NODE, QUIET, TASK_RUNS, one_node_run

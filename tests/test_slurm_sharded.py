@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trident.errors import DataError
-from trident.training.distributed_checkpoint import is_sharded_checkpoint
+from trident.parallel.distributed_checkpoint import is_sharded_checkpoint
 from trident.weights.checkpoints import read_checkpoint
 
 from . import test_slurm as slurm

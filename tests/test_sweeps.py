@@ -25,7 +25,7 @@ from trident.report.sweep import _read_history
 from trident.runs.jobs import run_job
 from trident.runs.rerun import continue_job, earlier_attempt, remember_sweep, remembered_sweep
 from trident.runs.sweeps import SweepCallback, job_dirs, job_subdir, next_job_number, setting_of, swept_keys
-from trident.training.wandb_files import find_offline_runs
+from trident.tracking.wandb_files import find_offline_runs
 
 from .conftest import ROOT, SMALL
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism (``trainer=fsdp_cpu trainer.strategy.tensor_parallel_size=2``, trident.training.tensor_parallel).
+"""Tensor parallelism (``trainer=fsdp_cpu trainer.strategy.tensor_parallel_size=2``, trident.parallel.tensor_parallel).
 
 Fast, in one process: the rank-major row order of the fused projections and the weights and optimizer state saved
 and loaded in today's order, the plan on a one-rank 2-D mesh (the network's outputs, its state dict, loading one as
@@ -26,10 +26,8 @@ from torch.distributed.tensor import DTensor
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM
-from trident.runs.pipeline import build_data_and_task, check_config
-from trident.training.parallel import DATA_PARALLEL, ShardedStrategy, parallelize
-from trident.training.resilience import NonFiniteLossGuard
-from trident.training.tensor_parallel import (
+from trident.parallel.fsdp import DATA_PARALLEL, ShardedStrategy, parallelize
+from trident.parallel.tensor_parallel import (
     TENSOR_PARALLEL,
     HeadDropoutRNG,
     check_tensor_parallel_config,
@@ -40,6 +38,8 @@ from trident.training.tensor_parallel import (
     split_fused_rows,
     tensor_parallelize,
 )
+from trident.runs.pipeline import build_data_and_task, check_config
+from trident.training.resilience import NonFiniteLossGuard
 
 from .conftest import SMALL, compose_config
 from .sharding_helpers import fake_two_ranks, one_rank_process_group

@@ -1,4 +1,4 @@
-"""Dropout under tensor parallelism (trident.training.tensor_parallel.HeadDropoutRNG), on 2 gloo processes.
+"""Dropout under tensor parallelism (trident.parallel.tensor_parallel.HeadDropoutRNG), on 2 gloo processes.
 
 Every rank starts from the same seed (as ``seed_everything`` seeds them). The attention-weight masks of the heads
 each rank holds are drawn apart (head 0's, on rank 0, and head 2's, on rank 1, differ); the residual dropout on the
@@ -19,8 +19,8 @@ from torch.distributed.tensor import DTensor
 
 from trident.backbone import TransformerConfig
 from trident.models import CausalLM
-from trident.training.parallel import DATA_PARALLEL, parallelize
-from trident.training.tensor_parallel import TENSOR_PARALLEL, HeadDropoutRNG
+from trident.parallel.fsdp import DATA_PARALLEL, parallelize
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL, HeadDropoutRNG
 
 HEADS, HEAD_DIM = 4, 8
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism beyond the LM (trident.training.tensor_parallel): the networks of task=mlm (encoder, split
+"""Tensor parallelism beyond the LM (trident.parallel.tensor_parallel): the networks of task=mlm (encoder, split
 vocabulary), translation (encoder-decoder with cross-attention, shared embeddings whole), vit and classify (whole
 patch embedding, class token and head), split 2 ways over 2 gloo processes, compute, train and save as one process;
 the ranks of a tensor-parallel group mask and batch the same; vit trains and tests through train.py."""
@@ -30,9 +30,9 @@ from trident.models import (
     greedy_decode,
     vit_geometry,
 )
+from trident.parallel.fsdp import DATA_PARALLEL, parallelize, whole_weights
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL, is_tensor_parallel
 from trident.runs.pipeline import build_data_and_task, check_config
-from trident.training.parallel import DATA_PARALLEL, parallelize, whole_weights
-from trident.training.tensor_parallel import TENSOR_PARALLEL, is_tensor_parallel
 
 from .conftest import compose_config
 from .sharding_helpers import fake_two_ranks

@@ -28,10 +28,10 @@ from trident.errors import DataError
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
+from trident.tracking.steps import StepLearningRateMonitor, ValidationRowStep, count_validation_in_optimizer_steps
+from trident.tracking.wandb_files import wait_for_offline_runs
 from trident.training.callbacks import Throughput
-from trident.training.steps import StepLearningRateMonitor, ValidationRowStep, count_validation_in_optimizer_steps
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group
-from trident.training.wandb_files import wait_for_offline_runs
 
 from .conftest import SMALL, compose_config
 

@@ -21,7 +21,7 @@ from trident.launch import torchrun
 from trident.launch.distributed import workers_follow
 from trident.launch.workers import JOB_VARIABLE
 from trident.runs.command_line import prepare_command_line
-from trident.training.wandb_files import wait_for_offline_runs
+from trident.tracking.wandb_files import wait_for_offline_runs
 
 from .conftest import ROOT, SMALL
 from .shared_runs import assert_clean

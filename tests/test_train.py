@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from trident.commands.sample import load_lm_checkpoint
 from trident.commands.sample import main as sample_main
-from trident.training.wandb_files import wait_for_offline_runs
+from trident.tracking.wandb_files import wait_for_offline_runs
 
 from .conftest import one_step
 

@@ -12,7 +12,7 @@ from PIL import Image
 from trident.data.image_sources import load_image_source, read_idx
 from trident.errors import ConfigError, DataError
 from trident.runs.pipeline import check_config, train
-from trident.training.wandb_files import wait_for_offline_runs
+from trident.tracking.wandb_files import wait_for_offline_runs
 
 from .conftest import compose_config, one_step
 

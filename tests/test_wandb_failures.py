@@ -13,7 +13,7 @@ import pytest
 from omegaconf import DictConfig
 
 from trident.runs.pipeline import train
-from trident.training.wandb_files import wait_for_offline_runs
+from trident.tracking.wandb_files import wait_for_offline_runs
 
 SECRET = "trident-test-secret-0123456789abcdef0123456789abcdef"
 
@@ -50,7 +50,7 @@ def silent_server() -> Iterator[str]:
 def run_completes_offline(cfg: DictConfig, run_dir: Path, caplog: pytest.LogCaptureFixture, warning: str) -> float:
     """Train ``cfg``; check it finished, logged one offline W&B run and warned; returns the seconds taken."""
     start = time.perf_counter()
-    with caplog.at_level("WARNING", logger="trident.training.loggers"):
+    with caplog.at_level("WARNING", logger="trident.tracking.loggers"):
         metrics = train(cfg)
     seconds = time.perf_counter() - start
     assert "test/loss" in metrics

@@ -1,4 +1,4 @@
-"""trident.training.wandb_files reads an offline W&B run back as W&B itself reads it: identity, the config given
+"""trident.tracking.wandb_files reads an offline W&B run back as W&B itself reads it: identity, the config given
 to ``wandb.init`` and its later updates, every history row, the summary, and whether it finished."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from trident.errors import DataError
-from trident.training.wandb_files import OfflineRun, find_offline_runs, offline_runs_to_sync, read_offline_run
-from trident.training.wandb_files import main as wandb_files_main
+from trident.tracking.wandb_files import OfflineRun, find_offline_runs, offline_runs_to_sync, read_offline_run
+from trident.tracking.wandb_files import main as wandb_files_main
 
 # A run logged the way a user's script would: config at init and later, rows, a table, a summary value.
 SCRIPT = """

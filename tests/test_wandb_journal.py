@@ -16,8 +16,8 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from trident.training.steps import ValidationRowStep
-from trident.training.wandb_journal import WandbJournal
+from trident.tracking.steps import ValidationRowStep
+from trident.tracking.wandb_journal import WandbJournal
 
 
 class FakeWandb:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import trident
-from trident.training.distributed_checkpoint import is_sharded_checkpoint
+from trident.parallel.distributed_checkpoint import is_sharded_checkpoint
 
 from ..conftest import SMALL
 from ..shared_runs import QUIET, assert_clean, run_script

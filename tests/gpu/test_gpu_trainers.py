@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trident.training.wandb_files import find_offline_runs
+from trident.tracking.wandb_files import find_offline_runs
 
 from ..conftest import ROOT
 from .runs import TASK_RUNS

@@ -32,7 +32,7 @@ NO_KERNEL_MESSAGES = ("No viable backend", "No available kernel")
 
 
 class HeadShare(Protocol):
-    """A rank's share of an attention module's heads (trident.training.tensor_parallel.HeadDropoutRNG)."""
+    """A rank's share of an attention module's heads (trident.parallel.tensor_parallel.HeadDropoutRNG)."""
 
     ranks: int  # the ranks the heads are split over
 
@@ -93,7 +93,7 @@ class MultiHeadAttention(nn.Module):
         self.sdpa_backend = sdpa_backend
         self.kernel = choose(SDPA_KERNELS, sdpa_backend, "model.sdpa_backend")
         self.attn_dropout = attn_dropout
-        # This rank's share of the heads, given by the parallel plan (its Heads split, trident.training.tensor_parallel):
+        # This rank's share of the heads, given by the parallel plan (its Heads split, trident.parallel.tensor_parallel):
         # how many ranks split the heads, and the attention (its dropout) run on the rank's own random stream, as each
         # rank holds other heads. None: every head here, on the default stream.
         self.head_rng: HeadShare | None = None

@@ -4,7 +4,7 @@ A module that can be split declares ``parallel_plan(self) -> ParallelPlan``: a m
 each of its submodules (``""``: the module itself) to how that submodule is split. A module that declares
 nothing stays whole on every rank of a group (norms, the MLM's transform, patch embeddings, classifier heads).
 The mechanics that carry a plan out (row orders, hooks, tied weights, gradient clipping, the heads' dropout
-streams) are in one place, :mod:`trident.training.tensor_parallel`; these classes hold no torch.distributed
+streams) are in one place, :mod:`trident.parallel.tensor_parallel`; these classes hold no torch.distributed
 state, so declaring a plan costs a module nothing until a run asks for tensor parallelism.
 
 Each network walks its own modules: a module declares the splits of its direct parts only (an attention module

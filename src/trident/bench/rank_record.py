@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from trident.bench.memory import peak_rss_bytes
-from trident.training.steps import ends_optimizer_step
+from trident.tracking.steps import ends_optimizer_step
 
 # Steps left out of the step time: the first ones allocate (and under FSDP build the all-gather buffers).
 WARM_UP_STEPS = 2

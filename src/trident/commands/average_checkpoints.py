@@ -31,7 +31,7 @@ TRAINING_STATE = ("optimizer_states", "lr_schedulers")
 def _load(path: Path) -> dict[str, Any]:
     import torch
 
-    from trident.training.distributed_checkpoint import holds_shards
+    from trident.parallel.distributed_checkpoint import holds_shards
     from trident.weights.checkpoints import READ_ERRORS, read_checkpoint, unreadable_checkpoint
 
     if holds_shards(path):  # a sharded checkpoint (trainer=fsdp): its weights gathered

@@ -16,8 +16,8 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trident.launch.requeue import JobStopped, latest_checkpoint, slurm_job, stop_outcome
-from trident.training.steps import ends_optimizer_step
-from trident.training.wandb_journal import WandbJournal
+from trident.tracking.steps import ends_optimizer_step
+from trident.tracking.wandb_journal import WandbJournal
 
 log = logging.getLogger(__name__)
 

@@ -135,7 +135,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run under ``checkpoints/``, a file or a sharded checkpoint directory
     (hidden ``.*.tmp`` files and directories are writes in progress, never picked)."""
     # Here, not at the top: trident.training's package imports torch, and train.py imports this module before its checks.
-    from trident.training.distributed_checkpoint import is_checkpoint
+    from trident.parallel.distributed_checkpoint import is_checkpoint
 
     candidates = [p for p in run_dir.glob("checkpoints/**/*.ckpt") if is_checkpoint(p) and not p.name.startswith(".")]
     # On equal times (same save), last.ckpt: it is the name users expect.

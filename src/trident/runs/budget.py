@@ -11,7 +11,7 @@ its first batch.
 
 The step count replaces ``trainer.max_steps``, which must be -1 then (a number there would say
 the opposite); validation runs ``budget.validations`` times, every ``steps // validations`` optimizer
-steps (also under gradient accumulation: trident.training.steps counts ``val_check_interval`` so), and a warmup given as a fraction (``scheduler.warmup_steps=0.1``) follows the steps. The run's
+steps (also under gradient accumulation: trident.tracking.steps counts ``val_check_interval`` so), and a warmup given as a fraction (``scheduler.warmup_steps=0.1``) follows the steps. The run's
 config records ``budget.flops_per_step`` and ``budget.steps``; the report says from the jobs'
 configs whether its settings were compared at equal compute or at equal steps.
 """

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, is_int, is_number
 from trident.tasks.base import TridentTask
-from trident.training.loggers import record_summary
+from trident.tracking.loggers import record_summary
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

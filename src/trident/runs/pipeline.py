@@ -27,24 +27,24 @@ from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
 from trident.launch.distributed import WorkerProcesses, check_workers_can_start, is_global_zero, ranks_fail_together
 from trident.launch.preemption import PreemptionCheckpoint
 from trident.launch.requeue import latest_checkpoint
+from trident.parallel.distributed_checkpoint import check_sharded_resume
+from trident.parallel.fsdp import shards_weights
+from trident.parallel.tensor_parallel import check_tensor_parallel_config
 from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
+from trident.tracking.loggers import build_loggers, check_logger_config, record_summary
+from trident.tracking.steps import ValidationRowStep, count_validation_in_optimizer_steps
+from trident.tracking.wandb_artifacts import log_best_checkpoint
 from trident.training.callbacks import MetricHistory
-from trident.training.distributed_checkpoint import check_sharded_resume
-from trident.training.loggers import build_loggers, check_logger_config, record_summary
 from trident.training.lora import check_lora_checkpoints, lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
-from trident.training.parallel import shards_weights
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_callbacks, check_early_stopping, check_seed, check_trainer_config
-from trident.training.steps import ValidationRowStep, count_validation_in_optimizer_steps
-from trident.training.tensor_parallel import check_tensor_parallel_config
-from trident.training.wandb_artifacts import log_best_checkpoint
 from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
 from trident.weights.frozen_base import keep_base_out
 from trident.weights.init_from import copy_source, source_for_run
@@ -248,7 +248,7 @@ def build_trainer(trainer_cfg: Any, **kwargs: Any) -> L.Trainer:
             raise
         reason = str(cause).strip().splitlines()[0]
         raise ConfigError(f"the trainer settings are invalid ({reason}): fix that trainer.* value (conf/trainer, precision=...)") from err
-    count_validation_in_optimizer_steps(trainer)  # val_check_interval in optimizer steps (trident.training.steps)
+    count_validation_in_optimizer_steps(trainer)  # val_check_interval in optimizer steps (trident.tracking.steps)
     return trainer
 
 

@@ -13,8 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
+from trident.tracking.loggers import record_summary
 from trident.training.callbacks import StopEarly
-from trident.training.loggers import record_summary
 from trident.training.lora import trainable_parameters
 
 log = logging.getLogger(__name__)

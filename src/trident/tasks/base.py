@@ -18,10 +18,10 @@ from trident.backbone import TransformerConfig, add_lora, freeze_base
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.objectives import Loss, Objective, build_objective, objective_name
+from trident.parallel.fsdp import parallelize
+from trident.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
-from trident.training.parallel import parallelize
-from trident.training.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
 
 if TYPE_CHECKING:  # Hydra's config, imported where a run is configured, not where a checkpoint loads
@@ -269,14 +269,14 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
 
     def configure_model(self) -> None:
         """``trainer=fsdp``: Lightning's ModelParallelStrategy has built the device mesh; ``net`` is sharded
-        on it (trident.training.parallel). Under any other strategy there is no mesh and nothing to do."""
+        on it (trident.parallel.fsdp). Under any other strategy there is no mesh and nothing to do."""
         if self.device_mesh is not None:
             parallelize(self.net, self.device_mesh, str(self.trainer.precision))
 
     def configure_gradient_clipping(self, optimizer: Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Under tensor parallelism the parameters live on two device meshes, whose gradient norms torch's
-        ``clip_grad_norm_`` cannot stack: the norm is taken mesh by mesh (trident.training.tensor_parallel)."""
+        ``clip_grad_norm_`` cannot stack: the norm is taken mesh by mesh (trident.parallel.tensor_parallel)."""
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and is_tensor_parallel(self.net):
             clip_grad_norm([p for group in optimizer.param_groups for p in group["params"]], float(gradient_clip_val))
             return

@@ -17,12 +17,12 @@ from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
 from trident.objectives import Outputs
+from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
-from trident.training.figures import confusion_matrix_figure, publish_figure
+from trident.tracking.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
 from trident.training.optim import positional_parameter_names
-from trident.training.parallel import shards_weights
 
 Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
 

@@ -13,11 +13,11 @@ from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
 from trident.objectives import Outputs
+from trident.parallel.fsdp import whole_weights
+from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
+from trident.tracking.text_logging import log_text_table
 from trident.training.flops import causal_lm_flops
-from trident.training.parallel import whole_weights
-from trident.training.tensor_parallel import is_tensor_parallel
-from trident.training.text_logging import log_text_table
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -21,9 +21,9 @@ from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.objectives import Outputs
 from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
+from trident.tracking.text_logging import log_text_table
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
-from trident.training.text_logging import log_text_table
 
 log = logging.getLogger(__name__)
 

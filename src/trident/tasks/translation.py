@@ -22,10 +22,10 @@ from trident.errors import ConfigError
 from trident.models.decoding import Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
+from trident.parallel.fsdp import whole_weights
 from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
+from trident.tracking.text_logging import log_text_table
 from trident.training.flops import encoder_decoder_flops
-from trident.training.parallel import whole_weights
-from trident.training.text_logging import log_text_table
 
 # sacreBLEU's choice by target language (its BLEU(trg_lang=...): zh, ja-mecab, ko-mecab; 13a otherwise), less the
 # tokenizers that need MeCab and a dictionary: Japanese is scored on characters and Korean (written with spaces) with

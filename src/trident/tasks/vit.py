@@ -15,12 +15,12 @@ from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 from trident.objectives import TRAIN, Outputs
+from trident.parallel.fsdp import whole_weights
+from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
-from trident.training.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
+from trident.tracking.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
-from trident.training.parallel import whole_weights
-from trident.training.tensor_parallel import is_tensor_parallel
 
 Batch = tuple[Tensor, Tensor]
 

@@ -21,9 +21,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from trident.errors import ConfigError
 from trident.models.sampling import greedy_tokens_per_second, kv_cache_bytes_per_token
+from trident.tracking.steps import ends_optimizer_step, training_row_step
 from trident.training.flops import compute_dtype, device_peak_flops
 from trident.training.lora import trainable_parameters
-from trident.training.steps import ends_optimizer_step, training_row_step
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Throughput(L.Callback):
     model FLOPs through ``flops_per_batch(batch)`` (hooks every trident.tasks.base.TridentTask
     implements; trident.training.flops), summed over the micro-batches of each step; the wall-clock window
     runs from one optimizer step's end to another's, so it measures what a user waits for. Each window is one
-    row, at the step it ended with (trident.training.steps), sent to the loggers directly: logged through the
+    row, at the step it ended with (trident.tracking.steps), sent to the loggers directly: logged through the
     LightningModule, its values would repeat, stale, in every training row until the next window. An epoch's
     last window is logged when the epoch ends, however short: epochs of fewer steps than ``window`` still report.
     ``peak_flops`` is the FLOP/s of one device; null takes it from a table of GPUs or, on a CPU, measures

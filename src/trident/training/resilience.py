@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from trident.errors import ConfigError, TrainingDiverged
-from trident.training.tensor_parallel import grad_norm
+from trident.parallel.tensor_parallel import grad_norm
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 
 from trident.errors import ConfigError, is_int, is_number
-from trident.training.parallel import check_sharding_config, shards_weights, target_class
+from trident.parallel.fsdp import check_sharding_config, shards_weights, target_class
 
 SEED_LIMIT = 2**32  # NumPy's seeds are unsigned 32-bit integers
 

@@ -35,7 +35,7 @@ from torch.distributed import ProcessGroup
 from torchmetrics import Metric
 
 from trident.errors import DataError, TrainingDiverged
-from trident.training.parallel import DATA_PARALLEL
+from trident.parallel.fsdp import DATA_PARALLEL
 
 
 def data_parallel_group(module: L.LightningModule) -> ProcessGroup | None:

@@ -24,14 +24,14 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from trident.errors import ConfigError, DataError
-from trident.tasks.base import TridentTask
-from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
-from trident.training.distributed_checkpoint import (
+from trident.parallel.distributed_checkpoint import (
     holds_shards,
     is_checkpoint,
     read_sharded_checkpoint,
     replace_checkpoint,
 )
+from trident.tasks.base import TridentTask
+from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
 
 # What torch.load raises on a truncated, corrupt or foreign file.
 READ_ERRORS = (RuntimeError, EOFError, KeyError, TypeError, ValueError, OSError, pickle.UnpicklingError)

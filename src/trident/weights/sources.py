@@ -19,8 +19,8 @@ from torch import Tensor
 
 from trident.backbone import merge_lora, pos_encoding_class
 from trident.errors import DataError
+from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
-from trident.training.distributed_checkpoint import holds_shards
 from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
 from trident.weights.normalisation import outside_statistics, trident_statistics

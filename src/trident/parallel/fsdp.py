@@ -5,7 +5,7 @@ Lightning builds the device mesh and calls the task's ``configure_model``, which
 to :func:`parallelize`: the one place a model is parallelized. Each Transformer block is its own
 FSDP unit (its weights gathered just before it runs, freed after), then the root takes the rest
 (embeddings, head, final norm). With ``trainer.strategy.tensor_parallel_size`` > 1 the mesh is 2-D
-(data parallel x tensor parallel): the tensor-parallel plan (trident.training.tensor_parallel) first
+(data parallel x tensor parallel): the tensor-parallel plan (trident.parallel.tensor_parallel) first
 splits the network over each group's ranks, then FSDP shards every piece over the data-parallel dimension.
 """
 
@@ -25,8 +25,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trident.backbone import TransformerBlock
 from trident.errors import ConfigError
-from trident.training.distributed_checkpoint import save_sharded
-from trident.training.tensor_parallel import TENSOR_PARALLEL, check_world_size, keep_optimizer_rows, tensor_parallelize
+from trident.parallel.distributed_checkpoint import save_sharded
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL, check_world_size, keep_optimizer_rows, tensor_parallelize
 
 # The mesh dimension FSDP shards over (Lightning's name for it).
 DATA_PARALLEL = "data_parallel"
@@ -43,7 +43,7 @@ class ShardedStrategy(ModelParallelStrategy):
     size is the node count, which on one node would leave FSDP nothing to shard over. Its checkpoints
     are whole by default: rank 0 gathers the weights and optimizer state into one ordinary checkpoint
     file. With ``save_distributed_checkpoint=True`` each rank writes its own shards instead, into a
-    directory put in place once complete (:mod:`trident.training.distributed_checkpoint`).
+    directory put in place once complete (:mod:`trident.parallel.distributed_checkpoint`).
     ``tensor_parallel_size`` processes form one tensor-parallel group; FSDP shards over the groups."""
 
     def __init__(self, tensor_parallel_size: int = 1, save_distributed_checkpoint: bool = False, **kwargs: Any) -> None:

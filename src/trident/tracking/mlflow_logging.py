@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trident.errors import ConfigError
 from trident.extras import require_package
-from trident.training.server_probe import server_reachable
+from trident.tracking.server_probe import server_reachable
 
 # Tracking URI schemes of a store on this machine's disk (a plain path has none).
 LOCAL_SCHEMES = ("", "file")

@@ -16,13 +16,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from trident.extras import require_package
-from trident.training.server_probe import server_reachable
-from trident.training.wandb_artifacts import check_log_model
-from trident.training.wandb_journal import JOURNAL, WandbJournal
+from trident.tracking.server_probe import server_reachable
+from trident.tracking.wandb_artifacts import check_log_model
+from trident.tracking.wandb_journal import JOURNAL, WandbJournal
 
 log = logging.getLogger(__name__)
 
-SYNC_HINT = "upload later with `python -m trident.training.wandb_files sync <run or sweep dir>`"
+SYNC_HINT = "upload later with `python -m trident.tracking.wandb_files sync <run or sweep dir>`"
 
 
 def wandb_base_url() -> str:
@@ -72,7 +72,7 @@ def check_logger_config(loggers_cfg: DictConfig | dict[str, Any]) -> None:
     if "tensorboard" in loggers_cfg:
         require_package("tensorboard")  # now, not as Lightning's traceback after the data is prepared
     if "mlflow" in loggers_cfg:
-        from trident.training.mlflow_logging import check_mlflow_config  # here: only logger=mlflow needs it
+        from trident.tracking.mlflow_logging import check_mlflow_config  # here: only logger=mlflow needs it
 
         check_mlflow_config(loggers_cfg["mlflow"])
 
@@ -90,7 +90,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path, run_id: str, resumed_step: int
             loggers += [WandbJournal(run_dir / "wandb" / JOURNAL, wandb_logger, resumed_step), wandb_logger]
             continue
         if name == "mlflow":
-            from trident.training.mlflow_logging import mlflow_logger  # here: only logger=mlflow needs it
+            from trident.tracking.mlflow_logging import mlflow_logger  # here: only logger=mlflow needs it
 
             logger = mlflow_logger(logger_cfg, run_dir)
         else:
@@ -117,7 +117,7 @@ def _wandb_logger(cfg: DictConfig, logger_cfg: DictConfig, run_dir: Path, run_id
     options: dict[str, Any] = OmegaConf.to_container(logger_cfg, resolve=True)  # type: ignore[assignment]
     options.pop("_target_", None)
     requested = options.pop("mode", "auto")
-    options.pop("log_model", None)  # trident uploads the best checkpoint itself (trident.training.wandb_artifacts)
+    options.pop("log_model", None)  # trident uploads the best checkpoint itself (trident.tracking.wandb_artifacts)
     # Other DDP ranks get no W&B run (Lightning's stand-in): no login check, server probe or warning there.
     mode = resolve_wandb_mode(requested) if rank_zero_only.rank == 0 else requested  # type: ignore[attr-defined]
     # wandb.init retries for 90 s by default when the server answers badly; bound it.

@@ -5,7 +5,7 @@ service process too, which exits at once without writing the rows it still buffe
 the run's ``.wandb`` file only every 15 s), so a stopped attempt's W&B run can lack its last rows,
 or all of them. The next attempt resumes from a checkpoint at some step: it first sends the rows
 logged before that step again, then its own, so its W&B run holds the whole history: the newest
-attempt's file is the one to upload (``python -m trident.training.wandb_files sync <dir>``).
+attempt's file is the one to upload (``python -m trident.tracking.wandb_files sync <dir>``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class WandbJournal(Logger):
     ``resumed_step``: the step of the checkpoint this attempt resumes from (None: a fresh start,
     which empties the journal). Rows after it came from an attempt that went on past its last
     checkpoint and are logged again, so they are dropped (at its step: training rows; its validation,
-    which :class:`trident.training.steps.ValidationRowStep` logs at that step, stays), and so are test rows: this attempt trains
+    which :class:`trident.tracking.steps.ValidationRowStep` logs at that step, stays), and so are test rows: this attempt trains
     on or tests again, and its test is the run's one; the rest wait for this attempt's first
     row and are sent before it, minus those the W&B run already has (an online run that resumes
     on the server knows its last step). Lightning calls the loggers in order: this one must come
@@ -118,7 +118,7 @@ def _validation_row(metrics: Mapping[str, Any]) -> bool:
 
 
 def _before_checkpoint(row: dict[str, Any], resumed_step: int) -> bool:
-    """Whether an earlier attempt logged ``row`` before the checkpoint of ``resumed_step`` (trident.training.steps):
+    """Whether an earlier attempt logged ``row`` before the checkpoint of ``resumed_step`` (trident.tracking.steps):
     training rows at step ``s`` are the ``(s+1)``-th optimizer step's (after a checkpoint at ``s``), a validation
     at ``s`` follows ``s`` steps (before it, or redone by the resumed attempt); test rows are of a model since
     trained on."""

@@ -1,12 +1,12 @@
 """Read W&B offline runs back from disk (``<run dir>/wandb/offline-run-*/run-*.wandb``) without an account,
-and upload them: ``python -m trident.training.wandb_files sync <run or sweep dir>...``.
+and upload them: ``python -m trident.tracking.wandb_files sync <run or sweep dir>...``.
 
 W&B's own reader does the reading: ``wandb leet inspect --json`` prints each record of the run's
 transaction log as one JSON line; this module only gathers the records into an :class:`OfflineRun`.
 
 Each attempt of a run (a resume, a requeue, an extension) writes its own ``offline-run-*`` directory
 under the run's one W&B id, and the newest attempt's holds the whole history: it first sends again
-the rows logged before its checkpoint (:class:`trident.training.wandb_journal.WandbJournal`). So the
+the rows logged before its checkpoint (:class:`trident.tracking.wandb_journal.WandbJournal`). So the
 upload is the newest attempt of each run id (:func:`offline_runs_to_sync`); uploading every attempt
 would send the steps before each resume once per attempt.
 """
@@ -142,7 +142,7 @@ def offline_runs_to_sync(directories: Sequence[Path]) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trident.training.wandb_files",
+    parser = argparse.ArgumentParser(prog="python -m trident.tracking.wandb_files",
                                      description="Upload offline W&B runs: the newest attempt of each run.")
     commands = parser.add_subparsers(dest="command", required=True)
     sync = commands.add_parser("sync", help="wandb sync the newest attempt of every run below the directories")
