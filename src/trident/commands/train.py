@@ -11,9 +11,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_plugins.trident_sweeper import register_sweeper
+from trident.errors import run_with_clear_errors
 from trident.runs.command_line import prepare_command_line
 from trident.runs.compose import CONF_DIR
 from trident.runs.resume import kept_on_refusal
+from trident.runs.train_help import train_help, wants_help
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
@@ -30,6 +32,9 @@ def train_job(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    if wants_help(sys.argv[1:]):  # answered here: Hydra's own --help takes seconds to list the groups
+        print(run_with_clear_errors(lambda: train_help(sys.argv[1:])))
+        return
     sys.argv[1:] = prepare_command_line(sys.argv[1:])
     register_sweeper()  # hydra/sweeper=excluding, whichever way trident was installed
     with kept_on_refusal(sys.argv[1:]):
