@@ -121,9 +121,9 @@ def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
     if choice is not None:  # a .jinja file reads the special tokens of the run's tokenizer directory, as in training
         return read_template(choice, str(data.get("tokenizer", "char")))
     if config is not None:  # a template that came with init_from: staged again if the data cache lost it
-        from trident.weights.init_from import stage_run_tokenizer
+        from trident.weights.init_from import stage_run_source
 
-        stage_run_tokenizer(config.parent, data)
+        stage_run_source(config.parent, data)
     return read_template(data.get("template"), str(data.get("tokenizer", "char")))
 
 

@@ -3,7 +3,7 @@
 A network sees pixels as its training normalised them; fed another normalisation, a frozen timm ViT trained with
 0.5 / 0.5 scores 0.41 instead of 0.61. So a run from a source normalises its images with the source's statistics
 (``data.mean`` / ``data.std``, a data option the source gives, as its image size) unless the command line sets them
-(docs/weights.md). Read from a trident run's own settings (the task's ``mean`` / ``std``), a Hugging Face
+(docs/weights.md). A trident run states its own (the task's ``SOURCE_DATA_SETTINGS``); here, read from a Hugging Face
 directory's ``preprocessor_config.json`` (``image_mean`` / ``image_std``) or timm's ``config.json``
 (``pretrained_cfg``'s ``mean`` / ``std``). A source that states none leaves the data's statistics.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,6 @@ STATISTICS = ("mean", "std")
 # A Hugging Face image processor's file beside the weights, and its keys for them.
 HF_PREPROCESSOR_FILE = "preprocessor_config.json"
 HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
-
-
-def trident_statistics(settings: Mapping[str, Any], source: str) -> dict[str, list[float]]:
-    """A trident checkpoint's statistics: its task's ``mean`` and ``std`` (an image task's hyperparameters)."""
-    return _checked({name: settings.get(name) for name in STATISTICS}, source)
 
 
 def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[float]]:
