@@ -7,7 +7,6 @@ commands that do not train import it).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -21,7 +20,7 @@ from trident.backbone import merge_lora, pos_encoding_class
 from trident.errors import DataError
 from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
-from trident.weights.adapters.normalisation import outside_statistics
+from trident.weights.adapters.normalisation import with_outside_statistics
 from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
 from trident.weights.pretrained import PretrainedWeights
@@ -89,9 +88,7 @@ def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
     # Imported here: safetensors and the adapters load only when a source needs them.
     from trident.weights.adapters.reading import read_pretrained
 
-    weights = read_pretrained(path, n_heads=n_heads)
-    statistics = outside_statistics(Path(path), weights.data_options.get("in_channels"))
-    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
+    return with_outside_statistics(read_pretrained(path, n_heads=n_heads), Path(path))
 
 
 def read_source_copy(folder: Path, weights: bool = True) -> PretrainedWeights:

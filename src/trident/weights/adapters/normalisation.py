@@ -10,18 +10,26 @@ directory's ``preprocessor_config.json`` (``image_mean`` / ``image_std``) or tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from trident.errors import DataError, is_number
+from trident.weights.pretrained import PretrainedWeights
 
 # The data options the statistics set (ImageDataModule's arguments).
 STATISTICS = ("mean", "std")
 # A Hugging Face image processor's file beside the weights, and its keys for them.
 HF_PREPROCESSOR_FILE = "preprocessor_config.json"
 HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
+
+
+def with_outside_statistics(weights: PretrainedWeights, path: Path) -> PretrainedWeights:
+    """``weights`` read from ``path`` (a Hugging Face or timm model) with the statistics stated beside them."""
+    statistics = outside_statistics(path, weights.data_options.get("in_channels"))
+    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
 
 
 def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[float]]:
