@@ -24,6 +24,8 @@ from trident.errors import ConfigError
 if TYPE_CHECKING:  # Hydra's config, imported where a run is configured, not where a checkpoint loads
     from omegaconf import DictConfig
 
+    from trident.data.chat_template import ChatTemplate
+
 
 class WeightsSource(Protocol):
     """What an ``init_from`` source states (trident.weights.pretrained.PretrainedWeights), as the task's and the data's
@@ -86,8 +88,14 @@ class TridentDataModule(L.LightningDataModule, ABC):
     @classmethod
     def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
         """Write what only the source holds where this data's settings (``data``, as
-        :meth:`settings_from_source` set them) name it: once as the run starts, and again for eval.py and trident-chat
-        where the data cache lost it (from the run's ``init/`` record). Nothing by default."""
+        :meth:`settings_from_source` set them) name it: once as the run starts, and again for eval.py where the data
+        cache lost it (from the run's ``init/`` record). Nothing by default."""
+
+    @classmethod
+    def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
+        """The chat template of ``source`` (its record: a run's ``init/``) when this data's settings render with it;
+        None by default (data that renders no conversations). trident-chat reads it there and stages nothing."""
+        return None
 
     def loader_options(self) -> dict[str, Any]:
         """DataLoader keyword arguments: the worker options (persistent workers need workers), a

@@ -34,6 +34,7 @@ from trident.data.chat_template import (
     encode_conversation,
     read_conversations,
     read_template,
+    recorded_template,
 )
 from trident.data.corpora import shakespeare_texts
 from trident.data.lm import LMDataModule
@@ -169,12 +170,23 @@ class ChatDataModule(LMDataModule):
     @classmethod
     def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
         """The source's tokenizer, and its chat template and special tokens in the directory ``data.template`` names
-        when that is the source's (by its name: eval.py may have moved ``data.cache_dir``, TRIDENT_CACHE_DIR, not
-        ``data.template``)."""
+        when that is the source's."""
         super().stage_source(source, data)
-        template = source_template_dir(data, source.tokenizer_settings)
-        if template is not None and data.get("template") and Path(str(data.template)).name == Path(template).name:
+        if cls._names_source_template(source, data):
             stage_file(json.dumps(dict(source.tokenizer_settings)), Path(str(data.template)) / "tokenizer_config.json")
+
+    @classmethod
+    def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
+        """The source's template, read from its record, when ``data.template`` names it."""
+        return recorded_template(str(data.template), source.tokenizer_settings) if cls._names_source_template(
+            source, data) else None
+
+    @staticmethod
+    def _names_source_template(source: WeightsSource, data: DictConfig) -> bool:
+        """Whether ``data.template`` is the source's staged template: by its name (content), as eval.py may have moved
+        ``data.cache_dir`` (TRIDENT_CACHE_DIR), not ``data.template``."""
+        staged = source_template_dir(data, source.tokenizer_settings)
+        return staged is not None and bool(data.get("template")) and Path(str(data.template)).name == Path(staged).name
 
     def __init__(self, source: str = "shakespeare", files: Any = None, template: str | None = None,
                  tokenizer: str = "char", vocab_size: int = 8192, block_size: int = 512, batch_size: int = 8,

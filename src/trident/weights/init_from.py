@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trident.backbone import TransformerConfig
 from trident.data.base import TridentDataModule
+from trident.data.chat_template import ChatTemplate
 from trident.errors import ConfigError
 from trident.tasks.base import STACK_KINDS, TridentTask
 from trident.weights.pretrained import PretrainedWeights
@@ -158,15 +159,31 @@ def _same(a: Any, b: Any) -> bool:
 def stage_run_source(run_dir: Path, data: DictConfig) -> None:
     """What the ``data`` settings of a run from an ``init_from`` source name and only the source holds (its tokenizer,
     its chat template), staged again by the run's data module (``stage_source``) from the run's record
-    (``<run>/init/``) where the data cache lost it: eval.py and trident-chat of such a run need neither the source
-    nor the cache."""
+    (``<run>/init/``) where the data cache lost it: eval.py of such a run needs neither the source nor the cache."""
+    if (recorded := _run_record(run_dir, data)) is not None:
+        data_class, source = recorded
+        data_class.stage_source(source, data)
+
+
+def run_source_template(run_dir: Path, data: DictConfig) -> ChatTemplate | None:
+    """The chat template of a run's ``init_from`` source, read from the run's record (``<run>/init/``), when its
+    ``data`` settings render with it (the data module's ``source_template``); None otherwise. trident-chat reads it
+    here: it writes nothing into the data cache."""
+    recorded = _run_record(run_dir, data)
+    return None if recorded is None else recorded[0].source_template(recorded[1], data)
+
+
+def _run_record(run_dir: Path, data: DictConfig) -> tuple[type[TridentDataModule], PretrainedWeights] | None:
+    """The data module class of a run's ``data`` settings and the run's record of its source (without its weights);
+    None for a run from no source."""
     folder = run_dir / COPY_DIR
     target = data.get("_target_")
     if not (folder / "source.json").is_file() or not target:
-        return
+        return None
     data_class = pydoc.locate(str(target))  # pydoc's lookup, not Hydra's: trident-chat imports Hydra nowhere else
-    if isinstance(data_class, type) and issubclass(data_class, TridentDataModule):
-        data_class.stage_source(read_source_copy(folder, weights=False), data)
+    if not (isinstance(data_class, type) and issubclass(data_class, TridentDataModule)):
+        return None
+    return data_class, read_source_copy(folder, weights=False)
 
 
 def copy_source(source: PretrainedWeights, run_dir: Path) -> None:
