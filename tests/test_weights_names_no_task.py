@@ -109,3 +109,12 @@ def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
                        '    return g(patch_size=16)\n')
     found = sorted(line.partition(": ")[2] for line in findings(planted, names, keys, tmp_path))
     assert found == sorted(["pool", "stack", "vit", "data.template", "data.cache_dir", "task=classify", "patch_size="])
+
+
+def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
+    """What a task says a checkpoint of it fixes as a source are its own constructor arguments, and its data settings
+    are its data module's too: a renamed setting cannot leave a declaration that fixes nothing."""
+    for name, task in TASKS.items():
+        arguments = _parameters(task, TridentTask)
+        assert set(task.SOURCE_SETTINGS) <= arguments, name
+        assert set(task.SOURCE_DATA_SETTINGS) <= arguments & _parameters(task.DATA_MODULE, TridentDataModule), name
