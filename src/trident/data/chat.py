@@ -178,8 +178,9 @@ class ChatDataModule(LMDataModule):
     @classmethod
     def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
         """The source's template, read from its record, when ``data.template`` names it."""
-        return recorded_template(str(data.template), source.tokenizer_settings) if cls._names_source_template(
-            source, data) else None
+        if not cls._names_source_template(source, data):
+            return None
+        return recorded_template(str(data.template), source.tokenizer_settings)
 
     @staticmethod
     def _names_source_template(source: WeightsSource, data: DictConfig) -> bool:

@@ -101,7 +101,7 @@ def check_source_stack(task: type[TridentTask], options: DictConfig, source: Pre
 def explicit_overrides() -> list[str]:
     """The keys the user set on the command line (``model``, ``model.d_model``, ``pos_encoding``...),
     as Hydra recorded them; group defaults and experiment presets are not among them."""
-    from hydra.core.hydra_config import HydraConfig  # here: trident-chat stages a run's tokenizer without Hydra
+    from hydra.core.hydra_config import HydraConfig  # here: trident-chat reads a run's record without Hydra
 
     if not HydraConfig.initialized():
         return []
@@ -112,12 +112,12 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
     """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture, and what the
     configured task and its data take of it (``TridentTask.settings_from_source``: the source's task and data settings,
     its tokenizer, its chat template); a value the user set that contradicts it is one error line naming both."""
+    import hydra.utils  # here: the commands that read a run (trident-chat) import this module without Hydra
+
     defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in ATTENTION_SHAPE_SETTINGS}
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in (defaults | source.model).items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
-    import hydra.utils  # here: trident-chat stages a run's tokenizer without Hydra
-
     taken = hydra.utils.get_class(cfg.task._target_).settings_from_source(source, cfg, explicit)
     # A trident run saves these resolved (n_kv_heads=4), a config leaves them null: equal when null stands for the value.
     shape = TransformerConfig(**{k: v for k, v in source.model.items() if k in ("d_model", "n_heads", "head_dim", "bias")})
@@ -206,6 +206,8 @@ def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resu
     ``cfg`` in one step (:func:`apply_settings`) before the config is checked; a resumed run reads
     the copy in its own directory (the original may have moved). ``embeddings_only``
     (``init_only=embeddings``) lets a source of another stack in."""
+    import hydra.utils  # here: the commands that read a run (trident-chat) import this module without Hydra
+
     if not cfg.get("init_from"):
         return None
     if cfg.get("ckpt_path"):
@@ -216,8 +218,6 @@ def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resu
     n_heads = int(cfg.model.n_heads) if "model.n_heads" in explicit else None
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = read_source_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
-    import hydra.utils
-
     check_source_task(task, source)
     apply_settings(cfg, settings_fixed_by(cfg, source, explicit))
     check_source_stack(task, cfg.task, source, embeddings_only)
