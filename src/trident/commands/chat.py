@@ -120,10 +120,11 @@ def run_template(checkpoint: Path, choice: str | None) -> ChatTemplate:
     data = OmegaConf.load(config).get("data", {}) if config is not None else {}
     if choice is not None:  # a .jinja file reads the special tokens of the run's tokenizer directory, as in training
         return read_template(choice, str(data.get("tokenizer", "char")))
-    if config is not None:  # a template that came with init_from: staged again if the data cache lost it
-        from trident.weights.init_from import stage_run_tokenizer
+    if config is not None:  # a template that came with init_from: read from the run's record of its source
+        from trident.weights.init_from import run_source_template
 
-        stage_run_tokenizer(config.parent, data)
+        if (recorded := run_source_template(config.parent, data)) is not None:
+            return recorded
     return read_template(data.get("template"), str(data.get("tokenizer", "char")))
 
 

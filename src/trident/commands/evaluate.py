@@ -88,9 +88,9 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
         cfg[group].pop("pretrained", None)
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
-    from trident.weights.init_from import stage_run_tokenizer
+    from trident.weights.init_from import stage_run_source
 
-    stage_run_tokenizer(find_run_config(checkpoint).parent, cfg.data)
+    stage_run_source(find_run_config(checkpoint).parent, cfg.data)
     return cfg, checkpoint
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
 import torch
@@ -17,6 +19,43 @@ from torch.utils.data import DataLoader
 
 from trident.data.order import ResumableOrder
 from trident.data.readers import SPLITS
+from trident.errors import ConfigError
+
+if TYPE_CHECKING:  # Hydra's config, imported where a run is configured, not where a checkpoint loads
+    from omegaconf import DictConfig
+
+    from trident.data.chat_template import ChatTemplate
+
+
+class WeightsSource(Protocol):
+    """What an ``init_from`` source states (trident.weights.pretrained.PretrainedWeights), as the task's and the data's
+    hooks read it: each says which of its settings the source fixes (:meth:`TridentDataModule.settings_from_source`,
+    ``TridentTask.settings_from_source``), so the weights room names no task and no setting."""
+
+    @property
+    def source(self) -> str: ...  # the path or name it was read from
+
+    @property
+    def task_options(self) -> Mapping[str, Any]: ...  # the task settings its network was built with
+
+    @property
+    def data_options(self) -> Mapping[str, Any]: ...  # the data settings it was built or trained for
+
+    @property
+    def tokenizer(self) -> Tokenizer | None: ...
+
+    @property
+    def tokenizer_settings(self) -> Mapping[str, str]: ...  # its chat template and special tokens
+
+
+def stage_file(text: str, staged: Path) -> None:
+    """``text`` at ``staged``, unless a file is there (named by its content: the same text), written whole or not at
+    all (a run that starts beside another reads a complete file)."""
+    if not staged.is_file():
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        temporary = staged.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(staged)
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
@@ -38,6 +77,25 @@ class TridentDataModule(L.LightningDataModule, ABC):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self._resume_position: tuple[int, int] | None = None
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """What an ``init_from`` ``source`` fixes in this data's settings (``data`` group), config path -> value: each
+        data setting the source states that this data has (a bounded position table's context length, a ViT's patch
+        size). ``explicit``: the keys the command line set (``data.image_size``)."""
+        return {f"data.{key}": value for key, value in source.data_options.items() if key in data}
+
+    @classmethod
+    def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
+        """Write what only the source holds where this data's settings (``data``, as
+        :meth:`settings_from_source` set them) name it: once as the run starts, and again for eval.py where the data
+        cache lost it (from the run's ``init/`` record). Nothing by default."""
+
+    @classmethod
+    def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
+        """The chat template of ``source`` (its record: a run's ``init/``) when this data's settings render with it;
+        None by default (data that renders no conversations). trident-chat reads it there and stages nothing."""
+        return None
 
     def loader_options(self) -> dict[str, Any]:
         """DataLoader keyword arguments: the worker options (persistent workers need workers), a
@@ -144,6 +202,25 @@ class TextDataModule(TridentDataModule):
     @abstractmethod
     def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
         """Read the prepared splits (the tokenizer is read); each split's size for the log ("8,000 tokens")."""
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """Text data reads the source's tokenizer (never a retrained one) from a file under the data cache named by its
+        content (:meth:`stage_source` writes it), so a resume that reads the run's copy names the same file."""
+        fixed = super().settings_from_source(source, data, explicit)
+        if source.tokenizer is not None and "tokenizer" in data:
+            if "data.tokenizer" in explicit:
+                raise ConfigError(f"data.tokenizer={data.tokenizer} and init_from={source.source} both name a tokenizer: "
+                                  "drop data.tokenizer (the weights come with theirs)")
+            digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
+            fixed["data.tokenizer"] = str(Path(data.cache_dir) / "tokenizers" / f"{digest}.json")
+        return fixed
+
+    @classmethod
+    def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
+        """The source's tokenizer in the file ``data.tokenizer`` names."""
+        if source.tokenizer is not None and data.get("tokenizer"):
+            stage_file(source.tokenizer.to_str(), Path(str(data.tokenizer)))
 
     def save_to(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run, so the run directory alone can decode its outputs."""

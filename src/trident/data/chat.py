@@ -17,14 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from trident.data.base import WeightsSource, stage_file
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.chat_template import (
     ChatTemplate,
@@ -32,6 +34,7 @@ from trident.data.chat_template import (
     encode_conversation,
     read_conversations,
     read_template,
+    recorded_template,
 )
 from trident.data.corpora import shakespeare_texts
 from trident.data.lm import LMDataModule
@@ -39,6 +42,9 @@ from trident.data.readers import SPLITS, files_by_split
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder, tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,16 @@ ANSWER_LINES = 2
 SHAKESPEARE_PROMPT = "Continue ROMEO's speech:\nBut soft, what light through yonder window breaks?"
 # The validation samples of a chat file (data.sample_prompts=null): the prompts of this many validation conversations.
 SAMPLED_CONVERSATIONS = 2
+
+
+def source_template_dir(data: DictConfig, tokenizer_settings: Mapping[str, str]) -> str | None:
+    """Where an ``init_from`` source's chat template and special tokens (``tokenizer_settings``, kept in the run's
+    ``init/`` record) are staged for the data to read as a tokenizer directory: under the data cache, named by their
+    content; None when the source has no template."""
+    if not tokenizer_settings.get("chat_template"):
+        return None
+    digest = hashlib.sha256(json.dumps(dict(tokenizer_settings), sort_keys=True).encode()).hexdigest()[:16]
+    return str(Path(data.cache_dir) / "templates" / digest)
 
 
 def shakespeare_conversations() -> list[list[Message]]:
@@ -140,6 +156,38 @@ class ChatDataModule(LMDataModule):
     a path, a list, or ``{train: ..., validation: ..., test: ...}``) or of the shipped Shakespeare set
     (``data.source=shakespeare``), packed for task=lm with the loss on the answers only. Splits the files do not
     give are cut from the train conversations in order by ``data.split``."""
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """The source's tokenizer and, unless ``data.template`` names another, its chat template (as its tokenizer
+        directory would give it), from the directory :meth:`stage_source` writes."""
+        fixed = super().settings_from_source(source, data, explicit)
+        template = source_template_dir(data, source.tokenizer_settings)
+        if template is not None and data.get("template") in (None, template):
+            fixed["data.template"] = template
+        return fixed
+
+    @classmethod
+    def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
+        """The source's tokenizer, and its chat template and special tokens in the directory ``data.template`` names
+        when that is the source's."""
+        super().stage_source(source, data)
+        if cls._names_source_template(source, data):
+            stage_file(json.dumps(dict(source.tokenizer_settings)), Path(str(data.template)) / "tokenizer_config.json")
+
+    @classmethod
+    def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
+        """The source's template, read from its record, when ``data.template`` names it."""
+        if not cls._names_source_template(source, data):
+            return None
+        return recorded_template(str(data.template), source.tokenizer_settings)
+
+    @staticmethod
+    def _names_source_template(source: WeightsSource, data: DictConfig) -> bool:
+        """Whether ``data.template`` is the source's staged template: by its name (content), as eval.py may have moved
+        ``data.cache_dir`` (TRIDENT_CACHE_DIR), not ``data.template``."""
+        staged = source_template_dir(data, source.tokenizer_settings)
+        return staged is not None and bool(data.get("template")) and Path(str(data.template)).name == Path(staged).name
 
     def __init__(self, source: str = "shakespeare", files: Any = None, template: str | None = None,
                  tokenizer: str = "char", vocab_size: int = 8192, block_size: int = 512, batch_size: int = 8,

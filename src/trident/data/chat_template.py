@@ -15,6 +15,7 @@ import functools
 import gzip
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -175,6 +176,12 @@ def read_template(choice: str | None, tokenizer_choice: str) -> ChatTemplate:
         raise ConfigError(f"data.template={choice}: the tokenizer directory has no chat template (neither chat_template "
                           "in tokenizer_config.json nor chat_template.jinja): give a .jinja file, or data.template=default")
     return ChatTemplate(choice, text, special_tokens_of(path, config))
+
+
+def recorded_template(source: str, settings: Mapping[str, str]) -> ChatTemplate:
+    """A template as a run records it (``tokenizer_settings``: ``chat_template`` and the special tokens, the keys of a
+    tokenizer directory's ``tokenizer_config.json``), read as :func:`read_template` reads that directory."""
+    return ChatTemplate(source, settings["chat_template"], {k: v for k, v in settings.items() if k.endswith("_token")})
 
 
 def chat_template_of(directory: Path, config: dict[str, Any]) -> str | None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
@@ -17,10 +18,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from trident.data.base import TridentDataModule
+from trident.data.base import TridentDataModule, WeightsSource
 from trident.data.image_sources import ImageSplits, load_image_source
 from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 Transform = Any  # a torchvision/timm callable: PIL image -> (C, H, W) tensor
 
@@ -104,6 +108,18 @@ def eval_transform(image_size: int, mean: list[float], std: list[float]) -> Tran
 
 
 class ImageDataModule(TridentDataModule):
+    # Settings a source states that the run may change: the weights follow (a ViT's position table is resampled to
+    # another image size, trident.weights.transfer), or the user chooses (the images' normalisation: a network fed
+    # another scores less, docs/weights.md); the source's value is the default.
+    ADAPTABLE_FROM_SOURCE = ("image_size", "mean", "std")
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """The source's image geometry and normalisation, but an adaptable setting the command line set."""
+        adapted = {f"data.{key}" for key in cls.ADAPTABLE_FROM_SOURCE} & set(explicit)
+        return {key: value for key, value in super().settings_from_source(source, data, explicit).items()
+                if key not in adapted}
+
     def __init__(
         self,
         source: str = "mnist_5k",

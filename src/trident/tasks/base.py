@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -15,7 +16,7 @@ from torch.export import Dim
 from torch.optim import Optimizer
 
 from trident.backbone import TransformerConfig, add_lora, freeze_base
-from trident.data.base import TridentDataModule
+from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
 from trident.objectives import Loss, Objective, build_objective, objective_name
 from trident.parallel.fsdp import parallelize
@@ -99,6 +100,13 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     #: What the commands may ask of a trained task beyond training and export (e.g. :data:`GENERATE`): a command
     #: checks it before it loads the weights, in one line naming the tasks that can (trident.weights.capable).
     CAPABILITIES: ClassVar[frozenset[str]] = frozenset()
+
+    #: The settings (constructor arguments, ``task.<name>``) that shape ``net``: what a checkpoint of this task, read as
+    #: an ``init_from`` source, fixes in a run whose task has the same setting (:meth:`settings_from_source`).
+    SOURCE_SETTINGS: ClassVar[tuple[str, ...]] = ()
+    #: The settings that are the data's (``data.<name>``) and that the network was built or trained for (a ViT's patch
+    #: size and image normalisation): what such a source fixes in the run's data, as its data module takes them.
+    SOURCE_DATA_SETTINGS: ClassVar[tuple[str, ...]] = ()
 
     #: The metrics the task logs at every validation: what early stopping (and a checkpoint) may monitor.
     VALIDATION_METRICS: ClassVar[tuple[str, ...]]
@@ -236,6 +244,25 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
             )
         if cls.TRAINS_WITH:  # the objective fits the task's outputs
             objective_name(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
+
+    @classmethod
+    def stated_as_source(cls, settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a checkpoint of this task (its hyperparameters, ``settings``) states as an ``init_from`` source: its
+        task settings and its data settings that shape the network (:data:`SOURCE_SETTINGS`,
+        :data:`SOURCE_DATA_SETTINGS`), where it has them (an earlier version's may not)."""
+        return ({key: settings[key] for key in cls.SOURCE_SETTINGS if key in settings},
+                {key: settings[key] for key in cls.SOURCE_DATA_SETTINGS if key in settings})
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, cfg: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """What an ``init_from`` ``source`` fixes in a run of this task besides its architecture (config path -> value):
+        each task setting the source states that this task has (a classifier's pooling, a tied output layer), and what
+        the run's data takes of it (``TridentDataModule.settings_from_source``: context length, patch size, tokenizer,
+        chat template). ``explicit``: the keys the command line set."""
+        import hydra.utils
+
+        fixed = {f"task.{key}": value for key, value in source.task_options.items() if key in cfg.task}
+        return fixed | hydra.utils.get_class(cfg.data._target_).settings_from_source(source, cfg.data, explicit)
 
     @classmethod
     def stack(cls, task: DictConfig) -> str | None:

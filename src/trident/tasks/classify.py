@@ -29,6 +29,7 @@ Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels
 
 class SequenceClassificationTask(TridentTask):
     NAME = "classify"
+    SOURCE_SETTINGS = ("stack", "pool", "scale_embeddings")  # what its checkpoint fixes as init_from
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/macro_f1", "val/majority_acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
     TRAINS_WITH = ("class_label",)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 class LanguageModelTask(TridentTask):
     NAME = "lm"
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"

@@ -33,6 +33,7 @@ STAGES = {"train": 0, "val": 1, "test": 2}
 
 class MaskedLanguageModelTask(TridentTask):
     NAME = "mlm"
+    SOURCE_SETTINGS = ("scale_embeddings",)  # what its checkpoint fixes as init_from
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"

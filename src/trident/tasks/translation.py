@@ -64,6 +64,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 
 class TranslationTask(TridentTask):
     NAME = "translation"
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True

@@ -27,6 +27,9 @@ Batch = tuple[Tensor, Tensor]
 
 class ImageClassificationTask(TridentTask):
     NAME = "vit"
+    SOURCE_SETTINGS = ("pool",)  # what its checkpoint fixes as init_from
+    # The patch grid shapes the weights; the normalisation is what they were trained to see (the run may change it).
+    SOURCE_DATA_SETTINGS = ("patch_size", "mean", "std")
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/acc_top5")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False

@@ -3,28 +3,29 @@ run directory of any task, or a Hugging Face / timm file read by :mod:`trident.w
 
 Only the weights (and the tokenizer) come from the source, never its optimizer, schedule, step or
 data position: the run is new. The architecture comes from the source too: the source's values
-replace the ``model``, ``pos_encoding``, ``task`` and ``data`` settings that shape the weights, and
-a value the user set on the command line that says otherwise is one error line. Two exceptions: a
-timm file does not record its head count, which ``model.n_heads=`` may state, and a ViT's image
-size may change (its position table is resampled).
+replace the ``model`` and ``pos_encoding`` settings, and a value the user set on the command line
+that says otherwise is one error line (a timm file does not record its head count, which
+``model.n_heads=`` may state). Which of its task and data settings a source fixes, each task and
+data module says (``settings_from_source``; ``stage_source`` writes what only the source holds, its
+tokenizer and chat template): this module names no task and no task or data setting.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
+import pydoc
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
-from tokenizers import Tokenizer
 
 from trident.backbone import TransformerConfig
+from trident.data.base import TridentDataModule
+from trident.data.chat_template import ChatTemplate
 from trident.errors import ConfigError
 from trident.tasks.base import STACK_KINDS, TridentTask
-from trident.weights.normalisation import STATISTICS
 from trident.weights.pretrained import PretrainedWeights
 from trident.weights.sources import (
     COPY_DIR,
@@ -35,15 +36,9 @@ from trident.weights.sources import (
 # Model settings younger than some sources (issue 40): a source that does not state one (an earlier trident run,
 # GPT-2, BERT, ViT) has its default, which init_from then fixes like any setting the source states.
 ATTENTION_SHAPE_SETTINGS = ("n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "attn_out_bias", "mlp_bias")
-# Data settings of a source that the run may change: the weights follow (a ViT's position table is resampled to
-# another image size, see transfer.py), or the user chooses (the images' normalisation, see normalisation.py);
-# the source's value is the default.
-ADAPTABLE_DATA_OPTIONS = ("image_size", *STATISTICS)
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
-# The trident runs a task that reads text or images can start from (TridentTask.READS); sources_reading adds the rest.
-RUNS_READING = {"images": "a trident vit run", "text": "a trident lm, mlm or classify run"}
 
 
 def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> None:
@@ -71,11 +66,15 @@ def sources_reading(reads: str) -> str:
     """The sources a task that reads ``reads`` (text or images) can start from: trident runs, the Hugging Face families
     of the adapter registry whose network reads it (by config.json's model_type) and, for images, the file formats."""
     from trident.models.vit import VisionTransformer  # here: the registry loads every adapter
+    from trident.tasks.registry import TASKS
     from trident.weights.adapters.registry import ADAPTERS, FILE_ADAPTERS
 
     families = [adapter.MODEL_TYPE for adapter in ADAPTERS if (adapter.NETWORK is VisionTransformer) == (reads == "images")]
     files = [adapter.DESCRIPTION for adapter in FILE_ADAPTERS] if reads == "images" else []
-    return (f"{'an image' if reads == 'images' else 'a text'} model ({RUNS_READING[reads]}, a Hugging Face directory of "
+    # The runs of the tasks that read the same and give their weights to another task (not an encoder-decoder's).
+    runs = [name for name, task in TASKS.items() if task.READS == reads and not task.ENCODER_DECODER]
+    named = " or ".join(filter(None, (", ".join(runs[:-1]), runs[-1])))
+    return (f"{'an image' if reads == 'images' else 'a text'} model (a trident {named} run, a Hugging Face directory of "
             f"model_type {', '.join(families)}{''.join(f', {described}' for described in files)})")
 
 
@@ -102,7 +101,7 @@ def check_source_stack(task: type[TridentTask], options: DictConfig, source: Pre
 def explicit_overrides() -> list[str]:
     """The keys the user set on the command line (``model``, ``model.d_model``, ``pos_encoding``...),
     as Hydra recorded them; group defaults and experiment presets are not among them."""
-    from hydra.core.hydra_config import HydraConfig  # here: trident-chat stages a run's tokenizer without Hydra
+    from hydra.core.hydra_config import HydraConfig  # here: trident-chat reads a run's record without Hydra
 
     if not HydraConfig.initialized():
         return []
@@ -110,21 +109,23 @@ def explicit_overrides() -> list[str]:
 
 
 def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list[str]) -> dict[str, Any]:
-    """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture and,
-    for text data, its tokenizer (``data.tokenizer``: the file :func:`stage_tokenizer` writes, named by its
-    content, so a resume that reads the run's copy names the same file); a value the user set that contradicts
-    it is one error line naming both."""
+    """What ``source`` fixes in the config, key -> value (``model.d_model`` -> 768): its architecture, and what the
+    configured task and its data take of it (``TridentTask.settings_from_source``: the source's task and data settings,
+    its tokenizer, its chat template); a value the user set that contradicts it is one error line naming both."""
+    import hydra.utils  # here: the commands that read a run (trident-chat) import this module without Hydra
+
     defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in ATTENTION_SHAPE_SETTINGS}
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in (defaults | source.model).items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
-    wanted |= {f"task.{k}": v for k, v in source.task_options.items() if k in cfg.task}
-    wanted |= {f"data.{k}": v for k, v in source.data_options.items()
-               if k in cfg.data and not (k in ADAPTABLE_DATA_OPTIONS and f"data.{k}" in explicit)}
+    taken = hydra.utils.get_class(cfg.task._target_).settings_from_source(source, cfg, explicit)
     # A trident run saves these resolved (n_kv_heads=4), a config leaves them null: equal when null stands for the value.
     shape = TransformerConfig(**{k: v for k, v in source.model.items() if k in ("d_model", "n_heads", "head_dim", "bias")})
     followed = {f"model.{k}": getattr(shape, k) for k in ATTENTION_SHAPE_SETTINGS}
-    for key, value in wanted.items():
+    # The task's and data's settings that the source states are checked against the user's like its architecture; the
+    # files they name for what the source alone holds (its tokenizer, its chat template: staged, named by content) are not.
+    stated = source.task_options.keys() | source.data_options.keys()
+    for key, value in (wanted | {k: v for k, v in taken.items() if k.partition(".")[2] in stated}).items():
         group = key.partition(".")[0]
         current = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)["v"]  # type: ignore[index]
         # A model size or position encoding chosen by name (model=small) sets the keys its file has;
@@ -138,29 +139,7 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
                 f"{shown}={current} contradicts init_from={source.source}, which has {shown}={stated}: drop that "
                 "override (the architecture comes from the weights)"
             )
-    if source.tokenizer is not None and "tokenizer" in cfg.data:
-        if "data.tokenizer" in explicit:
-            raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} and init_from={source.source} both name a tokenizer: "
-                              "drop data.tokenizer (the weights come with theirs)")
-        # Text data reads the source's tokenizer (never a retrained one) from a file named by its content.
-        digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
-        wanted["data.tokenizer"] = str(Path(cfg.data.cache_dir) / "tokenizers" / f"{digest}.json")
-    template = staged_template(cfg.data, source.tokenizer_settings)
-    # data=chat renders with the source's chat template, as the source's tokenizer directory would give it,
-    # unless data.template names one.
-    if template is not None and cfg.data.get("template") in (None, template):
-        wanted["data.template"] = template
-    return wanted
-
-
-def staged_template(data: DictConfig, tokenizer_settings: dict[str, str]) -> str | None:
-    """Where the source's chat template and special tokens (``tokenizer_settings``) are staged for data that
-    reads a template (``data.template``): a tokenizer directory under the data cache named by its content;
-    None when the data reads none or the source has no template."""
-    if "template" not in data or not tokenizer_settings.get("chat_template"):
-        return None
-    digest = hashlib.sha256(json.dumps(tokenizer_settings, sort_keys=True).encode()).hexdigest()[:16]
-    return str(Path(data.cache_dir) / "templates" / digest)
+    return wanted | taken
 
 
 def apply_settings(cfg: DictConfig, fixed: dict[str, Any]) -> None:
@@ -177,38 +156,34 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def stage_tokenizer(source: PretrainedWeights, fixed: dict[str, Any]) -> None:
-    """The source's tokenizer in the file ``data.tokenizer`` names (under the data cache), and its chat template in
-    the directory ``data.template`` names, where :func:`settings_fixed_by` named them; the run directory gets its
-    own copy once the run starts."""
-    if "data.tokenizer" in fixed and source.tokenizer is not None:
-        _stage(source.tokenizer.to_str(), Path(fixed["data.tokenizer"]))
-    if "data.template" in fixed:
-        _stage(json.dumps(source.tokenizer_settings), Path(fixed["data.template"]) / "tokenizer_config.json")
+def stage_run_source(run_dir: Path, data: DictConfig) -> None:
+    """What the ``data`` settings of a run from an ``init_from`` source name and only the source holds (its tokenizer,
+    its chat template), staged again by the run's data module (``stage_source``) from the run's record
+    (``<run>/init/``) where the data cache lost it: eval.py of such a run needs neither the source nor the cache."""
+    if (recorded := _run_record(run_dir, data)) is not None:
+        data_class, source = recorded
+        data_class.stage_source(source, data)
 
 
-def stage_run_tokenizer(run_dir: Path, data: DictConfig) -> None:
-    """The tokenizer file and chat template that the ``data`` settings of a run from an ``init_from`` source name,
-    staged again from the run's copy (``<run>/init/``) where the data cache lost them: eval.py and trident-chat of
-    such a run need neither the source nor the cache."""
-    copy = run_dir / COPY_DIR / "tokenizer.json"
-    if data.get("tokenizer") and copy.is_file():
-        _stage(Tokenizer.from_file(str(copy)).to_str(), Path(str(data.tokenizer)))
-    described = run_dir / COPY_DIR / "source.json"
-    settings = (json.loads(described.read_text()).get("tokenizer_settings") or {}) if described.is_file() else {}
-    template = staged_template(data, settings)
-    # By its name: eval.py may have moved data.cache_dir (TRIDENT_CACHE_DIR), not data.template.
-    if template is not None and data.get("template") and Path(str(data.template)).name == Path(template).name:
-        _stage(json.dumps(settings), Path(str(data.template)) / "tokenizer_config.json")
+def run_source_template(run_dir: Path, data: DictConfig) -> ChatTemplate | None:
+    """The chat template of a run's ``init_from`` source, read from the run's record (``<run>/init/``), when its
+    ``data`` settings render with it (the data module's ``source_template``); None otherwise. trident-chat reads it
+    here: it writes nothing into the data cache."""
+    recorded = _run_record(run_dir, data)
+    return None if recorded is None else recorded[0].source_template(recorded[1], data)
 
 
-def _stage(tokenizer_json: str, staged: Path) -> None:
-    """``tokenizer_json`` at ``staged``, unless a file is there (named by its content: the same tokenizer)."""
-    if not staged.is_file():
-        staged.parent.mkdir(parents=True, exist_ok=True)
-        temporary = staged.with_suffix(".tmp")
-        temporary.write_text(tokenizer_json)
-        temporary.replace(staged)
+def _run_record(run_dir: Path, data: DictConfig) -> tuple[type[TridentDataModule], PretrainedWeights] | None:
+    """The data module class of a run's ``data`` settings and the run's record of its source (without its weights);
+    None for a run from no source."""
+    folder = run_dir / COPY_DIR
+    target = data.get("_target_")
+    if not (folder / "source.json").is_file() or not target:
+        return None
+    data_class = pydoc.locate(str(target))  # pydoc's lookup, not Hydra's: trident-chat imports Hydra nowhere else
+    if not (isinstance(data_class, type) and issubclass(data_class, TridentDataModule)):
+        return None
+    return data_class, read_source_copy(folder, weights=False)
 
 
 def copy_source(source: PretrainedWeights, run_dir: Path) -> None:
@@ -231,6 +206,8 @@ def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resu
     ``cfg`` in one step (:func:`apply_settings`) before the config is checked; a resumed run reads
     the copy in its own directory (the original may have moved). ``embeddings_only``
     (``init_only=embeddings``) lets a source of another stack in."""
+    import hydra.utils  # here: the commands that read a run (trident-chat) import this module without Hydra
+
     if not cfg.get("init_from"):
         return None
     if cfg.get("ckpt_path"):
@@ -242,8 +219,7 @@ def source_for_run(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resu
     resumed = bool(resume_from) and (copy / "source.json").is_file()
     source = read_source_copy(copy) if resumed else read_init_source(str(cfg.init_from), n_heads)
     check_source_task(task, source)
-    fixed = settings_fixed_by(cfg, source, explicit)
-    apply_settings(cfg, fixed)
+    apply_settings(cfg, settings_fixed_by(cfg, source, explicit))
     check_source_stack(task, cfg.task, source, embeddings_only)
-    stage_tokenizer(source, fixed)
+    hydra.utils.get_class(cfg.data._target_).stage_source(source, cfg.data)
     return source

@@ -7,7 +7,6 @@ commands that do not train import it).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -21,9 +20,9 @@ from trident.backbone import merge_lora, pos_encoding_class
 from trident.errors import DataError
 from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
+from trident.weights.adapters.normalisation import with_outside_statistics
 from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
-from trident.weights.normalisation import outside_statistics, trident_statistics
 from trident.weights.pretrained import PretrainedWeights
 from trident.weights.task_class import task_class_of
 
@@ -31,10 +30,6 @@ from trident.weights.task_class import task_class_of
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
 # TransformerConfig fields that come from the pos_encoding group and the data, not from the model group.
 DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid", "num_prefix_tokens")
-# Task settings that change what the weights compute (the other task settings are the run's own).
-SHAPING_TASK_OPTIONS = ("tie_embeddings", "scale_embeddings", "pool", "stack")
-# Data settings that shape the weights (the patch grid of an image model).
-SHAPING_DATA_OPTIONS = ("patch_size",)
 # The copy of the source inside the run directory: the run stays self-contained.
 COPY_DIR = "init"
 
@@ -67,7 +62,8 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     if not backbone:
         raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
     model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
-    data_options = {k: settings[k] for k in SHAPING_DATA_OPTIONS if k in settings} | trident_statistics(settings, path)
+    # What the weights' own task says they were built with (TridentTask.SOURCE_SETTINGS, SOURCE_DATA_SETTINGS).
+    task_options, data_options = task_class.stated_as_source(settings)
     # A bounded position table (learned) has one row per position: its length is part of the weights.
     if backbone.get("grid") is None and pos_encoding_class(backbone["pos_encoding"]).bounded_length:
         data_options["max_seq_len"] = backbone["max_seq_len"]
@@ -80,7 +76,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     return PretrainedWeights(
         source=str(path), format="trident", task=task_class.NAME, model=model,
         pos_encoding=backbone["pos_encoding"], pos_encoding_options=dict(backbone.get("pos_encoding_options") or {}),
-        task_options={k: settings[k] for k in SHAPING_TASK_OPTIONS if k in settings}, data_options=data_options,
+        task_options=task_options, data_options=data_options,
         state_dict=state_dict,
         tokenizer=Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
         tokenizer_settings=dict(checkpoint.get("tokenizer_settings") or {}),
@@ -92,18 +88,17 @@ def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
     # Imported here: safetensors and the adapters load only when a source needs them.
     from trident.weights.adapters.reading import read_pretrained
 
-    weights = read_pretrained(path, n_heads=n_heads)
-    statistics = outside_statistics(Path(path), weights.data_options.get("in_channels"))
-    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
+    return with_outside_statistics(read_pretrained(path, n_heads=n_heads), Path(path))
 
 
-def read_source_copy(folder: Path) -> PretrainedWeights:
-    """A source as :func:`copy_source` left it in a run directory."""
+def read_source_copy(folder: Path, weights: bool = True) -> PretrainedWeights:
+    """A source as :func:`copy_source` left it in a run directory (``weights=False``: its record and tokenizer alone,
+    the state dict empty)."""
     described = json.loads((folder / "source.json").read_text())
     tokenizer = folder / "tokenizer.json"
     return PretrainedWeights(
         **described,
-        state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True),
+        state_dict=torch.load(folder / "weights.pt", map_location="cpu", weights_only=True) if weights else {},
         tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer.is_file() else None,
     )
 

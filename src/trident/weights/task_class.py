@@ -16,13 +16,13 @@ from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoints import RETIRED_SETTINGS
 from trident.weights.run_config import run_config_of
 
-# The tasks whose checkpoints predate TASK_KEY (every later task records itself).
-EARLIER_TASKS = {
-    "lm": "trident.tasks.lm.LanguageModelTask",
-    "mlm": "trident.tasks.mlm.MaskedLanguageModelTask",
-    "translation": "trident.tasks.translation.TranslationTask",
-    "vit": "trident.tasks.vit.ImageClassificationTask",
-}
+# The task classes whose checkpoints predate TASK_KEY (every later task records itself).
+EARLIER_TASKS = (
+    "trident.tasks.lm.LanguageModelTask",
+    "trident.tasks.mlm.MaskedLanguageModelTask",
+    "trident.tasks.translation.TranslationTask",
+    "trident.tasks.vit.ImageClassificationTask",
+)
 
 
 def task_class_of(checkpoint: dict[str, Any], path: Path) -> type[TridentTask]:
@@ -53,7 +53,7 @@ def _target_in_run_config(path: Path) -> str | None:
 def _target_by_settings(checkpoint: dict[str, Any], path: Path) -> str:
     """The one earlier task whose constructor takes every hyperparameter of ``checkpoint``."""
     settings = set(checkpoint.get("hyper_parameters") or {}) - RETIRED_SETTINGS
-    fits = [target for target in EARLIER_TASKS.values()
+    fits = [target for target in EARLIER_TASKS
             if settings and settings <= set(inspect.signature(pydoc.locate(target).__init__).parameters)]
     if len(fits) != 1:
         raise DataError(

@@ -105,8 +105,12 @@ def _heads_to_skip(target: dict[str, Tensor], source: str) -> set[str]:
     """What ``init_new_head=true`` leaves as initialised: the classifier head, which must exist."""
     head = _classifier_head(target)
     if not head:
+        from trident.tasks.registry import TASKS  # here: every task's imports, for this error line only
+
+        # The classifiers: the tasks whose network's own head (HEAD) trains anew.
+        classifiers = ", ".join(f"task={name}" for name, task in TASKS.items() if "head." in task.HEAD)
         raise ConfigError(f"init_new_head=true, but this task's network has no head of its own (an LM's output layer "
-                          f"is its token table): drop init_new_head, or fine-tune a classifier (task=vit, task=classify) "
+                          f"is its token table): drop init_new_head, or fine-tune a classifier ({classifiers}) "
                           f"from init_from={source}")
     return head
 
@@ -141,8 +145,8 @@ def transfer_weights(net: nn.Module, weights: dict[str, Tensor], source: str, ne
         if _is_token_table(name, target[name], weights[name]):
             raise ConfigError(
                 f"init_from={source} has a vocabulary of {there[0]} tokens ({name}), this run's tokenizer {here[0]}: "
-                "leave data.tokenizer unset (the run then uses the tokenizer that came with the weights) or give it the "
-                "tokenizer the weights were trained with"
+                "leave the data's tokenizer unset (the run then uses the tokenizer that came with the weights) or give it "
+                "the tokenizer the weights were trained with"
             )
         if not _is_head(name, target[name], weights[name]):
             raise ConfigError(

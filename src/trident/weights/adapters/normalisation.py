@@ -3,20 +3,21 @@
 A network sees pixels as its training normalised them; fed another normalisation, a frozen timm ViT trained with
 0.5 / 0.5 scores 0.41 instead of 0.61. So a run from a source normalises its images with the source's statistics
 (``data.mean`` / ``data.std``, a data option the source gives, as its image size) unless the command line sets them
-(docs/weights.md). Read from a trident run's own settings (the task's ``mean`` / ``std``), a Hugging Face
+(docs/weights.md). A trident run states its own (the task's ``SOURCE_DATA_SETTINGS``); here, read from a Hugging Face
 directory's ``preprocessor_config.json`` (``image_mean`` / ``image_std``) or timm's ``config.json``
 (``pretrained_cfg``'s ``mean`` / ``std``). A source that states none leaves the data's statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trident.errors import DataError, is_number
+from trident.weights.pretrained import PretrainedWeights
 
 # The data options the statistics set (ImageDataModule's arguments).
 STATISTICS = ("mean", "std")
@@ -25,9 +26,10 @@ HF_PREPROCESSOR_FILE = "preprocessor_config.json"
 HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
 
 
-def trident_statistics(settings: Mapping[str, Any], source: str) -> dict[str, list[float]]:
-    """A trident checkpoint's statistics: its task's ``mean`` and ``std`` (an image task's hyperparameters)."""
-    return _checked({name: settings.get(name) for name in STATISTICS}, source)
+def with_outside_statistics(weights: PretrainedWeights, path: Path) -> PretrainedWeights:
+    """``weights`` read from ``path`` (a Hugging Face or timm model) with the statistics stated beside them."""
+    statistics = outside_statistics(path, weights.data_options.get("in_channels"))
+    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
 
 
 def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[float]]:

@@ -1,0 +1,120 @@
+"""The weights room names no task and no task or data setting (issue 51, item 5): which settings an ``init_from`` source
+fixes, and what only it holds (a tokenizer, a chat template), each task and data module says for itself
+(``TridentTask.settings_from_source``, ``TridentDataModule.settings_from_source`` / ``stage_source``); weights/ only
+calls those hooks. The scan reads the code of ``src/trident/weights`` (string literals, f-strings, ``cfg.task.<key>`` /
+``cfg.data.<key>`` attributes and keyword arguments; not docstrings or comments) for a task's ``task=`` name, a task's
+or data module's setting, or a config path into either group naming one.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import trident
+import trident.data.chat  # (a data module no task names as its DATA_MODULE: data=chat)
+from trident.data.base import TridentDataModule
+from trident.tasks.base import TridentTask
+from trident.tasks.registry import TASKS
+
+WEIGHTS = Path(trident.__file__).parent / "weights"
+# Outside formats: an adapter (and the reader of an image model's normalisation beside it) translates one family's own
+# files (config.json, preprocessor_config.json) into the settings a trident network of it has, as a conf/architecture
+# file states a family; what a run takes of them is still the task's and data's hooks' to say.
+NOT_SCANNED = ("adapters",)
+# Words that are a task's or data module's setting and something generic in the weights room too, each with its reason.
+GENERIC = {
+    "max_seq_len": "the backbone's context length (a TransformerConfig field): a bounded position table has one row a "
+                   "position, whatever the task",
+    "source": "what a source of weights was read from (PretrainedWeights.source), not data.source",
+    "tokenizer": "the tokenizer a source of weights comes with (PretrainedWeights.tokenizer), not data.tokenizer",
+    "seed": "no setting of the weights room is called so; a run's seed is no task's or data's own",
+}
+
+
+def _parameters(cls: type, base: type) -> set[str]:
+    """The constructor arguments of ``cls`` that ``base``'s constructor does not take."""
+    return set(inspect.signature(cls.__init__).parameters) - set(inspect.signature(base.__init__).parameters)
+
+
+def _data_modules() -> set[type[TridentDataModule]]:
+    found: set[type[TridentDataModule]] = set()
+    todo: list[type[TridentDataModule]] = [TridentDataModule]
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def _words() -> tuple[set[str], set[str]]:
+    """The task names, and every task's and data module's own settings less the generic words."""
+    names = set(TASKS)
+    keys = set().union(*(_parameters(task, TridentTask) for task in TASKS.values()))
+    keys |= set().union(*(_parameters(data, TridentDataModule) for data in _data_modules()))
+    return names, keys - set(GENERIC)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the nodes that are docstrings (a module's, a class's, a function's first statement)."""
+    owners = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))]
+    return {id(owner.body[0].value) for owner in owners if owner.body and isinstance(owner.body[0], ast.Expr)
+            and isinstance(owner.body[0].value, ast.Constant) and isinstance(owner.body[0].value.value, str)}
+
+
+def findings(path: Path, names: set[str], keys: set[str], root: Path = WEIGHTS) -> list[str]:
+    """Each place in ``path`` (under ``root``) that names a task or a task's or data module's setting."""
+    tree = ast.parse(path.read_text())
+    skipped = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        words: list[str] = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
+            text = node.value
+            words += [text] if text in names | keys else []
+            words += [f"{m[0]}.{m[1]}" for m in re.findall(r"\b(task|data)\.(\w+)", text) if m[1] in keys]
+            words += [f"task={m}" for m in re.findall(r"\btask=(\w+)", text) if m in names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr in ("task", "data"):
+            words += [f"{node.value.attr}.{node.attr}"] if node.attr in keys else []
+        elif isinstance(node, ast.keyword) and node.arg in keys:
+            words.append(f"{node.arg}=")
+        found += [f"{path.relative_to(root)}:{getattr(node, 'lineno', '?')}: {word}" for word in words]
+    return found
+
+
+def scanned() -> list[Path]:
+    return [path for path in sorted(WEIGHTS.rglob("*.py"))
+            if path.relative_to(WEIGHTS).parts[0] not in NOT_SCANNED]
+
+
+def test_the_weights_room_names_no_task_and_no_task_or_data_setting() -> None:
+    names, keys = _words()
+    found = [line for path in scanned() for line in findings(path, names, keys)]
+    assert not found, "weights/ names what a task's or data's hook should say:\n" + "\n".join(found)
+
+
+def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
+    """The words it looks for are there (a registry that lost its tasks would find nothing), and a file that names a
+    task, a task setting and a data path is caught each way; a docstring is prose."""
+    names, keys = _words()
+    assert {"lm", "vit", "classify"} <= names and {"pool", "stack", "patch_size", "image_size", "template"} <= keys
+    planted = tmp_path / "planted.py"
+    planted.write_text('X = ("pool", "stack")\n'
+                       'def f(cfg, source):\n'
+                       '    """task=lm and data.template in a docstring are prose."""\n'
+                       '    if source.task == "vit":\n'
+                       '        return {"data.template": cfg.data.cache_dir, "task": f"task=classify"}\n'
+                       '    return g(patch_size=16)\n')
+    found = sorted(line.partition(": ")[2] for line in findings(planted, names, keys, tmp_path))
+    assert found == sorted(["pool", "stack", "vit", "data.template", "data.cache_dir", "task=classify", "patch_size="])
+
+
+def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
+    """What a task says a checkpoint of it fixes as a source are its own constructor arguments, and its data settings
+    are its data module's too: a renamed setting cannot leave a declaration that fixes nothing."""
+    for name, task in TASKS.items():
+        arguments = _parameters(task, TridentTask)
+        assert set(task.SOURCE_SETTINGS) <= arguments, name
+        assert set(task.SOURCE_DATA_SETTINGS) <= arguments & _parameters(task.DATA_MODULE, TridentDataModule), name
