@@ -183,3 +183,28 @@ def test_two_gloo_ranks_shard_the_companion_and_it_gives_its_whole_logits(tmp_pa
         seen = json.loads((tmp_path / f"{rank}.json").read_text())
         assert seen["net"] and seen["teacher"] and seen["dtensors"] and seen["frozen"] and seen["same_logits"]
         assert seen["local_rows"] < seen["rows"], "each rank holds a shard of the teacher, not all of it"
+
+
+class TwoTowerLM(LanguageModelTask):
+    """Step 1 of "Add a network to a task" for a trained one: a second tower beside ``net``, named in NETWORKS."""
+
+    NETWORKS = ("net", "tower")
+
+    def __init__(self, backbone: dict[str, Any], vocab_size: int, optimizer: dict[str, Any],
+                 scheduler: dict[str, Any], lora: dict[str, Any] | None = None) -> None:
+        super().__init__(backbone, vocab_size, optimizer, scheduler, lora=lora)
+        self.tower = CausalLM(self.backbone_config, vocab_size)
+
+
+def test_a_second_trained_network_is_converted_checkpointed_and_sharded(tmp_path: Path) -> None:
+    task = TwoTowerLM(BACKBONE, VOCAB, OPTIMIZER, SCHEDULER, lora={"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q"]})
+    for name in TwoTowerLM.NETWORKS:
+        adapters = [k for k in task.state_dict() if k.startswith(f"{name}.") and ".lora_A." in k]
+        assert adapters, f"{name} has adapters"
+        trained = {k for k, p in getattr(task, name).named_parameters() if p.requires_grad}
+        assert trained and all(".lora_" in k for k in trained), f"{name}: only its adapters train"
+    with one_rank_process_group(tmp_path):
+        task._device_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=(DATA_PARALLEL,))
+        task._trainer = SimpleNamespace(precision="32-true")
+        task.configure_model()
+        assert isinstance(task.net, FSDPModule) and isinstance(task.tower, FSDPModule)
