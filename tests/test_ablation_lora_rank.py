@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 
 from trident.backbone import TransformerConfig
+from trident.converters import converter_settings
 from trident.runs.pipeline import backbone_options, check_config
 from trident.tasks.lm import LanguageModelTask
 from trident.training.callbacks import ModelCosts
-from trident.training.lora import lora_settings
 
 from .conftest import compose_config
 from .test_ablation_presets import run_script_with_a_logging_python, sweeper_params
@@ -30,7 +30,7 @@ def test_the_sweep_is_lora_at_ranks_4_16_64_and_full_fine_tuning_from_one_base()
         cfg = compose_config([f"experiment={PRESET}", "pretrained_run=base/run", f"lora_rank={rank}"])
         check_config(cfg)
         assert (cfg.task.name, cfg.data.name, cfg.init_from) == ("lm", "chat", "base/run")
-        settings = lora_settings(cfg, TransformerConfig(**backbone_options(cfg)))
+        settings = converter_settings(cfg, TransformerConfig(**backbone_options(cfg)))["lora"]
         if rank == "full":
             assert settings is None, "full fine-tuning: no adapter, every weight trains"
         else:

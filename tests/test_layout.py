@@ -1,6 +1,6 @@
 """The direction of imports inside ``src/trident``, read from the import statements (nothing is imported):
 
-errors <- backbone <- models <- data, parallel, tracking <- training <- objectives <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
+errors <- backbone <- models <- data, parallel, tracking <- training <- objectives, converters <- tasks <- weights, launch <- runs <- commands/ (train, evaluate,
 sample, ...), report/ (with the seeds-until-decided loop), bench/ <- the package's public face (``trident.load``)
 """
 
@@ -26,6 +26,7 @@ RANKS = {
     "trident.tracking": 3,  # loggers, the step axis of records, W&B files
     "trident.training": 4,  # optimizers, losses, callbacks, precision, FLOPs, run checks
     "trident.objectives": 5,  # the losses a task's outputs train on (next token, masked tokens, ...)
+    "trident.converters": 5,  # what changes a network between loading its weights and sharding it (LoRA)
     "trident.tasks": 6,
     "trident.weights": 7,  # weights in and out: trident checkpoints, init_from, outside formats (adapters)
     "trident.launch": 7,  # DDP workers, stop signals, SLURM requeue

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import trident.objectives.tokens
+import trident.runs.lifecycle
 import trident.runs.pipeline
 from trident.runs.pipeline import train
 from trident.weights.adapters.timm_vit import timm_to_trident
@@ -42,7 +43,7 @@ def trained_task(monkeypatch: pytest.MonkeyPatch) -> TrainedTask:
     def run(overrides: list[str], output_dir: Path, on_build: Callable[[L.LightningModule], None] | None = None
             ) -> L.LightningModule:
         built: list[L.LightningModule] = []
-        compile_network = trident.runs.pipeline.compile_network
+        compile_network = trident.runs.lifecycle.compile_network
 
         def spy(task: L.LightningModule, enabled: Any) -> None:
             built.append(task)
@@ -50,7 +51,7 @@ def trained_task(monkeypatch: pytest.MonkeyPatch) -> TrainedTask:
                 on_build(task)
             compile_network(task, enabled)
 
-        monkeypatch.setattr(trident.runs.pipeline, "compile_network", spy)
+        monkeypatch.setattr(trident.runs.lifecycle, "compile_network", spy)
         train(compose_config(overrides, output_dir=output_dir))
         (task,) = built
         return task

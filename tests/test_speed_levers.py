@@ -15,7 +15,8 @@ from trident.backbone import Decoder, TransformerConfig
 from trident.bench.memory import saved_activation_bytes
 from trident.errors import ConfigError
 from trident.models.seq2seq import EncoderDecoder
-from trident.runs.pipeline import compile_network, constructor_args, instantiate
+from trident.runs.pipeline import constructor_args, instantiate
+from trident.tasks.networks import compile_network
 from trident.training.optim import build_optimizer, fused_allowed, kernel_options
 
 from .backbone_helpers import make_cfg, perturb_

@@ -14,7 +14,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
-from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, freeze_base, is_lora_parameter, merge_lora
+from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, is_lora_parameter, merge_lora
 from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import (
@@ -56,7 +56,6 @@ __all__ = [
     "bidirectional_pos_encodings",
     "build_attention_mask",
     "causal_mask",
-    "freeze_base",
     "is_lora_parameter",
     "make_norm",
     "merge_lora",

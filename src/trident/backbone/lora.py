@@ -113,9 +113,3 @@ def merge_lora(net: nn.Module) -> None:
 def is_lora_parameter(name: str) -> bool:
     """Whether the parameter (or state-dict key) ``name`` is an adapter's."""
     return ".lora_A." in name or ".lora_B." in name
-
-
-def freeze_base(net: nn.Module, head: tuple[str, ...]) -> None:
-    """Only the adapters and the parameters under the ``head`` prefixes keep their gradients."""
-    for name, param in net.named_parameters():
-        param.requires_grad_(is_lora_parameter(name) or name.startswith(head))

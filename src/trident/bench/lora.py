@@ -2,8 +2,8 @@
 state take, the peak resident memory and the step time.
 
 The network is the one ``python train.py task=lm`` builds (:class:`trident.tasks.lm.LanguageModelTask`), and
-LoRA is put on it by the task itself (``lora=`` the ``finetune=lora`` settings: ``add_lora``, then
-``freeze_base``), so the row measures trident's LoRA, not a copy. Gradient and optimizer-state bytes are read
+LoRA is put on it when the task is built (``lora=`` the ``finetune=lora`` settings: the lifecycle applies the
+LoRA converter, trident.tasks.networks), so the row measures trident's LoRA, not a copy. Gradient and optimizer-state bytes are read
 from the real tensors after a step (every ``.grad`` and every tensor of ``optimizer.state``), never computed
 from the parameter counts. A process's peak RSS only grows, so the full model's peak would hide the adapters'
 in one process: each variant's peak comes from a fresh child process (``python -m trident.bench.lora
@@ -29,7 +29,7 @@ from trident.bench.results import Row, Settings, milliseconds, verdict
 from trident.bench.timing import Budget, adamw, interleaved, training_step
 from trident.runs.compose import CONF_DIR
 from trident.tasks.lm import LanguageModelTask
-from trident.training.lora import trainable_parameters
+from trident.training.finetuning import trainable_parameters
 
 # GPT-2 small (124 M parameters, tied embeddings): width, layers, heads, feed-forward, vocabulary, positions.
 GPT2_SMALL = {"d_model": 768, "n_layers": 12, "n_heads": 12, "d_ff": 3072, "max_seq_len": 1024,

@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 
 
 def export_hf(task: TridentTask, directory: Path) -> None:
-    from trident.backbone import merge_lora
+    from trident.tasks.networks import merge_converters
     from trident.weights.adapters.hf_export import write_hf
 
-    merge_lora(task.net)  # a finetune=lora run: the adapters folded into the weights Hugging Face reads
+    merge_converters(task)  # a finetune=lora run: its converters (the adapters) folded into the weights Hugging Face reads
     write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
 
 

@@ -21,6 +21,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
+from trident.converters import check_run, converter_settings
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
@@ -32,26 +33,25 @@ from trident.parallel.fsdp import shards_weights
 from trident.parallel.tensor_parallel import check_tensor_parallel_config
 from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
+from trident.runs.lifecycle import prepare_networks, write_artifacts
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
-from trident.runs.resume import check_resume_continues, checkpoint_to_resume, run_identity
+from trident.runs.resume import checkpoint_to_resume, run_identity
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
+from trident.tasks.networks import converting_later
 from trident.tracking.loggers import build_loggers, check_logger_config, record_summary
 from trident.tracking.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.tracking.wandb_artifacts import log_best_checkpoint
 from trident.training.callbacks import MetricHistory
-from trident.training.lora import check_lora_checkpoints, lora_settings
 from trident.training.optim import check_optimizer_config, check_scheduler_config, fused_allowed
 from trident.training.precision import check_precision
 from trident.training.resilience import NonFiniteLossGuard, RandomStates
 from trident.training.run_checks import check_callbacks, check_early_stopping, check_seed, check_trainer_config
-from trident.weights.checkpoints import AtomicCheckpointIO, check_checkpoint_fits, read_checkpoint
-from trident.weights.frozen_base import keep_base_out
+from trident.weights.checkpoints import AtomicCheckpointIO, read_checkpoint
 from trident.weights.init_from import copy_source, source_for_run
-from trident.weights.lora_adapter import load_adapter, save_adapter
 from trident.weights.run_config import RUN_CONFIG
 from trident.weights.sources import DERIVED_SETTINGS
-from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer, transfer_weights
+from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     if key is not None and (not is_int(cfg.data[key]) or cfg.data[key] <= 0):  # before data.max_seq_len follows it
         raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
-    lora_settings(cfg, backbone)  # finetune=lora's settings fit this model
+    converter_settings(cfg, backbone)  # the finetune group's settings fit this model
     finetune = (cfg.get("finetune") or {}).get("name", "full")
     check_tensor_parallel_config(_plain(cfg.trainer), backbone, finetune)  # it fits the heads and processes
     if key is not None:
@@ -224,7 +224,7 @@ def build_data_and_task(cfg: DictConfig, backbone: TransformerConfig, stage: str
             _plain(cfg.optimizer), str(cfg.trainer.precision), cfg.trainer.get("gradient_clip_val")
         ),
         scheduler=_plain(cfg.scheduler),
-        lora=lora_settings(cfg, backbone),
+        **converter_settings(cfg, backbone),  # each converter's settings by name: the lifecycle applies them
         **datamodule.task_inputs(),
         _convert_="all",
         _recursive_=False,  # the optimizer config stays a plain dict, built in configure_optimizers
@@ -273,15 +273,6 @@ def metric_history(cfg: DictConfig, run_dir: Path) -> MetricHistory:
     return MetricHistory(run_dir / "metrics.jsonl", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode)
 
 
-def compile_network(task: TridentTask, enabled: Any) -> None:
-    """``compile=true``: torch.compile the task's network in place (``nn.Module.compile``), so
-    parameter names, checkpoints and the LightningModule hooks stay as they are."""
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"compile must be true or false, got {enabled!r}")
-    if enabled:
-        task.net.compile()
-
-
 def check_values_given(cfg: DictConfig) -> None:
     """A value a config leaves to the user (``???``: ``pretrained_run``, ``data.data_dir``...) that is
     still unset is one error line, not OmegaConf's traceback where it is first read."""
@@ -313,7 +304,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     source = source_for_run(configured_task_class(cfg), cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
     backbone = check_config(cfg)
-    check_lora_checkpoints(cfg)
+    check_run(cfg)  # what the finetune group's converter forbids a run
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
     saved = read_resume_checkpoint(resume_from, cfg.trainer.get("strategy"))
@@ -323,26 +314,16 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         print_config_tree(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule, task = build_data_and_task(cfg, backbone, "fit")
+    with converting_later():  # the lifecycle (trident.runs.lifecycle): the source's weights first, then the converters
+        datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did
         task.tokenizer_settings = dict(source.tokenizer_settings)
     task.tokenizer_settings |= datamodule.tokenizer_settings()  # the template the run trained with wins over the source's
     check_training_batches(cfg, datamodule.split_loader("train", train=True))
     if flops_budget is not None:  # equal compute: the steps follow from the FLOPs of a step
         apply_flops_budget(cfg, first_batch_flops(task, datamodule))
-    if saved is not None:
-        vocabulary = task.tokenizer.get_vocab() if task.tokenizer is not None else None
-        check_resume_continues(saved[1], saved[0], cfg.data, vocabulary)
-        check_checkpoint_fits(saved[1], task, saved[0])
     # A resumed run's checkpoint holds its weights; a new run starts from the source's.
-    transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes, embeddings_only)
-                   if source and not resume_from else None)
-    adapter = (cfg.get("finetune") or {}).get("adapter")
-    if adapter and task.lora is not None and not resume_from:
-        load_adapter(task.net, str(adapter), task.lora, str(cfg.init_from))
-    if task.lora is not None and source is not None:
-        keep_base_out(task, source.state_dict, str(cfg.init_from), saved[1] if saved else None, bool(resume_from))
-    compile_network(task, cfg.get("compile", False))
+    transferred = prepare_networks(task, cfg, source, saved, bool(resume_from), new_head, embeddings_only)
     check_tunable(cfg.get("tune"), task)
     if preemption.received:  # before training began: the run's checkpoints are as they were
         raise preemption.stopped_early(int(saved[1]["global_step"]) if saved else 0, latest_checkpoint(run_dir))
@@ -384,8 +365,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
                 preemption.stop = preemption.stop or preemption.stopped_early(trainer.global_step, latest_checkpoint(run_dir))
             _raise_stop(preemption, writes_outputs)  # also when the signal came with the last step: no test
             log_best_checkpoint(trainer.loggers, best_checkpoint(trainer), cfg, history.best)  # logger.wandb.log_model
-            if task.lora is not None and writes_outputs:
-                save_adapter(task.net, run_dir, str(cfg.init_from), task.lora, best_checkpoint(trainer))
+            if writes_outputs:
+                write_artifacts(task, run_dir, str(cfg.get("init_from")), best_checkpoint(trainer))
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
             metrics.update(early_stop_record(trainer))  # callbacks=early_stopping: the step it stopped at
             if history.best is not None:

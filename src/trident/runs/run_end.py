@@ -15,7 +15,7 @@ from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
 from trident.tracking.loggers import record_summary
 from trident.training.callbacks import StopEarly
-from trident.training.lora import trainable_parameters
+from trident.training.finetuning import trainable_parameters
 
 log = logging.getLogger(__name__)
 

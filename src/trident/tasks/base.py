@@ -15,12 +15,13 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.optim import Optimizer
 
-from trident.backbone import TransformerConfig, add_lora, freeze_base
+from trident.backbone import TransformerConfig
+from trident.converters import Converter
 from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
 from trident.objectives import Loss, Objective, build_objective, objective_name
-from trident.parallel.fsdp import parallelize
 from trident.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
+from trident.tasks.networks import NetworkLifecycle, shard_networks
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
@@ -62,7 +63,7 @@ def token_ids(vocab_size: int, longest: int, length: int = 8) -> tuple[Tensor, d
     return ids, {0: Dim("batch", min=1), 1: Dim("length", min=1, max=longest)}
 
 
-class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
+class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLifecycle):
     """A LightningModule that the pipeline builds from the config groups and the data's inputs.
 
     A task names the data module it trains on (``DATA_MODULE``), may derive the backbone's sequence
@@ -70,8 +71,11 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     (:meth:`validate_config`). Its constructor takes the ``backbone`` (the model and pos_encoding
     groups as one dict), ``optimizer`` and ``scheduler`` configs as plain dicts, and a text task the
     ``tokenizer_json`` of its data; it builds ``net`` on ``backbone_config``, the network that
-    ``compile=true``, ``init_from=`` and the export commands work on. It counts what one training
-    batch holds (:meth:`throughput_units`, :meth:`flops_per_batch`) for throughput and MFU.
+    ``compile=true``, ``init_from=`` and the export commands work on, and may build more (:attr:`NETWORKS`)
+    and frozen companions (:meth:`add_companion`). What happens to them next (weights loaded, converters such
+    as ``lora=`` applied, sharding, compiling) is the lifecycle's (trident.tasks.networks), not the task's.
+    It counts what one training batch holds (:meth:`throughput_units`, :meth:`flops_per_batch`) for
+    throughput and MFU.
 
     The hyperparameters saved in every checkpoint are the constructor's arguments (plain values),
     so ``load_from_checkpoint`` rebuilds the task; the tokenizer is not one of them (a BPE
@@ -91,9 +95,12 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
     ENCODER_DECODER: ClassVar[bool] = False
     #: The stack a single-stack network runs, ``"decoder"`` or ``"encoder"`` (see :meth:`stack`).
     STACK: ClassVar[str | None] = None
-    #: The parameters of ``net`` (name prefixes) that a fine-tuning adds and that train under ``finetune=lora``
-    #: beside the adapters, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
+    #: The parameters of ``net`` (name prefixes) that a fine-tuning adds and that train under a converter
+    #: (``finetune=lora``) beside what it lets train, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
     HEAD: ClassVar[tuple[str, ...]] = ()
+    #: The attributes holding the networks the task trains: each is converted, sharded, compiled and saved in the
+    #: checkpoints under its name (trident.tasks.networks). ``init_from`` loads ``net``.
+    NETWORKS: ClassVar[tuple[str, ...]] = ("net",)
     #: The objectives (trident.objectives, by name) this task's outputs fit, its default first: the ``objective``
     #: config group chooses among them. None: the task computes its loss in ``training_step`` itself.
     TRAINS_WITH: ClassVar[tuple[str, ...]] = ()
@@ -146,7 +153,12 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
-        self.lora = lora  # finetune=lora: the adapters' settings (trident.training.lora); None: full fine-tuning
+        # lora: finetune=lora's settings, applied by the lifecycle once the networks are built (trident.converters).
+        self.converters: list[Converter] = []  # those applied (trident.tasks.networks.convert_networks)
+        # Frozen companions by name (a teacher, a reference policy) and where their weights are read from: kept out of
+        # the module tree, so no state dict, optimizer or checkpoint holds them (trident.tasks.networks).
+        self.companions: dict[str, nn.Module] = {}
+        self.companion_sources: dict[str, str] = {}
         # Every task's one loss reduction (trident.training.token_loss): training over the optimizer step's global
         # batch, validation and test over the whole epoch, both summed losses over trained tokens.
         self.step_loss = StepLoss()
@@ -217,12 +229,25 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         self.optimizer_cfg = {**self.optimizer_cfg, "lr": float(lr)}
         self.hparams["optimizer"] = self.optimizer_cfg  # what a checkpoint saved after it records
 
-    def add_adapters(self) -> None:
-        """``finetune=lora``: adapters on ``net`` (built by then), which is frozen but for them and :attr:`HEAD`.
-        Called by every task's constructor once ``net`` exists, so a checkpoint rebuilds the adapters too."""
-        if self.lora is not None:
-            add_lora(self.net, **self.lora)
-            freeze_base(self.net, self.HEAD)
+    def networks(self) -> dict[str, nn.Module]:
+        """The networks the task trains, by attribute name (:attr:`NETWORKS`)."""
+        return {name: getattr(self, name) for name in self.NETWORKS}
+
+    def add_companion(self, name: str, network: nn.Module, source: str) -> None:
+        """Hold ``network`` as a frozen companion ``name`` whose weights are read from ``source`` (a ``.safetensors``
+        file or a trident checkpoint) each time the task is built: never trained, never saved with the run, sharded
+        and moved like the trained networks. Its source belongs in the task's hyperparameters."""
+        self.companions[name], self.companion_sources[name] = network, source
+
+    def on_networks_converted(self) -> None:
+        """Called once the converters are applied (trident.tasks.networks): what the task freezes beyond them."""
+
+    def _apply(self, fn: Any, recurse: bool = True) -> TridentTask:
+        # .to(), .half(), a precision plugin's dtype: the companions, outside the module tree, follow the task.
+        super()._apply(fn, recurse)
+        for companion in getattr(self, "companions", {}).values():
+            companion._apply(fn, recurse)
+        return self
 
     @classmethod
     def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
@@ -295,10 +320,10 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         return parameter_groups(self.net, weight_decay, positional_parameter_names(self.net))
 
     def configure_model(self) -> None:
-        """``trainer=fsdp``: Lightning's ModelParallelStrategy has built the device mesh; ``net`` is sharded
-        on it (trident.parallel.fsdp). Under any other strategy there is no mesh and nothing to do."""
+        """``trainer=fsdp``: Lightning's ModelParallelStrategy has built the device mesh; every network is sharded
+        on it (the lifecycle's shard step). Under any other strategy there is no mesh and nothing to do."""
         if self.device_mesh is not None:
-            parallelize(self.net, self.device_mesh, str(self.trainer.precision))
+            shard_networks(self, self.device_mesh, str(self.trainer.precision))
 
     def configure_gradient_clipping(self, optimizer: Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -314,7 +339,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC):
         every optimizer step over the run's estimated steps."""
         check_optimizer_config(self.optimizer_cfg)  # weight_decay is read below: a number, or one clear line
         groups = self.parameter_groups(float(self.optimizer_cfg.get("weight_decay", 0.0)))
-        # finetune=lora: the frozen base takes no optimizer state (a task's groups may still name it).
+        # A converter's frozen base (finetune=lora) takes no optimizer state (a task's groups may still name it).
         groups = [{**group, "params": [p for p in group["params"] if p.requires_grad]} for group in groups
                   if not group["params"] or any(p.requires_grad for p in group["params"])]
         steps = int(self.trainer.estimated_stepping_batches)

@@ -61,17 +61,19 @@ class SequenceClassificationTask(TridentTask):
         num_classes = len(class_names)
         self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
                                       scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
-        self.add_adapters()
         self.objective = self.chosen_objective()
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
-        if freeze_backbone_steps == FROZEN_FOR_GOOD:
-            for _, param in self.net.named_backbone_parameters():
-                param.requires_grad_(False)
         # micro accuracy: the fraction of sequences classified correctly; macro-F1 weighs classes equally.
         self.val_acc, self.test_acc = (MulticlassAccuracy(num_classes, average="micro") for _ in range(2))
         self.val_f1, self.test_f1 = (MulticlassF1Score(num_classes, average="macro") for _ in range(2))
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
+
+    def on_networks_converted(self) -> None:
+        """A backbone frozen for good stays frozen whatever a converter lets train (its adapters too)."""
+        if self.freeze_backbone_steps == FROZEN_FOR_GOOD:
+            for _, param in self.net.named_backbone_parameters():
+                param.requires_grad_(False)
 
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:

@@ -51,7 +51,6 @@ class LanguageModelTask(TridentTask):
         self.net = CausalLM(
             self.backbone_config, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
-        self.add_adapters()
         self.objective = self.chosen_objective()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})

@@ -63,7 +63,6 @@ class MaskedLanguageModelTask(TridentTask):
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = MaskedLM(self.backbone_config, vocab_size, scale_embeddings=scale_embeddings)
-        self.add_adapters()
         self.objective = self.chosen_objective()
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens

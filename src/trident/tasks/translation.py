@@ -101,7 +101,6 @@ class TranslationTask(TridentTask):
         self.net = EncoderDecoder(
             self.backbone_config, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
         )
-        self.add_adapters()
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         # Decoding settings as attributes, so the translate command can override them per call.

@@ -62,7 +62,6 @@ class ImageClassificationTask(TridentTask):
         self.net = VisionTransformer(
             self.backbone_config, patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
         )
-        self.add_adapters()
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
         self.num_figure_images = num_figure_images
         mixup = dict(mixup or {})

@@ -22,8 +22,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from trident.errors import ConfigError
 from trident.models.sampling import greedy_tokens_per_second, kv_cache_bytes_per_token
 from trident.tracking.steps import ends_optimizer_step, training_row_step
+from trident.training.finetuning import trainable_parameters
 from trident.training.flops import compute_dtype, device_peak_flops
-from trident.training.lora import trainable_parameters
 
 log = logging.getLogger(__name__)
 

@@ -56,3 +56,11 @@ def layerwise_groups(
                                                    "name": f"{key}{'' if decayed else '_no_decay'}"})
         group["params"].append(param)
     return list(groups.values())
+
+
+def trainable_parameters(net: nn.Module) -> dict[str, float]:
+    """What trains, for the log and the W&B run: the count, the total, the share."""
+    params = list(net.parameters())  # shared (tied) tensors once
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    total = sum(p.numel() for p in params)
+    return {"params/trainable": trainable, "params/total": total, "params/trainable_share": trainable / total}

@@ -13,8 +13,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from trident.converters import LORA_KEYS
 from trident.errors import ConfigError, DataError
-from trident.training.lora import LORA_KEYS
 from trident.weights.checkpoints import read_checkpoint
 
 ADAPTER_DIR, ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter", "adapter.safetensors", "adapter.json"
@@ -70,3 +70,11 @@ def load_adapter(net: nn.Module, source: str, settings: dict[str, Any], base: st
         raise DataError(f"finetune.adapter={source} does not fit this model ({wrong[0]}): pass the adapter of a run "
                         "of this task on this base")
     net.load_state_dict(weights, strict=False)
+
+
+class AdapterFiles:
+    """The LoRA converter's artifact files (trident.converters.ArtifactFiles): written after a run, read back by
+    ``finetune.adapter``."""
+
+    save = staticmethod(save_adapter)
+    load = staticmethod(load_adapter)

@@ -16,10 +16,12 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.backbone import merge_lora, pos_encoding_class
+from trident.backbone import pos_encoding_class
+from trident.converters import converters_of
 from trident.errors import DataError
 from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
+from trident.tasks.networks import merge_converters
 from trident.weights.adapters.normalisation import with_outside_statistics
 from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
@@ -69,9 +71,9 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
         data_options["max_seq_len"] = backbone["max_seq_len"]
     tokenizer_json = checkpoint.get("tokenizer_json")
     state_dict = {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-    if settings.get("lora"):  # a finetune=lora run hands on its weights with the adapters folded in
+    if converters_of(settings):  # a converted run (finetune=lora) hands on its weights with its converters folded in
         task = load_task_checkpoint(task_class, checkpoint_path, find_base)
-        merge_lora(task.net)
+        merge_converters(task)
         state_dict = task.net.state_dict()
     return PretrainedWeights(
         source=str(path), format="trident", task=task_class.NAME, model=model,

@@ -112,7 +112,8 @@ def peft_adapters(module: LoRALinear, modules: str | dict[str, str]) -> dict[str
 def write_peft(task: TridentTask, directory: Path) -> None:
     """``task``'s adapters as peft's LoRA files in ``directory``; a run without adapters, or whose model has no
     Hugging Face export, is one error line."""
-    if task.lora is None:
+    settings = task.hparams.get("lora")  # the LoRA converter's settings (trident.converters.lora)
+    if settings is None:
         raise ConfigError("--format peft writes a finetune=lora run's adapters and this run has none: "
                           "export it with --format hf")
     adapter = adapter_for_network(task.net)
@@ -131,12 +132,12 @@ def write_peft(task: TridentTask, directory: Path) -> None:
             ranks[hf_module] = lora_a.shape[0]
     save_file({name: tensor.detach().clone().contiguous() for name, tensor in tensors.items()},  # shared (BERT's tied bias): a copy each
               str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-    rank, alpha = task.lora["rank"], task.lora["alpha"]
+    rank, alpha = settings["rank"], settings["alpha"]
     wider = {name: width for name, width in sorted(ranks.items()) if width != rank}  # fused: |S| x rank
     config = {
         "peft_type": "LORA", "task_type": layout.task_type, "r": rank, "lora_alpha": alpha,
         "rank_pattern": wider, "alpha_pattern": {name: alpha * width / rank for name, width in wider.items()},
-        "lora_dropout": task.lora["dropout"], "bias": "none", "fan_in_fan_out": layout.fan_in_fan_out,
+        "lora_dropout": settings["dropout"], "bias": "none", "fan_in_fan_out": layout.fan_in_fan_out,
         # Exactly the adapted modules: a bare suffix would catch more (BERT's output.dense ends attention.output.dense).
         "target_modules": rf"{re.escape(layout.blocks)}\.\d+\.({'|'.join(re.escape(name) for name in sorted(ranks))})",
         "modules_to_save": list(layout.modules_to_save) or None, "use_rslora": False, "inference_mode": True,

@@ -1,0 +1,147 @@
+"""The life of a task's networks, in this order: build, load weights, apply the converters, shard, compile.
+
+1. **Build**: the task's constructor builds each network it trains (:attr:`TridentTask.NETWORKS`, ``net`` alone
+   today) and each frozen companion (:meth:`TridentTask.add_companion`: a teacher, a reference policy).
+2. **Load**: a companion's weights are read from its source as soon as the constructor returns, every time the
+   task is built (a run, ``load_from_checkpoint``, ``trident.load``, a resume): it is never saved with the run.
+   A new run's ``init_from`` weights go into ``net`` next (trident.runs.lifecycle: that room reads sources),
+   before any converter changes it; a checkpoint's own weights are those of the converted networks, which
+   Lightning loads once the constructor has returned.
+3. **Convert**: the converters the task's hyperparameters record (trident.converters, e.g. ``lora=``) change each
+   trained network; only what a converter lets train, and the task's ``HEAD``, keep their gradients. Applied
+   when the constructor returns, so a checkpoint re-applies them from its own hyperparameters; a run that loads
+   weights first builds the task inside :func:`converting_later` and calls :func:`convert_networks` itself.
+4. **Shard**: ``trainer=fsdp``: every network, companions included, on Lightning's device mesh
+   (``configure_model`` -> :func:`shard_networks`).
+5. **Compile**: ``compile=true``: every network in place (:func:`compile_network`: ``nn.Module.compile``, whose
+   graph is traced at the first call, after sharding), so parameter names and checkpoints stay as they are.
+
+Companions are kept outside the module tree: no state dict, optimizer, DDP reducer or checkpoint sees them;
+they follow the task's device and dtype (``TridentTask._apply``), stay in eval mode and never train.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from abc import ABCMeta
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from trident.converters import Converter, converters_of
+from trident.errors import ConfigError, DataError
+from trident.parallel.fsdp import parallelize
+
+
+class TaskNetworks(Protocol):
+    """What the lifecycle reads of a task (trident.tasks.base.TridentTask, which imports this module)."""
+
+    NAME: ClassVar[str]
+    HEAD: ClassVar[tuple[str, ...]]
+    hparams: Any
+    converters: list[Converter]
+    companions: dict[str, nn.Module]
+    companion_sources: dict[str, str]
+
+    def networks(self) -> dict[str, nn.Module]: ...
+
+    def on_networks_converted(self) -> None: ...
+
+# Set while a run builds its task: the converters wait until the run has loaded the source's weights.
+_later: contextvars.ContextVar[bool] = contextvars.ContextVar("converting_later", default=False)
+
+
+class NetworkLifecycle(ABCMeta):
+    """The metaclass of tasks: when a task's constructor (the build) returns, its companions are loaded and its
+    converters applied, whoever built it (a run, Lightning's ``load_from_checkpoint``, a test)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        task = super().__call__(*args, **kwargs)
+        load_companions(task)
+        if not _later.get():
+            convert_networks(task)
+        return task
+
+
+@contextmanager
+def converting_later() -> Iterator[None]:
+    """Tasks built inside keep their networks as built, for weights to be loaded before :func:`convert_networks`."""
+    token = _later.set(True)
+    try:
+        yield
+    finally:
+        _later.reset(token)
+
+
+def load_companions(task: TaskNetworks) -> None:
+    """Each companion's weights from its source (a ``.safetensors`` file of its state dict, or a trident
+    checkpoint: its ``net``), frozen, in eval mode."""
+    for name, companion in task.companions.items():
+        weights = read_network_weights(task.companion_sources[name], f"the {name} of task={task.NAME}")
+        missing, unexpected = companion.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise DataError(f"{task.companion_sources[name]} does not fit the {name} of task={task.NAME} "
+                            f"({(missing or unexpected)[0]}): pass the weights of a network of its settings")
+        companion.requires_grad_(False).eval()
+
+
+def read_network_weights(source: str, what: str) -> dict[str, Tensor]:
+    """The state dict of one network at ``source``: a ``.safetensors`` file, or a trident checkpoint's ``net``."""
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"{what} is read from {source}, which is not a file: pass a .safetensors file or a trident "
+                          "checkpoint (.ckpt)")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+
+
+def convert_networks(task: TaskNetworks) -> None:
+    """Apply the converters ``task``'s hyperparameters record to each network it trains (in place; the names of
+    the existing parameters stay): what no converter lets train is frozen, but for the task's ``HEAD``."""
+    task.converters = converters_of(task.hparams)
+    for net in task.networks().values():
+        for converter in task.converters:
+            converter.apply(net)
+        if task.converters:
+            for name, param in net.named_parameters():
+                param.requires_grad_(name.startswith(task.HEAD) or all(c.trains(name) for c in task.converters))
+    task.on_networks_converted()
+
+
+def merge_converters(task: TaskNetworks) -> None:
+    """Fold every converter of ``task`` into its networks' plain layers (an export writes the base's layout)."""
+    for net in task.networks().values():
+        for converter in reversed(task.converters):
+            converter.merge(net)
+
+
+def all_networks(task: TaskNetworks | Any) -> list[nn.Module]:
+    """The networks ``task`` trains, then its companions (a LightningModule that is not a trident task: its ``net``)."""
+    if not hasattr(task, "networks"):
+        return [task.net]
+    return [*task.networks().values(), *task.companions.values()]
+
+
+def shard_networks(task: TaskNetworks, mesh: DeviceMesh, precision: str) -> None:
+    """FSDP (and tensor parallelism) over ``mesh``: each network of ``task``, companions included."""
+    for net in all_networks(task):
+        parallelize(net, mesh, precision)
+
+
+def compile_network(task: TaskNetworks, enabled: Any) -> None:
+    """``compile=true``: torch.compile each network of ``task`` in place (``nn.Module.compile``), so
+    parameter names, checkpoints and the LightningModule hooks stay as they are."""
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"compile must be true or false, got {enabled!r}")
+    if enabled:
+        for net in all_networks(task):
+            net.compile()
