@@ -144,6 +144,14 @@ def test_rolling_log_likelihood_is_the_sum_over_windows_of_the_whole_text(tmp_pa
     assert len(task.tokenizer.encode(long).ids) > 64
     (score,) = model.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (long,), 0)])
     assert score < 0
+    # The same model exported and read back from its Hugging Face directory: the same scores, the same end of text.
+    from trident.runs.harness import harness_model
+
+    write_hf(task.net, task.tokenizer, None, tmp_path / "hf")
+    read_back = harness_model(tmp_path / "hf", batch_size=2, chat=False)
+    assert (read_back.eot_token_id, read_back.prefix_token_id, read_back.max_length) == (eot, eot, 64)
+    requests = [Instance("loglikelihood_rolling", {}, (text,), 0) for text in (short, long)]
+    assert read_back.loglikelihood_rolling(requests) == pytest.approx(model.loglikelihood_rolling(requests), abs=1e-4)
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
