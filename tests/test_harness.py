@@ -12,6 +12,7 @@ import torch
 
 from tests.convert_helpers import randomise
 from trident.data.tokenization import train_tokenizer
+from trident.errors import DataError
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.adapters.hf_export import write_hf
@@ -85,12 +86,18 @@ metric_list:
     return folder
 
 
+SHIPPED = "trident_shakespeare_next_line"
+
+
 def evaluate(model: Any, tasks: Path) -> dict[str, Any]:
+    """The two local tasks, whole, and the first 20 questions of the shipped one (built in the tests' cache)."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(tasks), include_defaults=False)
-    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen"], task_manager=manager,
-                                      log_samples=True, bootstrap_iters=0)
+    from trident.runs.harness_tasks import shipped_task_folders
+
+    manager = TaskManager(include_path=[str(tasks), *shipped_task_folders([SHIPPED])], include_defaults=False)
+    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen", SHIPPED], task_manager=manager,
+                                      log_samples=True, bootstrap_iters=0, limit=20)
     assert results is not None
     return results
 
@@ -108,11 +115,11 @@ def test_trident_and_the_harness_hf_model_agree_request_by_request(tmp_path: Pat
     from lm_eval.models.huggingface import HFLM
 
     theirs = evaluate(HFLM(pretrained=str(exported), device="cpu", batch_size=1), tasks)
-    for name in ("tiny_mc", "tiny_gen"):
+    for name in ("tiny_mc", "tiny_gen", SHIPPED):
         assert ours["results"][name] == theirs["results"][name]
     ours_mc, theirs_mc = ours["samples"]["tiny_mc"], theirs["samples"]["tiny_mc"]
-    assert len(ours_mc) == len(QUESTIONS)
-    for a, b in zip(ours_mc, theirs_mc, strict=True):
+    assert len(ours_mc) == len(QUESTIONS) and len(ours["samples"][SHIPPED]) == 20
+    for a, b in zip(ours_mc + ours["samples"][SHIPPED], theirs_mc + theirs["samples"][SHIPPED], strict=True):
         scores_a = [response[0] for response in a["resps"]]
         scores_b = [response[0] for response in b["resps"]]
         assert [greedy for _, greedy in scores_a] == [greedy for _, greedy in scores_b]
@@ -144,6 +151,8 @@ def test_rolling_log_likelihood_is_the_sum_over_windows_of_the_whole_text(tmp_pa
     assert len(task.tokenizer.encode(long).ids) > 64
     (score,) = model.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (long,), 0)])
     assert score < 0
+    with pytest.raises(DataError, match=r"a continuation of \d+ tokens is longer than the model.s context of 64"):
+        model.loglikelihood([Instance("loglikelihood", {}, ("The", " fox" * 65), 0)])
     # The same model exported and read back from its Hugging Face directory: the same scores, the same end of text.
     from trident.runs.harness import harness_model
 
@@ -182,6 +191,27 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         torch.save({TASK_KEY: target, "hyper_parameters": {}, "state_dict": {}}, checkpoint)  # refused unread
         line = refused([str(checkpoint), "--tasks", "tiny_mc", "--include_path", str(tasks)], capsys)
         assert f"task={name} model, which the harness cannot score" in line and other in line
+
+
+def test_the_shipped_next_line_questions_come_from_their_text_and_are_built_alike() -> None:
+    """Each question: a speaker and up to 4 of its lines, then the line that follows among 4 distinct lines of the
+    text; the same seed builds the same questions."""
+    import random
+
+    from trident.runs.harness_tasks import next_line_items
+
+    speeches = [f"SPEAKER{s}:\n" + "\n".join(f"line {s}.{j} of speech {s}" for j in range(2 + s % 7)) for s in range(80)]
+    text = "the end of a speech cut by the split\n\n" + "\n\n".join(speeches) + "\n"
+    items = next_line_items(text, random.Random(0))
+    assert len(items) == 200 and items == next_line_items(text, random.Random(0))
+    for item in items:
+        passage, choices, answer = str(item["passage"]), list(item["choices"]), int(item["answer"])  # type: ignore[call-overload]
+        assert len(set(choices)) == 4
+        speaker, *lines = passage.rstrip("\n").split("\n")
+        assert speaker.startswith("SPEAKER") and speaker.endswith(":") and 1 <= len(lines) <= 4
+        assert "\n".join([*lines, choices[answer]]) + "\n" in text  # the line that follows the passage's lines
+        assert all(line.endswith(f"of speech {speaker[7:-1]}") for line in [*lines, choices[answer]])  # its speech
+    assert {int(item["answer"]) for item in items} == {0, 1, 2, 3}  # type: ignore[call-overload]
 
 
 @pytest.mark.slow

@@ -41,23 +41,27 @@ def batch_size(text: str) -> int:
 
 
 def task_manager(names: list[str], include_path: str | None) -> Any:
-    """The harness's task index: the tasks of ``include_path`` alone when they hold every name asked for (indexing
-    the harness's thousands of task files takes half a minute), else those and the harness's own. An unknown name
-    is refused in one line."""
+    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
+    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
+    else those and the harness's own. An unknown name is refused in one line."""
     from lm_eval.tasks import TaskManager
 
-    if include_path is not None:
-        if not Path(include_path).is_dir():
-            raise ConfigError(f"--include_path {include_path!r} is not a directory: pass the folder of your task YAMLs")
-        local = TaskManager(include_path=include_path, include_defaults=False)
+    from trident.runs.harness_tasks import BUILDERS, shipped_task_folders
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"--include_path {include_path!r} is not a directory: pass the folder of your task YAMLs")
+    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
+    if folders:
+        local = TaskManager(include_path=folders, include_defaults=False)
         if set(names) <= set(local.all_tasks):
             return local
-    manager = TaskManager(include_path=include_path)
+    manager = TaskManager(include_path=folders or None)
+    known = [*manager.all_tasks, *BUILDERS]
     for name in names:
         if name not in manager.all_tasks:
             where = f" or in {include_path}" if include_path else " (add yours with --include_path DIR)"
-            raise ConfigError(f"unknown task {name!r}: no harness task{where} has that name"
-                              f"{did_you_mean(name, manager.all_tasks, '')}")
+            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
+                              f"{did_you_mean(name, known, '')}")
     return manager
 
 

@@ -94,6 +94,10 @@ class TridentLM(TemplateLM):
         """Each (request, context ids, continuation ids) -> (log-probability of the continuation, whether greedy
         decoding gives it), in the requests' order; computed longest first, ``batch_size`` at a time."""
         results: list[tuple[float, bool]] = []
+        longest_continuation = max((len(continuation) for _, _, continuation in requests), default=0)
+        if longest_continuation > self.max_length:
+            raise DataError(f"a continuation of {longest_continuation} tokens is longer than the model's context of "
+                            f"{self.max_length}: {self.name} cannot score this task (its texts are too long for it)")
         order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         for chunk in order.get_batched(n=self.batch_size):
             # The last max_length + 1 tokens: the model reads all but the last, each predicting the next one.
