@@ -163,6 +163,22 @@ def test_rolling_log_likelihood_is_the_sum_over_windows_of_the_whole_text(tmp_pa
     assert read_back.loglikelihood_rolling(requests) == pytest.approx(model.loglikelihood_rolling(requests), abs=1e-4)
 
 
+def test_the_chat_template_renders_the_harness_turns_and_its_absence_is_one_line() -> None:
+    from trident.data.chat_template import read_template
+    from trident.runs.harness import TridentLM
+
+    task = lm_task()
+    eot = task.tokenizer.token_to_id("<|endoftext|>")
+    template = read_template("default", "char")
+    model = TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=eot, chat=template)
+    turns = [{"role": "user", "content": "Which line follows?"}]
+    assert model.apply_chat_template(turns) == template.render(turns, add_generation_prompt=True)  # type: ignore[arg-type]
+    assert model.chat_template(True) == template.text
+    plain = TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=eot)
+    with pytest.raises(DataError, match="has no chat template: run trident-harness without --apply_chat_template"):
+        plain.apply_chat_template(turns)
+
+
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     from trident.commands.harness import main
 

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_fewshot", type=int, default=None, help="examples before each question (task default)")
     parser.add_argument("--limit", type=limit, default=None, help="documents per task (or a fraction below 1)")
     parser.add_argument("--batch_size", type=batch_size, default=1)
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1, mps)")
     parser.add_argument("--apply_chat_template", action="store_true", help="render prompts with the model's template")
     parser.add_argument("--log_samples", action="store_true", help="write each request's scores or generation")
     parser.add_argument("--output_path", type=Path, default=None, help="default: <run or directory>/harness")
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         from trident.runs.harness import harness_model
 
         manager = task_manager(names, args.include_path)
-        model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template)
+        model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,
+                              device=torch.device(args.device))
         torch.manual_seed(args.seed)
         results = simple_evaluate(model=model, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   log_samples=args.log_samples, apply_chat_template=args.apply_chat_template,

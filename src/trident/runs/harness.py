@@ -173,11 +173,12 @@ def _special_ids(net: CausalLM, tokenizer: Tokenizer, settings: dict[str, str]) 
     return eot, ids.get("bos_token", eot)
 
 
-def harness_model(path: Path, *, batch_size: int, chat: bool) -> TridentLM:
-    """The :class:`TridentLM` of a trident run or checkpoint, or of a Hugging Face causal-LM directory; a run or
-    directory of a task that does not generate refused in one line naming what evaluates it."""
+def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.device | None = None) -> TridentLM:
+    """The :class:`TridentLM` of a trident run or checkpoint, or of a Hugging Face causal-LM directory, on ``device``
+    (default: the CPU); a run or directory of a task that does not generate refused in one line naming what evaluates
+    it."""
     if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
-        return _from_directory(path, batch_size=batch_size, chat=chat)
+        return _from_directory(path, batch_size=batch_size, chat=chat, device=device)
     from trident.tasks.base import GENERATE
     from trident.weights.capable import load_capable
     from trident.weights.checkpoints import checkpoint_of, read_checkpoint
@@ -192,8 +193,8 @@ def harness_model(path: Path, *, batch_size: int, chat: bool) -> TridentLM:
         raise DataError(f"checkpoint {str(checkpoint)!r} holds no tokenizer: the harness scores texts")
     eot, prefix = _special_ids(task.net, task.tokenizer, task.tokenizer_settings)
     template = _run_template(checkpoint) if chat else None
-    return TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=prefix, batch_size=batch_size,
-                     chat=template, name=str(checkpoint))
+    return TridentLM(task.net.to(device), task.tokenizer, eot_token_id=eot, prefix_token_id=prefix,
+                     batch_size=batch_size, chat=template, name=str(checkpoint))
 
 
 def _refusal(what: str, task: str) -> str:
@@ -202,7 +203,7 @@ def _refusal(what: str, task: str) -> str:
             f"language model: a task=lm run or a Hugging Face causal-LM directory): evaluate it with {other}")
 
 
-def _from_directory(path: Path, *, batch_size: int, chat: bool) -> TridentLM:
+def _from_directory(path: Path, *, batch_size: int, chat: bool, device: torch.device | None) -> TridentLM:
     """A Hugging Face directory read into trident's ``CausalLM``, its texts encoded as transformers encodes them."""
     from trident.backbone import TransformerConfig
     from trident.data.chat_template import read_template
@@ -219,7 +220,7 @@ def _from_directory(path: Path, *, batch_size: int, chat: bool) -> TridentLM:
     net = CausalLM(cfg, weights.vocab_size, **weights.task_options)
     net.load_state_dict(weights.state_dict, strict=True)
     eot, prefix = _special_ids(net, weights.tokenizer, weights.tokenizer_settings)
-    return TridentLM(net, weights.tokenizer, eot_token_id=eot, prefix_token_id=prefix, add_special_tokens=True,
+    return TridentLM(net.to(device), weights.tokenizer, eot_token_id=eot, prefix_token_id=prefix, add_special_tokens=True,
                      batch_size=batch_size, chat=read_template(str(path), str(path)) if chat else None, name=str(path))
 
 
