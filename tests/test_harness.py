@@ -13,6 +13,7 @@ import torch
 from tests.convert_helpers import randomise
 from trident.data.tokenization import train_tokenizer
 from trident.errors import DataError
+from trident.models import generate
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.adapters.hf_export import write_hf
@@ -177,6 +178,42 @@ def test_the_chat_template_renders_the_harness_turns_and_its_absence_is_one_line
     plain = TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=eot)
     with pytest.raises(DataError, match="has no chat template: run trident-harness without --apply_chat_template"):
         plain.apply_chat_template(turns)
+
+
+def test_generate_until_cuts_at_stop_strings_and_max_tokens_greedy_or_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most max_gen_toks new tokens; greedy: the text before the first stop string, whatever the batch; sampled:
+    the same texts from the same seed."""
+    from lm_eval.api.instance import Instance
+
+    import trident.runs.harness
+    from trident.runs.harness import TridentLM
+
+    task = lm_task()
+    eot = task.tokenizer.token_to_id("<|endoftext|>")
+    prompts = ["Line 7: the quick", "over the", "and then it rests by the"]
+    made: list[int] = []  # the new tokens of each generate call
+
+    def counted(net: Any, ids: torch.Tensor, new_tokens: int, **settings: Any) -> torch.Tensor:
+        out = generate(net, ids, new_tokens, **settings)
+        made.append(out.size(1) - ids.size(1))
+        return out
+
+    monkeypatch.setattr(trident.runs.harness, "generate", counted)
+
+    def run(settings: dict[str, Any], batch_size: int) -> list[str]:
+        model = TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=eot, batch_size=batch_size)
+        return model.generate_until([Instance("generate_until", {}, (p, dict(settings)), i) for i, p in enumerate(prompts)])
+
+    free = run({"until": [], "max_gen_toks": 12, "do_sample": False}, 1)
+    assert made == [12, 12, 12] and all(free)
+    stop = next(c for c in free[0][1:] if c.isascii() and c.isalnum())  # a character the first text generates
+    stopped = run({"until": [stop], "max_gen_toks": 12, "do_sample": False}, 3)
+    assert stopped == [text.split(stop)[0] for text in free]
+    sampled = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
+    torch.manual_seed(3)
+    first = run(sampled, 3)
+    torch.manual_seed(3)
+    assert run(sampled, 3) == first != free
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
