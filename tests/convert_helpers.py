@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from trident.backbone import TransformerConfig
-from trident.models import CausalLM, MaskedLM
+from trident.models import CausalLM, MaskedLM, generate
 from trident.models.vit import VisionTransformer, vit_geometry
 from trident.weights import PretrainedWeights, read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
@@ -107,3 +107,23 @@ def assert_padded_logits_match(net: nn.Module, reference: nn.Module, vocab: int)
         expected = reference(left, attention_mask=left_mask.long()).logits
         produced = net(left, key_padding_mask=~left_mask)
         torch.testing.assert_close(produced[left_mask], expected[left_mask], atol=1e-5, rtol=1e-5)
+
+
+def assert_left_padded_generation_matches(net: CausalLM, reference: nn.Module, vocab: int, *, lengths: tuple[int, ...],
+                                          new_tokens: int, as_alone: bool = True) -> None:
+    """Greedy generation from a left-padded batch of prompts of ``lengths`` tokens: trident's tokens equal
+    transformers' ``generate`` on the same batch and attention mask, and (``as_alone``) each row equals its prompt
+    generated alone (trident), token for token."""
+    generator = torch.Generator().manual_seed(5)
+    longest = max(lengths)
+    prompts = [torch.randint(2, vocab, (n,), generator=generator) for n in lengths]
+    ids = torch.stack([torch.cat((torch.zeros(longest - len(p), dtype=torch.long), p)) for p in prompts])  # (B, T0)
+    padding = torch.arange(longest)[None, :] < torch.tensor([longest - n for n in lengths])[:, None]  # (B, T0)
+    expected = reference.generate(ids, attention_mask=(~padding).long(), max_new_tokens=new_tokens, do_sample=False,
+                                  pad_token_id=0)
+    with torch.no_grad():
+        produced = generate(net, ids, new_tokens, temperature=0.0, padding=padding)
+        alone = [generate(net, p[None], new_tokens, temperature=0.0)[0, len(p):].tolist() for p in prompts]
+    if as_alone:
+        assert produced[:, longest:].tolist() == alone, "a row of the batch differs from its prompt generated alone"
+    assert produced.tolist() == expected.tolist()

@@ -13,7 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.convert_helpers import assert_hf_round_trip, assert_padded_logits_match, net_from, randomise
+from tests.convert_helpers import (
+    assert_hf_round_trip,
+    assert_left_padded_generation_matches,
+    assert_padded_logits_match,
+    net_from,
+    randomise,
+)
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM, generate
@@ -114,6 +120,16 @@ def test_greedy_generation_past_the_window_matches_transformers(source: Source, 
     with torch.no_grad():
         produced = generate(net, prompt, 64, top_k=1, use_cache=True)
     assert produced.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+def test_left_padded_batch_generates_past_the_window_as_transformers_and_as_each_prompt_alone(source: Source,
+                                                                                             case: str) -> None:
+    """Sliding and global layers over a left-padded batch (prompts of 11, 3 and 6 tokens around the window of 8):
+    the sliding caches roll over the padding and past it."""
+    reference, path = source(case)
+    assert_left_padded_generation_matches(net_from(read_pretrained(path)), reference, VOCAB, lengths=(11, 3, 6),
+                                          new_tokens=24)
 
 
 # The settings of config.json that say what the model computes (the rest: token ids, dtype, version...).

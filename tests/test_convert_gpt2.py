@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.convert_helpers import assert_hf_round_trip, drop_default_settings, net_from, randomise
+from tests.convert_helpers import (
+    assert_hf_round_trip,
+    assert_left_padded_generation_matches,
+    drop_default_settings,
+    net_from,
+    randomise,
+)
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM, generate
@@ -62,6 +68,15 @@ def test_gpt2_greedy_generation_matches_transformers(tmp_path: Path) -> None:
     with torch.no_grad():
         produced = generate(net, prompt, 12, top_k=1, use_cache=True)
     assert produced.tolist() == expected.tolist()
+
+
+@pytest.mark.usefixtures("single_thread")  # tiny models: threads cost more than they save
+def test_gpt2_left_padded_batch_generates_as_transformers_and_as_each_prompt_alone(tmp_path: Path) -> None:
+    """Learned positions counted from each row's first real token: 3 prompts of 9, 3 and 6 tokens, 12 new tokens
+    (within the 24 positions)."""
+    reference = save_gpt2(tmp_path)
+    assert_left_padded_generation_matches(net_from(read_pretrained(tmp_path)), reference, VOCAB, lengths=(9, 3, 6),
+                                          new_tokens=12)
 
 
 def test_gpt2_tokenizer_is_built_from_vocab_and_merges(tmp_path: Path) -> None:

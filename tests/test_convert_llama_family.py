@@ -12,6 +12,7 @@ import torch
 
 from tests.convert_helpers import (
     assert_hf_round_trip,
+    assert_left_padded_generation_matches,
     assert_padded_logits_match,
     drop_default_settings,
     net_from,
@@ -211,6 +212,26 @@ def test_greedy_generation_of_64_tokens_matches_transformers(tmp_path: Path, fam
     with torch.no_grad():
         produced = generate(net, prompt, 64, top_k=1, use_cache=True)
     assert produced.tolist() == expected.tolist()
+
+
+@pytest.mark.usefixtures("single_thread")  # tiny models: threads cost more than they save
+@pytest.mark.parametrize(("family", "settings"), [
+    ("llama", {}),
+    ("mistral", {"sliding_window": 16, "num_key_value_heads": 2}),  # the window rolls over: 11 + 40 tokens
+    ("qwen2", {}),
+    ("qwen3", {"head_dim": 32, "num_key_value_heads": 2}),
+    # Dynamic NTK past max_position_embeddings=16: the batch's frequencies follow its longest row's positions, as
+    # transformers' do, so a shorter row is rotated otherwise than alone (only transformers' tokens are compared).
+    ("llama", {"max_position_embeddings": 16, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0,
+                                                                  "factor": 8.0}}),
+], ids=case_id)
+def test_left_padded_batch_generates_as_transformers_and_as_each_prompt_alone(tmp_path: Path, family: str,
+                                                                              settings: dict[str, Any]) -> None:
+    """Rope at positions counted from each row's first real token, the padding masked in the cache."""
+    reference = hf_model(family, tmp_path, **settings)
+    dynamic = settings.get("rope_parameters", {}).get("rope_type") == "dynamic"
+    assert_left_padded_generation_matches(net_from(read_pretrained(tmp_path)), reference, VOCAB, lengths=(11, 4, 7),
+                                          new_tokens=40, as_alone=not dynamic)
 
 
 @pytest.mark.parametrize(("family", "settings"), WRITE_CASES, ids=case_id)

@@ -100,3 +100,61 @@ def test_out_of_range_filters_are_refused(option: str, value: float) -> None:
 def test_a_negative_temperature_is_refused_not_taken_for_greedy(temperature: float) -> None:
     with pytest.raises(ConfigError, match="temperature must be a number >= 0"):
         sample_next_token(torch.tensor([[0.0, 1.0]]), temperature=temperature)
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths -> (B, T0) ids left-padded with 0 and the (B, T0) padding mask."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat((torch.zeros(longest - len(p), dtype=torch.long), p)) for p in prompts])
+    padding = torch.arange(longest)[None, :] < torch.tensor([longest - len(p) for p in prompts])[:, None]
+    return ids, padding
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "rope", "alibi", "relative"])
+@pytest.mark.parametrize(("window", "context"), [(None, 64), (None, 12), (4, 64), (4, 12)])
+def test_a_left_padded_batch_generates_what_each_prompt_alone_does(encoding: str, window: int | None,
+                                                                   context: int) -> None:
+    """Positions counted from each row's first real token, the padding never attended to: token for token what each
+    prompt gives alone, with and without the cache, within the context and past it (12: the window of absolute
+    encodings slides, re-encoded) and with a sliding attention window (4: the cache rolls over the padding)."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, pos_encoding=encoding,
+                            max_seq_len=context, attention_window=window)
+    model = perturb_(CausalLM(cfg, vocab_size=50).eval(), std=0.5, seed=3)
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 50, (n,), generator=generator) for n in (7, 3, 5)]
+    ids, padding = left_padded(prompts)
+    for use_cache in (True, False):
+        batched = generate(model, ids, 20, temperature=0.0, padding=padding, use_cache=use_cache)
+        for row, prompt in zip(batched, prompts, strict=True):
+            alone = generate(model, prompt[None], 20, temperature=0.0, use_cache=use_cache)[0]
+            assert row[7:].tolist() == alone[len(prompt):].tolist(), f"use_cache={use_cache}"
+    assert len(set(batched[:, 7:].flatten().tolist())) >= 4, "greedy output too uniform to test positions"
+
+
+@pytest.mark.parametrize("padding", [
+    torch.tensor([[False, True, False]]),  # padding after a real token
+    torch.tensor([[True, True, True]]),  # no real token
+    torch.tensor([[False, False]]),  # not the prompt's shape
+])
+def test_padding_that_is_not_left_padding_is_refused(padding: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="padding must be"):
+        generate(small_lm("rope"), torch.ones(1, 3, dtype=torch.long), 2, padding=padding)
+
+
+def test_until_ends_generation_once_every_row_is_done() -> None:
+    """Each row's stop (a token it generates) is found by ``until``; the batch ends at the step the last row meets
+    its own, returning the tokens made so far, the same as a longer generation's first ones."""
+    model = perturb_(small_lm("rope"), std=0.5, seed=3)
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(1))
+    full = generate(model, prompt, 30, temperature=0.0)
+    stops = full[:, 4 + 3], full[:, 4 + 9]  # row 0 is done after its 4th new token, row 1 after its 10th at the latest
+    ends = [int((full[row, 4:] == stops[row][row]).nonzero()[0]) for row in range(2)]
+
+    def until(tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([bool((tokens[row, 4:] == stops[row][row]).any()) for row in range(2)])
+
+    stopped = generate(model, prompt, 30, temperature=0.0, until=until)
+    assert stopped.size(1) == 4 + max(ends) + 1
+    assert torch.equal(stopped, full[:, : stopped.size(1)])

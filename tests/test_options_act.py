@@ -255,3 +255,18 @@ def test_sample_command_options_act(perturbed_lm_checkpoint: Path, capsys: pytes
     prompt = torch.tensor([task.tokenizer.encode("ROMEO:").ids])
     out = generate(task.net, prompt, 60, temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(3))
     assert nucleus.startswith(task.tokenizer.decode(out[0].tolist()) + "\n")
+
+
+def test_several_prompts_are_sampled_as_one_batch_each_as_alone(perturbed_lm_checkpoint: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Prompts of different lengths, left-padded into one batch: each greedy text is the one its prompt gives alone."""
+    from trident.commands.sample import main
+
+    texts = []
+    for prompts in (["ROMEO:", "JULIET: O Romeo, Romeo"], ["ROMEO:"], ["JULIET: O Romeo, Romeo"]):
+        capsys.readouterr()
+        main([str(perturbed_lm_checkpoint), *(f"--prompt={p}" for p in prompts), "--max-new-tokens", "20",
+              "--temperature", "0"])
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] + texts[2]
+    assert texts[1].startswith("ROMEO:") and texts[2].startswith("JULIET: O Romeo, Romeo")

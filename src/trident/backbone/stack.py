@@ -98,14 +98,18 @@ class TransformerStack(nn.Module):
         memory_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
         documents: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x``: (B, T, D) embeddings. ``key_padding_mask``: (B, T_total) True at padding, covering
         cached positions too. ``memory``: (B, S, D) for cross-attention. ``documents``: (B, T) document
         id of each token of rows packed with several documents (training, no cache): a token attends to
         its own document only, and its absolute position restarts at 0 where its document starts
         (distance-only encodings, rope, alibi and relative, see the same distances as for the document
-        alone). Returns (B, T, D)."""
-        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False, documents=documents)[0]
+        alone). ``positions``: (B, T) each token's position in its own row, as rope and the added encodings
+        see it (left-padded prompts: counted from the row's first real token, transformers' ``position_ids``);
+        None: its index in the sequence, the cached ones included. Returns (B, T, D)."""
+        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False, documents=documents,
+                         positions=positions)[0]
 
     def forward_with_attention(
         self,
@@ -130,18 +134,25 @@ class TransformerStack(nn.Module):
         *,
         need_weights: bool,
         documents: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor | None]]:
         length = x.size(1)
         offset = cache.length if cache is not None else 0
+        # The slots' positions: the masks, the cache and the distance biases (alibi, relative) follow them. Per-row
+        # positions of left-padded rows differ from them by the row's padding, the same for a query and its keys.
         q_positions = positions_from(offset, length, x.device)  # (T,)
         # Packed documents restart their positions: the longest document bounds them, not the row.
         embedded_positions = q_positions if documents is None else document_positions(documents)  # (T,) or (B, T)
-        self.pos_encoding.check_length(offset + length if documents is None else int(embedded_positions.max()) + 1)
+        if positions is not None:
+            embedded_positions = positions  # (B, T)
+        self.pos_encoding.check_length(offset + length if embedded_positions is q_positions
+                                       else int(embedded_positions.max()) + 1)
         # Everything position-dependent is computed once here and shared by the blocks of the same kind:
         # one rotation per rope (a length-following one, dynamic NTK, takes each packed document's own length),
         # one mask per window.
         encodings = [self.pos_encoding, *self.layer_encodings]
-        ropes = [encoding.rotary(q_positions, documents) for encoding in encodings]
+        rotated = q_positions if positions is None else positions
+        ropes = [encoding.rotary(rotated, documents) for encoding in encodings]
         masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents)
                  for window in dict.fromkeys(self.windows)}
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None

@@ -2,6 +2,7 @@
 checkpoint, as ``trident.load`` reads it).
 
     python -m trident.commands.sample outputs/runs/.../checkpoints/last.ckpt --prompt "ROMEO:" --max-new-tokens 500
+    python -m trident.commands.sample outputs/runs/... --prompt "ROMEO:" --prompt "JULIET: O Romeo" --temperature 0
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trident.errors import run_with_clear_errors
+from trident.errors import ConfigError, run_with_clear_errors
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -48,8 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m trident.commands.sample", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
-    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="text to continue (default: a newline); repeat it to continue several prompts as one "
+                        "left-padded batch, each as it would be alone")
+    parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=300)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy decoding")
     parser.add_argument("--top-k", type=int, default=None)
@@ -74,7 +77,15 @@ def main(argv: list[str] | None = None) -> None:
         assert task.tokenizer is not None
         generator = torch.Generator().manual_seed(args.seed)
         # Encoded as the training text is: no post-processor's <s> ... </s>, no padding or truncation of the file.
-        prompt = torch.tensor([encode_plain(task.tokenizer, args.prompt)] * args.num_samples)
+        texts = args.prompt or ["\n"]
+        rows = [ids for text in texts for ids in [encode_plain(task.tokenizer, text)] * args.num_samples]
+        empty = [text for text in texts if not encode_plain(task.tokenizer, text)]
+        if empty:
+            raise ConfigError(f"--prompt {empty[0]!r} encodes to no tokens: give text to continue")
+        # Prompts of different lengths are left-padded into one batch (the pad id is never attended to).
+        longest = max(len(ids) for ids in rows)
+        prompt = torch.tensor([[0] * (longest - len(ids)) + ids for ids in rows])  # (B, T0)
+        padding = torch.tensor([[True] * (longest - len(ids)) + [False] * len(ids) for ids in rows])
         out = generate(
             task.net,
             prompt,
@@ -84,9 +95,10 @@ def main(argv: list[str] | None = None) -> None:
             top_p=args.top_p,
             use_cache=not args.no_cache,
             generator=generator,
+            padding=padding,
         )
-        for row in out.tolist():
-            sys.stdout.write(task.tokenizer.decode(row) + "\n" + "-" * 40 + "\n")
+        for row, ids in zip(out.tolist(), rows, strict=True):
+            sys.stdout.write(task.tokenizer.decode(row[longest - len(ids):]) + "\n" + "-" * 40 + "\n")
 
     run_with_clear_errors(run)
 

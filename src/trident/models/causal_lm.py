@@ -35,12 +35,16 @@ class CausalLM(nn.Module):
         cache: KVCache | None = None,
         documents: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
         ``documents``: (B, T) document ids of packed rows (see :meth:`trident.backbone.TransformerStack.forward`).
-        ``key_padding_mask``: (B, T) True at padding, e.g. the left padding of a batch of prompts (transformers'
-        ``attention_mask == 0``); no position attends to a padded one."""
-        hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask)
+        ``key_padding_mask``: (B, T_total) True at padding, e.g. the left padding of a batch of prompts (transformers'
+        ``attention_mask == 0``), the cached positions included; no position attends to a padded one.
+        ``positions``: (B, T) each token's position counted from its row's first real token (transformers'
+        ``position_ids``, which its ``generate`` derives from the padding); None: its index in the sequence."""
+        hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask,
+                              positions=positions)
         return self._logits(hidden)
 
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:

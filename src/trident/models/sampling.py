@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -13,12 +14,14 @@ from trident.errors import ConfigError, is_int, is_number
 
 
 class Generative(Protocol):
-    """A model that maps token ids to next-token logits, with an optional KV cache."""
+    """A model that maps token ids to next-token logits, with an optional KV cache, a padding mask and per-row
+    positions (:meth:`trident.models.CausalLM.forward`)."""
 
     @property
     def context_length(self) -> int | None: ...
 
-    def __call__(self, ids: Tensor, *, cache: KVCache | None = None) -> Tensor: ...
+    def __call__(self, ids: Tensor, *, cache: KVCache | None = None, key_padding_mask: Tensor | None = None,
+                 positions: Tensor | None = None) -> Tensor: ...
 
     def new_cache(self, max_len: int) -> KVCache: ...
 
@@ -64,6 +67,23 @@ def sample_next_token(
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
 
 
+def row_positions(padding: Tensor) -> Tensor:
+    """(B, T) True at left padding -> (B, T) each token's position counted from its row's first real token, 0 on the
+    padding (transformers' ``generate`` derives ``position_ids`` from ``attention_mask`` so)."""
+    return ((~padding).long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def check_left_padding(prompt: Tensor, padding: Tensor) -> None:
+    """Refuse a padding mask that is not (B, T0) left padding with a real token in every row: padding after a real
+    token would sit inside the sequence that generation extends."""
+    if padding.shape != prompt.shape or padding.dtype != torch.bool:
+        raise ValueError(f"padding must be a bool tensor of the prompt's shape {tuple(prompt.shape)}, got "
+                         f"{padding.dtype} {tuple(padding.shape)}")
+    if bool(padding[:, -1].any()) or bool((padding[:, 1:] & ~padding[:, :-1]).any()):
+        raise ValueError("padding must be left padding (True before each row's first real token, none after it) "
+                         "with a real token in every row: pad prompts on the left to generate from them as a batch")
+
+
 @torch.no_grad()
 def generate(
     model: Generative,
@@ -75,6 +95,8 @@ def generate(
     top_p: float | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    padding: Tensor | None = None,
+    until: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Extend ``prompt`` (B, T0) by ``max_new_tokens`` tokens; returns (B, T0 + max_new_tokens).
 
@@ -86,25 +108,47 @@ def generate(
     A model with ``attention_window`` and relative positions (rope, alibi, relative, none) has no
     ``context_length``: its cache keeps the last ``attention_window`` positions and rolls on, and
     each token is what a pass over the whole sequence gives (without the cache: that pass).
+
+    ``padding``: (B, T0) True at the left padding of a batch of prompts of different lengths. No token attends to
+    the padding and positions count from each row's first real token (as transformers' ``generate`` does), so each
+    row continues as its prompt alone would (greedy: the same tokens). ``context_length`` counts the padding while
+    it lies inside the window: a padded row may be re-encoded before it fills the window alone (the same tokens
+    again; its positions then count from its first token inside the window).
+    ``until``: called after each step with the (B, T0 + n) tokens so far, returns (B,) True for the rows that
+    are done (a stop string, EOS); generation ends once every row is, returning the n tokens made so far.
     """
     check_filters(top_k, top_p, temperature)  # before the first forward
     context = model.context_length
     batch, prompt_len = prompt.shape
     total = prompt_len + max_new_tokens
+    if padding is not None:
+        check_left_padding(prompt, padding)
+    # Without padding the model gets no mask at all: its fused causal attention, bit for bit as before.
+    padded = padding is not None and bool(padding.any())
     out = prompt.new_empty(batch, total)  # filled in place: no copy of the whole sequence per step
     out[:, :prompt_len] = prompt
+    pad = torch.zeros(batch, total, dtype=torch.bool, device=prompt.device)  # (B, T0 + n) True at padding
+    if padded:
+        pad[:, :prompt_len] = padding
+    all_positions = row_positions(pad)  # (B, T0 + n)
     cache = model.new_cache(total if context is None else min(total, context)) if use_cache else None
     step_input = prompt
     for length in range(prompt_len, total):
         if cache is not None and (context is None or length <= context):
-            logits = model(step_input, cache=cache)[:, -1]
+            first = length - step_input.size(1)  # the positions already cached
+            masks = {"key_padding_mask": pad[:, :length], "positions": all_positions[:, first:length]} if padded else {}
+            logits = model(step_input, cache=cache, **masks)[:, -1]
         else:
             first = 0 if context is None else max(0, length - context)
-            logits = model(out[:, first:length])[:, -1]
+            window = pad[:, first:length]
+            masks = {"key_padding_mask": window, "positions": row_positions(window)} if padded else {}
+            logits = model(out[:, first:length], **masks)[:, -1]
         out[:, length : length + 1] = sample_next_token(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
         )
         step_input = out[:, length : length + 1]
+        if until is not None and bool(until(out[:, : length + 1]).all()):
+            return out[:, : length + 1]
     return out
 
 

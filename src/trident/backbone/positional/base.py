@@ -89,8 +89,9 @@ class PositionalEncoding(nn.Module):
         return x
 
     def rotary(self, positions: Tensor, documents: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
-        """(cos, sin), each (T, head_dim), for rotating queries/keys at ``positions``; ``documents``: (B, T) document
-        ids of packed rows, for a rope that depends on the length (dynamic NTK: then (B, 1, T, head_dim) each)."""
+        """(cos, sin), each (T, head_dim), for rotating queries/keys at ``positions`` (T,); at per-row positions (B, T)
+        (left-padded prompts), (B, 1, T, head_dim) each. ``documents``: (B, T) document ids of packed rows, for a rope
+        that depends on the length (dynamic NTK: then (B, 1, T, head_dim) each)."""
         return None
 
     def attention_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:

@@ -74,12 +74,14 @@ class RotaryEncoding(PositionalEncoding):
         if self.follows_length:
             self._follow_length(int(positions.max()) + 1, positions.device)
         if self.grid is None:
-            angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hs/2)
+            angles = positions.float()[..., None] * self.inv_freq  # (T, hs/2), or (B, T, hs/2) for per-row positions
         else:
             rows, cols, is_patch = grid_coordinates(positions, self.grid, self.num_prefix_tokens)
             angles = torch.cat((rows.float()[:, None] * self.inv_freq, cols.float()[:, None] * self.inv_freq), dim=1)
             angles = angles * is_patch[:, None]  # (T, hs/2); zero angle = identity for prefix tokens
         angles = torch.cat((angles, angles), dim=-1)  # (T, hs): one angle per rotated pair
+        if positions.dim() == 2:  # each row its own positions (left-padded prompts): (B, 1, T, hs), broadcast over heads
+            angles = angles[:, None]
         return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
 
     def _per_document(self, documents: Tensor) -> tuple[Tensor, Tensor]:

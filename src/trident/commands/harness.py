@@ -1,0 +1,120 @@
+"""Evaluate a language model on tasks of EleutherAI's evaluation harness (``lm-eval``, trident's ``[eval]`` extra):
+a trident run (its best, else last checkpoint) or a Hugging Face causal-LM directory, through trident's own model
+(:class:`trident.runs.harness.TridentLM`). The options are the harness's own (``lm_eval --tasks ...``).
+
+    trident-harness outputs/runs/<date>/<run> --tasks my_task --include_path my_tasks/ --num_fewshot 2 --limit 100
+    trident-harness exported_hf_dir --tasks my_task --include_path my_tasks/ --batch_size 8 --log_samples
+
+The results (the harness's JSON, and each task's per-request log-likelihoods or generations with --log_samples) go to
+``--output_path``, by default the run's (or directory's) ``harness/`` folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
+
+# lm_eval, torch and the model are imported once the arguments are parsed: ``--help`` answers without them.
+
+
+def limit(text: str) -> float:
+    """--limit: a number of documents per task (>= 1), or a fraction of them (0 < limit < 1), as the harness reads it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (documents per task, or a fraction of them below 1), got {text!r}")
+    return int(value) if value >= 1 else value
+
+
+def batch_size(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def task_manager(names: list[str], include_path: str | None) -> Any:
+    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
+    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
+    else those and the harness's own. An unknown name is refused in one line."""
+    from lm_eval.tasks import TaskManager
+
+    from trident.runs.harness_tasks import BUILDERS, shipped_task_folders
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"--include_path {include_path!r} is not a directory: pass the folder of your task YAMLs")
+    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
+    if folders:
+        local = TaskManager(include_path=folders, include_defaults=False)
+        if set(names) <= set(local.all_tasks):
+            return local
+    manager = TaskManager(include_path=folders or None)
+    known = [*manager.all_tasks, *BUILDERS]
+    for name in names:
+        if name not in manager.all_tasks:
+            where = f" or in {include_path}" if include_path else " (add yours with --include_path DIR)"
+            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
+                              f"{did_you_mean(name, known, '')}")
+    return manager
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="trident-harness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path, help="a task=lm run directory or .ckpt, or a Hugging Face causal-LM directory")
+    parser.add_argument("--tasks", required=True, help="comma-separated harness task names")
+    parser.add_argument("--include_path", default=None, help="a folder of your own task YAMLs")
+    parser.add_argument("--num_fewshot", type=int, default=None, help="examples before each question (task default)")
+    parser.add_argument("--limit", type=limit, default=None, help="documents per task (or a fraction below 1)")
+    parser.add_argument("--batch_size", type=batch_size, default=1)
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1, mps)")
+    parser.add_argument("--apply_chat_template", action="store_true", help="render prompts with the model's template")
+    parser.add_argument("--log_samples", action="store_true", help="write each request's scores or generation")
+    parser.add_argument("--output_path", type=Path, default=None, help="default: <run or directory>/harness")
+    parser.add_argument("--seed", type=int, default=0, help="few-shot draws and sampled generations")
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    if not names:
+        parser.error("--tasks: name at least one task")
+
+    def run() -> None:
+        from trident.extras import require_package
+
+        require_package("lm_eval")
+        import torch
+        from lm_eval import simple_evaluate
+        from lm_eval.utils import handle_non_serializable, make_table
+
+        from trident.runs.harness import harness_model
+
+        manager = task_manager(names, args.include_path)
+        model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,
+                              device=torch.device(args.device))
+        torch.manual_seed(args.seed)
+        results = simple_evaluate(model=model, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
+                                  log_samples=args.log_samples, apply_chat_template=args.apply_chat_template,
+                                  task_manager=manager, random_seed=args.seed, numpy_random_seed=args.seed,
+                                  torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        assert results is not None  # None on ranks other than 0 only
+        out = args.output_path or (args.model.parent if args.model.is_file() else args.model) / "harness"
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        samples = results.pop("samples", None)
+        (out / f"results_{stamp}.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+        for task, rows in (samples or {}).items():
+            lines = (json.dumps(row, default=handle_non_serializable) for row in rows)
+            (out / f"samples_{task}_{stamp}.jsonl").write_text("\n".join(lines) + "\n")
+        sys.stdout.write(make_table(results) + f"\nresults in {out}\n")
+
+    run_with_clear_errors(run)
+
+
+if __name__ == "__main__":
+    main()
