@@ -230,10 +230,10 @@ def test_truncated_or_foreign_checkpoint_is_one_clear_line(tmp_path: Path, capsy
         io.load_checkpoint(path)
 
 
-def nan_config(tmp_path: Path, mode: str) -> DictConfig:
+def nan_config(tmp_path: Path, mode: str, *overrides: str) -> DictConfig:
     return compose_config([*RESUMABLE, "logger=none", "trainer.max_steps=5", "callbacks.last_checkpoint.every_n_train_steps=1",
                            "task._target_=tests.resume_helpers.NaNLossLanguageModel", "+task.nan_at_step=2",
-                           f"nonfinite_loss={mode}"], output_dir=tmp_path / "run")
+                           f"nonfinite_loss={mode}", *overrides], output_dir=tmp_path / "run")
 
 
 def finite_weights(path: Path) -> bool:
@@ -257,6 +257,17 @@ def test_nonfinite_loss_skip_drops_only_that_step(tmp_path: Path, caplog: pytest
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert checkpoint_step(last) == 5 and finite_weights(last)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_a_nonfinite_loss_in_an_earlier_micro_batch_of_the_step_is_named(tmp_path: Path) -> None:
+    """Under accumulation the guard checks the loss of every micro-batch of the step, not the last one's alone:
+    the first micro-batch's NaN loss (the second's finite) is named as the loss it is. Checking the last one
+    alone, only the NaN gradients it left stopped the run here ("non-finite training gradient"); under fp16,
+    where gradients are not checked (the scaler skips infinite ones), nothing stopped it."""
+    cfg = nan_config(tmp_path, "stop", "trainer.accumulate_grad_batches=2", "+task.nan_micro_batch=0")
+    with pytest.raises(TrainingDiverged, match=r"non-finite training loss nan at step 3: lower optimizer.lr"):
+        train(cfg)
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 2
 
 
 def test_epoch_order_is_a_function_of_seed_and_epoch_and_skips_once() -> None:
