@@ -10,7 +10,7 @@ was not the gradient of the batch as one.
 
 How (:class:`StepLoss`): the count of the whole step is known only after its last micro-batch, so each
 micro-batch's ``training_step`` returns its *summed* loss times a factor ``c``, the same for every micro-batch
-and rank of a step (so the loss Lightning, the fp16 scaler and the learning-rate finder see has the size of a
+and rank of a step (so the loss Lightning and the fp16 scaler see has the size of a
 mean: ``c`` is 1 / the mean trained tokens of a rank's micro-batch in the previous step, or in the first
 micro-batch that trained any); after the step's last backward, in
 ``on_before_optimizer_step`` (Lightning 2.x calls it after fp16 unscaling and before gradient clipping), the
