@@ -367,6 +367,29 @@ def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sw
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["best-step40.ckpt", "last.ckpt"]
 
 
+@pytest.mark.slow
+def test_a_sweep_job_resumed_by_a_sweep_that_sweeps_more_keys_keeps_its_group(tmp_path: Path) -> None:
+    """A job left unfinished (its last.ckpt, no status.json, as a kill leaves it) and found again by a sweep continued
+    with one more swept key (model.dropout, one of the job's own overrides): resumed in its directory, it keeps its
+    first attempt's W&B group and status.json setting (named by the new keys, the resumed run changed group)."""
+    sweep_dir = tmp_path / "sweep"
+    common = [*SMALL, "trainer.max_steps=2", "data.sample_prompts=[]", "callbacks.throughput=null", "optimizer.lr=choice(0.003)",
+              f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
+    first = run_train("-m", *common, "model.dropout=0.0", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_dir = next(sweep_dir.glob("0_*"))
+    status = json.loads((job_dir / "status.json").read_text())
+    (job_dir / "status.json").unlink()
+    again = run_train("-m", *common, "model.dropout=choice(0.0)", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "continuing the unfinished job" in again.stdout + again.stderr and [d.name for d in sweep_dir.glob("*_*")] == [job_dir.name]
+    attempts = [read_offline_run(next(d.glob("run-*.wandb"))) for d in sorted(job_dir.glob("wandb/offline-run-*"))]
+    assert len(attempts) == 2 and len({(run.run_id, run.group, run.job_type, tuple(run.tags)) for run in attempts}) == 1
+    assert attempts[0].group.endswith("/optimizer.lr=0.003")
+    resumed = json.loads((job_dir / "status.json").read_text())
+    assert (resumed["status"], resumed["sweep"], resumed["setting"]) == ("completed", status["sweep"], status["setting"])
+
+
 def test_a_resume_may_set_keys_of_the_groups_the_run_chose(tmp_path: Path) -> None:
     """``resume=<run dir> callbacks.early_stopping.patience=100`` (what the early stop's warning advises) is
     checked against the run's config, which callbacks=early_stopping gave that key; a misspelt key still fails."""
