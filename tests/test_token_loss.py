@@ -286,18 +286,22 @@ class ValidatedSteps(L.Callback):
         self.steps.append(trainer.global_step)
 
 
-@pytest.mark.parametrize(("batches", "interval", "max_steps", "validated"), [
-    (40, 10, 20, [10, 20]),  # issue 58's case: accumulation 2, val_check_interval=10: once in 10 optimizer steps
-    (5, 3, 9, [3, 6, 9]),  # epochs of 5 micro-batches: 3 steps each (the last one short), counted across epochs
+@pytest.mark.parametrize(("batches", "interval", "max_steps", "every_n_epochs", "validated"), [
+    (40, 10, 20, None, [10, 20]),  # issue 58's case: accumulation 2, val_check_interval=10: once in 10 optimizer steps
+    (5, 3, 9, None, [3, 6, 9]),  # epochs of 5 micro-batches: 3 steps each (the last one short), counted across epochs
+    # check_val_every_n_epoch set (task=vit's 1): the interval counts the epoch's optimizer steps, from each epoch's start
+    (8, 2, 8, 1, [2, 4, 6, 8]),  # epochs of 4 steps; Lightning counted micro-batches: after every step
+    (5, 2, 9, 1, [2, 5, 8]),  # epochs of 3 steps (the last one short): the second of each
 ])
 def test_val_check_interval_counts_optimizer_steps_under_accumulation(batches: int, interval: int, max_steps: int,
+                                                                      every_n_epochs: int | None,
                                                                       validated: list[int]) -> None:
     torch.manual_seed(0)
     task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1e-3}, {"name": "constant"})
     _, second = micro_batches()
     record = ValidatedSteps()
     trainer = L.Trainer(max_steps=max_steps, accumulate_grad_batches=2, val_check_interval=interval,
-                        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                        check_val_every_n_epoch=every_n_epochs, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
                         callbacks=[record])
     count_validation_in_optimizer_steps(trainer)  # as the pipeline's build_trainer does
