@@ -32,15 +32,19 @@ class SignalAtStep(L.Callback):
 
 
 class NaNLossLanguageModel(LanguageModelTask):
-    """The LM task, but the loss of the training step with ``global_step == nan_at_step`` is NaN."""
+    """The LM task, but the loss of the training step with ``global_step == nan_at_step`` is NaN: of each of its
+    micro-batches, or with ``nan_micro_batch`` of that one alone (0: the first of the step)."""
 
-    def __init__(self, *args: Any, nan_at_step: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, nan_at_step: int, nan_micro_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.nan_at_step = nan_at_step
+        self.nan_micro_batch = nan_micro_batch
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = super().training_step(batch, batch_idx)
-        return loss * torch.nan if self.global_step == self.nan_at_step else loss
+        micro_batch = batch_idx % self.trainer.accumulate_grad_batches
+        chosen = self.nan_micro_batch is None or micro_batch == self.nan_micro_batch
+        return loss * torch.nan if self.global_step == self.nan_at_step and chosen else loss
 
 
 class SlowSteps(L.Callback):

@@ -230,10 +230,10 @@ def test_truncated_or_foreign_checkpoint_is_one_clear_line(tmp_path: Path, capsy
         io.load_checkpoint(path)
 
 
-def nan_config(tmp_path: Path, mode: str) -> DictConfig:
+def nan_config(tmp_path: Path, mode: str, *overrides: str) -> DictConfig:
     return compose_config([*RESUMABLE, "logger=none", "trainer.max_steps=5", "callbacks.last_checkpoint.every_n_train_steps=1",
                            "task._target_=tests.resume_helpers.NaNLossLanguageModel", "+task.nan_at_step=2",
-                           f"nonfinite_loss={mode}"], output_dir=tmp_path / "run")
+                           f"nonfinite_loss={mode}", *overrides], output_dir=tmp_path / "run")
 
 
 def finite_weights(path: Path) -> bool:
@@ -257,6 +257,17 @@ def test_nonfinite_loss_skip_drops_only_that_step(tmp_path: Path, caplog: pytest
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert checkpoint_step(last) == 5 and finite_weights(last)
     assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+
+
+def test_a_nonfinite_loss_in_an_earlier_micro_batch_of_the_step_is_named(tmp_path: Path) -> None:
+    """Under accumulation the guard checks the loss of every micro-batch of the step, not the last one's alone:
+    the first micro-batch's NaN loss (the second's finite) is named as the loss it is. Checking the last one
+    alone, only the NaN gradients it left stopped the run here ("non-finite training gradient"); under fp16,
+    where gradients are not checked (the scaler skips infinite ones), nothing stopped it."""
+    cfg = nan_config(tmp_path, "stop", "trainer.accumulate_grad_batches=2", "+task.nan_micro_batch=0")
+    with pytest.raises(TrainingDiverged, match=r"non-finite training loss nan at step 3: lower optimizer.lr"):
+        train(cfg)
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 2
 
 
 def test_epoch_order_is_a_function_of_seed_and_epoch_and_skips_once() -> None:
@@ -348,12 +359,37 @@ def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sw
     assert (run.run_id, run.group, run.job_type, run.tags) == (
         first_attempt.run_id, first_attempt.group, first_attempt.job_type, first_attempt.tags)
     assert [row["trainer/global_step"] for row in run.history if "train/loss" in row] == list(range(40))
-    assert len(run.metric("test/loss")) == 1
+    # The same step for the same event in W&B, metrics.jsonl (below) and the checkpoint names, across the attempts.
+    assert [row["trainer/global_step"] for row in run.history if "val/loss" in row] == [10, 20, 30, 40]
+    assert [row["trainer/global_step"] for row in run.history if "test/loss" in row] == [40]
     rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["stage"]) for r in rows] == [(10, "validate"), (20, "validate"), (30, "validate"),
                                                        (40, "validate"), (40, "test")]
     assert sorted(train_losses(job_dir)) == list(range(40))
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["best-step40.ckpt", "last.ckpt"]
+
+
+@pytest.mark.slow
+def test_a_sweep_job_resumed_by_a_sweep_that_sweeps_more_keys_keeps_its_group(tmp_path: Path) -> None:
+    """A job left unfinished (its last.ckpt, no status.json, as a kill leaves it) and found again by a sweep continued
+    with one more swept key (model.dropout, one of the job's own overrides): resumed in its directory, it keeps its
+    first attempt's W&B group and status.json setting (named by the new keys, the resumed run changed group)."""
+    sweep_dir = tmp_path / "sweep"
+    common = [*SMALL, "trainer.max_steps=2", "data.sample_prompts=[]", "callbacks.throughput=null", "optimizer.lr=choice(0.003)",
+              f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
+    first = run_train("-m", *common, "model.dropout=0.0", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_dir = next(sweep_dir.glob("0_*"))
+    status = json.loads((job_dir / "status.json").read_text())
+    (job_dir / "status.json").unlink()
+    again = run_train("-m", *common, "model.dropout=choice(0.0)", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "continuing the unfinished job" in again.stdout + again.stderr and [d.name for d in sweep_dir.glob("*_*")] == [job_dir.name]
+    attempts = [read_offline_run(next(d.glob("run-*.wandb"))) for d in sorted(job_dir.glob("wandb/offline-run-*"))]
+    assert len(attempts) == 2 and len({(run.run_id, run.group, run.job_type, tuple(run.tags)) for run in attempts}) == 1
+    assert attempts[0].group.endswith("/optimizer.lr=0.003")
+    resumed = json.loads((job_dir / "status.json").read_text())
+    assert (resumed["status"], resumed["sweep"], resumed["setting"]) == ("completed", status["sweep"], status["setting"])
 
 
 def test_a_resume_may_set_keys_of_the_groups_the_run_chose(tmp_path: Path) -> None:

@@ -130,7 +130,13 @@ def run_job(cfg: DictConfig) -> float | None:
             done = continue_job(cfg, run_dir)
             if done is not None:
                 return objective(cfg, done.get("metrics", {}))
-            sweep_id, setting = apply_sweep_identity(cfg)
+            # A job resumed in its directory keeps its first attempt's sweep and setting: a sweep continued with
+            # more swept keys names settings by them all, and the resumed W&B run would change group mid-run.
+            if cfg.get("resume") and (sweep := remembered_sweep(run_dir)) is not None:
+                name_after_sweep(cfg, *sweep)
+                sweep_id, setting = sweep
+            else:
+                sweep_id, setting = apply_sweep_identity(cfg)
             identity.update(sweep=sweep_id, setting=setting)
             remember_sweep(run_dir, sweep_id, setting)
             metrics = train(cfg)

@@ -8,6 +8,8 @@ works on every task, from a notebook too (``Tuner(trainer).lr_find(task)``). The
 own temporary checkpoint, removed): the run leaves its curve and suggestion, no training state.
 Every parameter group sweeps one rate (Lightning's finder): with ``task.layer_decay`` or ``task.head_lr``
 the suggestion is for ``optimizer.lr`` alone.
+Each point of the curve is an optimizer step's ``train/loss``, the global batch's token mean
+(:class:`StepLossRecorder`), under gradient accumulation too.
 """
 
 from __future__ import annotations
@@ -16,20 +18,24 @@ import json
 import logging
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.tuner import Tuner
+from lightning.pytorch.tuner import lr_finder as lightning_lr_finder
 from omegaconf import DictConfig, OmegaConf
 
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError, is_int, is_number
 from trident.tasks.base import TridentTask
 from trident.tracking.loggers import record_summary
+from trident.training.token_loss import StepLoss
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -87,14 +93,41 @@ def command_with_rate(lr: float) -> str:
     return shlex.join(["python", "train.py", *kept, f"optimizer.lr={lr:.3g}"])
 
 
+class StepLossRecorder(lightning_lr_finder._LRCallback):
+    """Lightning's finder callback, recording each optimizer step's ``train/loss`` (the summed token losses of
+    its global batch over their count, :class:`trident.training.token_loss.StepLoss`). Lightning's records
+    what the step's last micro-batch's ``training_step`` returned, divided by ``accumulate_grad_batches``:
+    under the global token loss that is one micro-batch's summed loss times a scale, so with accumulation 2
+    the curve held about half the loss, of one micro-batch."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = cast(TridentTask, pl_module).step_loss.last_step.get(StepLoss.LOSS)
+        # A step without a trained token has no loss: Lightning's NaN point, as for an empty output.
+        step = {"loss": torch.tensor(loss)} if loss is not None else {}
+        super().on_train_batch_end(trainer, pl_module, step, batch, batch_idx)
+
+
+@contextmanager
+def step_loss_curve() -> Iterator[None]:
+    """Lightning's finder with :class:`StepLossRecorder`: ``Tuner.lr_find`` builds its callback by this name."""
+    lightning_callback = lightning_lr_finder._LRCallback
+    lightning_lr_finder._LRCallback = StepLossRecorder  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        lightning_lr_finder._LRCallback = lightning_callback  # type: ignore[misc]
+
+
 def find_learning_rate(cfg: DictConfig, trainer: L.Trainer, task: TridentTask, datamodule: TridentDataModule) -> dict[str, float]:
     """Run Lightning's finder with ``cfg.tune``; write the curve and the suggestion into the run directory
     (and W&B); returns ``{"lr_find/suggested_lr": rate}``, the job's final metrics."""
     tune: dict[str, Any] = OmegaConf.to_container(cfg.tune, resolve=True)  # type: ignore[assignment]
-    finder = Tuner(trainer).lr_find(
-        task, datamodule=datamodule, min_lr=tune["min_lr"], max_lr=tune["max_lr"], num_training=tune["num_training"],
-        mode=tune["mode"], early_stop_threshold=tune["early_stop_threshold"], attr_name="learning_rate",
-    )
+    with step_loss_curve():
+        finder = Tuner(trainer).lr_find(
+            task, datamodule=datamodule, min_lr=tune["min_lr"], max_lr=tune["max_lr"], num_training=tune["num_training"],
+            mode=tune["mode"], early_stop_threshold=tune["early_stop_threshold"], attr_name="learning_rate",
+        )
     lr = finder.suggestion() if finder is not None else None
     if lr is None or not math.isfinite(lr):
         raise ConfigError(f"tune=lr_find: the loss was finite at too few rates for a suggestion (of {tune['num_training']} "

@@ -19,6 +19,7 @@ Lightning counts differently in two places, which this module corrects:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -39,21 +40,27 @@ def ends_optimizer_step(trainer: L.Trainer) -> bool:
 
 
 class OptimizerStepValidation(_TrainingEpochLoop):
-    """Lightning's training epoch loop, with an integer ``val_check_interval`` (across epochs,
-    ``check_val_every_n_epoch=null``) counted in optimizer steps: validation follows every
-    ``val_check_interval``-th optimizer step, never a micro-batch in the middle of one. A fractional interval
-    (a share of an epoch) and every other rule (early stopping's, an epoch's end) are Lightning's."""
+    """Lightning's training epoch loop, with an integer ``val_check_interval`` counted in optimizer steps:
+    validation follows every ``val_check_interval``-th optimizer step, never a micro-batch in the middle of one;
+    across epochs with ``check_val_every_n_epoch=null``, else (``task=vit``'s 1) within each epoch, as Lightning
+    counts its batches there. A fractional interval (a share of an epoch) and every other rule (early
+    stopping's, an iterable dataset's end) are Lightning's."""
 
     def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
         trainer = self.trainer
         if trainer.accumulate_grad_batches == 1 or not isinstance(trainer.val_check_interval, int) \
-                or trainer.check_val_every_n_epoch is not None:
+                or trainer.val_check_batch == float("inf"):
             return super()._should_check_val_fx(data_fetcher)
         if not self._should_check_val_epoch():
             return False
         if trainer.should_stop and trainer.fit_loop._can_stop_early:
             return True  # Lightning's: validate when stopping early (e.g. early stopping)
-        return not self._should_accumulate() and self.global_step % trainer.val_check_interval == 0
+        if self._should_accumulate():
+            return False
+        # The epoch's optimizer steps so far: its micro-batches over the accumulation, its last window short.
+        steps = self.global_step if trainer.check_val_every_n_epoch is None else \
+            math.ceil((self.batch_idx + 1) / trainer.accumulate_grad_batches)
+        return steps % trainer.val_check_interval == 0
 
 
 def count_validation_in_optimizer_steps(trainer: L.Trainer) -> None:

@@ -74,6 +74,7 @@ NONFINITE_LOSS_MODES = ("stop", "skip")
 class NonFiniteLossGuard(L.Callback):
     """A non-finite training loss (or gradient) either stops the run before the optimizer step,
     so no NaN weights are ever trained on or checkpointed (``stop``), or drops that step (``skip``).
+    The loss of every micro-batch of the step counts (gradient accumulation), not the last one's alone.
 
     Gradients are checked too because under DDP they are averaged over ranks: one rank's NaN loss
     reaches every rank's gradients, and all ranks must decide alike. With fp16 loss scaling,
@@ -85,16 +86,19 @@ class NonFiniteLossGuard(L.Callback):
             raise ConfigError(f"nonfinite_loss={mode!r} is not a choice: use one of {', '.join(NONFINITE_LOSS_MODES)}")
         self.mode = mode
         self.last_checkpoint = last_checkpoint
-        self._loss: Tensor | None = None
+        self._losses: list[Tensor] = []  # () each: the losses of the optimizer step's micro-batches so far
         self.skipped_steps: list[int] = []
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
-        self._loss = loss.detach()
+        self._losses.append(loss.detach())  # checked once per step: no device sync per micro-batch
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        loss_finite = self._loss is None or bool(torch.isfinite(self._loss))
+        losses = torch.stack(self._losses) if self._losses else torch.zeros(0)
+        self._losses = []
+        nonfinite = losses[~torch.isfinite(losses)]
+        loss_finite = nonfinite.numel() == 0
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         loss_scaling = str(trainer.precision).startswith("16")
         # Over every device mesh the gradients live on (tensor parallelism: two).
@@ -102,7 +106,7 @@ class NonFiniteLossGuard(L.Callback):
         if loss_finite and grads_finite:
             return
         step = trainer.global_step + 1
-        what = "gradient" if loss_finite else f"loss {float(self._loss):g}"  # type: ignore[arg-type]
+        what = "gradient" if loss_finite else f"loss {float(nonfinite[0]):g}"
         if self.mode == "skip":
             for group in optimizer.param_groups:
                 for param in group["params"]:

@@ -10,7 +10,7 @@ was not the gradient of the batch as one.
 
 How (:class:`StepLoss`): the count of the whole step is known only after its last micro-batch, so each
 micro-batch's ``training_step`` returns its *summed* loss times a factor ``c``, the same for every micro-batch
-and rank of a step (so the loss Lightning, the fp16 scaler and the learning-rate finder see has the size of a
+and rank of a step (so the loss Lightning and the fp16 scaler see has the size of a
 mean: ``c`` is 1 / the mean trained tokens of a rank's micro-batch in the previous step, or in the first
 micro-batch that trained any); after the step's last backward, in
 ``on_before_optimizer_step`` (Lightning 2.x calls it after fp16 unscaling and before gradient clipping), the
@@ -67,6 +67,8 @@ class StepLoss:
         #: of thousands (fp16 gradients then overflow and the scaler skips steps until it has shrunk).
         self.scale: float | None = None
         self._sums: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (weighted sum, weight), this rank's, this step
+        #: The metrics of the last optimizer step :meth:`finish` ended (the learning-rate finder records its loss).
+        self.last_step: dict[str, float] = {}
 
     def micro_batch(self, summed: Tensor, count: Tensor, group: ProcessGroup | None) -> Tensor:
         """What ``training_step`` returns for a micro-batch whose ``count`` trained tokens have the summed
@@ -103,7 +105,8 @@ class StepLoss:
                     param.grad.mul_(factor)
         if count > 0:
             self.scale = accumulate * ranks / count  # the next step's c (the ranks agree: the count is global)
-        return {n: t / w for n, (t, w) in step.items() if w > 0}
+        self.last_step = {n: t / w for n, (t, w) in step.items() if w > 0}
+        return self.last_step
 
 
 class TokenMean(Metric):
