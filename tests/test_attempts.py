@@ -3,6 +3,7 @@ step for step, on real Lightning trainers."""
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
-from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
+from trident.runs.attempts import FinalStepCheckpoint, keep_csv_history_until, keep_history_until
 from trident.tracking.steps import ValidationRowStep
 
 from .test_wandb_journal import TinyTask
@@ -81,6 +82,24 @@ def test_a_resumed_history_keeps_the_rows_up_to_its_checkpoint_without_tests(tmp
     path.write_text("".join(json.dumps({"step": s, "stage": t}) + "\n" for s, t in rows) + '{"step": 12, "sta')
     keep_history_until(path, 6)
     assert [(r["step"], r["stage"]) for r in map(json.loads, path.read_text().splitlines())] == rows[:2]
+
+
+def test_a_resumed_runs_csv_logs_keep_each_step_once_without_tests(tmp_path: Path) -> None:
+    """An attempt killed at step 9 after its checkpoint at 6 logged 7-9 to its CSV (Lightning's own writer); the
+    resumed attempt logs them again in version_1: version_0 keeps the rows up to 6, without its test row."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    killed = CSVLogger(save_dir=str(tmp_path), name="csv")
+    for step in range(10):
+        killed.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
+    killed.log_metrics({"val/loss": 0.5}, step=6)
+    killed.log_metrics({"test/loss": 0.4}, step=6)
+    killed.save()
+    keep_csv_history_until(tmp_path, 6)
+    with (tmp_path / "csv" / "version_0" / "metrics.csv").open() as rows:
+        kept = list(csv.DictReader(rows))
+    assert [(int(row["step"]), bool(row["val/loss"])) for row in kept] == [*((s, False) for s in range(7)), (6, True)]
+    assert {"train/loss", "val/loss", "test/loss"} <= set(kept[0])  # the columns stand, for the next version's reader
 
 
 def test_holds_step_reads_the_checkpoints_step_and_refuses_a_sharded_one(tmp_path: Path) -> None:

@@ -10,11 +10,13 @@ a resumed or extended run continues step for step, on one step axis, whatever ch
   that early stopping ended keeps the last.ckpt its final validation saved, for the same reason.
 - :func:`keep_history_until`: a resumed attempt starts ``metrics.jsonl`` from the rows up to its
   checkpoint's step, without the earlier attempts' test rows: the file holds one training, each
-  validation once and the test of the model as it ended.
+  validation once and the test of the model as it ended; :func:`keep_csv_history_until` does the same for the
+  CSV logs of the earlier attempts (each attempt writes its own ``csv/version_N/metrics.csv``).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -90,3 +92,23 @@ def keep_history_until(path: Path, step: int) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text("".join(kept))
     os.replace(partial, path)
+
+
+def keep_csv_history_until(run_dir: Path, step: int) -> None:
+    """Rewrite the CSV logs of the earlier attempts of a run resuming at ``step`` (``<run>/csv/version_*/metrics.csv``,
+    ``logger=csv``): rows of later steps (an attempt killed past its last checkpoint logged them; the resumed
+    attempt logs them again) and test rows go, so that the versions read together hold each step once."""
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with path.open(newline="") as rows:
+            reader = csv.DictReader(rows)
+            columns, kept = reader.fieldnames or [], []
+            for row in reader:
+                tested = any(value for name, value in row.items() if name and name.startswith(f"{TEST_STAGE}/"))
+                if row.get("step") and int(float(row["step"])) <= step and not tested:
+                    kept.append(row)
+        partial = path.with_suffix(".partial")
+        with partial.open("w", newline="") as rows:
+            writer = csv.DictWriter(rows, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(partial, path)

@@ -31,7 +31,7 @@ from trident.launch.requeue import latest_checkpoint
 from trident.parallel.distributed_checkpoint import check_sharded_resume
 from trident.parallel.fsdp import shards_weights
 from trident.parallel.tensor_parallel import check_tensor_parallel_config
-from trident.runs.attempts import FinalStepCheckpoint, keep_history_until
+from trident.runs.attempts import FinalStepCheckpoint, keep_csv_history_until, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.lifecycle import prepare_networks, write_artifacts
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
@@ -331,6 +331,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     history = metric_history(cfg, run_dir)
     if saved is not None and writes_outputs:  # one training in metrics.jsonl, each step once
         keep_history_until(history.path, int(saved[1]["global_step"]))
+        keep_csv_history_until(run_dir, int(saved[1]["global_step"]))
     workers = WorkerProcesses()
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
                  workers, FinalStepCheckpoint(), ValidationRowStep()]
