@@ -1,16 +1,17 @@
 """``trainer=fsdp_cpu``: FSDP2 (``fully_shard`` per Transformer block, then the root) on 2 gloo
 processes, each a real ``train.py`` subprocess. It trains the same model as DDP (``trainer=ddp_cpu``)
-step for step (the LM; the MLM with gradient clipping, gradient accumulation and activation checkpointing),
+step for step (the MLM, with dropout, gradient clipping, gradient accumulation and activation checkpointing),
 each rank holding half the weights, and every task trains under it with the default logger (W&B, offline).
 
-The LM run is stopped by SIGTERM twice and resumed each time, first from a checkpoint file, then from a
+The MLM FSDP run is stopped by SIGTERM twice and resumed each time, first from a checkpoint file, then from a
 sharded checkpoint (``trainer.strategy.save_distributed_checkpoint=true``), and still trains as DDP's
-uninterrupted run; its sharded checkpoints are read whole without FSDP (``trident.load``, eval.py,
-trident-export, ``init_from``). A run started from its weights (``init_from``) in one process
-(``trainer.devices=1``) resumes at 2 ranks (1 -> 2), and that run in one process again (2 -> 1), with the
-one-process run's losses. The other options a user combines with FSDP (docs/scaling.md's table) ride on these
-runs: classify from the MLM run with LoRA, sharded checkpoints, layer-wise rates and early stopping; vit in bf16; and
-the learning-rate finder runs under it. Each run is made once (module-scoped fixtures) for every test that reads it."""
+uninterrupted run, in one W&B run; its sharded checkpoints are read whole without FSDP (``trident.load``, eval.py,
+trident-export, ``init_from``). An LM run in one process (``trainer.devices=1``) resumes at 2 ranks (1 -> 2), and
+that run in one process again (2 -> 1), with the one-process run's losses. The other options a user combines with
+FSDP (docs/scaling.md's table) ride on these runs: classify from the MLM run's sharded weights (``init_from``) with
+LoRA, sharded checkpoints, layer-wise rates and early stopping; vit in bf16; and the learning-rate finder runs
+under it. Each run is made once (module-scoped fixtures) for every test that reads it: a ``train.py`` start costs
+far more than its steps, so one run carries several checks (the stop/resume chain is the MLM run itself)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from safetensors.torch import load_file
 
 import trident
 from trident.parallel.distributed_checkpoint import is_sharded_checkpoint
+from trident.tracking.wandb_files import find_offline_runs
 from trident.weights.checkpoints import read_checkpoint
 from trident.weights.init_from import read_init_source
 
@@ -124,43 +126,32 @@ def assert_trains_as_ddp(ddp: Path, fsdp: Path, steps: int = 20) -> None:
 
 
 @pytest.fixture(scope="module")
-def lm_ddp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train(tmp_path_factory.mktemp("lm-ddp"), "ddp_cpu", *LM_20, *REFERENCE)
-
-
-@pytest.fixture(scope="module")
-def lm_fsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The LM under FSDP, stopped by SIGTERM during steps 6 and 14 (mid-epoch) and resumed each time: from a
-    checkpoint file, after which it saves sharded checkpoints, then from a sharded one. Returns its run directory."""
-    root = tmp_path_factory.mktemp("lm-fsdp")
-    run_dir = train(root, "fsdp_cpu", *LM_20, "logger=none", *STOP, "+callbacks.signal.step=5")
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_file() and last(run_dir, weights=False)["global_step"] == 6
-    resume(run_dir, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal.step=13")
-    assert is_sharded_checkpoint(checkpoint) and last(run_dir, weights=False)["global_step"] == 14
-    resume(run_dir, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal=null")
-    return run_dir
-
-
-def test_fsdp_stopped_and_resumed_twice_trains_as_ddp_does(lm_ddp: Path, lm_fsdp: Path) -> None:
-    """Steps 7-14 follow a resume from a checkpoint file, steps 15-20 one from a sharded checkpoint: each rank's
-    losses and the weights are still DDP's uninterrupted run's."""
-    assert json.loads((lm_fsdp / "status.json").read_text())["status"] == "completed"
-    assert_trains_as_ddp(lm_ddp, lm_fsdp)
-
-
-@pytest.fixture(scope="module")
 def mlm_fsdp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The MLM's DDP run and its FSDP run (with activation checkpointing), both clipping and accumulating."""
+    """The MLM's DDP run and its FSDP run (with activation checkpointing), both clipping and accumulating. The FSDP
+    run is stopped by SIGTERM during steps 5 and 13 (mid-epoch: an epoch is 2 steps of 2 batches) and resumed each
+    time: from a checkpoint file, after which it saves sharded checkpoints, then from a sharded one. Returns both run
+    directories."""
     root = tmp_path_factory.mktemp("mlm")
-    return (train(root / "ddp", "ddp_cpu", *MLM_20, *REFERENCE),
-            train(root / "fsdp", "fsdp_cpu", *MLM_20, "model.activation_checkpointing=true"))
+    ddp = train(root / "ddp", "ddp_cpu", *MLM_20, *REFERENCE)
+    fsdp = train(root / "fsdp", "fsdp_cpu", *MLM_20, "model.activation_checkpointing=true", *STOP,
+                 "+callbacks.signal.step=4")
+    checkpoint = fsdp / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_file() and last(fsdp, weights=False)["global_step"] == 5
+    resume(fsdp, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal.step=12")
+    assert is_sharded_checkpoint(checkpoint) and last(fsdp, weights=False)["global_step"] == 13
+    resume(fsdp, "trainer=fsdp_cpu", *SHARDED, "++callbacks.signal=null")
+    return ddp, fsdp
 
 
-def test_fsdp_trains_the_mlm_as_ddp_does_clipping_accumulating_and_checkpointing_activations(
+def test_fsdp_stopped_and_resumed_twice_trains_the_mlm_as_ddp_does_clipping_accumulating_and_checkpointing_activations(
         mlm_fsdp: tuple[Path, Path]) -> None:
+    """Steps 6-13 follow a resume from a checkpoint file, steps 14-20 one from a sharded checkpoint: each rank's
+    losses and the weights are still DDP's uninterrupted run's, and the three attempts are one W&B run (rank 0's)."""
     ddp, fsdp = mlm_fsdp
-    assert_completed_with_one_wandb_run(fsdp)
+    assert json.loads((fsdp / "status.json").read_text())["status"] == "completed"
+    assert [r["world_size"] for r in ranks(fsdp)] == [2, 2]
+    attempts = find_offline_runs(fsdp)
+    assert len(attempts) == 3 and len({run.run_id for run in attempts}) == 1, [run.path for run in attempts]
     assert_trains_as_ddp(ddp, fsdp)
 
 
@@ -174,12 +165,21 @@ def test_every_other_task_trains_under_fsdp_with_the_default_logger(task: str, t
 
 def test_classify_trains_under_fsdp_from_the_mlm_with_lora_and_early_stopping(
         mlm_fsdp: tuple[Path, Path], tmp_path: Path) -> None:
-    """init_from under FSDP: the encoder loaded before sharding; LoRA: the base stays as loaded, the adapters and the
-    head train and are written to <run>/adapter (from the best checkpoint), the checkpoints hold them without the base
-    (which trident.load refills); early stopping stops both ranks."""
+    """init_from under FSDP: the MLM run's sharded weights, gathered and loaded before sharding (every rank starts from
+    them); LoRA: the base stays as loaded, the adapters and the head train and are written to <run>/adapter (from the
+    best checkpoint), the checkpoints hold them without the base (which trident.load refills); early stopping stops
+    both ranks."""
     _, mlm = mlm_fsdp
+    assert is_sharded_checkpoint(mlm / "checkpoints" / "last.ckpt")
     run_dir = train(tmp_path, "fsdp_cpu", *CLASSIFY, f"init_from={mlm}")
     assert_completed_with_one_wandb_run(run_dir)
+    source = read_init_source(str(mlm)).state_dict
+    for record in ranks(run_dir):  # each whole parameter's sum as training starts: the source's (the head is new)
+        started = {name.removeprefix("net."): total for name, total in record["start_sums"].items()}
+        loaded = {name for name in started.keys() & source.keys() if not name.startswith("head.")}
+        assert any(name.startswith("encoder.") for name in loaded), sorted(started)
+        assert {n: started[n] for n in loaded} == pytest.approx(
+            {n: float(source[n].double().sum()) for n in loaded}, rel=0, abs=1e-9)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["stopped_early"].startswith("stopped early at step 2:"), status
     adapter = load_file(run_dir / "adapter" / "adapter.safetensors")  # what trained: the adapters and the new head
@@ -205,11 +205,11 @@ def evaluate(run_dir: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
     return {k: v for k, v in metrics.items() if not k.endswith("_per_s")}  # speeds vary
 
 
-def test_a_sharded_run_is_read_whole_without_fsdp(lm_ddp: Path, lm_fsdp: Path, tmp_path: Path,
+def test_a_sharded_run_is_read_whole_without_fsdp(mlm_fsdp: tuple[Path, Path], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank wrote its shards; trident.load, init_from, trident-export and eval.py gather them in one
     process into the weights of DDP's run (the checkpoint at step 20: the best, the run's only validation)."""
-    run_dir = lm_fsdp
+    lm_ddp, run_dir = mlm_fsdp
     folder = run_dir / "checkpoints"
     assert sorted(os.listdir(folder)) == ["best-step20.ckpt", "last.ckpt"], "nothing staged is left behind"
     for checkpoint in folder.iterdir():
@@ -237,15 +237,15 @@ def resumable_at(run_dir: Path, checkpoint: Path, copy: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def resharded(lm_fsdp: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """6 steps from the LM FSDP run's weights (init_from): in one process (trainer=fsdp_cpu trainer.devices=1) throughout;
-    that run resumed at 2 ranks from its sharded checkpoint of step 2 (1 -> 2); and that one resumed in one process from
-    its sharded checkpoint of step 4 (2 -> 1). The global batch stays 8. Each run's checkpoints of every 2 steps go to a
-    folder of its own (``<name> steps``)."""
+def resharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """6 steps of the LM: in one process (trainer=fsdp_cpu trainer.devices=1) throughout; that run resumed at 2 ranks
+    from its sharded checkpoint of step 2 (1 -> 2); and that one resumed in one process from its sharded checkpoint of
+    step 4 (2 -> 1). The global batch stays 8. Each run's checkpoints of every 2 steps go to a folder of its own
+    (``<name> steps``)."""
     root = tmp_path_factory.mktemp("reshard")
     runs = {"one process": root / "one", "1 -> 2": root / "one-to-two", "2 -> 1": root / "two-to-one"}
     steps = {name: root / f"{run.name}-steps" for name, run in runs.items()}
-    one = train(runs["one process"], "fsdp_cpu", *RESHARD, *ONE_PROCESS, f"init_from={lm_fsdp}",
+    one = train(runs["one process"], "fsdp_cpu", *RESHARD, *ONE_PROCESS,
                 f"+callbacks.every_2.dirpath={steps['one process']}")
     resume(resumable_at(one, steps["one process"] / "at-step2.ckpt", runs["1 -> 2"]), "trainer=fsdp_cpu", *SHARDED,
            *TWO_RANKS, f"++callbacks.every_2.dirpath={steps['1 -> 2']}")
@@ -268,22 +268,14 @@ def assert_resumed_from(run_dir: Path, checkpoint: Path, world_size: int) -> lis
     return records
 
 
-def test_a_run_in_one_process_starts_from_the_weights_of_a_sharded_run(lm_fsdp: Path,
-                                                                       resharded: dict[str, Path]) -> None:
-    """init_from under trainer=fsdp_cpu trainer.devices=1: the LM FSDP run's sharded weights, loaded before sharding."""
-    (record,) = ranks(resharded["one process"], 1)
-    source = read_init_source(str(lm_fsdp)).state_dict  # (the tied head is the embedding: one parameter, two keys)
-    assert record["world_size"] == 1 and len(record["losses"]) == 6 and len(record["start_sums"]) >= len(source) - 1
-    assert record["start_sums"] == pytest.approx(
-        {name: float(source[name.removeprefix("net.")].double().sum()) for name in record["start_sums"]}, rel=0, abs=1e-9)
-
-
 def test_a_sharded_checkpoint_of_one_process_resumes_at_two_ranks(resharded: dict[str, Path]) -> None:
     """1 -> 2: the sharded checkpoint of step 2 written by one process resumes at 2 ranks with the weights it holds;
     steps 3-6 have the one-process run's losses (the mean of the 2 ranks' half batches) and end at its weights."""
     one, two = resharded["one process"], resharded["1 -> 2"]
     first, second = assert_resumed_from(two, resharded["one process steps"] / "at-step2.ckpt", world_size=2)
-    alone = ranks(one, 1)[0]["losses"]
+    (alone,) = ranks(one, 1)
+    assert alone["world_size"] == 1 and len(alone["losses"]) == 6
+    alone = alone["losses"]
     assert len(first["losses"]) == 6 and len(second["losses"]) == 4  # rank 0 continues the one process's record
     torch.testing.assert_close([(a + b) / 2 for a, b in zip(first["losses"][2:], second["losses"])], alone[2:],
                                rtol=0, atol=1e-5)
