@@ -278,3 +278,40 @@ def test_a_preference_run_that_cannot_work_is_one_line_before_any_work(overrides
     with pytest.raises(ConfigError, match=named):
         LanguageModelTask.validate_config(cfg)
         build_objective(cfg.task.objective, "lm", LanguageModelTask.TRAINS_WITH)
+
+
+def test_train_py_refuses_dpo_without_init_from_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.entry_points import run_in_process
+
+    files = write_jsonl(tmp_path / "pairs.jsonl", ROWS)
+    result = run_in_process("train.py", ["data=preference", f"data.files=[{files}]", "objective=dpo", "logger=none"],
+                            tmp_path, monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.last_line.startswith("error: objective=dpo starts from trained weights, its reference policy: give init_from=")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_path: Path, llama: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """python train.py task=lm data=preference objective=dpo init_from=<Llama directory> finetune=lora: three steps
+    of conversational pairs; the rewards and log-probabilities logged per split under TRL's names."""
+    import csv
+
+    from tests.entry_points import run_in_process
+
+    rows = [{"prompt": [{"role": "user", "content": f"Line {i}: the quick"}],
+             "chosen": [{"role": "assistant", "content": "brown fox jumps"}],
+             "rejected": [{"role": "assistant", "content": "lazy dog rests" + " then" * (i % 3)}]} for i in range(24)]
+    files = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    result = run_in_process("train.py", [
+        "task=lm", "data=preference", "objective=dpo", f"init_from={llama}", "finetune=lora", f"data.files=[{files}]",
+        "data.batch_size=4", "data.max_length=32", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "logger=csv", "test=false", "print_config=false",
+        f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, monkeypatch)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with next((tmp_path / "run").rglob("metrics.csv")).open() as handle:
+        logged = list(csv.DictReader(handle))
+    names = {name for row in logged for name, value in row.items() if value}
+    assert {f"{split}/{metric}" for split in ("train", "val") for metric in METRICS} <= names
+    assert (tmp_path / "run" / "adapter").is_dir()

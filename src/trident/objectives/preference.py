@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trident.backbone.lora import adapters_off, has_adapters
+from trident.backbone import adapters_off, has_adapters
 from trident.data.preference import PreferenceBatch
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError
