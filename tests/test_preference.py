@@ -26,7 +26,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</
 ROWS = [
     {"prompt": "Line 1: the quick brown", "chosen": " fox jumps over", "rejected": " dog rests"},
     {"prompt": "Line 22: the lazy", "chosen": " dog, and then it rests.", "rejected": " fox"},
-    {"prompt": "Line 3", "chosen": ": the quick brown fox jumps over the lazy dog", "rejected": ": then"},
+    {"prompt": "Line 3:", "chosen": " the quick brown fox jumps over the lazy dog", "rejected": " and then"},
     {"prompt": "Line 40: and then it", "chosen": " rests.", "rejected": " jumps over the quick fox."},
 ]
 
@@ -315,3 +315,32 @@ def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_
     names = {name for row in logged for name, value in row.items() if value}
     assert {f"{split}/{metric}" for split in ("train", "val") for metric in METRICS} <= names
     assert (tmp_path / "run" / "adapter").is_dir()
+
+
+@pytest.mark.parametrize("kind", ["json", "parquet", "csv", "saved", "implicit"])
+def test_pairs_read_from_every_file_kind_are_the_jsonl_ones(tmp_path: Path, llama: Path, kind: str) -> None:
+    """JSON, parquet, CSV and save_to_disk rows give the pairs JSONL rows give; so do implicit prompts (the prompt
+    the answers' common start: "Line 1: the quick brown" + " fox jumps over")."""
+    import datasets
+
+    (tmp_path / "jsonl").mkdir()
+    expected = preference_data(tmp_path / "jsonl", llama, ROWS).pairs["train"].arrays
+    table = datasets.Dataset.from_list(ROWS)
+    path = tmp_path / f"pairs.{kind}"
+    if kind == "json":
+        path.write_text(json.dumps(ROWS))
+    elif kind == "parquet":
+        table.to_parquet(str(path))
+    elif kind == "csv":
+        table.to_csv(str(path), index=False)
+    elif kind == "saved":
+        table.save_to_disk(str(path))
+    else:
+        implicit = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in ROWS]
+        path = write_jsonl(tmp_path / "implicit.jsonl", implicit)
+    data = PreferenceDataModule(files={split: str(path) for split in ("train", "validation", "test")},
+                                tokenizer=str(llama), cache_dir=str(tmp_path / "cache"))
+    data.prepare_data()
+    data.setup()
+    for name, array in data.pairs["train"].arrays.items():
+        assert array.tolist() == expected[name].tolist(), name
