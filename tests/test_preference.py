@@ -86,8 +86,8 @@ class ExactHead:
                 logits.argmax(-1) == labels)
 
 
-def trl_trainer(tmp_path: Path, llama: Path, policy: torch.nn.Module, reference: torch.nn.Module,
-                **settings: Any) -> Any:
+def trl_trainer(tmp_path: Path, llama: Path, policy: torch.nn.Module, reference: torch.nn.Module | None,
+                peft_config: Any = None, **settings: Any) -> Any:
     import datasets
     import transformers
     from trl import DPOConfig, DPOTrainer
@@ -96,7 +96,7 @@ def trl_trainer(tmp_path: Path, llama: Path, policy: torch.nn.Module, reference:
     args = DPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True, per_device_train_batch_size=len(ROWS),
                      max_length=None, disable_dropout=True, **settings)
     return DPOTrainer(model=policy, ref_model=reference, args=args, processing_class=tokenizer,
-                      train_dataset=datasets.Dataset.from_list(ROWS))
+                      train_dataset=datasets.Dataset.from_list(ROWS), peft_config=peft_config)
 
 
 @pytest.mark.parametrize(("loss_type", "label_smoothing"), [("sigmoid", 0.0), ("ipo", 0.0), ("hinge", 0.0), ("robust", 0.2)])
@@ -153,6 +153,52 @@ def read_state(model: torch.nn.Module, directory: Path) -> dict[str, torch.Tenso
     """A transformers model's weights as trident names them (saved and read as init_from reads them)."""
     model.save_pretrained(directory)
     return {k: v.double() for k, v in read_pretrained(directory).state_dict.items()}
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_with_lora_the_loss_metrics_and_adapter_gradients_equal_trl_with_a_peft_model(
+        tmp_path: Path, llama: Path, loss_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """finetune=lora against TRL with peft's LoRA on the same modules (q_proj, v_proj) holding the same adapter
+    weights (moved away from zero): both take the base network, adapters off, as the reference policy."""
+    import peft
+    import transformers
+    import trl.trainer.utils
+
+    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", ExactHead)
+    data = preference_data(tmp_path, llama, ROWS)
+    lora = {"targets": ["q", "v"], "rank": 4, "alpha": 8.0, "dropout": 0.0}
+    task = trident_task(llama, {"name": "dpo", "loss_type": loss_type, "beta": 0.5}, lora=lora)
+    generator = torch.Generator().manual_seed(5)
+    adapters = {name: p for name, p in task.net.named_parameters() if "lora_" in name}
+    with torch.no_grad():
+        for param in adapters.values():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float64)
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                             task_type="CAUSAL_LM")
+    trainer = trl_trainer(tmp_path, llama, model, None, beta=0.5, loss_type=[loss_type], peft_config=config)
+
+    def peft_name(name: str) -> str:  # decoder.blocks.0.self_attn.qkv_proj.lora_A.q -> peft's parameter
+        _, _, block, _, _, matrix, part = name.split(".")
+        return f"base_model.model.model.layers.{block}.self_attn.{part}_proj.{matrix}.default.weight"
+
+    peft_params = dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        for name, param in adapters.items():
+            peft_params[peft_name(name)].copy_(param)
+    task.train()
+    batch = data.pairs["train"].collate([(i,) for i in range(len(ROWS))])
+    loss, _ = task.objective(task, batch, "train")
+    (loss.summed / loss.count).backward()
+    trainer.model.train()
+    trl_loss = trainer.compute_loss(trainer.model, trainer.data_collator([trainer.train_dataset[i] for i in range(len(ROWS))]))
+    trl_loss.backward()
+    torch.testing.assert_close(loss.summed / loss.count, trl_loss.to(torch.float64), atol=1e-5, rtol=1e-5)
+    for metric in METRICS:
+        assert float(loss.parts[metric][0]) == pytest.approx(trainer._metrics["train"][metric][-1], abs=1e-5), metric
+    for name, param in adapters.items():
+        torch.testing.assert_close(param.grad, peft_params[peft_name(name)].grad.to(torch.float64), atol=1e-5,
+                                   rtol=1e-5, msg=name)
 
 
 def test_a_lora_policys_reference_is_the_same_network_with_its_adapters_off(tmp_path: Path, llama: Path) -> None:
