@@ -390,3 +390,61 @@ def test_pairs_read_from_every_file_kind_are_the_jsonl_ones(tmp_path: Path, llam
     data.setup()
     for name, array in data.pairs["train"].arrays.items():
         assert array.tolist() == expected[name].tolist(), name
+
+
+def random_pairs(count: int, seed: int) -> PreferenceBatch:
+    """``count`` pairs of random tokens (prompt 3, answers 5) of tests/test_token_loss.py's small model."""
+    from tests.test_token_loss import VOCAB
+
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(0, VOCAB, (2 * count, 8), generator=generator)
+    targets = torch.full_like(inputs, -100)
+    targets[:, 2:7] = inputs[:, 3:8]
+    return PreferenceBatch(inputs, targets, torch.zeros(0))
+
+
+def joined(*batches: PreferenceBatch) -> PreferenceBatch:
+    """Batches as one: the chosen rows of all, then the rejected rows of all."""
+    halves = [torch.cat([part for b in batches for part in getattr(b, f).chunk(2)[i:i + 1]]) for f in ("inputs", "targets")
+              for i in (0, 1)]
+    return PreferenceBatch(torch.cat(halves[:2]), torch.cat(halves[2:]), torch.zeros(0))
+
+
+def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch() -> None:
+    """Micro-batches of 1 and 3 pairs, accumulated, step as one batch of the 4 pairs (a mean per micro-batch would
+    weigh the single pair 3 times); full fine-tuning takes its frozen reference when training starts."""
+    from tests.test_token_loss import BACKBONE, VOCAB, SGDLanguageModel, one_step
+
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0})
+    small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
+    expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
+    accumulated = one_step(copy.deepcopy(task), [small, large], 2)
+    assert accumulated["train/loss"] == pytest.approx(float(expected["train/loss"]), rel=1e-5)
+    start = task.net.state_dict()
+    for name, value in start.items():
+        step = expected[name] - value
+        torch.testing.assert_close(accumulated[name] - value, step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
+    assert any(not torch.equal(expected[name], value) for name, value in start.items()), "the step moved the weights"
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4() -> None:
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from tests.test_token_loss import BACKBONE, VOCAB, RankBatches, SGDLanguageModel, one_step
+
+    torch.manual_seed(0)
+    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0})
+    small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
+    expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
+    ranks = copy.deepcopy(task)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, accelerator="cpu", devices=2,
+                        strategy="ddp_spawn", use_distributed_sampler=False)
+    trainer.fit(ranks, DataLoader(RankBatches([[small], [large]]), batch_size=None, shuffle=False))
+    start = task.net.state_dict()
+    for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
+        step = expected[name] - start[name]
+        torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
