@@ -315,6 +315,7 @@ def test_a_prompt_limit_that_leaves_no_room_for_an_answer_is_one_line(tmp_path: 
     (["objective=dpo", "init_from=somewhere"], "not data=shakespeare: use data=preference"),
     (["data=preference", "data.files=[x.jsonl]"], "add objective=dpo"),
     (["data=preference", "objective=dpo", "init_from=x", "task.objective.loss_type=kto"], "not a DPO loss"),
+    (["data=preference", "objective=dpo", "init_from=x", "trainer=fsdp"], "under trainer=fsdp would need a frozen"),
 ])
 def test_a_preference_run_that_cannot_work_is_one_line_before_any_work(overrides: list[str], named: str) -> None:
     from tests.conftest import compose_config

@@ -178,3 +178,10 @@ def check_preference_run(cfg: DictConfig) -> None:
     if dpo and not cfg.get("init_from"):
         raise ConfigError("objective=dpo starts from trained weights, its reference policy: give init_from=<an SFT run, a "
                           "LoRA run or a Hugging Face directory>")
+    strategy = cfg.trainer.get("strategy")
+    strategy = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
+    copied = dpo and cfg.get("finetune", {}).get("name") != "lora" and not cfg.task.objective.get("precompute_ref")
+    if copied and strategy.endswith("ShardedStrategy"):
+        raise ConfigError("objective=dpo in full fine-tuning under trainer=fsdp would need a frozen reference copy sharded "
+                          "like the policy, which trident does not make yet: add finetune=lora (the reference is the "
+                          "network with its adapters off) or task.objective.precompute_ref=true")
