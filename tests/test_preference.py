@@ -449,3 +449,19 @@ def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4() -> None
     for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
         step = expected[name] - start[name]
         torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
+
+
+@pytest.mark.parametrize("precompute", [False, True])
+def test_resuming_full_fine_tuning_is_refused_in_one_line(llama: Path, precompute: bool) -> None:
+    """A resumed full fine-tuning run starts at trained weights, which would become its reference policy (precomputed
+    or copied): refused; a LoRA run's reference (adapters off) survives a resume."""
+    from types import SimpleNamespace
+
+    task = trident_task(llama, {"name": "dpo", "precompute_ref": precompute})
+    task._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
+    with pytest.raises(ConfigError, match="resuming a full fine-tuning DPO run would take the trained weights"):
+        task.objective.start(task)
+    lora = trident_task(llama, {"name": "dpo"}, lora={"targets": ["q"], "rank": 2, "alpha": 2.0, "dropout": 0.0})
+    lora._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
+    lora.objective.start(lora)
+    assert not lora.objective._reference

@@ -84,7 +84,7 @@ class DirectPreference(Objective):
         """When training starts, at the initial weights: keep the reference policy of full fine-tuning, or with
         ``precompute_ref`` compute the reference log-probabilities of every pair of every split once (the policy
         itself then serves as reference, before its first step: no copy is kept)."""
-        if not has_adapters(task.net) and not self.precompute_ref and task.trainer.ckpt_path is not None:
+        if not has_adapters(task.net) and task.trainer.ckpt_path is not None:  # the reference is not in the checkpoint
             raise ConfigError("resuming a full fine-tuning DPO run would take the trained weights as its reference policy: "
                               "resume a finetune=lora run, or start again from init_from")
         if not has_adapters(task.net) and not self.precompute_ref and not self._reference:
