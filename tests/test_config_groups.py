@@ -25,7 +25,8 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             "finetune/lora": ["init_from=run"],
             # Preference pairs and the objective that trains on them go together, from trained weights.
             "data/preference": ["data.files=[pairs.jsonl]", "objective=dpo", "init_from=run"],
-            "objective/dpo": ["data=preference", "data.files=[pairs.jsonl]", "init_from=run"]}
+            "objective/dpo": ["data=preference", "data.files=[pairs.jsonl]", "init_from=run"],
+            "objective/orpo": ["data=preference", "data.files=[pairs.jsonl]"]}
 
 
 def all_options() -> list[tuple[str, str]]:

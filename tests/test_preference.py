@@ -313,7 +313,8 @@ def test_a_prompt_limit_that_leaves_no_room_for_an_answer_is_one_line(tmp_path: 
 @pytest.mark.parametrize(("overrides", "named"), [
     (["data=preference", "data.files=[x.jsonl]", "objective=dpo"], "objective=dpo starts from trained weights"),
     (["objective=dpo", "init_from=somewhere"], "not data=shakespeare: use data=preference"),
-    (["data=preference", "data.files=[x.jsonl]"], "add objective=dpo"),
+    (["data=preference", "data.files=[x.jsonl]"], "add objective=dpo or objective=orpo"),
+    (["objective=orpo"], "objective=orpo trains on pairs of chosen and rejected answers, not data=shakespeare"),
     (["data=preference", "objective=dpo", "init_from=x", "task.objective.loss_type=kto"], "not a DPO loss"),
     (["data=preference", "objective=dpo", "init_from=x", "trainer=fsdp"], "under trainer=fsdp would need a frozen"),
 ])
@@ -465,3 +466,41 @@ def test_resuming_full_fine_tuning_is_refused_in_one_line(llama: Path, precomput
     lora._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
     lora.objective.start(lora)
     assert not lora.objective._reference
+
+
+def test_orpo_loss_and_every_metric_equal_trls_orpo_trainer(tmp_path: Path, llama: Path) -> None:
+    """objective=orpo on one batch of 4 pairs against TRL's (experimental) ORPOTrainer on the same tokens: the loss,
+    its metrics (rewards, mean per-token log-probabilities, nll_loss, log odds) and the gradient."""
+    import datasets
+    import transformers
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    data = preference_data(tmp_path, llama, ROWS)
+    model = randomise(transformers.AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float64), seed=7, std=0.05)
+    trainer = ORPOTrainer(model=model, args=ORPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True,
+                                                       beta=0.3), processing_class=transformers.AutoTokenizer.from_pretrained(llama),
+                          train_dataset=datasets.Dataset.from_list(ROWS))
+    task = trident_task(llama, {"name": "orpo", "beta": 0.3})
+    task.net.load_state_dict(read_state(model, tmp_path / "policy"), strict=True)
+    pairs = data.pairs["train"]
+    batch = pairs.collate([(i,) for i in range(len(ROWS))])
+    loss, _ = task.objective(task, batch, "train")
+    (loss.summed / loss.count).backward()
+
+    # TRL's batch of the same tokens: labels -100 on the prompt and the padding.
+    trl_batch: dict[str, torch.Tensor] = {}
+    for half, field in enumerate(("chosen", "rejected")):
+        inputs, targets = batch.inputs.chunk(2)[half], batch.targets.chunk(2)[half]
+        lengths = torch.tensor([len(pairs.sequence(field, i)) for i in range(len(ROWS))])
+        mask = torch.arange(inputs.size(1)) < lengths[:, None]
+        trl_batch[f"{field}_input_ids"] = inputs
+        trl_batch[f"{field}_attention_mask"] = mask.long()
+        trl_batch[f"{field}_labels"] = torch.cat([torch.full_like(targets[:, :1], -100), targets[:, :-1]], dim=1)
+    model.train()
+    trl_loss, metrics = trainer.get_batch_loss_metrics(model, trl_batch)
+    trl_loss.backward()
+    torch.testing.assert_close(loss.summed / loss.count, trl_loss.to(torch.float64), atol=1e-5, rtol=1e-5)
+    for name in (*METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen"):
+        assert float(loss.parts[name][0]) == pytest.approx(metrics[name], abs=1e-5), name
+    embedding = dict(model.named_parameters())["model.embed_tokens.weight"].grad
+    torch.testing.assert_close(task.net.embed.weight.grad, embedding.to(torch.float64), atol=1e-5, rtol=1e-5)

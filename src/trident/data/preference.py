@@ -46,7 +46,7 @@ class PreferenceBatch(NamedTuple):
     reference: Tensor  # (2B,) the reference policy's log-probabilities of the answers, or (0,): not precomputed
 
 
-class Pairs(Dataset[tuple[np.ndarray, np.ndarray, int]]):
+class Pairs(Dataset[tuple[int, ...]]):
     """A split's pairs: the chosen and the rejected sequence (prompt and answer), and the prompt's length; and the
     reference log-probabilities of both answers once precomputed (``reference``, (N, 2))."""
 

@@ -37,10 +37,11 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 
 @dataclass(frozen=True)
 class PreferenceOutputs(Outputs):
-    """The policy's outputs on the 2B sequences of a batch (chosen then rejected) and the reference policy's
-    log-probabilities of their answers."""
+    """The policy's outputs on the 2B sequences of a batch (chosen then rejected), their inputs, and the reference
+    policy's log-probabilities of their answers."""
 
-    reference: Tensor  # (2B,)
+    inputs: Tensor  # (2B, T)
+    reference: Tensor  # (2B,), or (0,) for an objective without a reference policy
 
 
 def answer_logps(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -133,7 +134,7 @@ class DirectPreference(Objective):
             raise ConfigError("objective=dpo trains on pairs of chosen and rejected answers: use data=preference")
         reference = self.reference_logps(source, batch)
         outputs = source.outputs((batch.inputs, batch.targets), stage)
-        preference = PreferenceOutputs(outputs.logits, outputs.targets, reference)
+        preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, reference)
         return self.reduce(preference, stage), preference
 
     def reduce(self, outputs: Outputs, stage: str) -> Loss:
@@ -164,17 +165,70 @@ class DirectPreference(Objective):
         return Loss(losses.sum(), pairs, parts)
 
 
+def log1mexp(x: Tensor) -> Tensor:
+    """log(1 - exp(x)) for x < 0, without cancellation on either side of -ln 2 (TRL's ORPO computes it so)."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+class OddsRatioPreference(Objective):
+    """ORPO (Hong et al. 2024), as TRL's ``ORPOTrainer`` computes it: no reference policy; the chosen sequences'
+    next-token NLL (prompt and answer: every token of the sequence) minus ``beta`` times the log-sigmoid of the
+    log odds ratio of the answers' mean per-token log-probabilities. The NLL is the micro-batch's token mean, as
+    TRL's; as a sum over pairs it is that mean times the pairs (so micro-batches weigh by their pairs)."""
+
+    NAME = "orpo"
+
+    def __init__(self, beta: float = 0.1) -> None:
+        super().__init__()
+        if not beta > 0:
+            raise ConfigError(f"task.objective.beta={beta} must be positive (TRL's ORPO default is 0.1)")
+        self.beta = float(beta)
+
+    def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
+        if not isinstance(batch, PreferenceBatch):
+            raise ConfigError("objective=orpo trains on pairs of chosen and rejected answers: use data=preference")
+        outputs = source.outputs((batch.inputs, batch.targets), stage)
+        preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, batch.reference)
+        return self.reduce(preference, stage), preference
+
+    def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        assert isinstance(outputs, PreferenceOutputs), "OddsRatioPreference.forward makes its outputs"
+        logits, targets, inputs = outputs.logits, outputs.targets, outputs.inputs  # (2B, T, V), (2B, T), (2B, T)
+        summed, lengths = answer_logps(logits, targets)
+        chosen, rejected = (summed / lengths.clamp(min=1)).chunk(2)  # (B,) mean log-probability per answer token
+        log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+        ratio = F.logsigmoid(log_odds)
+        # The chosen sequences' every next token: the answer ends each, so position j trains up to its last target.
+        chosen_logits, chosen_targets = logits.chunk(2)[0], targets.chunk(2)[0]
+        positions = torch.arange(chosen_targets.size(1), device=targets.device)
+        last = torch.where(chosen_targets.ne(IGNORE_INDEX), positions, -1).amax(dim=1, keepdim=True)  # (B, 1)
+        nexts = torch.cat([inputs.chunk(2)[0][:, 1:], inputs.new_zeros(inputs.size(0) // 2, 1)], dim=1)
+        whole = torch.where(positions <= last, nexts, IGNORE_INDEX)
+        scores = chosen_logits if chosen_logits.dtype in (torch.float32, torch.float64) else chosen_logits.float()
+        nll = F.cross_entropy(scores.flatten(0, 1), whole.flatten(), ignore_index=IGNORE_INDEX)
+        pairs = torch.tensor(ratio.numel(), device=ratio.device)
+        loss = (nll - self.beta * ratio.mean()) * ratio.numel()
+        chosen_rewards, rejected_rewards = self.beta * chosen.detach(), self.beta * rejected.detach()
+        means = (chosen_rewards, rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen.dtype),
+                 chosen_rewards - rejected_rewards, chosen.detach(), rejected.detach())
+        parts = {name: (values.mean(), pairs) for name, values in zip(METRICS, means, strict=True)}
+        parts |= {"nll_loss": (nll.detach(), pairs), "log_odds_ratio": (ratio.detach().mean(), pairs),
+                  "log_odds_chosen": (log_odds.detach().mean(), pairs)}
+        return Loss(loss, pairs, parts)
+
+
 def check_preference_run(cfg: DictConfig) -> None:
     """``objective=dpo`` and ``data=preference`` go together, and DPO starts from trained weights (its reference
     policy): one line each, before any work."""
-    dpo = (cfg.task.get("objective") or {}).get("name") == DirectPreference.NAME
+    name = (cfg.task.get("objective") or {}).get("name")
+    dpo = name == DirectPreference.NAME
     preference = cfg.data.get("name") == "preference"
-    if dpo and not preference:
-        raise ConfigError(f"objective=dpo trains on pairs of chosen and rejected answers, not data={cfg.data.name}: "
+    if name in PREFERENCE_OBJECTIVES and not preference:
+        raise ConfigError(f"objective={name} trains on pairs of chosen and rejected answers, not data={cfg.data.name}: "
                           "use data=preference data.files=[...]")
-    if preference and not dpo:
+    if preference and name not in PREFERENCE_OBJECTIVES:
         raise ConfigError("data=preference holds pairs of answers, which only a preference objective trains on: "
-                          "add objective=dpo")
+                          f"add objective={' or objective='.join(PREFERENCE_OBJECTIVES)}")
     if dpo and not cfg.get("init_from"):
         raise ConfigError("objective=dpo starts from trained weights, its reference policy: give init_from=<an SFT run, a "
                           "LoRA run or a Hugging Face directory>")
@@ -185,3 +239,7 @@ def check_preference_run(cfg: DictConfig) -> None:
         raise ConfigError("objective=dpo in full fine-tuning under trainer=fsdp would need a frozen reference copy sharded "
                           "like the policy, which trident does not make yet: add finetune=lora (the reference is the "
                           "network with its adapters off) or task.objective.precompute_ref=true")
+
+
+#: The objectives that train on data=preference.
+PREFERENCE_OBJECTIVES = (DirectPreference.NAME, OddsRatioPreference.NAME)

@@ -29,7 +29,7 @@ class LanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
-    TRAINS_WITH = ("next_token", "dpo")
+    TRAINS_WITH = ("next_token", "dpo", "orpo")
     CAPABILITIES = frozenset({GENERATE})
     net: CausalLM
 
@@ -64,7 +64,7 @@ class LanguageModelTask(TridentTask):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         super().validate_config(cfg)
-        check_preference_run(cfg)  # objective=dpo with data=preference and init_from
+        check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
 
     def on_fit_start(self) -> None:
         self.objective.start(self)  # at the initial weights: e.g. DPO's reference policy
