@@ -22,10 +22,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.chat_template import ChatTemplate, read_template
+from trident.data.chat import shakespeare_conversations
+from trident.data.chat_template import ChatTemplate, Message, read_template
 from trident.data.lm import LMDataModule
 from trident.data.order import EpochShuffleSampler
-from trident.data.preference_rows import encode_pair, fit_pair, read_rows
+from trident.data.preference_rows import Row, encode_pair, fit_pair, pair_of, read_rows
 from trident.data.readers import SPLITS
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder, tokenizer_for, tokenizer_key
@@ -33,8 +34,8 @@ from trident.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
-PREFERENCE_SOURCES = ("files",)
+CACHE_VERSION = 2  # 2: the shipped set; each split's origin
+PREFERENCE_SOURCES = ("shakespeare", "files")
 
 
 class PreferenceBatch(NamedTuple):
@@ -82,6 +83,20 @@ class Pairs(Dataset[tuple[int, ...]]):
         return PreferenceBatch(inputs, targets, reference)
 
 
+def shakespeare_pairs(conversations: list[list[Message]], seed: int = 0) -> list[Row]:
+    """The shipped preference set, from data=chat's shipped conversations ("Continue <SPEAKER>'s speech:" with a
+    line): the speech's true next lines chosen, the next lines of another speech (drawn with ``seed``, from anywhere
+    in the plays) rejected; a pair whose two answers are the same text is left out."""
+    order = np.random.default_rng(seed).permutation(len(conversations))
+    pairs = []
+    for i, j in enumerate(order):
+        asked, answer = conversations[i]
+        other = conversations[j][1]
+        if other["content"] != answer["content"]:
+            pairs.append(pair_of({"prompt": [asked], "chosen": [answer], "rejected": [other]}, f"shipped pair {i + 1}"))
+    return pairs
+
+
 def flat(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Sequences -> their tokens end to end and the offsets (N + 1,) where each starts."""
     offsets = np.cumsum([0, *map(len, sequences)])
@@ -89,10 +104,11 @@ def flat(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class PreferenceDataModule(LMDataModule):
-    """``data=preference``: pairs of ``data.files`` for ``objective=dpo``. Splits the files do not give are cut
-    from the train pairs in order by ``data.split``."""
+    """``data=preference``: pairs of ``data.files`` (``data.source=files``) or the shipped set built from the plays
+    (``data.source=shakespeare``, :func:`shakespeare_pairs`) for ``objective=dpo`` or ``orpo``. Splits the files do
+    not give are cut from the train pairs in order by ``data.split``."""
 
-    def __init__(self, source: str = "files", files: Any = None, template: str | None = None, tokenizer: str = "char",
+    def __init__(self, source: str = "shakespeare", files: Any = None, template: str | None = None, tokenizer: str = "char",
                  vocab_size: int = 8192, max_length: int = 512, max_prompt_length: int | None = None,
                  batch_size: int = 8, split: tuple[float, float, float] = (0.9, 0.05, 0.05),
                  cache_dir: str = "outputs/cache", num_workers: int = 0, pin_memory: bool = False,
@@ -103,23 +119,23 @@ class PreferenceDataModule(LMDataModule):
         if source not in PREFERENCE_SOURCES:
             raise ConfigError(f"unknown data.source {source!r} for data=preference: choose one of "
                               f"{', '.join(PREFERENCE_SOURCES)} (with data.files)")
-        if not files:
-            raise ConfigError("data=preference needs data.files: JSONL, JSON, parquet or CSV files (or a save_to_disk "
+        if source == "files" and not files:
+            raise ConfigError("data=preference data.source=files needs data.files: JSONL, JSON, parquet or CSV files (or a save_to_disk "
                               "directory) of prompt / chosen / rejected rows")
         if max_prompt_length is not None and not 0 < max_prompt_length < max_length:
             raise ConfigError(f"data.max_prompt_length={max_prompt_length} leaves no room for an answer in "
                               f"data.max_length={max_length} tokens: set it between 1 and {max_length - 1}, or null")
-        self.files = files
+        self.source, self.files = source, files
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
         self.template: ChatTemplate = read_template(template, tokenizer)
-        key = json.dumps([CACHE_VERSION, content_key(files), self.template.text, self.template.special_tokens,
+        key = json.dumps([CACHE_VERSION, source, content_key(files) if source == "files" else None, self.template.text, self.template.special_tokens,
                           tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, max_length,
                           max_prompt_length, self.split], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "preference" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.pairs: dict[str, Pairs] = {}
 
     def _build_cache(self) -> None:
-        given = read_rows(self.files)
+        given = read_rows(self.files) if self.source == "files" else {"train": shakespeare_pairs(shakespeare_conversations())}
         train = given["train"]
         missing = [name for name in SPLITS[1:] if name not in given]
         share = dict(zip(SPLITS, self.split, strict=True))
@@ -158,7 +174,7 @@ class PreferenceDataModule(LMDataModule):
                 arrays[f"{field}_ids"], arrays[f"{field}_offsets"] = flat([pair[0] + pair[index] for pair in kept])
             np.savez(staging / f"{name}.npz", **arrays)
             meta["pairs"][name], meta["cut"][name], meta["dropped"][name] = len(kept), cut, len(rows[name]) - len(kept)
-            meta["origin"][name] = f"{len(rows[name])} pairs"
+            meta["origin"][name] = "given" if name in given else "cut from the end of train's pairs"
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
