@@ -317,6 +317,8 @@ def test_a_prompt_limit_that_leaves_no_room_for_an_answer_is_one_line(tmp_path: 
     (["objective=orpo"], "objective=orpo trains on pairs of chosen and rejected answers, not data=shakespeare"),
     (["data=preference", "objective=dpo", "init_from=x", "task.objective.loss_type=kto"], "not a DPO loss"),
     (["data=preference", "objective=dpo", "init_from=x", "trainer=fsdp"], "under trainer=fsdp would need a frozen"),
+    (["data=preference", "objective=dpo", "init_from=x", "finetune=lora", "finetune.adapter=y"],
+     r"finetune.adapter=<a LoRA run> would take the base without that adapter"),
 ])
 def test_a_preference_run_that_cannot_work_is_one_line_before_any_work(overrides: list[str], named: str) -> None:
     from tests.conftest import compose_config

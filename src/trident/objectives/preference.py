@@ -232,6 +232,10 @@ def check_preference_run(cfg: DictConfig) -> None:
     if dpo and not cfg.get("init_from"):
         raise ConfigError("objective=dpo starts from trained weights, its reference policy: give init_from=<an SFT run, a "
                           "LoRA run or a Hugging Face directory>")
+    if dpo and cfg.get("finetune", {}).get("adapter"):
+        raise ConfigError("objective=dpo with finetune.adapter=<a LoRA run> would take the base without that adapter as its "
+                          "reference policy (the adapters switched off): give init_from=<that LoRA run> instead, whose "
+                          "adapters are merged into the initial weights, and new adapters train on them")
     strategy = cfg.trainer.get("strategy")
     strategy = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
     copied = dpo and cfg.get("finetune", {}).get("name") != "lora" and not cfg.task.objective.get("precompute_ref")
