@@ -24,9 +24,9 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
             "finetune/lora": ["init_from=run"],
             # Preference pairs and the objective that trains on them go together, from trained weights.
-            "data/preference": ["data.files=[pairs.jsonl]", "objective=dpo", "init_from=run"],
-            "objective/dpo": ["data=preference", "data.files=[pairs.jsonl]", "init_from=run"],
-            "objective/orpo": ["data=preference", "data.files=[pairs.jsonl]"]}
+            "data/preference": ["objective=dpo", "init_from=run"],
+            "objective/dpo": ["data=preference", "init_from=run"],
+            "objective/orpo": ["data=preference"]}
 
 
 def all_options() -> list[tuple[str, str]]:

@@ -50,7 +50,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def preference_data(tmp_path: Path, llama: Path, rows: list[dict[str, Any]], **options: Any) -> PreferenceDataModule:
     files = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    data = PreferenceDataModule(files={"train": str(files), "validation": str(files), "test": str(files)},
+    data = PreferenceDataModule(source="files", files={"train": str(files), "validation": str(files), "test": str(files)},
                                 tokenizer=str(llama), cache_dir=str(tmp_path / "cache"), **options)
     data.prepare_data()
     data.setup()
@@ -310,6 +310,11 @@ def test_a_prompt_limit_that_leaves_no_room_for_an_answer_is_one_line(tmp_path: 
         preference_data(tmp_path, llama, ROWS, max_length=8, max_prompt_length=8)
 
 
+def test_files_given_to_the_shipped_source_are_one_line_not_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="data.files is read with data.source=files, not data.source=shakespeare"):
+        PreferenceDataModule(files=[str(write_jsonl(tmp_path / "pairs.jsonl", ROWS))], cache_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize(("overrides", "named"), [
     (["data=preference", "data.files=[x.jsonl]", "objective=dpo"], "objective=dpo starts from trained weights"),
     (["objective=dpo", "init_from=somewhere"], "not data=shakespeare: use data=preference"),
@@ -334,7 +339,8 @@ def test_train_py_refuses_dpo_without_init_from_in_one_line(tmp_path: Path, monk
     from tests.entry_points import run_in_process
 
     files = write_jsonl(tmp_path / "pairs.jsonl", ROWS)
-    result = run_in_process("train.py", ["data=preference", f"data.files=[{files}]", "objective=dpo", "logger=none"],
+    result = run_in_process("train.py", ["data=preference", "data.source=files", f"data.files=[{files}]", "objective=dpo",
+                                         "logger=none"],
                             tmp_path, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.last_line.startswith("error: objective=dpo starts from trained weights, its reference policy: give init_from=")
@@ -355,7 +361,8 @@ def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_
              "rejected": [{"role": "assistant", "content": "lazy dog rests" + " then" * (i % 3)}]} for i in range(24)]
     files = write_jsonl(tmp_path / "pairs.jsonl", rows)
     result = run_in_process("train.py", [
-        "task=lm", "data=preference", "objective=dpo", f"init_from={llama}", "finetune=lora", f"data.files=[{files}]",
+        "task=lm", "data=preference", "objective=dpo", f"init_from={llama}", "finetune=lora", "data.source=files",
+        f"data.files=[{files}]",
         "data.batch_size=4", "data.max_length=32", "trainer.max_steps=3", "trainer.val_check_interval=3",
         "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "logger=csv", "test=false", "print_config=false",
         f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, monkeypatch)
@@ -388,7 +395,7 @@ def test_pairs_read_from_every_file_kind_are_the_jsonl_ones(tmp_path: Path, llam
     else:
         implicit = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in ROWS]
         path = write_jsonl(tmp_path / "implicit.jsonl", implicit)
-    data = PreferenceDataModule(files={split: str(path) for split in ("train", "validation", "test")},
+    data = PreferenceDataModule(source="files", files={split: str(path) for split in ("train", "validation", "test")},
                                 tokenizer=str(llama), cache_dir=str(tmp_path / "cache"))
     data.prepare_data()
     data.setup()

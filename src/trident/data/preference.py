@@ -119,6 +119,9 @@ class PreferenceDataModule(LMDataModule):
         if source not in PREFERENCE_SOURCES:
             raise ConfigError(f"unknown data.source {source!r} for data=preference: choose one of "
                               f"{', '.join(PREFERENCE_SOURCES)} (with data.files)")
+        if source != "files" and files:
+            raise ConfigError(f"data.files is read with data.source=files, not data.source={source} (the shipped pairs): "
+                              "add data.source=files")
         if source == "files" and not files:
             raise ConfigError("data=preference data.source=files needs data.files: JSONL, JSON, parquet or CSV files (or a save_to_disk "
                               "directory) of prompt / chosen / rejected rows")
