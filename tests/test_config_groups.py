@@ -22,7 +22,11 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"],
             "experiment/ablation_lora_rank": ["pretrained_run=run"],
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
-            "finetune/lora": ["init_from=run"]}
+            "finetune/lora": ["init_from=run"],
+            # Preference pairs and the objective that trains on them go together, from trained weights.
+            "data/preference": ["objective=dpo", "init_from=run"],
+            "objective/dpo": ["data=preference", "init_from=run"],
+            "objective/orpo": ["data=preference"]}
 
 
 def all_options() -> list[tuple[str, str]]:
@@ -36,7 +40,8 @@ def test_every_group_has_options() -> None:
 
 # Data options belong to one task: compose them with it.
 TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit",
-                "TextClassificationDataModule": "classify", "ChatDataModule": "lm"}
+                "TextClassificationDataModule": "classify", "ChatDataModule": "lm",
+                "PreferenceDataModule": "lm"}
 
 
 @pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))

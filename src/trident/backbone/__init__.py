@@ -14,7 +14,15 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
-from trident.backbone.lora import LORA_TARGETS, LoRALinear, add_lora, is_lora_parameter, merge_lora
+from trident.backbone.lora import (
+    LORA_TARGETS,
+    LoRALinear,
+    adapters_off,
+    add_lora,
+    has_adapters,
+    is_lora_parameter,
+    merge_lora,
+)
 from trident.backbone.masks import build_attention_mask, causal_mask
 from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import (
@@ -51,11 +59,13 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
+    "adapters_off",
     "add_lora",
     "available_pos_encodings",
     "bidirectional_pos_encodings",
     "build_attention_mask",
     "causal_mask",
+    "has_adapters",
     "is_lora_parameter",
     "make_norm",
     "merge_lora",

@@ -10,6 +10,9 @@ adapters are ``<linear>.lora_A.<slice>`` (rank x in) and ``<linear>.lora_B.<slic
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -34,6 +37,7 @@ class LoRALinear(nn.Linear):
         self.weight, self.bias = linear.weight, linear.bias  # the frozen layer's own tensors, names unchanged
         self.slices = dict(slices)
         self.scaling = alpha / rank
+        self.enabled = True  # False: the frozen layer alone (adapters_off)
         self.lora_dropout = nn.Dropout(dropout)
         device, dtype = linear.weight.device, linear.weight.dtype
         self.lora_A = nn.ParameterDict(
@@ -50,6 +54,8 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         out = F.linear(x, self.weight, self.bias)  # (..., out)
+        if not self.enabled:
+            return out
         dropped = self.lora_dropout(x)
         pieces, row = [], 0
         for name, (start, stop) in sorted(self.slices.items(), key=lambda item: item[1]):
@@ -100,6 +106,25 @@ def add_lora(net: nn.Module, targets: list[str], rank: int, alpha: float, dropou
     for module in list(net.modules()):
         for attribute, slices in lora_slices(module, set(targets)).items():
             setattr(module, attribute, LoRALinear(getattr(module, attribute), slices, rank, alpha, dropout))
+
+
+@contextmanager
+def adapters_off(net: nn.Module) -> Iterator[None]:
+    """Within the block, every adapter of ``net`` is switched off: ``net`` computes what its frozen base does (the
+    reference policy of preference tuning, with no second copy of the weights), as peft's ``disable_adapter``."""
+    layers = [module for module in net.modules() if isinstance(module, LoRALinear)]
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enabled = True
+
+
+def has_adapters(net: nn.Module) -> bool:
+    """Whether ``net`` holds LoRA adapters (finetune=lora)."""
+    return any(isinstance(module, LoRALinear) for module in net.modules())
 
 
 def merge_lora(net: nn.Module) -> None:

@@ -11,14 +11,15 @@ from typing import Any
 from trident.errors import ConfigError, choose
 from trident.objectives.base import TRAIN, Loss, Objective, Outputs, OutputSource
 from trident.objectives.labels import ClassLabel
+from trident.objectives.preference import DirectPreference, OddsRatioPreference
 from trident.objectives.tokens import MaskedTokens, NextToken, TargetSequence
 
-__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "Loss", "MaskedTokens", "NextToken", "Objective", "OutputSource",
-           "Outputs", "TargetSequence", "build_objective", "objective_name"]
+__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "DirectPreference", "Loss", "MaskedTokens", "NextToken", "Objective",
+           "OddsRatioPreference", "OutputSource", "Outputs", "TargetSequence", "build_objective", "objective_name"]
 
 #: Every objective by its ``objective=`` name.
 OBJECTIVES: dict[str, type[Objective]] = {objective.NAME: objective for objective in (
-    NextToken, MaskedTokens, TargetSequence, ClassLabel,
+    NextToken, MaskedTokens, TargetSequence, ClassLabel, DirectPreference, OddsRatioPreference,
 )}
 
 

@@ -66,6 +66,10 @@ class Objective(nn.Module, ABC):
         outputs = source.outputs(batch, stage)
         return self.reduce(outputs, stage), outputs
 
+    def start(self, task: Any) -> None:
+        """Called when training starts (the task's ``on_fit_start``), at the initial weights: what the objective
+        prepares from them (DPO's reference policy). Most objectives prepare nothing."""
+
     @abstractmethod
     def reduce(self, outputs: Outputs, stage: str) -> Loss:
         """The summed loss of ``outputs`` and the count of items it trains."""

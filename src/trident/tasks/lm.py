@@ -13,6 +13,7 @@ from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
 from trident.objectives import Outputs
+from trident.objectives.preference import check_preference_run
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
@@ -29,7 +30,7 @@ class LanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
-    TRAINS_WITH = ("next_token",)
+    TRAINS_WITH = ("next_token", "dpo", "orpo")
     CAPABILITIES = frozenset({GENERATE})
     net: CausalLM
 
@@ -61,6 +62,14 @@ class LanguageModelTask(TridentTask):
         return self.net(ids)
 
     @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        super().validate_config(cfg)
+        check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
+
+    def on_fit_start(self) -> None:
+        self.objective.start(self)  # at the initial weights: e.g. DPO's reference policy
+
+    @classmethod
     def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
         return f"task={cls.NAME}", f"fine-tune it with task=mlm or task=classify task.stack={source_stack}"
 
@@ -84,8 +93,11 @@ class LanguageModelTask(TridentTask):
         return Outputs(logits, targets)
 
     def _loss(self, batch: tuple[Tensor, ...], stage: str = "train") -> tuple[Tensor, Tensor]:
-        """The objective's summed loss of ``batch`` and the count of its trained targets."""
+        """The objective's summed loss of ``batch`` and the count of its trained targets; its parts (e.g. DPO's
+        rewards) are logged as ``<stage>/<part>``, their epoch mean weighted by their counts."""
         loss, _ = self.objective(self, batch, stage)
+        for name, (mean, weight) in loss.parts.items():
+            self.log(f"{stage}/{name}", mean, batch_size=int(weight), sync_dist=True)
         return loss.summed, loss.count
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:

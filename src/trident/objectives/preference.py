@@ -1,0 +1,249 @@
+"""Direct preference optimisation (``objective=dpo``, Rafailov et al. 2023) and its variants, as TRL's
+``DPOTrainer`` computes them: IPO (Azar et al. 2023), the hinge loss (SLiC, Zhao et al. 2023) and the robust
+DPO of noisy labels (Chowdhury et al. 2024, ``label_smoothing``).
+
+A batch of B pairs (:class:`~trident.data.preference.PreferenceBatch`) runs as one batch of 2B sequences through the
+policy, the task's trained network; each answer's log-probability is summed over its tokens only. The reference
+policy is the initial weights, frozen (:func:`reference_logps`): with ``finetune=lora`` the same network with its
+adapters off (no second copy of the weights); in full fine-tuning a frozen copy taken when training starts
+(:func:`frozen_copy`); or, with ``precompute_ref=true``, the log-probabilities computed once when training starts
+and served with each batch (:meth:`DirectPreference.start`). The loss is summed over pairs and averaged over the
+optimizer step's global batch of pairs (trident.training.token_loss: a pair is the "token").
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trident.backbone import adapters_off, has_adapters
+from trident.data.preference import PreferenceBatch
+from trident.data.special_tokens import IGNORE_INDEX
+from trident.errors import ConfigError
+from trident.objectives.base import Loss, Objective, Outputs, OutputSource
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+# TRL's names for what a step logs beside the loss (logged as <split>/<name>).
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+
+
+@dataclass(frozen=True)
+class PreferenceOutputs(Outputs):
+    """The policy's outputs on the 2B sequences of a batch (chosen then rejected), their inputs, and the reference
+    policy's log-probabilities of their answers."""
+
+    inputs: Tensor  # (2B, T)
+    reference: Tensor  # (2B,), or (0,) for an objective without a reference policy
+
+
+def answer_logps(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """logits (N, T, V), targets (N, T) (IGNORE_INDEX off the answers) -> each sequence's answer log-probability
+    (N,), in float32 at least, and its count of answer tokens (N,)."""
+    scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    per_token = -F.cross_entropy(scores.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+    return per_token.view(targets.shape).sum(dim=1), targets.ne(IGNORE_INDEX).sum(dim=1)
+
+
+def frozen_copy(net: nn.Module) -> nn.Module:
+    """The reference policy of full fine-tuning: a copy of ``net`` as it is (the initial weights when training
+    starts), frozen, in eval mode. It is kept off the task's module tree, so no checkpoint or optimizer holds it.
+    The one place a frozen companion network is made for preference tuning (to move onto the task's generic seam
+    for frozen networks, which would also shard it like the policy under FSDP)."""
+    reference = copy.deepcopy(net).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+class DirectPreference(Objective):
+    """DPO and its variants on preference pairs; ``beta`` scales the implicit reward (IPO's regularisation tau)."""
+
+    NAME = "dpo"
+
+    def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+                 precompute_ref: bool = False) -> None:
+        super().__init__()
+        if loss_type not in LOSS_TYPES:
+            raise ConfigError(f"task.objective.loss_type={loss_type!r} is not a DPO loss: choose one of {', '.join(LOSS_TYPES)}")
+        if not beta > 0:
+            raise ConfigError(f"task.objective.beta={beta} must be positive (TRL's default is 0.1)")
+        if not 0 <= label_smoothing < 0.5:
+            raise ConfigError(f"task.objective.label_smoothing={label_smoothing} must lie in [0, 0.5): the assumed share "
+                              "of pairs whose labels are flipped (loss_type=robust)")
+        self.beta, self.loss_type, self.label_smoothing = float(beta), loss_type, float(label_smoothing)
+        self.precompute_ref = bool(precompute_ref)
+        self._reference: list[nn.Module] = []  # full fine-tuning: the frozen copy, held outside the module tree
+
+    def start(self, task: Any) -> None:
+        """When training starts, at the initial weights: keep the reference policy of full fine-tuning, or with
+        ``precompute_ref`` compute the reference log-probabilities of every pair of every split once (the policy
+        itself then serves as reference, before its first step: no copy is kept)."""
+        if not has_adapters(task.net) and task.trainer.ckpt_path is not None:  # the reference is not in the checkpoint
+            raise ConfigError("resuming a full fine-tuning DPO run would take the trained weights as its reference policy: "
+                              "resume a finetune=lora run, or start again from init_from")
+        if not has_adapters(task.net) and not self.precompute_ref and not self._reference:
+            self.hold_reference(frozen_copy(task.net))
+        if self.precompute_ref:
+            data = task.trainer.datamodule
+            for split in ("train", "validation", "test"):
+                pairs = data.pairs[split]
+                pairs.reference = None  # the policy's own, not an earlier pass's
+                loader = data.split_loader(split, train=False)
+                found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
+                         for batch in loader]
+                pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
+
+    def hold_reference(self, reference: nn.Module) -> None:
+        """Take ``reference`` (a :func:`frozen_copy`) as the reference policy."""
+        self._reference[:] = [reference]
+
+    def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
+        """The reference policy's answer log-probabilities (2B,): precomputed, the frozen copy's, the policy's with
+        its adapters off, or (``initial``: before the first step) the policy's own; without dropout, as TRL runs
+        both policies."""
+        if batch.reference.numel():
+            return batch.reference
+        net = source.net
+        was_training = net.training
+        with torch.no_grad():
+            try:
+                net.eval()
+                if self._reference:
+                    logits = self._reference[0].to(batch.inputs.device)(batch.inputs)
+                elif has_adapters(net):
+                    with adapters_off(net):
+                        logits = source.outputs((batch.inputs, batch.targets), "val").logits
+                elif initial:
+                    logits = source.outputs((batch.inputs, batch.targets), "val").logits
+                else:
+                    raise ConfigError("objective=dpo has no reference policy here (full fine-tuning outside a training "
+                                      "run): evaluate a finetune=lora run, or train with task.objective.precompute_ref=true")
+            finally:
+                net.train(was_training)
+        return answer_logps(logits, batch.targets)[0]
+
+    def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
+        if not isinstance(batch, PreferenceBatch):
+            raise ConfigError("objective=dpo trains on pairs of chosen and rejected answers: use data=preference")
+        reference = self.reference_logps(source, batch)
+        outputs = source.outputs((batch.inputs, batch.targets), stage)
+        preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, reference)
+        return self.reduce(preference, stage), preference
+
+    def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        """TRL's ``DPOTrainer`` loss and metrics, summed over the B pairs (the metrics as means over them)."""
+        assert isinstance(outputs, PreferenceOutputs), "DirectPreference.forward makes its outputs"
+        logps, lengths = answer_logps(outputs.logits, outputs.targets)  # (2B,), (2B,)
+        chosen, rejected = logps.chunk(2)
+        reference_chosen, reference_rejected = outputs.reference.to(logps.dtype).chunk(2)
+        chosen_ratio, rejected_ratio = chosen - reference_chosen, rejected - reference_rejected  # (B,)
+        delta = chosen_ratio - rejected_ratio
+        if self.loss_type == "sigmoid":
+            losses = -F.logsigmoid(self.beta * delta)
+        elif self.loss_type == "hinge":
+            losses = torch.relu(1 - self.beta * delta)
+        elif self.loss_type == "ipo":  # TRL's: the log-ratios per answer token (IPO's authors' normalisation)
+            chosen_length, rejected_length = lengths.chunk(2)
+            per_token = chosen_ratio / chosen_length.clamp(min=1) - rejected_ratio / rejected_length.clamp(min=1)
+            losses = (per_token - 1 / (2 * self.beta)) ** 2
+        else:  # robust: unbiased under a share label_smoothing of flipped labels
+            epsilon = self.label_smoothing
+            losses = (-(1 - epsilon) * F.logsigmoid(self.beta * delta)
+                      + epsilon * F.logsigmoid(-self.beta * delta)) / (1 - 2 * epsilon)
+        pairs = torch.tensor(losses.numel(), device=losses.device)
+        chosen_rewards, rejected_rewards = self.beta * chosen_ratio.detach(), self.beta * rejected_ratio.detach()
+        means = (chosen_rewards, rejected_rewards, (chosen_rewards > rejected_rewards).to(logps.dtype),
+                 chosen_rewards - rejected_rewards, chosen.detach(), rejected.detach())
+        parts = {name: (values.mean(), pairs) for name, values in zip(METRICS, means, strict=True)}
+        return Loss(losses.sum(), pairs, parts)
+
+
+def log1mexp(x: Tensor) -> Tensor:
+    """log(1 - exp(x)) for x < 0, without cancellation on either side of -ln 2 (TRL's ORPO computes it so)."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+class OddsRatioPreference(Objective):
+    """ORPO (Hong et al. 2024), as TRL's ``ORPOTrainer`` computes it: no reference policy; the chosen sequences'
+    next-token NLL (prompt and answer: every token of the sequence) minus ``beta`` times the log-sigmoid of the
+    log odds ratio of the answers' mean per-token log-probabilities. The NLL is the micro-batch's token mean, as
+    TRL's; as a sum over pairs it is that mean times the pairs (so micro-batches weigh by their pairs)."""
+
+    NAME = "orpo"
+
+    def __init__(self, beta: float = 0.1) -> None:
+        super().__init__()
+        if not beta > 0:
+            raise ConfigError(f"task.objective.beta={beta} must be positive (TRL's ORPO default is 0.1)")
+        self.beta = float(beta)
+
+    def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
+        if not isinstance(batch, PreferenceBatch):
+            raise ConfigError("objective=orpo trains on pairs of chosen and rejected answers: use data=preference")
+        outputs = source.outputs((batch.inputs, batch.targets), stage)
+        preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, batch.reference)
+        return self.reduce(preference, stage), preference
+
+    def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        assert isinstance(outputs, PreferenceOutputs), "OddsRatioPreference.forward makes its outputs"
+        logits, targets, inputs = outputs.logits, outputs.targets, outputs.inputs  # (2B, T, V), (2B, T), (2B, T)
+        summed, lengths = answer_logps(logits, targets)
+        chosen, rejected = (summed / lengths.clamp(min=1)).chunk(2)  # (B,) mean log-probability per answer token
+        log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+        ratio = F.logsigmoid(log_odds)
+        # The chosen sequences' every next token: the answer ends each, so position j trains up to its last target.
+        chosen_logits, chosen_targets = logits.chunk(2)[0], targets.chunk(2)[0]
+        positions = torch.arange(chosen_targets.size(1), device=targets.device)
+        last = torch.where(chosen_targets.ne(IGNORE_INDEX), positions, -1).amax(dim=1, keepdim=True)  # (B, 1)
+        nexts = torch.cat([inputs.chunk(2)[0][:, 1:], inputs.new_zeros(inputs.size(0) // 2, 1)], dim=1)
+        whole = torch.where(positions <= last, nexts, IGNORE_INDEX)
+        scores = chosen_logits if chosen_logits.dtype in (torch.float32, torch.float64) else chosen_logits.float()
+        nll = F.cross_entropy(scores.flatten(0, 1), whole.flatten(), ignore_index=IGNORE_INDEX)
+        pairs = torch.tensor(ratio.numel(), device=ratio.device)
+        loss = (nll - self.beta * ratio.mean()) * ratio.numel()
+        chosen_rewards, rejected_rewards = self.beta * chosen.detach(), self.beta * rejected.detach()
+        means = (chosen_rewards, rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen.dtype),
+                 chosen_rewards - rejected_rewards, chosen.detach(), rejected.detach())
+        parts = {name: (values.mean(), pairs) for name, values in zip(METRICS, means, strict=True)}
+        parts |= {"nll_loss": (nll.detach(), pairs), "log_odds_ratio": (ratio.detach().mean(), pairs),
+                  "log_odds_chosen": (log_odds.detach().mean(), pairs)}
+        return Loss(loss, pairs, parts)
+
+
+def check_preference_run(cfg: DictConfig) -> None:
+    """``objective=dpo`` and ``data=preference`` go together, and DPO starts from trained weights (its reference
+    policy): one line each, before any work."""
+    name = (cfg.task.get("objective") or {}).get("name")
+    dpo = name == DirectPreference.NAME
+    preference = cfg.data.get("name") == "preference"
+    if name in PREFERENCE_OBJECTIVES and not preference:
+        raise ConfigError(f"objective={name} trains on pairs of chosen and rejected answers, not data={cfg.data.name}: "
+                          "use data=preference data.files=[...]")
+    if preference and name not in PREFERENCE_OBJECTIVES:
+        raise ConfigError("data=preference holds pairs of answers, which only a preference objective trains on: "
+                          f"add objective={' or objective='.join(PREFERENCE_OBJECTIVES)}")
+    if dpo and not cfg.get("init_from"):
+        raise ConfigError("objective=dpo starts from trained weights, its reference policy: give init_from=<an SFT run, a "
+                          "LoRA run or a Hugging Face directory>")
+    if dpo and cfg.get("finetune", {}).get("adapter"):
+        raise ConfigError("objective=dpo with finetune.adapter=<a LoRA run> would take the base without that adapter as its "
+                          "reference policy (the adapters switched off): give init_from=<that LoRA run> instead, whose "
+                          "adapters are merged into the initial weights, and new adapters train on them")
+    strategy = cfg.trainer.get("strategy")
+    strategy = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
+    copied = dpo and cfg.get("finetune", {}).get("name") != "lora" and not cfg.task.objective.get("precompute_ref")
+    if copied and strategy.endswith("ShardedStrategy"):
+        raise ConfigError("objective=dpo in full fine-tuning under trainer=fsdp would need a frozen reference copy sharded "
+                          "like the policy, which trident does not make yet: add finetune=lora (the reference is the "
+                          "network with its adapters off) or task.objective.precompute_ref=true")
+
+
+#: The objectives that train on data=preference.
+PREFERENCE_OBJECTIVES = (DirectPreference.NAME, OddsRatioPreference.NAME)
