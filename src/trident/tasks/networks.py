@@ -23,6 +23,7 @@ they follow the task's device and dtype (``TridentTask._apply``), stay in eval m
 from __future__ import annotations
 
 import contextvars
+import inspect
 from abc import ABCMeta
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,6 +60,13 @@ _later: contextvars.ContextVar[bool] = contextvars.ContextVar("converting_later"
 class NetworkLifecycle(ABCMeta):
     """The metaclass of tasks: when a task's constructor (the build) returns, its companions are loaded and its
     converters applied, whoever built it (a run, Lightning's ``load_from_checkpoint``, a test)."""
+
+    def __init__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(name, bases, namespace, **kwargs)
+        # inspect.signature(task_class) would otherwise read __call__ below (*args, **kwargs): the class keeps its
+        # constructor's arguments, which the run checks its task.* keys against.
+        constructor = inspect.signature(cls.__init__)
+        cls.__signature__ = constructor.replace(parameters=list(constructor.parameters.values())[1:])
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         task = super().__call__(*args, **kwargs)
