@@ -179,6 +179,26 @@ def test_sigusr1_saves_and_stops_cleanly(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGUSR1) == handler, "the process's own handler is back after fit"
 
 
+def test_sigterm_at_two_epoch_ends_resumes_step_for_step(tmp_path: Path) -> None:
+    """Epochs of 2 steps, stopped by SIGTERM at the end of epochs 0 and 1 (after steps 2 and 4), resumed to 6: the
+    uninterrupted run's losses. Lightning counted the epoch after a resumed epoch end as never begun: the second
+    resume gave the sampler the epoch before again (trident.runs.attempts.EpochBoundaryResume; the counters, a stop
+    mid-epoch after one at an epoch end and extensions: tests/test_epoch_resume.py)."""
+    overrides = [*RESUMABLE, *WITH_CSV, "logger=none", "trainer.max_steps=6", "trainer.limit_train_batches=2",
+                 "trainer.val_check_interval=6"]
+    train(compose_config(overrides, output_dir=tmp_path / "whole"))
+    run = tmp_path / "stopped"
+    for attempt, step in enumerate((1, 3)):  # the signal as step 2 (4) begins: saved at its end
+        resume = [f"resume={run}"] if attempt else []
+        with pytest.raises(JobStopped) as stopped:
+            train(compose_config([*overrides, *signal_at(step, "SIGTERM"), *resume], output_dir=run))
+        assert stopped.value.step == step + 1
+    train(compose_config([*overrides, f"resume={run}"], output_dir=run))
+    expected, resumed = train_losses(tmp_path / "whole"), train_losses(run)
+    assert sorted(resumed) == list(range(6))
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
+
+
 def test_resume_arguments_reuse_the_run_overrides(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)

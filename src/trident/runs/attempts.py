@@ -8,6 +8,10 @@ a resumed or extended run continues step for step, on one step axis, whatever ch
   logging step moved on, so a run extended from it (``resume=<run dir> trainer.max_steps=...``) took the
   next epoch's batches and logged every later step one too far (30 -> 40 steps: 0-29, then 31-40). A run
   that early stopping ended keeps the last.ckpt its final validation saved, for the same reason.
+- :class:`EpochBoundaryResume`: a resumed attempt whose checkpoint was saved at the end of an epoch's last
+  step (a stop signal's checkpoint, the final step's last.ckpt) starts its next epoch as an uninterrupted
+  run does: Lightning otherwise never counts that epoch as begun, and the next such resume reads the epoch
+  before again.
 - :func:`keep_history_until`: a resumed attempt starts ``metrics.jsonl`` from the rows up to its
   checkpoint's step, without the earlier attempts' test rows: the file holds one training, each
   validation once and the test of the model as it ended; :func:`keep_csv_history_until` does the same for the
@@ -53,6 +57,28 @@ class FinalStepCheckpoint(L.Callback):
         for callback in savers:
             if self.saved or str(callback.dirpath) in written:
                 callback.save_last = False
+
+
+class EpochBoundaryResume(L.Callback):
+    """Counts the epoch that follows a checkpoint of an epoch's last step as begun, as an uninterrupted run does.
+
+    Such a checkpoint holds the fit loop's epoch counters mid-epoch (``ready`` = ``started`` = e + 1,
+    ``processed`` = ``completed`` = e for epoch e, 0-based). Lightning (2.6) restores it as "restarted mid-epoch
+    at its last batch": it counts epoch e processed, but keeps that restart stage for the loop's next
+    iteration, whose start then skips ``increment_ready`` / ``increment_started`` and ``on_train_epoch_start``
+    meant for a half-run epoch. Epoch e + 1 runs with ``ready`` = e + 1 instead of e + 2, and a checkpoint of
+    its (or a later epoch's) last step reads as a finished epoch: the next resume counts no epoch done, and
+    Lightning's ``set_epoch`` gives the sampler the epoch before again (a stop at the end of an epoch twice
+    drew epoch 6's order once more at step 15). Clearing the stage once the restored epoch is counted done
+    makes the next epoch begin as usual; a mid-epoch restore (``processed`` < ``ready``) keeps it.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Runs after the fit loop's reset (which counted the restored epoch done) and before its next epoch starts.
+        fit = trainer.fit_loop
+        epochs = fit.epoch_progress.current
+        if (fit.restarted_mid_epoch or fit.restarted_on_epoch_end) and epochs.processed == epochs.ready:
+            fit.reset_restart_stage()
 
 
 def _final_step(trainer: L.Trainer, batch_idx: int) -> bool:

@@ -31,7 +31,7 @@ from trident.launch.requeue import latest_checkpoint
 from trident.parallel.distributed_checkpoint import check_sharded_resume
 from trident.parallel.fsdp import shards_weights
 from trident.parallel.tensor_parallel import check_tensor_parallel_config
-from trident.runs.attempts import FinalStepCheckpoint, keep_csv_history_until, keep_history_until
+from trident.runs.attempts import EpochBoundaryResume, FinalStepCheckpoint, keep_csv_history_until, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
 from trident.runs.lifecycle import prepare_networks, write_artifacts
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
@@ -334,7 +334,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         keep_csv_history_until(run_dir, int(saved[1]["global_step"]))
     workers = WorkerProcesses()
     callbacks = [*build_callbacks(cfg, has_logger=bool(cfg.get("logger"))), RandomStates(), preemption, guard, history,
-                 workers, FinalStepCheckpoint(), ValidationRowStep()]
+                 workers, FinalStepCheckpoint(), EpochBoundaryResume(), ValidationRowStep()]
     trainer = build_trainer(cfg.trainer, callbacks=callbacks, logger=False, default_root_dir=str(run_dir))
     with open_dict(cfg):
         # What runs, next to what was asked (trainer.precision): fp16 runs as bf16-mixed on a CPU.
