@@ -208,3 +208,19 @@ def test_a_second_trained_network_is_converted_checkpointed_and_sharded(tmp_path
         task._trainer = SimpleNamespace(precision="32-true")
         task.configure_model()
         assert isinstance(task.net, FSDPModule) and isinstance(task.tower, FSDPModule)
+
+
+def test_the_ema_of_the_weights_shares_the_companion_instead_of_copying_it(tmp_path: Path) -> None:
+    """callbacks=ema averages a deep copy of the task: a teacher as large as the net was copied with it, for nothing."""
+    from trident.training.callbacks import ModelEMA
+
+    teacher_file(tmp_path / "teacher.safetensors", seed=1)
+    task = DistilledLM(BACKBONE, VOCAB, OPTIMIZER, SCHEDULER, teacher=str(tmp_path / "teacher.safetensors"))
+    ema = ModelEMA(decay=0.5)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[ema],
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        default_root_dir=str(tmp_path))
+    trainer.fit(task, train_dataloaders=_batches())
+    assert ema._average_model is not None
+    assert ema._average_model.module.companions["teacher"] is task.companions["teacher"]
+    assert task.companions["teacher"] is not None and not task.companions["teacher"].training

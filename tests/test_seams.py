@@ -18,8 +18,9 @@ from torch import nn
 
 import trident.converters
 from trident.backbone import TransformerConfig
-from trident.converters import CONVERTERS, Converter, converter_settings
+from trident.converters import CONVERTERS, Converter, converter_settings, unsplittable
 from trident.errors import ConfigError
+from trident.parallel.tensor_parallel import check_tensor_parallel_config
 from trident.runs.lifecycle import prepare_networks
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.networks import converting_later, merge_converters
@@ -130,3 +131,15 @@ def test_a_new_converter_applies_after_the_source_is_loaded_and_a_checkpoint_rea
     rebuilt.load_state_dict(task.state_dict())
     merge_converters(rebuilt)  # an export folds it away (here: nothing to fold)
     torch.testing.assert_close(rebuilt.net.state_dict()[name], param.detach())
+
+
+def test_a_converter_says_whether_tensor_parallelism_can_split_it(registered: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No converter is refused by its name: its TENSOR_PARALLEL says whether the plan splits what it converted."""
+    trainer = {"devices": 2, "num_nodes": 1, "strategy": {"tensor_parallel_size": 2}}
+    backbone = TransformerConfig(**BACKBONE)
+    assert unsplittable(_cfg({"name": "full"})) is None and unsplittable(_cfg({"name": "lora"})) == "lora"
+    with pytest.raises(ConfigError, match="tensor_parallel_size=2 cannot split finetune=round's"):
+        check_tensor_parallel_config(trainer, backbone, unsplittable(_cfg({"name": "round", "step": 0.5})))
+    monkeypatch.setattr(RoundWeights, "TENSOR_PARALLEL", True)
+    assert unsplittable(_cfg({"name": "round", "step": 0.5})) is None
+    check_tensor_parallel_config(trainer, backbone, unsplittable(_cfg({"name": "round", "step": 0.5})))

@@ -198,8 +198,8 @@ def test_what_tensor_parallelism_cannot_honour_is_refused(size: int, devices: in
                                                           named: str) -> None:
     trainer = {"devices": devices, "num_nodes": 1, "strategy": {"tensor_parallel_size": size}}
     with pytest.raises(ConfigError, match=named):
-        check_tensor_parallel_config(trainer, backbone(**options), "full")
-    check_tensor_parallel_config({**trainer, "strategy": {"tensor_parallel_size": 1}}, backbone(**options), "full")
+        check_tensor_parallel_config(trainer, backbone(**options), None)
+    check_tensor_parallel_config({**trainer, "strategy": {"tensor_parallel_size": 1}}, backbone(**options), None)
 
 
 @pytest.mark.parametrize("task", ["lm", "mlm", "classify", "vit", "translation"])

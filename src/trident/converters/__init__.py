@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from trident.backbone import TransformerConfig
 
 __all__ = ["CONVERTERS", "FINETUNE_MODES", "LORA_KEYS", "ArtifactFiles", "Converter", "LoRA", "check_run",
-           "converter_settings", "converters_of"]
+           "converter_settings", "converters_of", "unsplittable"]
 
 #: Every converter by its ``finetune=`` name, which is also its task hyperparameter.
 CONVERTERS: dict[str, type[Converter]] = {converter.NAME: converter for converter in (LoRA,)}
@@ -47,6 +47,12 @@ def check_run(cfg: DictConfig) -> None:
     chosen = CONVERTERS.get(str((cfg.get("finetune") or {}).get("name", "full")))
     if chosen is not None:
         chosen.check_run(cfg)
+
+
+def unsplittable(cfg: DictConfig) -> str | None:
+    """The ``finetune=`` option whose converted network tensor parallelism cannot split (None: the plan splits it)."""
+    chosen = CONVERTERS.get(str((cfg.get("finetune") or {}).get("name", "full")))
+    return chosen.NAME if chosen is not None and not chosen.TENSOR_PARALLEL else None
 
 
 def converters_of(hparams: Mapping[str, Any]) -> list[Converter]:

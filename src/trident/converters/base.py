@@ -47,6 +47,9 @@ class Converter(ABC):
     #: Whether the parameters it freezes are the source's unchanged, which the run's checkpoints then leave out
     #: (trident.weights.frozen_base): they are refilled from ``init_from`` when a checkpoint is read.
     FREEZES_SOURCE: ClassVar[bool] = False
+    #: Whether tensor parallelism's plan (trident.parallel) can split a network it converted: a converter that wraps
+    #: the projections the plan splits (LoRA's adapters) cannot run under ``tensor_parallel_size`` > 1.
+    TENSOR_PARALLEL: ClassVar[bool] = False
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = dict(settings)

@@ -54,9 +54,11 @@ def tensor_parallel_size(strategy: Any) -> int:
     return strategy.get("tensor_parallel_size", 1) if isinstance(strategy, Mapping) else 1
 
 
-def check_tensor_parallel_config(trainer: Mapping[str, Any], backbone: TransformerConfig, finetune: str) -> None:
+def check_tensor_parallel_config(trainer: Mapping[str, Any], backbone: TransformerConfig,
+                                 unsplittable: str | None) -> None:
     """The tensor-parallel size fits the heads, the hidden units and the processes, and nothing the plan
-    cannot split is asked for: one line each, before any work."""
+    cannot split is asked for (``unsplittable``: the ``finetune=`` converter whose network it cannot split, whose
+    ``TENSOR_PARALLEL`` is false: trident.converters): one line each, before any work."""
     size = tensor_parallel_size(trainer.get("strategy"))
     key = "trainer.strategy.tensor_parallel_size"
     if not is_int(size) or size < 1:
@@ -81,9 +83,9 @@ def check_tensor_parallel_config(trainer: Mapping[str, Any], backbone: Transform
         raise ConfigError(f"{key}={size} cannot split model.qk_norm (one norm weight shared by heads on different "
                           "ranks would train on each rank's heads only): "
                           "set model.qk_norm=false, or tensor_parallel_size=1")
-    if finetune != "full":
-        raise ConfigError(f"{key}={size} cannot split finetune={finetune}'s adapters (they wrap the projections the "
-                          "plan splits): use finetune=full, or tensor_parallel_size=1")
+    if unsplittable is not None:
+        raise ConfigError(f"{key}={size} cannot split finetune={unsplittable}'s adapters (they wrap the projections "
+                          "the plan splits): use finetune=full, or tensor_parallel_size=1")
 
 
 def check_world_size(world_size: int, size: int) -> None:

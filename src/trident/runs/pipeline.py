@@ -21,7 +21,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from trident.backbone import TransformerConfig, pos_encoding_class
-from trident.converters import check_run, converter_settings
+from trident.converters import check_run, converter_settings, unsplittable
 from trident.data.base import TridentDataModule
 from trident.data.tokenization import TOKENIZER_KINDS, read_tokenizer
 from trident.errors import ConfigError, did_you_mean, find_user_error, is_int
@@ -151,8 +151,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
         raise ConfigError(f"data.{key} must be a positive integer, got {cfg.data[key]!r}: set e.g. data.{key}=128")
     backbone = TransformerConfig(**backbone_options(cfg))
     converter_settings(cfg, backbone)  # the finetune group's settings fit this model
-    finetune = (cfg.get("finetune") or {}).get("name", "full")
-    check_tensor_parallel_config(_plain(cfg.trainer), backbone, finetune)  # it fits the heads and processes
+    check_tensor_parallel_config(_plain(cfg.trainer), backbone, unsplittable(cfg))  # it fits the heads and processes
     if key is not None:
         check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
     return backbone

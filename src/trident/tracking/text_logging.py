@@ -8,6 +8,7 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def log_text_table(module: L.LightningModule, key: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -20,5 +21,7 @@ def log_text_table(module: L.LightningModule, key: str, columns: list[str], rows
             logger.experiment.add_text(key, text, global_step=module.global_step)
     table = Table(*columns, title=f"{key} (step {module.global_step})", show_lines=True)
     for row in rows:
-        table.add_row(*(str(v) for v in row))
+        # Text, not a str: rich reads a str's brackets as markup, and a chat template's "[INST] ... [/INST]" (or any
+        # sampled "[/x]") is a closing tag that matches nothing, which raised and ended the run at its validation.
+        table.add_row(*(Text(str(v)) for v in row))
     Console().print(table)

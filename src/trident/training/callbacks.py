@@ -214,6 +214,21 @@ class ModelEMA(EMAWeightAveraging):
         # True once training ended: the model holds the average, the average model the raw weights.
         self._swapped = False
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning's average is a deep copy of the whole task: a task's frozen companions (a teacher, a reference
+        # policy: trident.tasks.networks) never change, so the copy shares them instead of holding a second one.
+        companions = getattr(pl_module, "companions", None)
+        if not companions:
+            super().setup(trainer, pl_module, stage)
+            return
+        pl_module.companions = {}
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            pl_module.companions = companions
+        if self._average_model is not None:
+            self._average_model.module.companions = companions
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._swap_models(pl_module)
         self._swapped = True
