@@ -249,6 +249,7 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager, include_defaults=False))
     tasks = write_tasks(tmp_path / "tasks")
     assert "--limit: must be > 0" in refused([str(tmp_path), "--tasks", "tiny_mc", "--limit", "0"], capsys)
+    assert "--wandb_args: must be key=value" in refused([str(tmp_path), "--tasks", "tiny_mc", "--wandb_args", "x"], capsys)
     line = refused([str(tmp_path), "--tasks", "tiny_mcq", "--include_path", str(tasks)], capsys)
     assert line.startswith("error: unknown task 'tiny_mcq'") and "did you mean tiny_mc?" in line
     for name, target, other in (("vit", "trident.tasks.vit.ImageClassificationTask", "trident-eval (test accuracy)"),
@@ -289,13 +290,23 @@ def test_the_command_writes_the_harness_results_in_the_run(lm_reference_run: tup
     tasks = write_tasks(tmp_path / "tasks")
     out = tmp_path / "out"
     main([str(run), "--tasks", "tiny_mc,tiny_gen", "--include_path", str(tasks), "--limit", "3", "--batch_size", "2",
-          "--log_samples", "--output_path", str(out)])
+          "--log_samples", "--output_path", str(out), "--wandb_args", "project=trident-tests", "mode=offline"])
     assert "tiny_mc" in capsys.readouterr().out
     (results,) = out.glob("results_*.json")
     written = json.loads(results.read_text())
     assert set(written["results"]) == {"tiny_mc", "tiny_gen"} and "acc,none" in written["results"]["tiny_mc"]
     (samples,) = out.glob("samples_tiny_mc_*.jsonl")
     assert len(samples.read_text().splitlines()) == 3
+
+    # W&B, as the harness's own --wandb_args logs it: metrics in the summary, each task's samples as a table.
+    from trident.tracking.wandb_files import wait_for_offline_runs
+
+    (wandb_run,) = wait_for_offline_runs(out)
+    assert wandb_run.summary["tiny_mc/acc"] == written["results"]["tiny_mc"]["acc,none"]
+    tables = {key: row[key] for row in wandb_run.history for key in row if key.endswith("eval_results")}
+    assert set(tables) == {"evaluation/eval_results", "tiny_mc_eval_results", "tiny_gen_eval_results"}
+    table = json.loads((wandb_run.path.parent / "files" / tables["tiny_mc_eval_results"]["path"]).read_text())
+    assert len(table["data"]) == 3 and "acc" in table["columns"]  # one row per document scored
 
 
 def test_the_shipped_play_last_word_and_line_questions_come_from_their_text() -> None:

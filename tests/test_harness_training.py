@@ -98,7 +98,7 @@ def csv_rows(run_dir: Path) -> list[dict[str, Any]]:
     return list(csv.DictReader(metrics.open()))
 
 
-@pytest.mark.slow  # one 4-step nano run in-process, evaluated at steps 2 and 4 (the reference run is shared)
+@pytest.mark.slow  # one 4-step nano run in-process, evaluated at steps 2 and 4 (the reference run is shared), W&B offline
 def test_a_run_with_the_callback_trains_step_for_step_like_one_without(
         lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
     from trident.runs.pipeline import train
@@ -120,3 +120,14 @@ def test_a_run_with_the_callback_trains_step_for_step_like_one_without(
     assert [row["step"] for row in rows] == [2, 4]
     # The values at the last step are among the run's final metrics (status.json, the sweep report).
     assert metrics["harness/tiny_play_mc/acc_norm"] == rows[-1]["harness/tiny_play_mc/acc_norm"]
+    # W&B (offline here): the values in the summary, and at each evaluation a table of the documents scored.
+    from trident.tracking.wandb_files import wait_for_offline_runs
+
+    (wandb_run,) = wait_for_offline_runs(run_dir)
+    assert wandb_run.summary["harness/tiny_play_mc/acc"] == metrics["harness/tiny_play_mc/acc"]
+    tables = wandb_run.metric("harness/tiny_play_mc/samples")
+    assert len(tables) == 2 and all(table["_type"] == "table-file" for table in tables)
+    table = json.loads((wandb_run.path.parent / "files" / tables[-1]["path"]).read_text())
+    assert table["columns"] == ["doc_id", "prompt", "target", "response", "acc", "acc_norm"]
+    assert [row[:3] for row in table["data"]] == [[i, q, str(a)] for i, (q, _, a) in enumerate(QUESTIONS[:3])]
+    assert sum(row[4] for row in table["data"]) / 3 == metrics["harness/tiny_play_mc/acc"]

@@ -16,6 +16,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from trident.errors import run_with_clear_errors
 
@@ -39,6 +40,30 @@ def batch_size(text: str) -> int:
     return int(text)
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """--wandb_args: each a wandb.init argument, ``key=value``."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"must be key=value (a wandb.init argument, e.g. project=trident), got {text!r}")
+    return key, value
+
+
+def log_to_wandb(results: dict[str, Any], samples: dict[str, Any] | None, init: dict[str, str], out: Path) -> None:
+    """The results as the harness's own ``--wandb_args`` logs them: metrics in the run's summary and a table of them,
+    each task's samples as a table (with ``--log_samples``), in a W&B run started with ``init``."""
+    import wandb
+    from lm_eval.loggers import WandbLogger
+
+    logger = WandbLogger(init_args={"dir": str(out), **init})
+    try:
+        logger.post_init(results)
+        logger.log_eval_result()
+        if samples:
+            logger.log_eval_samples(samples)
+    finally:
+        wandb.finish()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trident-harness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log_samples", action="store_true", help="write each request's scores or generation")
     parser.add_argument("--output_path", type=Path, default=None, help="default: <run or directory>/harness")
     parser.add_argument("--seed", type=int, default=0, help="few-shot draws and sampled generations")
+    parser.add_argument("--wandb_args", nargs="+", type=key_value, default=None, metavar="KEY=VALUE",
+                        help="log to W&B with these wandb.init arguments (project=... mode=offline ...; its files "
+                             "go to the output path unless dir= says otherwise)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     if not names:
@@ -86,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         for task, rows in (samples or {}).items():
             lines = (json.dumps(row, default=handle_non_serializable) for row in rows)
             (out / f"samples_{task}_{stamp}.jsonl").write_text("\n".join(lines) + "\n")
+        if args.wandb_args:
+            log_to_wandb(results, samples, dict(args.wandb_args), out)
         sys.stdout.write(make_table(results) + f"\nresults in {out}\n")
 
     run_with_clear_errors(run)

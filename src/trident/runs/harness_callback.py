@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 
 from trident.errors import ConfigError, is_int, is_number
 from trident.parallel.fsdp import shards_weights
@@ -44,6 +45,19 @@ def metric_values(results: dict[str, Any]) -> dict[str, float]:
                 continue
             values[f"{PREFIX}{task}/{name}" + ("" if kind == "none" else f"_{kind}")] = float(value)
     return values
+
+
+def sample_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The harness's logged samples of one task as a table (``columns``, ``data``): each document's id, prompt (its
+    first request's context), target, responses (generated texts, or each choice's log-likelihood) and metrics."""
+    metrics = list(rows[0]["metrics"]) if rows else []
+    data = []
+    for row in rows:
+        responses = [text if isinstance(text, str) else round(float(text[0]), 4) for text in row["filtered_resps"]]
+        data.append([row["doc_id"], str(row["arguments"][0][0]), str(row["target"]),
+                     responses[0] if len(responses) == 1 else json.dumps(responses),
+                     *(row[m] if isinstance(row[m], (int, float)) else str(row[m]) for m in metrics)])  # chrF's: a pair
+    return {"columns": ["doc_id", "prompt", "target", "response", *metrics], "data": data}
 
 
 class HarnessEvaluation(L.Callback):
@@ -110,8 +124,9 @@ class HarnessEvaluation(L.Callback):
         if trainer.is_global_zero:
             # Each module's own mode: a frozen part that training keeps in eval mode stays so.
             modes, states = [(module, module.training) for module in pl_module.modules()], collect_rng_states()
+            tables = any(isinstance(logger, WandbLogger) for logger in trainer.loggers)
             try:
-                results = self._run(pl_module)
+                results = self._run(pl_module, samples=tables)
             finally:
                 for module, training in modes:
                     module.training = training
@@ -119,12 +134,15 @@ class HarnessEvaluation(L.Callback):
             self.last_values = metric_values(results["results"])
             for logger in trainer.loggers:
                 logger.log_metrics(self.last_values, step=step)
+                if isinstance(logger, WandbLogger):
+                    for task, rows in results.get("samples", {}).items():
+                        logger.log_table(key=f"{PREFIX}{task}/samples", **sample_table(rows), step=step)
             self._append_history(trainer, step)
             text = "  ".join(f"{name}={value:.4g}" for name, value in sorted(self.last_values.items()))
             log.info("step %d  %s", step, text)
         trainer.strategy.barrier("harness")
 
-    def _run(self, pl_module: L.LightningModule) -> dict[str, Any]:
+    def _run(self, pl_module: L.LightningModule, samples: bool) -> dict[str, Any]:
         from lm_eval import simple_evaluate
 
         from trident.runs.harness import TridentLM, special_ids
@@ -133,7 +151,7 @@ class HarnessEvaluation(L.Callback):
         model = TridentLM(pl_module.net, pl_module.tokenizer, eot_token_id=eot, prefix_token_id=prefix,
                           batch_size=self.batch_size, name="the model in training")
         results = simple_evaluate(model=model, tasks=self.tasks, num_fewshot=self.num_fewshot, limit=self.limit,
-                                  task_manager=self._manager, bootstrap_iters=0, log_samples=False,
+                                  task_manager=self._manager, bootstrap_iters=0, log_samples=samples,
                                   random_seed=self.seed, numpy_random_seed=self.seed, torch_random_seed=self.seed,
                                   fewshot_random_seed=self.seed)
         assert results is not None  # None on ranks other than the model's 0: TridentLM is rank 0 of one
