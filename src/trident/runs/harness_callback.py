@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 
 from trident.errors import ConfigError, is_int, is_number
+from trident.launch.preemption import PreemptionCheckpoint
 from trident.parallel.fsdp import shards_weights
 from trident.tracking.loggers import record_summary
 from trident.tracking.steps import ends_optimizer_step
@@ -111,12 +112,15 @@ class HarnessEvaluation(L.Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._last_step != trainer.global_step:  # the last step was not already evaluated
+        # A stop signal (decided alike on every rank) leaves the time to the checkpoint and the next attempt.
+        stopping = any(c.stop is not None for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint))  # type: ignore[attr-defined]
+        if self._last_step != trainer.global_step and not stopping:  # the last step was not already evaluated
             self._evaluate(trainer, pl_module)
         # The final values join the run's metrics (status.json, the sweep report) and the W&B summary.
-        for name, value in self.last_values.items():
-            trainer.callback_metrics[name] = torch.tensor(value, dtype=torch.float64)  # float() gives it back exactly
-        record_summary(trainer.loggers, self.last_values)
+        if trainer.is_global_zero:  # the values are rank 0's (the other ranks waited)
+            for name, value in self.last_values.items():
+                trainer.callback_metrics[name] = torch.tensor(value, dtype=torch.float64)  # float(): exactly the value
+            record_summary(trainer.loggers, self.last_values)
 
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Rank 0 evaluates the weights after ``trainer.global_step`` optimizer steps; the others wait for it."""
