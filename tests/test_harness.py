@@ -88,22 +88,33 @@ metric_list:
 
 
 SHIPPED = "trident_shakespeare_next_line"
+# Every shipped task: multiple choice (next line, which play), LAMBADA's log-likelihood form, generation.
+ALL_SHIPPED = [SHIPPED, "trident_shakespeare_play", "trident_shakespeare_last_word", "trident_shakespeare_complete_line"]
+SCORED = ["tiny_mc", *ALL_SHIPPED[:3]]  # the tasks whose requests are log-likelihoods
+LIMIT = 8
 
 
 def evaluate(model: Any, tasks: Path) -> dict[str, Any]:
-    """The two local tasks, whole, and the first 20 questions of the shipped one (built in the tests' cache)."""
+    """The two local tasks, whole, and the first LIMIT questions of each shipped one (built in the tests' cache)."""
     from lm_eval.tasks import TaskManager
 
     from trident.runs.harness_tasks import shipped_task_folders
 
-    manager = TaskManager(include_path=[str(tasks), *shipped_task_folders([SHIPPED])], include_defaults=False)
-    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen", SHIPPED], task_manager=manager,
-                                      log_samples=True, bootstrap_iters=0, limit=20)
+    manager = TaskManager(include_path=[str(tasks), *shipped_task_folders(ALL_SHIPPED)], include_defaults=False)
+    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen", *ALL_SHIPPED], task_manager=manager,
+                                      log_samples=True, bootstrap_iters=0, limit=LIMIT)
     assert results is not None
     return results
 
 
-@pytest.mark.slow  # two harness runs, one through transformers: ~15 s on a shared CPU
+def same_results(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """Identical accuracies, exact matches and chrF; a perplexity (from log-likelihoods within 1e-4) close."""
+    assert ours.keys() == theirs.keys()
+    for key, value in ours.items():
+        assert value == (pytest.approx(theirs[key], rel=1e-4) if key.startswith("perplexity,") else theirs[key]), key
+
+
+@pytest.mark.slow  # two harness runs of six small tasks, one through transformers: ~20 s on a shared CPU
 def test_trident_and_the_harness_hf_model_agree_request_by_request(tmp_path: Path) -> None:
     from trident.runs.harness import TridentLM
 
@@ -116,20 +127,22 @@ def test_trident_and_the_harness_hf_model_agree_request_by_request(tmp_path: Pat
     from lm_eval.models.huggingface import HFLM
 
     theirs = evaluate(HFLM(pretrained=str(exported), device="cpu", batch_size=1), tasks)
-    for name in ("tiny_mc", "tiny_gen", SHIPPED):
-        assert ours["results"][name] == theirs["results"][name]
-    ours_mc, theirs_mc = ours["samples"]["tiny_mc"], theirs["samples"]["tiny_mc"]
-    assert len(ours_mc) == len(QUESTIONS) and len(ours["samples"][SHIPPED]) == 20
-    for a, b in zip(ours_mc + ours["samples"][SHIPPED], theirs_mc + theirs["samples"][SHIPPED], strict=True):
+    for name in ("tiny_mc", "tiny_gen", *ALL_SHIPPED):
+        same_results(ours["results"][name], theirs["results"][name])
+    ours_mc = ours["samples"]["tiny_mc"]
+    assert len(ours_mc) == len(QUESTIONS) and all(len(ours["samples"][name]) == LIMIT for name in ALL_SHIPPED)
+    scored = [row for name in SCORED for row in ours["samples"][name]]
+    for a, b in zip(scored, [row for name in SCORED for row in theirs["samples"][name]], strict=True):
         scores_a = [response[0] for response in a["resps"]]
         scores_b = [response[0] for response in b["resps"]]
         assert [greedy for _, greedy in scores_a] == [greedy for _, greedy in scores_b]
         torch.testing.assert_close(torch.tensor([s for s, _ in scores_a], dtype=torch.float64),
                                    torch.tensor([s for s, _ in scores_b], dtype=torch.float64), atol=1e-4, rtol=0)
     assert len({round(s, 3) for a in ours_mc for (s, _), in a["resps"]}) > 10, "scores too uniform to compare"
-    generated = [row["filtered_resps"] for row in ours["samples"]["tiny_gen"]]
-    assert generated == [row["filtered_resps"] for row in theirs["samples"]["tiny_gen"]]
-    assert any(text[0] for text in generated), "nothing generated to compare"
+    for name in ("tiny_gen", "trident_shakespeare_complete_line"):
+        generated = [row["filtered_resps"] for row in ours["samples"][name]]
+        assert generated == [row["filtered_resps"] for row in theirs["samples"][name]]
+        assert any(text[0] for text in generated), f"{name}: nothing generated to compare"
 
 
 def test_rolling_log_likelihood_is_the_sum_over_windows_of_the_whole_text(tmp_path: Path) -> None:
@@ -236,6 +249,7 @@ def test_bad_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager, include_defaults=False))
     tasks = write_tasks(tmp_path / "tasks")
     assert "--limit: must be > 0" in refused([str(tmp_path), "--tasks", "tiny_mc", "--limit", "0"], capsys)
+    assert "--wandb_args: must be key=value" in refused([str(tmp_path), "--tasks", "tiny_mc", "--wandb_args", "x"], capsys)
     line = refused([str(tmp_path), "--tasks", "tiny_mcq", "--include_path", str(tasks)], capsys)
     assert line.startswith("error: unknown task 'tiny_mcq'") and "did you mean tiny_mc?" in line
     for name, target, other in (("vit", "trident.tasks.vit.ImageClassificationTask", "trident-eval (test accuracy)"),
@@ -276,10 +290,57 @@ def test_the_command_writes_the_harness_results_in_the_run(lm_reference_run: tup
     tasks = write_tasks(tmp_path / "tasks")
     out = tmp_path / "out"
     main([str(run), "--tasks", "tiny_mc,tiny_gen", "--include_path", str(tasks), "--limit", "3", "--batch_size", "2",
-          "--log_samples", "--output_path", str(out)])
+          "--log_samples", "--output_path", str(out), "--wandb_args", "project=trident-tests", "mode=offline"])
     assert "tiny_mc" in capsys.readouterr().out
     (results,) = out.glob("results_*.json")
     written = json.loads(results.read_text())
     assert set(written["results"]) == {"tiny_mc", "tiny_gen"} and "acc,none" in written["results"]["tiny_mc"]
     (samples,) = out.glob("samples_tiny_mc_*.jsonl")
     assert len(samples.read_text().splitlines()) == 3
+
+    # W&B, as the harness's own --wandb_args logs it: metrics in the summary, each task's samples as a table.
+    from trident.tracking.wandb_files import wait_for_offline_runs
+
+    (wandb_run,) = wait_for_offline_runs(out)
+    assert wandb_run.summary["tiny_mc/acc"] == written["results"]["tiny_mc"]["acc,none"]
+    tables = {key: row[key] for row in wandb_run.history for key in row if key.endswith("eval_results")}
+    assert set(tables) == {"evaluation/eval_results", "tiny_mc_eval_results", "tiny_gen_eval_results"}
+    table = json.loads((wandb_run.path.parent / "files" / tables["tiny_mc_eval_results"]["path"]).read_text())
+    assert len(table["data"]) == 3 and "acc" in table["columns"]  # one row per document scored
+
+
+def test_the_shipped_play_last_word_and_line_questions_come_from_their_text() -> None:
+    """Which play: lines of that play (no speaker) among 4 distinct titles; the last word: a line's context and word
+    make the line (its punctuation dropped); the rest of a line: prompt and target make the line."""
+    import random
+
+    from trident.runs.harness_shakespeare import cloze_items, completion_items, play_items
+
+    def play(name: str) -> str:
+        return "\n\n".join(f"{name.upper()}{s}:\n" + "\n".join(f"in {name} speech {s} line {j} ends here, friend{'abcd'[j]}."
+                                                              for j in range(2 + s % 3)) for s in range(30)) + "\n"
+
+    plays = [(f"Play {k}", play(f"play{k}")) for k in range(6)]
+    items = play_items(plays, random.Random(0), 50, 4, 4)
+    assert items == play_items(plays, random.Random(0), 50, 4, 4)
+    for item in items:
+        passage, choices, answer = str(item["passage"]), list(item["choices"]), int(item["answer"])  # type: ignore[call-overload]
+        assert len(set(choices)) == 4 and all(choice.startswith(" Play ") for choice in choices)
+        lines = passage.rstrip("\n").split("\n")
+        assert 1 <= len(lines) <= 4 and not any(line.endswith(":") for line in lines)
+        assert all(line.startswith(f"in play{choices[answer][6:]} ") for line in lines)
+    assert {int(item["answer"]) for item in items} == {0, 1, 2, 3}  # type: ignore[call-overload]
+    text = plays[0][1]
+    cloze = cloze_items(text, random.Random(0), 40, 4)
+    assert len(cloze) == 40 and cloze == cloze_items(text, random.Random(0), 40, 4)
+    for item in cloze:
+        context, word = str(item["context"]), str(item["word"])
+        assert word in (" frienda", " friendb", " friendc", " friendd")
+        assert context.split("\n")[0].startswith("PLAY0") and len(context.split("\n")) <= 5
+        assert context + word + "." in text  # the line, cut before its last word's punctuation
+    lines = completion_items(text, random.Random(0), 40, 4)
+    assert len(lines) == 40
+    for item in lines:
+        prompt, target = str(item["prompt"]), str(item["target"])
+        assert target.startswith(" ") and target[-9:-2] == " friend"
+        assert prompt + target + "\n" in text and len(prompt.split("\n")[-1].split()) == 4  # 4 of a line's 9 words

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trident.errors import ConfigError, did_you_mean, run_with_clear_errors
+from trident.errors import run_with_clear_errors
 
 # lm_eval, torch and the model are imported once the arguments are parsed: ``--help`` answers without them.
 
@@ -40,29 +40,28 @@ def batch_size(text: str) -> int:
     return int(text)
 
 
-def task_manager(names: list[str], include_path: str | None) -> Any:
-    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
-    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
-    else those and the harness's own. An unknown name is refused in one line."""
-    from lm_eval.tasks import TaskManager
+def key_value(text: str) -> tuple[str, str]:
+    """--wandb_args: each a wandb.init argument, ``key=value``."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"must be key=value (a wandb.init argument, e.g. project=trident), got {text!r}")
+    return key, value
 
-    from trident.runs.harness_tasks import BUILDERS, shipped_task_folders
 
-    if include_path is not None and not Path(include_path).is_dir():
-        raise ConfigError(f"--include_path {include_path!r} is not a directory: pass the folder of your task YAMLs")
-    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
-    if folders:
-        local = TaskManager(include_path=folders, include_defaults=False)
-        if set(names) <= set(local.all_tasks):
-            return local
-    manager = TaskManager(include_path=folders or None)
-    known = [*manager.all_tasks, *BUILDERS]
-    for name in names:
-        if name not in manager.all_tasks:
-            where = f" or in {include_path}" if include_path else " (add yours with --include_path DIR)"
-            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
-                              f"{did_you_mean(name, known, '')}")
-    return manager
+def log_to_wandb(results: dict[str, Any], samples: dict[str, Any] | None, init: dict[str, str], out: Path) -> None:
+    """The results as the harness's own ``--wandb_args`` logs them: metrics in the run's summary and a table of them,
+    each task's samples as a table (with ``--log_samples``), in a W&B run started with ``init``."""
+    import wandb
+    from lm_eval.loggers import WandbLogger
+
+    logger = WandbLogger(init_args={"dir": str(out), **init})
+    try:
+        logger.post_init(results)
+        logger.log_eval_result()
+        if samples:
+            logger.log_eval_samples(samples)
+    finally:
+        wandb.finish()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log_samples", action="store_true", help="write each request's scores or generation")
     parser.add_argument("--output_path", type=Path, default=None, help="default: <run or directory>/harness")
     parser.add_argument("--seed", type=int, default=0, help="few-shot draws and sampled generations")
+    parser.add_argument("--wandb_args", nargs="+", type=key_value, default=None, metavar="KEY=VALUE",
+                        help="log to W&B with these wandb.init arguments (project=... mode=offline ...; its files "
+                             "go to the output path unless dir= says otherwise)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     if not names:
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         from lm_eval.utils import handle_non_serializable, make_table
 
         from trident.runs.harness import harness_model
+        from trident.runs.harness_tasks import task_manager
 
         manager = task_manager(names, args.include_path)
         model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         for task, rows in (samples or {}).items():
             lines = (json.dumps(row, default=handle_non_serializable) for row in rows)
             (out / f"samples_{task}_{stamp}.jsonl").write_text("\n".join(lines) + "\n")
+        if args.wandb_args:
+            log_to_wandb(results, samples, dict(args.wandb_args), out)
         sys.stdout.write(make_table(results) + f"\nresults in {out}\n")
 
     run_with_clear_errors(run)

@@ -23,8 +23,9 @@ from trident.errors import DataError
 from trident.runs.sweeps import STATUS_FILE, SWEEP_FILE, job_statuses, read_json, setting_of
 from trident.weights.run_config import RUN_CONFIG
 
-# The final metrics a report compares: the best validation value and the test metrics.
-FINAL_PREFIXES = ("best/", "test/")
+# The final metrics a report compares: the best validation value, the test metrics and the harness tasks' at the end of
+# training (callbacks=harness, trident.runs.harness_callback).
+FINAL_PREFIXES = ("best/", "test/", "harness/")
 # The column of a job's wall time, in seconds.
 WALL_TIME = "job_wall_s"
 JOBS_FILE = "jobs.csv"

