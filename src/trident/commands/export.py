@@ -42,9 +42,12 @@ if TYPE_CHECKING:
 # answer without torch (docs/commands.md, start-up).
 
 
-def export_hf(network: TrainedNetwork, directory: Path) -> None:
+def export_hf(subject: TrainedNetwork | TridentTask, directory: Path) -> None:
+    """The Hugging Face directory of a network read without its task, or of a task's ``net``."""
     from trident.weights.adapters.hf_export import write_hf
+    from trident.weights.network import TrainedNetwork, network_of
 
+    network = subject if isinstance(subject, TrainedNetwork) else network_of(subject)
     network.merge_converters()  # a finetune=lora run: its adapters folded into the weights Hugging Face reads
     write_hf(network.net, network.tokenizer, network.settings.get("class_names"), directory, network.tokenizer_settings)
 
@@ -83,7 +86,7 @@ def export_peft(task: TridentTask, directory: Path) -> None:
 
 # The formats that write the network alone, read without its task (trident.weights.network: no Lightning to import),
 # and those that write what the task knows of it (its name and settings, its example inputs, its converters' files).
-NETWORK_FORMATS: dict[str, Callable[[TrainedNetwork, Path], None]] = {"hf": export_hf}
+NETWORK_FORMATS: dict[str, Callable[[TrainedNetwork | TridentTask, Path], None]] = {"hf": export_hf}
 TASK_FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "safetensors": export_safetensors,
     "onnx": export_onnx,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 from torch import nn
@@ -25,6 +25,9 @@ from trident.tasks.network_builders import build_from_settings
 from trident.tasks.networks import convert_network, merge_network
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
+
+if TYPE_CHECKING:
+    from trident.tasks.base import TridentTask
 
 
 @dataclass
@@ -71,9 +74,13 @@ def load_network(path: Path) -> TrainedNetwork:
                           dict(checkpoint.get("tokenizer_settings") or {}), converters)
 
 
+def network_of(task: TridentTask) -> TrainedNetwork:
+    """The ``net`` of a task already built (the same module, not a copy) with what the commands read beside it."""
+    return TrainedNetwork(task.net, dict(task.hparams), task.tokenizer, dict(task.tokenizer_settings),
+                          list(task.converters))
+
+
 def _as_task(checkpoint: Path) -> TrainedNetwork:
     from trident.weights.load import load
 
-    task = load(checkpoint)
-    return TrainedNetwork(task.net, dict(task.hparams), task.tokenizer, dict(task.tokenizer_settings),
-                          list(task.converters))
+    return network_of(load(checkpoint))
