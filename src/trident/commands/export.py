@@ -5,7 +5,8 @@
 - ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit) that
   ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
   with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it. A
-  ``finetune=lora`` run's adapters are merged into the weights.
+  ``finetune=lora`` run's adapters are merged into the weights. The network is read without its task
+  (``trident.weights.network.load_network``): the export imports no Lightning.
 - ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
   (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
 - ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``) of every task, on the inputs its
@@ -28,24 +29,27 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import ConfigError, choose, run_with_clear_errors
 from trident.extras import require_package
 
 if TYPE_CHECKING:
     from trident.tasks.base import TridentTask
+    from trident.weights.network import TrainedNetwork
 
 # Each format imports what it writes with once the arguments are parsed: ``--help`` and a refused argument
 # answer without torch (docs/commands.md, start-up).
 
 
-def export_hf(task: TridentTask, directory: Path) -> None:
-    from trident.tasks.networks import merge_converters
+def export_hf(subject: TrainedNetwork | TridentTask, directory: Path) -> None:
+    """The Hugging Face directory of a network read without its task, or of a task's ``net``."""
     from trident.weights.adapters.hf_export import write_hf
+    from trident.weights.network import TrainedNetwork, network_of
 
-    merge_converters(task)  # a finetune=lora run: its converters (the adapters) folded into the weights Hugging Face reads
-    write_hf(task.net, task.tokenizer, task.hparams.get("class_names"), directory, task.tokenizer_settings)
+    network = subject if isinstance(subject, TrainedNetwork) else network_of(subject)
+    network.merge_converters()  # a finetune=lora run: its adapters folded into the weights Hugging Face reads
+    write_hf(network.net, network.tokenizer, network.settings.get("class_names"), directory, network.tokenizer_settings)
 
 
 def export_safetensors(task: TridentTask, directory: Path) -> None:
@@ -80,12 +84,15 @@ def export_peft(task: TridentTask, directory: Path) -> None:
     write_peft(task, directory)
 
 
-FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
-    "hf": export_hf,
+# The formats that write the network alone, read without its task (trident.weights.network: no Lightning to import),
+# and those that write what the task knows of it (its name and settings, its example inputs, its converters' files).
+NETWORK_FORMATS: dict[str, Callable[[TrainedNetwork | TridentTask, Path], None]] = {"hf": export_hf}
+TASK_FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "safetensors": export_safetensors,
     "onnx": export_onnx,
     "peft": export_peft,
 }
+FORMATS: dict[str, Callable[[Any, Path], None]] = NETWORK_FORMATS | TASK_FORMATS
 
 
 def check_out(out: Path) -> None:
@@ -113,14 +120,19 @@ def export(checkpoint: Path, fmt: str, out: Path) -> None:
     check_out(out)
     import torch
 
-    from trident.weights.load import load
+    if fmt in NETWORK_FORMATS:
+        from trident.weights.network import load_network
 
-    task = load(checkpoint)
+        subject: TrainedNetwork | TridentTask = load_network(checkpoint)
+    else:
+        from trident.weights.load import load
+
+        subject = load(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         with torch.no_grad():
-            writer(task, scratch)
+            writer(subject, scratch)
         give_user_permissions(scratch)
         check_out(out)  # still free after the (possibly long) export
         if out.exists():

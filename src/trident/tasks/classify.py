@@ -19,6 +19,7 @@ from trident.models import POOLS, SequenceClassifier
 from trident.objectives import Outputs
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
+from trident.tasks.network_builders import sequence_classifier
 from trident.tracking.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
@@ -59,8 +60,9 @@ class SequenceClassificationTask(TridentTask):
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         num_classes = len(class_names)
-        self.net = SequenceClassifier(self.backbone_config, vocab_size, num_classes, stack=stack, pool=pool,
-                                      scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
+        self.net = sequence_classifier(self.backbone_config, vocab_size=vocab_size, class_names=class_names,
+                                       stack=stack, pool=pool, scale_embeddings=scale_embeddings,
+                                       class_token_in_text=class_token_in_text)
         self.objective = self.chosen_objective()
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr

@@ -17,6 +17,7 @@ from trident.objectives.preference import check_preference_run
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
+from trident.tasks.network_builders import causal_lm
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import causal_lm_flops
 
@@ -49,9 +50,8 @@ class LanguageModelTask(TridentTask):
         objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
-        self.net = CausalLM(
-            self.backbone_config, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
-        )
+        self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
+                             scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})

@@ -21,6 +21,7 @@ from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.objectives import Outputs
 from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
+from trident.tasks.network_builders import masked_lm
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
@@ -62,7 +63,7 @@ class MaskedLanguageModelTask(TridentTask):
         objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
-        self.net = MaskedLM(self.backbone_config, vocab_size, scale_embeddings=scale_embeddings)
+        self.net = masked_lm(self.backbone_config, vocab_size=vocab_size, scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens

@@ -36,7 +36,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trident.converters import Converter, converters_of
 from trident.errors import ConfigError, DataError
-from trident.parallel.fsdp import parallelize
 
 
 class TaskNetworks(Protocol):
@@ -117,19 +116,31 @@ def convert_networks(task: TaskNetworks) -> None:
     the existing parameters stay): what no converter lets train is frozen, but for the task's ``HEAD``."""
     task.converters = converters_of(task.hparams)
     for net in task.networks().values():
-        for converter in task.converters:
-            converter.apply(net)
-        if task.converters:
-            for name, param in net.named_parameters():
-                param.requires_grad_(name.startswith(task.HEAD) or all(c.trains(name) for c in task.converters))
+        convert_network(net, task.converters, task.HEAD)
     task.on_networks_converted()
+
+
+def convert_network(net: nn.Module, converters: list[Converter], head: tuple[str, ...] = ()) -> None:
+    """Apply ``converters`` to ``net`` in order (in place): what none of them lets train is frozen, but for the
+    parameters under ``head`` (a task's ``HEAD``). A network rebuilt from a checkpoint alone is converted here too
+    (trident.weights.network)."""
+    for converter in converters:
+        converter.apply(net)
+    if converters:
+        for name, param in net.named_parameters():
+            param.requires_grad_(name.startswith(head) or all(c.trains(name) for c in converters))
 
 
 def merge_converters(task: TaskNetworks) -> None:
     """Fold every converter of ``task`` into its networks' plain layers (an export writes the base's layout)."""
     for net in task.networks().values():
-        for converter in reversed(task.converters):
-            converter.merge(net)
+        merge_network(net, task.converters)
+
+
+def merge_network(net: nn.Module, converters: list[Converter]) -> None:
+    """Fold ``converters`` (applied to ``net`` in this order) into its plain layers, the last applied first."""
+    for converter in reversed(converters):
+        converter.merge(net)
 
 
 def all_networks(task: TaskNetworks | Any) -> list[nn.Module]:
@@ -141,6 +152,8 @@ def all_networks(task: TaskNetworks | Any) -> list[nn.Module]:
 
 def shard_networks(task: TaskNetworks, mesh: DeviceMesh, precision: str) -> None:
     """FSDP (and tensor parallelism) over ``mesh``: each network of ``task``, companions included."""
+    from trident.parallel.fsdp import parallelize  # Lightning's strategies: a network read for export needs none
+
     for net in all_networks(task):
         parallelize(net, mesh, precision)
 

@@ -24,6 +24,7 @@ from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
+from trident.tasks.network_builders import encoder_decoder
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import encoder_decoder_flops
 
@@ -98,9 +99,8 @@ class TranslationTask(TridentTask):
         objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
-        self.net = EncoderDecoder(
-            self.backbone_config, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings
-        )
+        self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
+                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         # Decoding settings as attributes, so the translate command can override them per call.

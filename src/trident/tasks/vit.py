@@ -18,6 +18,7 @@ from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
+from trident.tasks.network_builders import vision_transformer
 from trident.tracking.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -59,9 +60,8 @@ class ImageClassificationTask(TridentTask):
         objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, lora=lora, objective=objective)
-        self.net = VisionTransformer(
-            self.backbone_config, patch_size=patch_size, in_channels=in_channels, num_classes=num_classes, pool=pool
-        )
+        self.net = vision_transformer(self.backbone_config, patch_size=patch_size, in_channels=in_channels,
+                                      num_classes=num_classes, pool=pool)
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)
         self.num_figure_images = num_figure_images
         mixup = dict(mixup or {})

@@ -15,7 +15,7 @@ from torch import nn
 
 from trident.converters import LORA_KEYS
 from trident.errors import ConfigError, DataError
-from trident.weights.checkpoints import read_checkpoint
+from trident.weights.checkpoint_files import read_checkpoint
 
 ADAPTER_DIR, ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter", "adapter.safetensors", "adapter.json"
 

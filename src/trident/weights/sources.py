@@ -23,10 +23,9 @@ from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
 from trident.tasks.networks import merge_converters
 from trident.weights.adapters.normalisation import with_outside_statistics
-from trident.weights.checkpoints import checkpoint_of, load_task_checkpoint, read_checkpoint
+from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
 from trident.weights.pretrained import PretrainedWeights
-from trident.weights.task_class import task_class_of
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
@@ -57,6 +56,11 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
 
 
 def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeights:
+    # The task's side (Lightning): a trident checkpoint source only; a LoRA run's own copy of its source, which its
+    # readers find first (find_base), is read without it.
+    from trident.weights.checkpoints import load_task_checkpoint
+    from trident.weights.task_class import task_class_of
+
     checkpoint = read_checkpoint(checkpoint_path, "init_from")
     task_class = task_class_of(checkpoint, checkpoint_path)
     settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
