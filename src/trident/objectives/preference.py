@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
-# TRL's names for what a step logs beside the loss (logged as <split>/<name>).
 #: The name of the frozen companion that holds the reference policy in full fine-tuning.
 REFERENCE = "reference"
+# TRL's names for what a step logs beside the loss (logged as <split>/<name>).
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
 
 
@@ -96,13 +96,13 @@ class DirectPreference(Objective):
                      for batch in loader]
             pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
 
-    def reference_logps(self, source: OutputSource, batch: PreferenceBatch, initial: bool = False) -> Tensor:
+    def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
         """The reference policy's answer log-probabilities (2B,): precomputed, the frozen copy's, the policy's with
         its converters switched off, or (``initial``: before the first step) the policy's own; without dropout, as
         TRL runs both policies."""
         if batch.reference.numel():
             return batch.reference
-        net = source.net  # type: ignore[attr-defined]
+        net = source.net
         was_training = net.training
         copied, off = source.companions.get(REFERENCE), source.switched_off()
         with torch.no_grad():

@@ -2,8 +2,8 @@
 converters, shard, compile): the run builds its task inside ``converting_later()``, then :func:`prepare_networks`
 loads the source's weights into the networks as built, reads or fills the companions (:func:`name_initial_copies`:
 a copy of the initial weights lives at ``<run>/init/<key>.safetensors``), converts them, checks a resumed
-checkpoint against them, puts on a converter's artifact to start from and compiles; Lightning shards them at ``fit`` (``configure_model``),
-then loads a resumed checkpoint. :func:`write_artifacts` writes what each converter hands on after the run.
+checkpoint against them, puts on a converter's artifact to start from and compiles; Lightning shards them at
+``fit`` (``configure_model``), then loads a resumed checkpoint. :func:`write_artifacts` writes what each converter hands on after the run.
 
 The artifact files of each converter are this room's to choose (they are read and written by trident.weights).
 """
