@@ -16,8 +16,9 @@ from tests.test_convert_llama_family import bpe_tokenizer, hf_model
 from trident.data.preference import PreferenceBatch, PreferenceDataModule
 from trident.data.preference_rows import fit_pair
 from trident.errors import ConfigError, DataError
-from trident.objectives.preference import METRICS, frozen_copy
+from trident.objectives.preference import METRICS
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.networks import convert_networks, converting_later, load_companions
 from trident.weights import read_pretrained
 from trident.weights.adapters.registry import adapter_for_network
 
@@ -57,14 +58,21 @@ def preference_data(tmp_path: Path, llama: Path, rows: list[dict[str, Any]], **o
     return data
 
 
-def trident_task(llama: Path, objective: dict[str, Any], lora: dict[str, Any] | None = None) -> LanguageModelTask:
-    """task=lm on the Llama directory's weights, in float64 (sums reordered by another library agree to 1e-12)."""
+def trident_task(llama: Path, objective: dict[str, Any], lora: dict[str, Any] | None = None,
+                 reference: Path | None = None) -> LanguageModelTask:
+    """task=lm on the Llama directory's weights, in float64 (sums reordered by another library agree to 1e-12), built
+    as a run builds it: the weights first, then the companions (``reference``: DPO's frozen copy of them in full
+    fine-tuning, its file named there) and the converters."""
     weights = read_pretrained(llama)
     backbone = dict(weights.model, pos_encoding=weights.pos_encoding, pos_encoding_options=weights.pos_encoding_options,
                     dropout=0.0, max_seq_len=64)
-    task = LanguageModelTask(backbone, weights.vocab_size, {"name": "adamw", "lr": 1e-3}, {"name": "constant"},
-                             **weights.task_options, objective=objective, lora=lora)
+    with converting_later():
+        task = LanguageModelTask(backbone, weights.vocab_size, {"name": "adamw", "lr": 1e-3}, {"name": "constant"},
+                                 **weights.task_options, objective=objective, lora=lora,
+                                 reference=None if reference is None else str(reference))
     task.net.load_state_dict(weights.state_dict, strict=False)
+    load_companions(task, started=True)
+    convert_networks(task)
     return task.double()
 
 
@@ -121,8 +129,9 @@ def test_the_loss_every_metric_and_the_gradient_equal_trl(tmp_path: Path, llama:
         assert pairs.sequence("rejected", i).tolist() == row["prompt_ids"] + row["rejected_ids"]
         assert prompt == len(row["prompt_ids"])
 
-    task = trident_task(llama, {"name": "dpo", "loss_type": loss_type, "beta": beta, "label_smoothing": label_smoothing})
-    task.objective.hold_reference(frozen_copy(task.net))
+    task = trident_task(llama, {"name": "dpo", "loss_type": loss_type, "beta": beta, "label_smoothing": label_smoothing},
+                        reference=tmp_path / "reference.safetensors")
+    assert set(task.companions) == {"reference"}
     task.net.load_state_dict(read_state(policy_hf, tmp_path / "policy"), strict=True)
     task.train()
     batch = pairs.collate([(i,) for i in range(len(ROWS))])
@@ -210,7 +219,7 @@ def test_a_lora_policys_reference_is_the_same_network_with_its_adapters_off(tmp_
     policy, base = trident_task(llama, {"name": "dpo"}, lora=lora), trident_task(llama, {"name": "dpo"})
     randomise(policy.net, seed=3, std=0.05)
     policy.net.load_state_dict(base.net.state_dict(), strict=False)  # the base weights back; the adapters stay moved
-    assert not policy.objective._reference
+    assert not policy.companions
     reference = policy.objective.reference_logps(policy, batch)
     from trident.objectives.preference import answer_logps
 
@@ -233,9 +242,8 @@ def test_precomputed_reference_log_probabilities_are_served_with_each_batch(tmp_
     task = trident_task(llama, {"name": "dpo", "precompute_ref": True})
     task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None)  # what start() reads of the trainer
     task.objective.start(task)
-    assert not task.objective._reference
-    copy_task = trident_task(llama, {"name": "dpo"})
-    copy_task.objective.hold_reference(frozen_copy(copy_task.net))
+    assert not task.companions
+    copy_task = trident_task(llama, {"name": "dpo"}, reference=tmp_path / "reference.safetensors")
     for split in ("train", "validation", "test"):
         batch = data.pairs[split].collate([(i,) for i in (3, 0, 2)])
         assert batch.reference.shape == (6,)
@@ -321,7 +329,6 @@ def test_files_given_to_the_shipped_source_are_one_line_not_ignored(tmp_path: Pa
     (["data=preference", "data.files=[x.jsonl]"], "add objective=dpo or objective=orpo"),
     (["objective=orpo"], "objective=orpo trains on pairs of chosen and rejected answers, not data=shakespeare"),
     (["data=preference", "objective=dpo", "init_from=x", "task.objective.loss_type=kto"], "not a DPO loss"),
-    (["data=preference", "objective=dpo", "init_from=x", "trainer=fsdp"], "under trainer=fsdp would need a frozen"),
     (["data=preference", "objective=dpo", "init_from=x", "finetune=lora", "finetune.adapter=y"],
      r"finetune.adapter=<a LoRA run> would take the base without that adapter"),
 ])
@@ -421,13 +428,17 @@ def joined(*batches: PreferenceBatch) -> PreferenceBatch:
     return PreferenceBatch(torch.cat(halves[:2]), torch.cat(halves[2:]), torch.zeros(0))
 
 
-def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch() -> None:
+def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch(tmp_path: Path) -> None:
     """Micro-batches of 1 and 3 pairs, accumulated, step as one batch of the 4 pairs (a mean per micro-batch would
-    weigh the single pair 3 times); full fine-tuning takes its frozen reference when training starts."""
+    weigh the single pair 3 times); full fine-tuning's frozen reference copies the weights the task was built with."""
     from tests.test_token_loss import BACKBONE, VOCAB, SGDLanguageModel, one_step
 
     torch.manual_seed(0)
-    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0})
+    with converting_later():  # as a run builds it: the frozen reference then copies the initial weights
+        task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0},
+                                reference=str(tmp_path / "reference.safetensors"))
+    load_companions(task, started=True)
+    convert_networks(task)
     small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
     expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
     accumulated = one_step(copy.deepcopy(task), [small, large], 2)
@@ -440,14 +451,18 @@ def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch() ->
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4() -> None:
+def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4(tmp_path: Path) -> None:
     import lightning as L
     from torch.utils.data import DataLoader
 
     from tests.test_token_loss import BACKBONE, VOCAB, RankBatches, SGDLanguageModel, one_step
 
     torch.manual_seed(0)
-    task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0})
+    with converting_later():  # as a run builds it: the frozen reference then copies the initial weights
+        task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0},
+                                reference=str(tmp_path / "reference.safetensors"))
+    load_companions(task, started=True)
+    convert_networks(task)
     small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
     expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
     ranks = copy.deepcopy(task)
@@ -461,20 +476,19 @@ def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4() -> None
         torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
 
 
-@pytest.mark.parametrize("precompute", [False, True])
-def test_resuming_full_fine_tuning_is_refused_in_one_line(llama: Path, precompute: bool) -> None:
-    """A resumed full fine-tuning run starts at trained weights, which would become its reference policy (precomputed
-    or copied): refused; a LoRA run's reference (adapters off) survives a resume."""
+def test_resuming_full_fine_tuning_with_precomputed_reference_is_refused_in_one_line(llama: Path, tmp_path: Path) -> None:
+    """A resumed full fine-tuning run starts at trained weights, of which precompute_ref would compute its reference:
+    refused; a frozen copy's (read again from the run) and a LoRA run's reference (adapters off) survive a resume."""
     from types import SimpleNamespace
 
-    task = trident_task(llama, {"name": "dpo", "precompute_ref": precompute})
+    task = trident_task(llama, {"name": "dpo", "precompute_ref": True})
     task._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
-    with pytest.raises(ConfigError, match="resuming a full fine-tuning DPO run would take the trained weights"):
+    with pytest.raises(ConfigError, match="resuming a full fine-tuning DPO run with task.objective.precompute_ref=true"):
         task.objective.start(task)
-    lora = trident_task(llama, {"name": "dpo"}, lora={"targets": ["q"], "rank": 2, "alpha": 2.0, "dropout": 0.0})
-    lora._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
-    lora.objective.start(lora)
-    assert not lora.objective._reference
+    for resumed in (trident_task(llama, {"name": "dpo"}, reference=tmp_path / "reference.safetensors"),
+                    trident_task(llama, {"name": "dpo"}, lora={"targets": ["q"], "rank": 2, "alpha": 2.0, "dropout": 0.0})):
+        resumed._trainer = SimpleNamespace(datamodule=None, ckpt_path="last.ckpt")
+        resumed.objective.start(resumed)
 
 
 def test_orpo_loss_and_every_metric_equal_trls_orpo_trainer(tmp_path: Path, llama: Path) -> None:

@@ -45,6 +45,21 @@ def test_the_pipeline_has_no_lora_branch() -> None:
     assert "lora" not in text and "adapter" not in text, "the pipeline calls the lifecycle, which iterates converters"
 
 
+def test_objectives_name_no_converter() -> None:
+    """An objective asks the task for its networks as loaded (``switched_off``: each converter switches itself off),
+    never a converter by name: no identifier or import of ``src/trident/objectives`` names LoRA or its adapters."""
+    for path in sorted((SRC / "objectives").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        names |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        names |= {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom | ast.Import)
+                  for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        named = sorted(n for n in names if "lora" in n.lower() or "adapter" in n.lower() or "converter" in n.lower())
+        assert not named, f"{path.name} names {named}"
+
+
 def test_every_task_records_every_converter_in_its_hyperparameters() -> None:
     """A checkpoint re-applies its converters from its hyperparameters: each is a keyword of every task."""
     for task_class in TASKS.values():

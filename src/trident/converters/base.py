@@ -6,13 +6,15 @@ recorded in the task's hyperparameters under its :attr:`Converter.NAME`, so a ch
 hyperparameters (trident.tasks.networks, the lifecycle). On the network it says how it changes it
 (:meth:`Converter.apply`), which parameters may train (:meth:`Converter.trains`: the rest are frozen, the task's
 ``HEAD`` trains whatever a converter says), what artifact a run writes (:meth:`Converter.write_artifact`, through
-an :class:`ArtifactFiles` the weights room injects: files in and out are that room's) and how it is folded away
-for an export (:meth:`Converter.merge`).
+an :class:`ArtifactFiles` the weights room injects: files in and out are that room's), how it is folded away
+for an export (:meth:`Converter.merge`) and, where it can, how the network runs without it for a while
+(:meth:`Converter.switched_off`: the network as it was loaded, e.g. preference tuning's reference policy).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -50,6 +52,8 @@ class Converter(ABC):
     #: Whether tensor parallelism's plan (trident.parallel) can split a network it converted: a converter that wraps
     #: the projections the plan splits (LoRA's adapters) cannot run under ``tensor_parallel_size`` > 1.
     TENSOR_PARALLEL: ClassVar[bool] = False
+    #: Whether :meth:`switched_off` runs the network as it was loaded (no copy of the loaded weights needed).
+    SWITCHES_OFF: ClassVar[bool] = False
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = dict(settings)
@@ -75,6 +79,11 @@ class Converter(ABC):
     @abstractmethod
     def merge(self, net: nn.Module) -> None:
         """Fold the change into ``net``'s plain layers, in place (an export writes what the base's format reads)."""
+
+    def switched_off(self, net: nn.Module) -> AbstractContextManager[None]:
+        """A context in which ``net`` runs as it was before :meth:`apply` (its loaded weights), for a converter that
+        :attr:`SWITCHES_OFF`; one that cannot (e.g. weights quantized in place) leaves the loaded network to a copy."""
+        raise TypeError(f"finetune={self.NAME} changes the network for good: it cannot be switched off")
 
     def write_artifact(self, net: nn.Module, run_dir: Path, base: str, best: str | None, files: ArtifactFiles) -> Path:
         """Write what a run of this converter hands on beside its checkpoints, with ``files``."""

@@ -7,11 +7,12 @@ checkpoints leave the frozen base out (trident.weights.frozen_base); an export m
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
-from trident.backbone import LORA_TARGETS, TransformerConfig, add_lora, is_lora_parameter, merge_lora
+from trident.backbone import LORA_TARGETS, TransformerConfig, adapters_off, add_lora, is_lora_parameter, merge_lora
 from trident.converters.base import Converter
 from trident.errors import ConfigError, is_int, is_number
 
@@ -28,6 +29,7 @@ class LoRA(Converter):
     NAME: ClassVar[str] = "lora"
     START_FROM: ClassVar[str | None] = "adapter"
     FREEZES_SOURCE: ClassVar[bool] = True
+    SWITCHES_OFF: ClassVar[bool] = True
 
     @classmethod
     def check(cls, cfg: DictConfig, settings: dict[str, Any], backbone: TransformerConfig) -> dict[str, Any]:
@@ -77,6 +79,10 @@ class LoRA(Converter):
 
     def merge(self, net: nn.Module) -> None:
         merge_lora(net)
+
+    def switched_off(self, net: nn.Module) -> AbstractContextManager[None]:
+        """The frozen base alone: every adapter off (no second copy of the weights)."""
+        return adapters_off(net)
 
 
 def _widths(cfg: TransformerConfig) -> dict[str, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -45,9 +46,15 @@ class Loss:
 
 
 class OutputSource(Protocol):
-    """What an objective asks of a task: the outputs of its trained network on a batch of a stage."""
+    """What an objective asks of a task: the outputs of its trained network on a batch of a stage, its frozen
+    companions by name (e.g. a reference policy), and a context in which its networks run as they were loaded, their
+    converters switched off (None where they cannot be: trident.tasks.networks.switched_off)."""
+
+    companions: dict[str, nn.Module]
 
     def outputs(self, batch: Any, stage: str) -> Outputs: ...
+
+    def switched_off(self) -> AbstractContextManager[None] | None: ...
 
 
 class Objective(nn.Module, ABC):
@@ -65,6 +72,11 @@ class Objective(nn.Module, ABC):
         reuses for its metrics (no second forward)."""
         outputs = source.outputs(batch, stage)
         return self.reduce(outputs, stage), outputs
+
+    def copies_initial(self, switchable: bool) -> bool:
+        """Whether the objective needs a frozen copy of the trained network's initial weights (a companion of the
+        task), given whether the task's converters can be switched off instead (``switchable``). Most need none."""
+        return False
 
     def start(self, task: Any) -> None:
         """Called when training starts (the task's ``on_fit_start``), at the initial weights: what the objective

@@ -4,24 +4,24 @@ DPO of noisy labels (Chowdhury et al. 2024, ``label_smoothing``).
 
 A batch of B pairs (:class:`~trident.data.preference.PreferenceBatch`) runs as one batch of 2B sequences through the
 policy, the task's trained network; each answer's log-probability is summed over its tokens only. The reference
-policy is the initial weights, frozen (:func:`reference_logps`): with ``finetune=lora`` the same network with its
-adapters off (no second copy of the weights); in full fine-tuning a frozen copy taken when training starts
-(:func:`frozen_copy`); or, with ``precompute_ref=true``, the log-probabilities computed once when training starts
+policy is the initial weights, frozen (:meth:`DirectPreference.reference_logps`): where the task's converters can be
+switched off (``finetune=lora``: its adapters), the same network with them off (no second copy of the weights);
+in full fine-tuning the task's frozen companion :data:`REFERENCE`, a copy of the initial weights that the lifecycle
+reads again from the run's ``<run>/init/reference.safetensors`` on a resume and shards like the policy
+(trident.tasks.networks); or, with ``precompute_ref=true``, the log-probabilities computed once when training starts
 and served with each batch (:meth:`DirectPreference.start`). The loss is summed over pairs and averaged over the
 optimizer step's global batch of pairs (trident.training.token_loss: a pair is the "token").
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from trident.backbone import adapters_off, has_adapters
 from trident.data.preference import PreferenceBatch
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+#: The name of the frozen companion that holds the reference policy in full fine-tuning.
+REFERENCE = "reference"
 # TRL's names for what a step logs beside the loss (logged as <split>/<name>).
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
 
@@ -52,16 +54,6 @@ def answer_logps(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return per_token.view(targets.shape).sum(dim=1), targets.ne(IGNORE_INDEX).sum(dim=1)
 
 
-def frozen_copy(net: nn.Module) -> nn.Module:
-    """The reference policy of full fine-tuning: a copy of ``net`` as it is (the initial weights when training
-    starts), frozen, in eval mode. It is kept off the task's module tree, so no checkpoint or optimizer holds it.
-    The one place a frozen companion network is made for preference tuning (to move onto the task's generic seam
-    for frozen networks, which would also shard it like the policy under FSDP)."""
-    reference = copy.deepcopy(net).eval()
-    reference.requires_grad_(False)
-    return reference
-
-
 class DirectPreference(Objective):
     """DPO and its variants on preference pairs; ``beta`` scales the implicit reward (IPO's regularisation tau)."""
 
@@ -79,52 +71,54 @@ class DirectPreference(Objective):
                               "of pairs whose labels are flipped (loss_type=robust)")
         self.beta, self.loss_type, self.label_smoothing = float(beta), loss_type, float(label_smoothing)
         self.precompute_ref = bool(precompute_ref)
-        self._reference: list[nn.Module] = []  # full fine-tuning: the frozen copy, held outside the module tree
+
+    def copies_initial(self, switchable: bool) -> bool:
+        """The reference policy is a frozen copy of the initial weights unless it is precomputed or the converters
+        switch off."""
+        return not self.precompute_ref and not switchable
 
     def start(self, task: Any) -> None:
-        """When training starts, at the initial weights: keep the reference policy of full fine-tuning, or with
-        ``precompute_ref`` compute the reference log-probabilities of every pair of every split once (the policy
-        itself then serves as reference, before its first step: no copy is kept)."""
-        if not has_adapters(task.net) and task.trainer.ckpt_path is not None:  # the reference is not in the checkpoint
-            raise ConfigError("resuming a full fine-tuning DPO run would take the trained weights as its reference policy: "
-                              "resume a finetune=lora run, or start again from init_from")
-        if not has_adapters(task.net) and not self.precompute_ref and not self._reference:
-            self.hold_reference(frozen_copy(task.net))
-        if self.precompute_ref:
-            data = task.trainer.datamodule
-            for split in ("train", "validation", "test"):
-                pairs = data.pairs[split]
-                pairs.reference = None  # the policy's own, not an earlier pass's
-                loader = data.split_loader(split, train=False)
-                found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
-                         for batch in loader]
-                pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
-
-    def hold_reference(self, reference: nn.Module) -> None:
-        """Take ``reference`` (a :func:`frozen_copy`) as the reference policy."""
-        self._reference[:] = [reference]
+        """When training starts, at the initial weights: with ``precompute_ref`` compute the reference
+        log-probabilities of every pair of every split once (the policy itself then serves as reference, before its
+        first step: no copy is kept)."""
+        if not self.precompute_ref:
+            return
+        if task.switched_off() is None and task.trainer.ckpt_path is not None:  # the policy is no longer the initial one
+            raise ConfigError("resuming a full fine-tuning DPO run with task.objective.precompute_ref=true would compute "
+                              "its reference at the trained weights: start again from init_from, or train without "
+                              "precompute_ref (its reference, a frozen copy of the initial weights, survives a resume)")
+        data = task.trainer.datamodule
+        for split in ("train", "validation", "test"):
+            pairs = data.pairs[split]
+            pairs.reference = None  # the policy's own, not an earlier pass's
+            loader = data.split_loader(split, train=False)
+            found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
+                     for batch in loader]
+            pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
 
     def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
         """The reference policy's answer log-probabilities (2B,): precomputed, the frozen copy's, the policy's with
-        its adapters off, or (``initial``: before the first step) the policy's own; without dropout, as TRL runs
-        both policies."""
+        its converters switched off, or (``initial``: before the first step) the policy's own; without dropout, as
+        TRL runs both policies."""
         if batch.reference.numel():
             return batch.reference
         net = source.net
         was_training = net.training
+        copied, off = source.companions.get(REFERENCE), source.switched_off()
         with torch.no_grad():
             try:
                 net.eval()
-                if self._reference:
-                    logits = self._reference[0].to(batch.inputs.device)(batch.inputs)
-                elif has_adapters(net):
-                    with adapters_off(net):
+                if copied is not None:
+                    logits = copied(batch.inputs)
+                elif off is not None:
+                    with off:
                         logits = source.outputs((batch.inputs, batch.targets), "val").logits
                 elif initial:
                     logits = source.outputs((batch.inputs, batch.targets), "val").logits
                 else:
-                    raise ConfigError("objective=dpo has no reference policy here (full fine-tuning outside a training "
-                                      "run): evaluate a finetune=lora run, or train with task.objective.precompute_ref=true")
+                    raise ConfigError("objective=dpo has no reference policy here (full fine-tuning without "
+                                      "task.reference, the frozen copy a run writes): evaluate a run's checkpoint with "
+                                      "its config, or train with task.objective.precompute_ref=true")
             finally:
                 net.train(was_training)
         return answer_logps(logits, batch.targets)[0]
@@ -236,13 +230,6 @@ def check_preference_run(cfg: DictConfig) -> None:
         raise ConfigError("objective=dpo with finetune.adapter=<a LoRA run> would take the base without that adapter as its "
                           "reference policy (the adapters switched off): give init_from=<that LoRA run> instead, whose "
                           "adapters are merged into the initial weights, and new adapters train on them")
-    strategy = cfg.trainer.get("strategy")
-    strategy = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
-    copied = dpo and cfg.get("finetune", {}).get("name") != "lora" and not cfg.task.objective.get("precompute_ref")
-    if copied and strategy.endswith("ShardedStrategy"):
-        raise ConfigError("objective=dpo in full fine-tuning under trainer=fsdp would need a frozen reference copy sharded "
-                          "like the policy, which trident does not make yet: add finetune=lora (the reference is the "
-                          "network with its adapters off) or task.objective.precompute_ref=true")
 
 
 #: The objectives that train on data=preference.

@@ -1,8 +1,9 @@
 """A training run's side of the network lifecycle (trident.tasks.networks: build, load weights, apply the
 converters, shard, compile): the run builds its task inside ``converting_later()``, then :func:`prepare_networks`
-loads the source's weights into the networks as built, converts them, checks a resumed checkpoint against them,
-puts on a converter's artifact to start from and compiles; Lightning shards them at ``fit`` (``configure_model``),
-then loads a resumed checkpoint. :func:`write_artifacts` writes what each converter hands on after the run.
+loads the source's weights into the networks as built, reads or fills the companions (:func:`name_initial_copies`:
+a copy of the initial weights lives at ``<run>/init/<key>.safetensors``), converts them, checks a resumed
+checkpoint against them, puts on a converter's artifact to start from and compiles; Lightning shards them at
+``fit`` (``configure_model``), then loads a resumed checkpoint. :func:`write_artifacts` writes what each converter hands on after the run.
 
 The artifact files of each converter are this room's to choose (they are read and written by trident.weights).
 """
@@ -11,20 +12,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from trident.converters import ArtifactFiles, Converter, LoRA
 from trident.runs.resume import check_resume_continues
 from trident.tasks.base import TridentTask
-from trident.tasks.networks import compile_network, convert_networks
+from trident.tasks.networks import compile_network, convert_networks, load_companions
 from trident.weights.checkpoints import check_checkpoint_fits
 from trident.weights.frozen_base import keep_base_out
 from trident.weights.lora_adapter import AdapterFiles
 from trident.weights.pretrained import PretrainedWeights
+from trident.weights.sources import COPY_DIR
 from trident.weights.transfer import TransferRow, transfer_weights
 
 #: Where each converter's artifact is written and read (by its name).
 ARTIFACT_FILES: dict[str, ArtifactFiles] = {LoRA.NAME: AdapterFiles()}
+
+
+def name_initial_copies(task: type[TridentTask], cfg: DictConfig, run_dir: Path) -> None:
+    """Each companion of ``task`` that copies a trained network's initial weights (:meth:`TridentTask.initial_copies`)
+    is read from ``<run>/init/<key>.safetensors``, unless the config names its source: written by the new run
+    (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints."""
+    for key in task.initial_copies(cfg):
+        if cfg.task.get(key) is None:
+            with open_dict(cfg):
+                cfg.task[key] = str(run_dir / COPY_DIR / f"{key}.safetensors")
 
 
 def prepare_networks(task: TridentTask, cfg: DictConfig, source: PretrainedWeights | None,
@@ -35,6 +47,8 @@ def prepare_networks(task: TridentTask, cfg: DictConfig, source: PretrainedWeigh
     # Load: a new run starts from its source's weights, into the networks as built (before any converter).
     transferred = (transfer_weights(task.net, source.state_dict, source.source, new_head, source.notes, embeddings_only)
                    if source is not None and not resumed else None)
+    # The companions: read from their sources; a new run's copies of the initial weights taken from its networks now.
+    load_companions(task, started=not resumed)
     # Convert: the converters the task's hyperparameters record (the checkpoints re-apply them from there).
     convert_networks(task)
     if saved is not None:  # the resumed checkpoint continues this training, on these (converted) networks

@@ -33,12 +33,12 @@ from trident.parallel.fsdp import shards_weights
 from trident.parallel.tensor_parallel import check_tensor_parallel_config
 from trident.runs.attempts import EpochBoundaryResume, FinalStepCheckpoint, keep_csv_history_until, keep_history_until
 from trident.runs.budget import apply_flops_budget, check_budget, check_training_batches, first_batch_flops
-from trident.runs.lifecycle import prepare_networks, write_artifacts
+from trident.runs.lifecycle import name_initial_copies, prepare_networks, write_artifacts
 from trident.runs.lr_find import check_tunable, check_tune_config, find_learning_rate
 from trident.runs.resume import checkpoint_to_resume, run_identity
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
-from trident.tasks.networks import converting_later
+from trident.tasks.networks import converting_later, save_initial_companions
 from trident.tracking.loggers import build_loggers, check_logger_config, record_summary
 from trident.tracking.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.tracking.wandb_artifacts import log_best_checkpoint
@@ -313,6 +313,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         print_config_tree(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
+    name_initial_copies(configured_task_class(cfg), cfg, run_dir)  # e.g. DPO's reference policy in full fine-tuning
     with converting_later():  # the lifecycle (trident.runs.lifecycle): the source's weights first, then the converters
         datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did
@@ -342,6 +343,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     if writes_outputs:
         if source is not None:
             copy_source(source, run_dir)  # <run>/init: the run never needs the source again
+        if not resume_from:
+            save_initial_companions(task)  # <run>/init/<key>.safetensors: what a resume reads again
         save_resolved_config(cfg, run_dir)
         datamodule.save_to(run_dir)
     resumed_step = int(saved[1]["global_step"]) if saved else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,7 +22,7 @@ from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
 from trident.objectives import Loss, Objective, build_objective, objective_name
 from trident.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
-from trident.tasks.networks import NetworkLifecycle, shard_networks
+from trident.tasks.networks import NetworkLifecycle, shard_networks, switched_off
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
@@ -159,6 +160,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         # the module tree, so no state dict, optimizer or checkpoint holds them (trident.tasks.networks).
         self.companions: dict[str, nn.Module] = {}
         self.companion_sources: dict[str, str] = {}
+        self.companion_initial: dict[str, str] = {}  # a copy of a trained network's initial weights: which network
         # Every task's one loss reduction (trident.training.token_loss): training over the optimizer step's global
         # batch, validation and test over the whole epoch, both summed losses over trained tokens.
         self.step_loss = StepLoss()
@@ -233,11 +235,26 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         """The networks the task trains, by attribute name (:attr:`NETWORKS`)."""
         return {name: getattr(self, name) for name in self.NETWORKS}
 
-    def add_companion(self, name: str, network: nn.Module, source: str) -> None:
+    def add_companion(self, name: str, network: nn.Module, source: str, initial_of: str | None = None) -> None:
         """Hold ``network`` as a frozen companion ``name`` whose weights are read from ``source`` (a ``.safetensors``
         file or a trident checkpoint) each time the task is built: never trained, never saved with the run, sharded
-        and moved like the trained networks. Its source belongs in the task's hyperparameters."""
+        and moved like the trained networks. Its source belongs in the task's hyperparameters. ``initial_of``: the
+        trained network whose initial weights it copies; a new run fills it from that network once ``init_from`` is
+        loaded and writes it to ``source`` (a ``.safetensors`` file), which a resume or a load reads."""
         self.companions[name], self.companion_sources[name] = network, source
+        if initial_of is not None:
+            self.companion_initial[name] = initial_of
+
+    @classmethod
+    def initial_copies(cls, cfg: DictConfig) -> tuple[str, ...]:
+        """The constructor keys naming the source of a companion that copies a trained network's initial weights,
+        for the run's config ``cfg`` (a run names a file under ``<run>/init/`` for each: trident.runs.lifecycle)."""
+        return ()
+
+    def switched_off(self) -> AbstractContextManager[None] | None:
+        """A context in which the trained networks run as they were loaded, their converters switched off (LoRA's
+        adapters off); None when none is applied or one cannot be (trident.tasks.networks)."""
+        return switched_off(self)
 
     def on_networks_converted(self) -> None:
         """Called once the converters are applied (trident.tasks.networks): what the task freezes beyond them."""

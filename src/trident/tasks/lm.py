@@ -7,17 +7,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from trident.converters import CONVERTERS, converters_of
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
 from trident.models.sampling import check_filters
-from trident.objectives import Outputs
-from trident.objectives.preference import check_preference_run
+from trident.objectives import Outputs, build_objective
+from trident.objectives.preference import REFERENCE, check_preference_run
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
 from trident.tasks.network_builders import causal_lm
+from trident.tasks.networks import can_switch_off
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import causal_lm_flops
 
@@ -48,11 +50,18 @@ class LanguageModelTask(TridentTask):
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
+        reference: str | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
                              scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
+        # reference: where a frozen copy of the initial policy is read (DPO in full fine-tuning; a run names
+        # <run>/init/reference.safetensors, trident.runs.lifecycle): a companion, sharded like net, never saved.
+        if reference is not None and self.objective.copies_initial(can_switch_off(converters_of(self.hparams))):
+            reference_net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
+                                      scale_embeddings=scale_embeddings)
+            self.add_companion(REFERENCE, reference_net, reference, initial_of="net")
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
@@ -65,6 +74,12 @@ class LanguageModelTask(TridentTask):
     def validate_config(cls, cfg: DictConfig) -> None:
         super().validate_config(cfg)
         check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
+
+    @classmethod
+    def initial_copies(cls, cfg: DictConfig) -> tuple[str, ...]:
+        chosen = CONVERTERS.get(str((cfg.get("finetune") or {}).get("name", "full")))
+        objective = build_objective(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
+        return (REFERENCE,) if objective.copies_initial(can_switch_off([chosen] if chosen else [])) else ()
 
     def on_fit_start(self) -> None:
         self.objective.start(self)  # at the initial weights: e.g. DPO's reference policy

@@ -6,7 +6,10 @@
    task is built (a run, ``load_from_checkpoint``, ``trident.load``, a resume): it is never saved with the run.
    A new run's ``init_from`` weights go into ``net`` next (trident.runs.lifecycle: that room reads sources),
    before any converter changes it; a checkpoint's own weights are those of the converted networks, which
-   Lightning loads once the constructor has returned.
+   Lightning loads once the constructor has returned. A companion that copies a trained network's **initial**
+   weights (``add_companion(..., initial_of="net")``: DPO's reference policy in full fine-tuning) is filled from
+   that network once a new run has loaded ``init_from`` into it, and written to its source
+   (:func:`save_initial_companions`), from which a resume or a load reads it again.
 3. **Convert**: the converters the task's hyperparameters record (trident.converters, e.g. ``lora=``) change each
    trained network; only what a converter lets train, and the task's ``HEAD``, keep their gradients. Applied
    when the constructor returns, so a checkpoint re-applies them from its own hyperparameters; a run that loads
@@ -18,6 +21,7 @@
 
 Companions are kept outside the module tree: no state dict, optimizer, DDP reducer or checkpoint sees them;
 they follow the task's device and dtype (``TridentTask._apply``), stay in eval mode and never train.
+:func:`switched_off` runs the trained networks as they were loaded, where every converter can be switched off.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from __future__ import annotations
 import contextvars
 import inspect
 from abc import ABCMeta
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -47,6 +51,7 @@ class TaskNetworks(Protocol):
     converters: list[Converter]
     companions: dict[str, nn.Module]
     companion_sources: dict[str, str]
+    companion_initial: dict[str, str]
 
     def networks(self) -> dict[str, nn.Module]: ...
 
@@ -69,15 +74,16 @@ class NetworkLifecycle(ABCMeta):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         task = super().__call__(*args, **kwargs)
-        load_companions(task)
         if not _later.get():
+            load_companions(task)
             convert_networks(task)
         return task
 
 
 @contextmanager
 def converting_later() -> Iterator[None]:
-    """Tasks built inside keep their networks as built, for weights to be loaded before :func:`convert_networks`."""
+    """Tasks built inside keep their networks as built and their companions unread, for weights to be loaded
+    before :func:`load_companions` and :func:`convert_networks`."""
     token = _later.set(True)
     try:
         yield
@@ -85,16 +91,52 @@ def converting_later() -> Iterator[None]:
         _later.reset(token)
 
 
-def load_companions(task: TaskNetworks) -> None:
+def load_companions(task: TaskNetworks, started: bool = False) -> None:
     """Each companion's weights from its source (a ``.safetensors`` file of its state dict, or a trident
-    checkpoint: its ``net``), frozen, in eval mode."""
+    checkpoint: its ``net``), frozen, in eval mode; ``started`` (a new run, its networks just loaded from
+    ``init_from``): a copy of a trained network's initial weights is taken from that network."""
     for name, companion in task.companions.items():
-        weights = read_network_weights(task.companion_sources[name], f"the {name} of task={task.NAME}")
+        initial_of = task.companion_initial.get(name)
+        weights = (task.networks()[initial_of].state_dict() if started and initial_of is not None
+                   else read_network_weights(task.companion_sources[name], f"the {name} of task={task.NAME}"))
         missing, unexpected = companion.load_state_dict(weights, strict=False)
         if missing or unexpected:
             raise DataError(f"{task.companion_sources[name]} does not fit the {name} of task={task.NAME} "
                             f"({(missing or unexpected)[0]}): pass the weights of a network of its settings")
         companion.requires_grad_(False).eval()
+
+
+def save_initial_companions(task: TaskNetworks) -> None:
+    """Write each copy of a trained network's initial weights to its source (a ``.safetensors`` file), for a resume
+    or a load to read it again (a new run's rank 0, once :func:`load_companions` has filled them)."""
+    from safetensors.torch import save_file
+
+    for name in task.companion_initial:
+        path = Path(task.companion_sources[name])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Cloned: tied weights share one tensor, which safetensors refuses to write twice.
+        weights = {key: value.detach().cpu().clone().contiguous() for key, value in task.companions[name].state_dict().items()}
+        save_file(weights, str(path))
+
+
+@contextmanager
+def _all_off(task: TaskNetworks) -> Iterator[None]:
+    with ExitStack() as stack:
+        for net in task.networks().values():
+            for converter in task.converters:
+                stack.enter_context(converter.switched_off(net))
+        yield
+
+
+def can_switch_off(converters: Sequence[Converter | type[Converter]]) -> bool:
+    """Whether ``converters`` (one at least: instances, or the classes a config chooses) can each be switched off."""
+    return bool(converters) and all(converter.SWITCHES_OFF for converter in converters)
+
+
+def switched_off(task: TaskNetworks) -> AbstractContextManager[None] | None:
+    """A context in which ``task``'s trained networks run as they were loaded, every converter switched off (e.g.
+    LoRA's adapters); None when no converter is applied or one cannot be switched off."""
+    return _all_off(task) if can_switch_off(task.converters) else None
 
 
 def read_network_weights(source: str, what: str) -> dict[str, Tensor]:

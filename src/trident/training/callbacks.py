@@ -217,7 +217,7 @@ class ModelEMA(EMAWeightAveraging):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's average is a deep copy of the whole task: a task's frozen companions (a teacher, a reference
         # policy: trident.tasks.networks) never change, so the copy shares them instead of holding a second one.
-        companions = getattr(pl_module, "companions", None)
+        companions = pl_module.companions  # every trident task has them (trident.tasks.networks), often none
         if not companions:
             super().setup(trainer, pl_module, stage)
             return
