@@ -52,7 +52,7 @@ def startup_rows(settings: Settings) -> list[Row]:
         module, function = target.split(":")
         code = f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {function}; {function}()"
         seconds = wall_seconds([python, "-c", code], settings.repeats, env)
-        hydra = " (Hydra composes the config to list its groups)" if module == "trident.commands.train" else ""
+        hydra = " (the groups read from conf/, the config composed once: trident.runs.train_help)" if module == "trident.commands.train" else ""
         rows.append(Row("startup", f"`{name} --help`", f"{seconds:.2f} s", "-", f"{seconds:.2f} s from the command",
                         f"< {HELP_TARGET_S:g} s", verdict(seconds < HELP_TARGET_S),
                         f"a fresh process, median of {settings.repeats}; imports neither torch nor Lightning{hydra}"))
