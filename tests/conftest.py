@@ -69,6 +69,21 @@ def _shared_data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         yield
 
 
+# What a launcher leaves in the process: Lightning sets MASTER_PORT (a free port) for an in-process Trainer or a one-rank
+# FSDP mesh and never takes it back. A test after it in the same worker would see it (a DDP worker's environment
+# check, a job that inherits the port): each test starts and ends without them.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "TRIDENT_DDP_JOB")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_variables() -> Iterator[None]:
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    yield
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+
+
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
     """Compose ``conf/train.yaml`` with ``overrides``, as ``python train.py <overrides>`` would."""
     return compose_train_config(overrides, output_dir, CONF_DIR)
