@@ -158,3 +158,22 @@ def test_a_converter_says_whether_tensor_parallelism_can_split_it(registered: No
     monkeypatch.setattr(RoundWeights, "TENSOR_PARALLEL", True)
     assert unsplittable(_cfg({"name": "round", "step": 0.5})) is None
     check_tensor_parallel_config(trainer, backbone, unsplittable(_cfg({"name": "round", "step": 0.5})))
+
+
+def test_a_task_class_keeps_its_constructors_signature() -> None:
+    """The lifecycle's metaclass builds tasks through ``__call__(*args, **kwargs)``: the class still states its
+    constructor's arguments (without ``self``), which the run checks ``task.*`` keys against."""
+    for task_class in TASKS.values():
+        constructor = list(inspect.signature(task_class.__init__).parameters)
+        assert list(inspect.signature(task_class).parameters) == constructor[1:], task_class.NAME
+
+
+def test_a_network_is_switched_off_only_when_every_converter_can_be() -> None:
+    """DPO's reference is the network with its converters switched off: one converter that cannot be (RoundWeights)
+    beside LoRA means a frozen copy instead."""
+    from trident.tasks.networks import can_switch_off
+
+    lora = CONVERTERS["lora"]
+    assert lora.SWITCHES_OFF and not RoundWeights.SWITCHES_OFF
+    assert can_switch_off([lora]) and not can_switch_off([]) and not can_switch_off([RoundWeights])
+    assert not can_switch_off([lora, RoundWeights]) and not can_switch_off([RoundWeights, lora])
