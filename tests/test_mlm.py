@@ -5,6 +5,7 @@ FLOPs, exact resume, the fill_mask command and eval.py, and learning beyond the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -318,6 +319,27 @@ def test_fill_mask_without_a_mask_is_one_line(short_run: Path, capsys: pytest.Ca
     assert exit_info.value.code == 2
     expected = "error: no [MASK] in 'no mask here': write [MASK] where a token is to be predicted"
     assert capsys.readouterr().err.strip() == expected
+
+
+@pytest.mark.slow  # the harness imported and run: ~7 s on a shared CPU
+def test_the_harness_scores_a_shipped_multiple_choice_task_on_an_mlm_run(short_run: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """trident-harness on the run: pseudo-log-likelihoods rank the choices (acc, acc_norm); generation, one line."""
+    pytest.importorskip("lm_eval")
+    from trident.commands.harness import main as harness_main
+
+    harness_main([str(short_run), "--tasks", "trident_shakespeare_next_line", "--limit", "4", "--batch_size", "32",
+                  "--output_path", str(tmp_path)])
+    (results,) = tmp_path.glob("results_*.json")
+    scores = json.loads(results.read_text())["results"]["trident_shakespeare_next_line"]
+    assert 0 <= scores["acc,none"] <= 1 and 0 <= scores["acc_norm,none"] <= 1
+    with pytest.raises(SystemExit) as exit_info:
+        harness_main([str(short_run), "--tasks", "trident_shakespeare_complete_line", "--limit", "1",
+                      "--output_path", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "is a masked language model, which does not generate text: run tasks it scores (multiple_choice, "
+        "loglikelihood, loglikelihood_rolling), not generate_until ones")
 
 
 def test_eval_script_scores_an_mlm_checkpoint(short_run: Path) -> None:

@@ -1,6 +1,7 @@
 """Evaluate a language model on tasks of EleutherAI's evaluation harness (``lm-eval``, trident's ``[eval]`` extra):
 a trident run (its best, else last checkpoint) or a Hugging Face causal-LM directory, through trident's own model
-(:class:`trident.runs.harness.TridentLM`). The options are the harness's own (``lm_eval --tasks ...``).
+(:class:`trident.runs.harness.TridentLM`). The options are the harness's own (``lm_eval --tasks ...``). A masked LM
+(a task=mlm run, a BERT directory) scores continuations by pseudo-log-likelihood and runs no generation tasks.
 
     trident-harness outputs/runs/<date>/<run> --tasks my_task --include_path my_tasks/ --num_fewshot 2 --limit 100
     trident-harness exported_hf_dir --tasks my_task --include_path my_tasks/ --batch_size 8 --log_samples
@@ -67,7 +68,8 @@ def log_to_wandb(results: dict[str, Any], samples: dict[str, Any] | None, init: 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trident-harness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", type=Path, help="a task=lm run directory or .ckpt, or a Hugging Face causal-LM directory")
+    parser.add_argument("model", type=Path, help="a task=lm or task=mlm run directory or .ckpt, or a Hugging Face causal or masked LM "
+                                               "directory")
     parser.add_argument("--tasks", required=True, help="comma-separated harness task names")
     parser.add_argument("--include_path", default=None, help="a folder of your own task YAMLs")
     parser.add_argument("--num_fewshot", type=int, default=None, help="examples before each question (task default)")

@@ -8,6 +8,7 @@ last ``max_length + 1`` tokens kept, an empty context replaced by the prefix tok
 for ``loglikelihood_rolling``. Batches are sorted longest first and right-padded (a causal model's real tokens never
 see right padding); ``generate_until`` left-pads its prompts and generates with the KV cache
 (:func:`trident.models.generate` with ``padding``), stopping a batch once every row met a stop string or EOS.
+A masked LM (a task=mlm run, a BERT directory) is scored by pseudo-log-likelihood instead (:mod:`.harness_mlm`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ OTHER_EVALUATIONS = {
     "translation": "trident-eval (test BLEU and chrF) or trident-translate",
     "vit": "trident-eval (test accuracy)",
     "classify": "trident-eval (test accuracy)",
-    "mlm": "trident-eval (masked-token loss and accuracy) or trident-fill-mask",
 }
 
 
@@ -173,19 +173,22 @@ def special_ids(net: CausalLM, tokenizer: Tokenizer, settings: dict[str, str]) -
     return eot, ids.get("bos_token", eot)
 
 
-def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.device | None = None) -> TridentLM:
+def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.device | None = None) -> TemplateLM:
     """The :class:`TridentLM` of a trident run or checkpoint, or of a Hugging Face causal-LM directory, on ``device``
-    (default: the CPU); a run or directory of a task that does not generate refused in one line naming what evaluates
-    it."""
+    (default: the CPU); a masked LM's :class:`~trident.runs.harness_mlm.MaskedTridentLM`; a run or directory of another
+    task refused in one line naming what evaluates it."""
     if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
         return _from_directory(path, batch_size=batch_size, chat=chat, device=device)
-    from trident.tasks.base import GENERATE
+    from trident.runs.harness_mlm import masked_run_model
+    from trident.tasks.base import FILL_MASK, GENERATE
     from trident.weights.capable import load_capable
     from trident.weights.checkpoints import checkpoint_of, read_checkpoint
     from trident.weights.task_class import task_class_of
 
     checkpoint = checkpoint_of(path)
     task_class = task_class_of(read_checkpoint(checkpoint, "the run argument", weights=False), checkpoint)
+    if FILL_MASK in task_class.CAPABILITIES:
+        return masked_run_model(checkpoint, batch_size=batch_size, chat=chat, device=device)
     if GENERATE not in task_class.CAPABILITIES:
         raise DataError(_refusal(str(checkpoint), task_class.NAME))
     task = load_capable(checkpoint, GENERATE, "trident-harness")
@@ -200,16 +203,20 @@ def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.devi
 def _refusal(what: str, task: str) -> str:
     other = OTHER_EVALUATIONS.get(task, "trident-eval")
     return (f"{what} is a task={task} model, which the harness cannot score (it scores and generates text with a "
-            f"language model: a task=lm run or a Hugging Face causal-LM directory): evaluate it with {other}")
+            f"language model: a task=lm or task=mlm run, a Hugging Face causal or masked LM directory): evaluate it with {other}")
 
 
-def _from_directory(path: Path, *, batch_size: int, chat: bool, device: torch.device | None) -> TridentLM:
+def _from_directory(path: Path, *, batch_size: int, chat: bool, device: torch.device | None) -> TemplateLM:
     """A Hugging Face directory read into trident's ``CausalLM``, its texts encoded as transformers encodes them."""
     from trident.backbone import TransformerConfig
     from trident.data.chat_template import read_template
     from trident.weights import read_pretrained
 
     weights = read_pretrained(path)
+    if weights.task == "mlm":
+        from trident.runs.harness_mlm import masked_directory_model
+
+        return masked_directory_model(weights, path, batch_size=batch_size, chat=chat, device=device)
     if weights.task != "lm":
         raise DataError(_refusal(str(path), weights.task))
     if weights.tokenizer is None or weights.vocab_size is None:
