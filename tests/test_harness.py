@@ -87,21 +87,81 @@ metric_list:
     return folder
 
 
+# Rows in the schemas of the harness's arc_easy (allenai/ai2_arc), hellaswag (Rowan/hellaswag, before its
+# process_docs) and lambada_openai (EleutherAI/lambada_openai): numeric labels and 3 or 5 choices as some ARC rows have,
+# WikiHow's [header]/[title]/[step] artifacts that hellaswag's preprocess strips, a LAMBADA passage's last word.
+ARC = [("Which animal rests by the river?", ["the fox", "the lazy dog", "a quick bird", "the brown cat"], "ABCD", "B"),
+       ("What does the quick brown fox do?", ["it jumps over the dog", "it sleeps", "it swims"], "123", "1"),
+       ("Where does the lazy dog lie?", ["by the river", "over the fox", "in line 7", "under a tree"], "ABCD", "A"),
+       ("Which line comes first?", ["Line 0", "Line 1", "Line 9", "Line 40", "Line 59"], "ABCDE", "A")]
+HELLASWAG = [
+    ("Walking the dog", "A man walks a lazy dog by the river.", "then the dog",
+     ["rests by the river.", "jumps over the quick fox.", "reads a line.", "runs away [title] fast."], "0"),
+    ("Home and Garden", "[header] How to rest by a river [title] Find a quiet spot.", "",
+     ["[step] Sit by the river and rest.", "Jump over the fox.", "[title] Read line 3.", "Run."], "0"),
+    ("Playing fetch", "The quick brown fox jumps over the lazy dog.", "the dog",
+     ["sleeps.", "rests by the river, and then it jumps.", "is a fox.", "reads."], "1"),
+    ("Resting", "A dog rests by the river.", "then it",
+     ["jumps over the fox.", "swims away.", "rests again, by the river.", "sings [step] loudly."], "2"),
+]
+LAMBADA = ["Line 4: the quick brown fox jumps over the lazy dog, and then it rests by the river",
+           "the lazy dog sleeps while the quick brown fox jumps over the dog",
+           "and then it rests by the river, where the quick brown fox",
+           "Line 12: the quick brown fox jumps over the lazy"]
+# task name -> (the harness's own YAML it includes, the split its rows are read as)
+REFERENCE_FORMATS = {"arc_easy_local": ("arc/arc_easy.yaml", "test"),
+                     "hellaswag_local": ("hellaswag/hellaswag.yaml", "validation"),
+                     "lambada_openai_local": ("lambada/lambada_openai.yaml", "test")}
+
+
+def write_reference_formats(folder: Path) -> None:
+    """A few rows in each schema, and a YAML that includes the harness's own task YAML (its prompts, choices, targets,
+    metrics and hellaswag's ``process_docs``, resolved beside that file) with only the data read from the local file."""
+    import lm_eval.tasks
+
+    rows = {
+        "arc_easy_local": [{"id": f"arc{i}", "question": q, "choices": {"text": c, "label": list(labels)}, "answerKey": key}
+                           for i, (q, c, labels, key) in enumerate(ARC)],
+        "hellaswag_local": [{"ind": i, "activity_label": activity, "ctx_a": a, "ctx_b": b, "ctx": f"{a} {b}".strip(),
+                             "endings": endings, "source_id": f"local~{i}", "split": "val", "split_type": "indomain",
+                             "label": label} for i, (activity, a, b, endings, label) in enumerate(HELLASWAG)],
+        "lambada_openai_local": [{"text": text} for text in LAMBADA],
+    }
+    harness_tasks = Path(lm_eval.tasks.__file__).parent
+    for name, (included, split) in REFERENCE_FORMATS.items():
+        data = folder / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows[name]))
+        (folder / f"{name}.yaml").write_text(f"""include: {harness_tasks / included}
+task: {name}
+tag: []
+dataset_path: json
+dataset_name: null
+dataset_kwargs:
+  data_files:
+    {split}: {data}
+training_split: null
+validation_split: {split if split == "validation" else "null"}
+test_split: {split if split == "test" else "null"}
+""")
+
+
 SHIPPED = "trident_shakespeare_next_line"
 # Every shipped task: multiple choice (next line, which play), LAMBADA's log-likelihood form, generation.
 ALL_SHIPPED = [SHIPPED, "trident_shakespeare_play", "trident_shakespeare_last_word", "trident_shakespeare_complete_line"]
-SCORED = ["tiny_mc", *ALL_SHIPPED[:3]]  # the tasks whose requests are log-likelihoods
+SCORED = ["tiny_mc", *ALL_SHIPPED[:3], *REFERENCE_FORMATS]  # the tasks whose requests are log-likelihoods
 LIMIT = 8
 
 
 def evaluate(model: Any, tasks: Path) -> dict[str, Any]:
-    """The two local tasks, whole, and the first LIMIT questions of each shipped one (built in the tests' cache)."""
+    """The two local tasks and the three in the harness's formats, whole, and the first LIMIT questions of each shipped
+    one (built in the tests' cache)."""
     from lm_eval.tasks import TaskManager
 
     from trident.runs.harness_tasks import shipped_task_folders
 
     manager = TaskManager(include_path=[str(tasks), *shipped_task_folders(ALL_SHIPPED)], include_defaults=False)
-    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen", *ALL_SHIPPED], task_manager=manager,
+    results = lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_gen", *ALL_SHIPPED, *REFERENCE_FORMATS],
+                                      task_manager=manager,
                                       log_samples=True, bootstrap_iters=0, limit=LIMIT)
     assert results is not None
     return results
@@ -122,13 +182,19 @@ def test_trident_and_the_harness_hf_model_agree_request_by_request(tmp_path: Pat
     exported = tmp_path / "hf"
     write_hf(task.net, task.tokenizer, None, exported)
     tasks = write_tasks(tmp_path / "tasks")
+    write_reference_formats(tasks)
     eot = task.tokenizer.token_to_id("<|endoftext|>")
     ours = evaluate(TridentLM(task.net, task.tokenizer, eot_token_id=eot, prefix_token_id=eot, batch_size=3), tasks)
     from lm_eval.models.huggingface import HFLM
 
     theirs = evaluate(HFLM(pretrained=str(exported), device="cpu", batch_size=1), tasks)
-    for name in ("tiny_mc", "tiny_gen", *ALL_SHIPPED):
+    for name in ("tiny_mc", "tiny_gen", *ALL_SHIPPED, *REFERENCE_FORMATS):
         same_results(ours["results"][name], theirs["results"][name])
+    assert {"acc,none", "acc_norm,none"} <= ours["results"]["arc_easy_local"].keys() & ours["results"]["hellaswag_local"].keys()
+    assert {"acc,none", "perplexity,none"} <= ours["results"]["lambada_openai_local"].keys()
+    assert [len(ours["samples"][name]) for name in REFERENCE_FORMATS] == [len(ARC), len(HELLASWAG), len(LAMBADA)]
+    query = ours["samples"]["hellaswag_local"][1]["doc"]["query"]  # hellaswag's own preprocess ran
+    assert query == "Home and Garden: How to rest by a river. Find a quiet spot." and "[" not in query
     ours_mc = ours["samples"]["tiny_mc"]
     assert len(ours_mc) == len(QUESTIONS) and all(len(ours["samples"][name]) == LIMIT for name in ALL_SHIPPED)
     scored = [row for name in SCORED for row in ours["samples"][name]]

@@ -37,6 +37,8 @@ OTHER_EVALUATIONS = {
     "translation": "trident-eval (test BLEU and chrF) or trident-translate",
     "vit": "trident-eval (test accuracy)",
     "classify": "trident-eval (test accuracy)",
+    # Scored by trident-harness itself, but not during training (callbacks=harness evaluates causal LMs only).
+    "mlm": "trident-harness on its checkpoint afterwards (pseudo-log-likelihood) or trident-eval",
 }
 
 
