@@ -77,16 +77,25 @@ RESHARD = [*(o for o in SMALL if not o.startswith("data.batch_size")), *QUIET, "
 ONE_PROCESS, TWO_RANKS = ["trainer.devices=1", "data.batch_size=8"], ["trainer.devices=2", "data.batch_size=4"]
 
 
-def train(root: Path, trainer: str, *overrides: str) -> Path:
+def train_py(args: list[str], cwd: Path, here: pytest.MonkeyPatch | None) -> None:
+    """``python train.py <args>``: a fresh process, or with ``here`` this one (a run of one process, whose process
+    boundary no test checks: a fresh one would only add its imports)."""
+    if here is None:
+        assert_clean(run_script("train.py", *args, cwd=cwd))
+        return
+    result = run_in_process("train.py", args, cwd, here)
+    assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+
+
+def train(root: Path, trainer: str, *overrides: str, here: pytest.MonkeyPatch | None = None) -> Path:
     root.mkdir(exist_ok=True)
-    assert_clean(run_script("train.py", f"trainer={trainer}", *overrides, *RECORD,
-                            f"paths.output_root={root / 'outputs'}", cwd=root))
+    train_py([f"trainer={trainer}", *overrides, *RECORD, f"paths.output_root={root / 'outputs'}"], root, here)
     (run_dir,) = root.glob("outputs/runs/*/*")
     return run_dir
 
 
-def resume(run_dir: Path, *overrides: str) -> None:
-    assert_clean(run_script("train.py", f"resume={run_dir}", *overrides, cwd=run_dir))
+def resume(run_dir: Path, *overrides: str, here: pytest.MonkeyPatch | None = None) -> None:
+    train_py([f"resume={run_dir}", *overrides], run_dir, here)
 
 
 def ranks(run_dir: Path, world_size: int = 2) -> list[dict[str, Any]]:
@@ -237,20 +246,22 @@ def resumable_at(run_dir: Path, checkpoint: Path, copy: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def resharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def resharded(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> dict[str, Path]:
     """6 steps of the LM: in one process (trainer=fsdp_cpu trainer.devices=1) throughout; that run resumed at 2 ranks
     from its sharded checkpoint of step 2 (1 -> 2); and that one resumed in one process from its sharded checkpoint of
     step 4 (2 -> 1). The global batch stays 8. Each run's checkpoints of every 2 steps go to a folder of its own
-    (``<name> steps``)."""
+    (``<name> steps``). The one-process runs run in this process (train.py's entry, a mesh of one rank)."""
     root = tmp_path_factory.mktemp("reshard")
     runs = {"one process": root / "one", "1 -> 2": root / "one-to-two", "2 -> 1": root / "two-to-one"}
     steps = {name: root / f"{run.name}-steps" for name, run in runs.items()}
-    one = train(runs["one process"], "fsdp_cpu", *RESHARD, *ONE_PROCESS,
-                f"+callbacks.every_2.dirpath={steps['one process']}")
+    with pytest.MonkeyPatch.context() as here:
+        one = train(runs["one process"], "fsdp_cpu", *RESHARD, *ONE_PROCESS,
+                    f"+callbacks.every_2.dirpath={steps['one process']}", here=here)
     resume(resumable_at(one, steps["one process"] / "at-step2.ckpt", runs["1 -> 2"]), "trainer=fsdp_cpu", *SHARDED,
            *TWO_RANKS, f"++callbacks.every_2.dirpath={steps['1 -> 2']}")
-    resume(resumable_at(runs["1 -> 2"], steps["1 -> 2"] / "at-step4.ckpt", runs["2 -> 1"]), "trainer=fsdp_cpu", *SHARDED,
-           *ONE_PROCESS, f"++callbacks.every_2.dirpath={steps['2 -> 1']}")
+    with pytest.MonkeyPatch.context() as here:
+        resume(resumable_at(runs["1 -> 2"], steps["1 -> 2"] / "at-step4.ckpt", runs["2 -> 1"]), "trainer=fsdp_cpu",
+               *SHARDED, *ONE_PROCESS, f"++callbacks.every_2.dirpath={steps['2 -> 1']}", here=here)
     runs["one process"] = one
     return {**runs, **{f"{name} steps": folder for name, folder in steps.items()}}
 

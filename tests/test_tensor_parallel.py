@@ -39,12 +39,13 @@ from trident.parallel.tensor_parallel import (
     tensor_parallelize,
 )
 from trident.runs.pipeline import build_data_and_task, check_config
+from trident.runs.pipeline import train as train_in_process
 from trident.training.resilience import NonFiniteLossGuard
 
 from .conftest import SMALL, compose_config
 from .sharding_helpers import fake_two_ranks, one_rank_process_group
 from .shared_runs import QUIET
-from .test_fsdp import net_weights, ranks, train
+from .test_fsdp import RECORD, net_weights, ranks, train
 
 
 @pytest.fixture
@@ -213,41 +214,54 @@ def test_every_task_takes_tensor_parallelism_and_lora_is_refused(task: str) -> N
 
 # 12 steps of the nano LM with grouped key/value heads and swiglu (both fused projections), dropout off: under
 # tensor parallelism dropout draws its masks on each rank's share of the heads, which one process cannot match.
-TP_LM = [*SMALL, *QUIET, "model.activation=swiglu", "model.n_kv_heads=2", "model.dropout=0.0", "trainer.max_steps=12",
-         "trainer.val_check_interval=12", "seed=3", "logger=none"]
+# The global batch is 8 blocks in every run: one process reads them whole, a tensor-parallel group of 2 too (each
+# rank the same 8), a 2 x 2 mesh deals them out to its 2 data-parallel groups (4 each).
+TP_LM = [*(o for o in SMALL if not o.startswith("data.batch_size")), *QUIET, "model.activation=swiglu",
+         "model.n_kv_heads=2", "model.dropout=0.0", "trainer.max_steps=12", "trainer.val_check_interval=12", "seed=3",
+         "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> Path:
+    """The run both slow tests compare with: 12 steps of the global batch of 8 in one process, in this one (the
+    process boundary is what the tensor-parallel runs test, not the reference). Returns its run directory."""
+    run_dir = tmp_path_factory.mktemp("one_process") / "run"
+    train_in_process(compose_config(["trainer=cpu", *TP_LM, "data.batch_size=8", *RECORD], output_dir=run_dir))
+    return run_dir
 
 
 @pytest.mark.slow
-def test_two_way_tensor_parallel_trains_as_one_process_and_saves_todays_layout(tmp_path: Path) -> None:
-    one = train(tmp_path / "one", "cpu", *TP_LM)
-    split = train(tmp_path / "split", "fsdp_cpu", *TP_LM, "trainer.strategy.tensor_parallel_size=2")
-    whole = json.loads((one / "rank0.json").read_text())
+def test_two_way_tensor_parallel_trains_as_one_process_and_saves_todays_layout(one_process: Path, tmp_path: Path) -> None:
+    split = train(tmp_path / "split", "fsdp_cpu", *TP_LM, "data.batch_size=8", "trainer.strategy.tensor_parallel_size=2")
+    whole = json.loads((one_process / "rank0.json").read_text())
+    assert whole["world_size"] == 1 and len(whole["losses"]) == 12
     for rank in ranks(split):
         assert rank["world_size"] == 2 and len(rank["losses"]) == 12
         torch.testing.assert_close(rank["losses"], whole["losses"], rtol=0, atol=1e-5)
         # Each rank holds its share of every split matrix: a little over half the parameters (norms are whole).
         assert 0.5 < rank["params"]["local"] / rank["params"]["total"] < 0.6, rank["params"]
     # The checkpoint is whole and in today's layout: the one-process run's weights, key for key.
-    saved, expected = net_weights(split), net_weights(one)
+    saved, expected = net_weights(split), net_weights(one_process)
     assert list(saved) == list(expected)
     torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
-def test_a_two_by_two_mesh_trains_as_ddp_over_its_data_parallel_ranks(tmp_path: Path) -> None:
-    """4 processes: data parallel 2 x tensor parallel 2. Ranks 0-1 and 2-3 form the tensor-parallel groups, each
-    reading the batches of one DDP rank (the mesh is data-major): each rank's losses are its DDP rank's, and the
-    checkpoint holds DDP's weights in today's layout."""
-    ddp = train(tmp_path / "ddp", "ddp_cpu", *TP_LM)
-    mesh = train(tmp_path / "mesh", "fsdp_cpu", *TP_LM, "trainer.devices=4", "trainer.strategy.tensor_parallel_size=2")
-    by_ddp_rank = ranks(ddp)
+def test_a_two_by_two_mesh_trains_as_ddp_over_its_data_parallel_ranks(one_process: Path, tmp_path: Path) -> None:
+    """4 processes: data parallel 2 x tensor parallel 2, 4 blocks each data-parallel group. Ranks 0-1 and 2-3 form the
+    tensor-parallel groups, each reading the batches of one DDP rank (the mesh is data-major): each rank's losses (of
+    the global batch) are those of DDP's 2 ranks, i.e. one process's on the whole batch of 8, and the checkpoint holds
+    its weights in today's layout."""
+    mesh = train(tmp_path / "mesh", "fsdp_cpu", *TP_LM, "data.batch_size=4", "trainer.devices=4",
+                 "trainer.strategy.tensor_parallel_size=2")
+    whole = json.loads((one_process / "rank0.json").read_text())["losses"]
     for rank in range(4):
         record = json.loads((mesh / f"rank{rank}.json").read_text())
         assert record["world_size"] == 4 and len(record["losses"]) == 12
-        torch.testing.assert_close(record["losses"], by_ddp_rank[rank // 2]["losses"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(record["losses"], whole, rtol=0, atol=1e-5)
         # Half of every split matrix on each rank, then half of that again over the data-parallel dimension.
         assert 0.25 < record["params"]["local"] / record["params"]["total"] < 0.3, record["params"]
-    saved, expected = net_weights(mesh), net_weights(ddp)
+    saved, expected = net_weights(mesh), net_weights(one_process)
     assert list(saved) == list(expected)
     torch.testing.assert_close(saved, expected, rtol=0, atol=1e-5)
 
