@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 import torch
@@ -71,8 +70,8 @@ def char_tokenizer(_: Path) -> Tokenizer:
 
 def wordpiece_tokenizer(tmp_path: Path) -> Tokenizer:
     """BERT's WordPiece read from a vocab.txt: its special tokens are ordinary vocabulary entries."""
-    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "first", "speak",
-                                                    "##s", ",", "."]) + "\n")
+    vocabulary = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "first", "speak", "##s", ",", ".")
+    (tmp_path / "vocab.txt").write_text("".join(f"{entry}\n" for entry in vocabulary))
     tokenizer = read_tokenizer(tmp_path)
     assert tokenizer is not None
     return tokenizer
