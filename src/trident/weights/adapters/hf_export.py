@@ -1,6 +1,6 @@
 """A trident model as a Hugging Face directory: the adapter of its family gives the config and the state dict, and
 :func:`write_hf` writes them (with the run's tokenizer) as ``save_pretrained`` of transformers does, without importing
-transformers (``hf_writing``: the export starts in about half the time). :func:`to_transformers` builds the
+transformers (``hf_writing``: the export then takes about as long as importing torch). :func:`to_transformers` builds the
 ``transformers`` model itself (tests compare trident with it) and checks that every tensor found its place.
 
 What the weights do not say comes from the run (:func:`run_settings`): the special-token ids of its
