@@ -5,6 +5,7 @@ LoRA run takes the merged weights."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -92,6 +93,8 @@ def test_peft_loads_the_exported_adapter_on_the_exported_base_with_the_same_logi
     assert {name.rsplit(".", 1)[-1] for name in _adapted(model)} == {"down_proj", "gate_proj", "k_proj", "o_proj",
                                                                       "q_proj", "up_proj", "v_proj"}
     assert _adapted(model) == _stored(tmp_path / "adapter")
+    # A base trained by trident: its hf export, wherever written, is the base; the adapter names none.
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] is None
     tuned = trident.load(runs[1])
     ids = _ids(tuned.net.vocab_size)
     with torch.no_grad():
@@ -195,3 +198,31 @@ def test_a_vit_whose_module_names_no_layout_knows_is_one_line(monkeypatch: pytes
     monkeypatch.setitem(LAYOUTS, "hf-vit", (unknown, unknown))
     with pytest.raises(ConfigError, match="ViTForImageClassification's modules as no layout of trident's peft export"):
         write_peft(tuned, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_peft_export_of_a_run_from_a_hugging_face_directory_names_it_as_its_base(tmp_path: Path) -> None:
+    """peft writes the path of the base it loaded as base_model_name_or_path: the adapters of a LoRA run from a
+    Hugging Face directory name that directory, and peft loads them on the model read from there with the run's
+    logits (a run from a trident run names none: its base is that run's hf export, wherever it is written)."""
+    peft = pytest.importorskip("peft")
+    from tests.test_convert_llama_family import CORPUS, bpe_tokenizer, hf_model
+
+    tokenizer = bpe_tokenizer()
+    source, corpus, run = tmp_path / "llama", tmp_path / "corpus.txt", tmp_path / "run"
+    corpus.write_text(CORPUS)
+    hf_model("llama", source, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(source / "tokenizer.json"))
+    train(compose_config([*QUIET, "data.block_size=32", "data.batch_size=4", "finetune=lora", f"init_from={source}",
+                          "finetune.targets=[q,v]", "finetune.rank=2", "optimizer.lr=0.01", "data=text_files",
+                          f"data.files=[{corpus}]"], output_dir=run))
+    main([str(run), "--format", "peft", "--out", str(tmp_path / "adapter")])
+    named = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert named == str(source.resolve())
+    base = transformers.AutoModelForCausalLM.from_pretrained(named).eval()
+    model = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    assert model.peft_config["default"].base_model_name_or_path == named
+    tuned = trident.load(run)
+    ids = _ids(tuned.net.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=1e-5, atol=1e-5)

@@ -1,8 +1,8 @@
 """The ``startup`` row (issue 51): seconds from starting a command that does not train to its answer, each in a
 fresh process, as a user waits for it: every console command's ``--help`` (which imports neither torch nor
-Lightning), and ``trident-export`` of a nano run, beside the floor it cannot go under, importing torch and
-the ``transformers`` model it writes with (the network is read without its task: no Lightning). Timings want the
-machine to themselves: ``--only startup``."""
+Lightning), and ``trident-export`` of a nano run, beside the floor it cannot go under, importing what it reads and
+writes with: torch, safetensors and tokenizers (the network is read without its task: no Lightning; the directory is
+written without transformers). Timings want the machine to themselves: ``--only startup``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from pathlib import Path
 from trident.bench.results import Row, Settings, verdict
 
 HELP_TARGET_S = 1.0
-# What the hf export of an LM cannot do without: torch, and transformers' GPT-2 (which writes the directory).
-FLOOR = "import torch; from transformers import GPT2LMHeadModel"
+# What the hf export of an LM cannot do without: torch (the checkpoint, the network), safetensors and tokenizers (the
+# files); transformers is not imported (trident.weights.adapters.hf_writing).
+FLOOR = "import torch, safetensors.torch, tokenizers"
 EXPORT_TARGET_S = 5.0
 # A nano LM that Hugging Face reads as GPT-2 (learned positions, tanh GELU), trained two steps.
 NANO_RUN = ["task=lm", "model=nano", "pos_encoding=learned", "model.activation=gelu_tanh", "data.block_size=32",
@@ -68,6 +69,7 @@ def startup_rows(settings: Settings) -> list[Row]:
                     f"{floor:.2f} s", f"{seconds:.2f} s from the command; `python -c '{FLOOR}'` alone takes {floor:.2f} s",
                     f"< {EXPORT_TARGET_S:g} s", verdict(seconds < EXPORT_TARGET_S),
                     f"a fresh process, median of {settings.repeats}: imports, the checkpoint read, the network "
-                    "rebuilt without its task (trident.weights.network), the files written; no Lightning, "
-                    "torchmetrics, Hydra, W&B or datasets"))
+                    "rebuilt without its task (trident.weights.network), the files written without transformers "
+                    "(trident.weights.adapters.hf_writing); no transformers, Lightning, torchmetrics, Hydra, W&B or "
+                    "datasets"))
     return rows

@@ -6,7 +6,9 @@
   ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
   with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it. A
   ``finetune=lora`` run's adapters are merged into the weights. The network is read without its task
-  (``trident.weights.network.load_network``): the export imports no Lightning.
+  (``trident.weights.network.load_network``) and the directory written without transformers
+  (``trident.weights.adapters.hf_writing``, the files transformers' ``save_pretrained`` writes): the export imports
+  neither Lightning nor transformers.
 - ``safetensors``: ``model.safetensors`` (the ``net``, tied weights stored once) and ``config.json``
   (the task and its hyperparameters, which rebuild it), plus ``tokenizer.json``.
 - ``onnx``: ``model.onnx`` (``torch.onnx.export(dynamo=True)``) of every task, on the inputs its

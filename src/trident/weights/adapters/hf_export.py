@@ -1,5 +1,7 @@
-"""A trident model as a ``transformers`` model: the adapter of its kind writes the config and
-the state dict, ``transformers`` builds the model and checks that every tensor found its place.
+"""A trident model as a Hugging Face directory: the adapter of its family gives the config and the state dict, and
+:func:`write_hf` writes them (with the run's tokenizer) as ``save_pretrained`` of transformers does, without importing
+transformers (``hf_writing``: the export then takes about as long as importing torch). :func:`to_transformers` builds the
+``transformers`` model itself (tests compare trident with it) and checks that every tensor found its place.
 
 What the weights do not say comes from the run (:func:`run_settings`): the special-token ids of its
 own tokenizer and its class names. Hugging Face's config defaults (GPT-2's ``bos/eos_token_id=50256``,
@@ -8,7 +10,6 @@ BERT's ``pad_token_id=0``, ViT's ``LABEL_0``...) describe Hugging Face's publish
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from trident.extras import require_package
+from trident.models import CausalLM
+from trident.weights.adapters.hf_writing import write_model, write_tokenizer
 from trident.weights.adapters.registry import adapter_for_network
 
 # The special tokens whose ids a Hugging Face config holds (``<name>_id``); each adapter's SPECIAL_TOKENS says which it has.
@@ -94,40 +97,23 @@ def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
     return model.eval()
 
 
-def keep_dropped_settings(config_json: Path, settings: dict[str, Any]) -> None:
-    """The adapter's settings that the installed transformers folded into newer ones and left out of ``config.json``
-    (transformers 5 keeps ``rope_theta`` / ``rope_scaling`` only inside ``rope_parameters``) written back beside
-    them: every supported transformers version then reads the same model."""
-    written = json.loads(config_json.read_text())
-    dropped = {key: value for key, value in settings.items() if key not in written}
-    if dropped:
-        config_json.write_text(json.dumps(written | dropped, indent=2, sort_keys=True) + "\n")
-
-
 def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[str] | None, directory: Path,
              tokenizer_settings: Mapping[str, str] = MappingProxyType({})) -> None:
-    """``save_pretrained`` of the model and, for text models, of the tokenizer (``AutoTokenizer`` reads it) with
-    the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``')."""
+    """The Hugging Face directory of ``net`` and, for text models, of its tokenizer (``AutoTokenizer`` reads it) with
+    the special tokens and chat template its source had (``tokenizer_settings``: ``PretrainedWeights``'), as
+    ``save_pretrained`` of the installed transformers writes it, without importing transformers (``hf_writing``)."""
+    require_package("transformers")  # the version the files name is the installed one's, which reads them
+    adapter = adapter_for_network(net)
+    architecture, settings, state = adapter.from_trident(net)
     run = run_settings(net, tokenizer, class_names, tokenizer_settings)
-    model = to_transformers(net, run)
-    # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every generate
-    # call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises for a
-    # vocabulary without "abcdef" (transformers' StopStringCriteria). The user passes it (docs/weights.md).
-    turn = end_of_turn_id(tokenizer, tokenizer_settings) if tokenizer is not None else None
-    model.save_pretrained(directory)
-    keep_dropped_settings(directory / "config.json", adapter_for_network(net).from_trident(net)[1] | run)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_model(directory, adapter.MODEL_TYPE, architecture, settings, run, state, isinstance(net, CausalLM))
     if tokenizer is not None:
-        from transformers import PreTrainedTokenizerFast
-
-        template = {"chat_template": tokenizer_settings["chat_template"]} if "chat_template" in tokenizer_settings else {}
+        # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every
+        # generate call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises
+        # for a vocabulary without "abcdef" (transformers' StopStringCriteria). The user passes it (docs/weights.md).
+        turn = end_of_turn_id(tokenizer, tokenizer_settings)
         specials = special_tokens(net, tokenizer, tokenizer_settings)
         if turn is not None and turn in tokenizer.get_added_tokens_decoder():  # a special token (<|im_end|>): the eos
             specials["eos_token"] = tokenizer.id_to_token(turn)
-        PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials, **template).save_pretrained(directory)
-        # transformers 5 names its tokenizer class TokenizersBackend and keeps the template in chat_template.jinja
-        # only; transformers 4 knows the class as PreTrainedTokenizerFast (5 reads that name too) and, before 4.43,
-        # the template only inside tokenizer_config.json.
-        tokenizer_config = directory / "tokenizer_config.json"
-        written = json.loads(tokenizer_config.read_text())
-        written |= {"tokenizer_class": "PreTrainedTokenizerFast", **template}
-        tokenizer_config.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+        write_tokenizer(directory, tokenizer, specials, tokenizer_settings.get("chat_template"))

@@ -28,7 +28,7 @@ from trident.extras import require_package
 from trident.tasks.base import TridentTask
 from trident.weights.adapters import hf_bert, hf_gemma, hf_gpt2, hf_vit, llama_style
 from trident.weights.adapters.base import Adapter
-from trident.weights.adapters.registry import adapter_for_network
+from trident.weights.adapters.registry import adapter_for_model_type, adapter_for_network
 
 # One of the family's modules for each slice of a trident layer, or (a str) one module for the whole layer.
 Modules = dict[str, str | dict[str, str]]
@@ -109,6 +109,22 @@ def peft_adapters(module: LoRALinear, modules: str | dict[str, str]) -> dict[str
     return {modules: (stacked, placed)}
 
 
+def hf_base(task: TridentTask) -> str | None:
+    """The Hugging Face directory ``task``'s adapters adapt, as peft names the base it loaded (its path): the run's
+    ``init_from`` source where it is a directory of a family the hf export writes (its module names are the
+    adapter's); None for any other base (a trident run, whose hf export is the base, written wherever the user
+    chooses)."""
+    base = task.frozen_base
+    if base is None or not (Path(base.source) / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((Path(base.source) / "config.json").read_text())
+    except (OSError, ValueError):  # not a Hugging Face config: not a base peft loads
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    return base.source if adapter_for_model_type(str(model_type)) is not None else None
+
+
 def write_peft(task: TridentTask, directory: Path) -> None:
     """``task``'s adapters as peft's LoRA files in ``directory``; a run without adapters, or whose model has no
     Hugging Face export, is one error line."""
@@ -141,6 +157,6 @@ def write_peft(task: TridentTask, directory: Path) -> None:
         # Exactly the adapted modules: a bare suffix would catch more (BERT's output.dense ends attention.output.dense).
         "target_modules": rf"{re.escape(layout.blocks)}\.\d+\.({'|'.join(re.escape(name) for name in sorted(ranks))})",
         "modules_to_save": list(layout.modules_to_save) or None, "use_rslora": False, "inference_mode": True,
-        "base_model_name_or_path": None,
+        "base_model_name_or_path": hf_base(task),
     }
     (directory / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
