@@ -58,6 +58,7 @@ class DirectPreference(Objective):
     """DPO and its variants on preference pairs; ``beta`` scales the implicit reward (IPO's regularisation tau)."""
 
     NAME = "dpo"
+    PARTS = METRICS
 
     def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
                  precompute_ref: bool = False) -> None:
@@ -171,6 +172,7 @@ class OddsRatioPreference(Objective):
     TRL's; as a sum over pairs it is that mean times the pairs (so micro-batches weigh by their pairs)."""
 
     NAME = "orpo"
+    PARTS = (*METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen")
 
     def __init__(self, beta: float = 0.1) -> None:
         super().__init__()
@@ -206,8 +208,8 @@ class OddsRatioPreference(Objective):
         means = (chosen_rewards, rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen.dtype),
                  chosen_rewards - rejected_rewards, chosen.detach(), rejected.detach())
         parts = {name: (values.mean(), pairs) for name, values in zip(METRICS, means, strict=True)}
-        parts |= {"nll_loss": (nll.detach(), pairs), "log_odds_ratio": (ratio.detach().mean(), pairs),
-                  "log_odds_chosen": (log_odds.detach().mean(), pairs)}
+        extra = (nll.detach(), ratio.detach().mean(), log_odds.detach().mean())
+        parts |= {name: (value, pairs) for name, value in zip(self.PARTS[len(METRICS):], extra, strict=True)}
         return Loss(loss, pairs, parts)
 
 

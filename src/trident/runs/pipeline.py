@@ -137,7 +137,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
     configured_task_class(cfg).validate_config(cfg)
     check_early_stopping((cfg.get("callbacks") or {}).get("early_stopping"), cfg.task.name,
-                         configured_task_class(cfg).VALIDATION_METRICS)
+                         configured_task_class(cfg).validation_metrics(cfg))
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):

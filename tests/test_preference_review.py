@@ -1,0 +1,128 @@
+"""Review of preference tuning (issue 53): data=preference reads an ``init_from`` source's chat template and special
+tokens from their one home (the run's record, staged as data=chat stages them), and encodes standard pairs with a
+base model's tokenizer (no chat template) as TRL's DPOTrainer does: each answer ending in the tokenizer's eos."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_preference import CHAT_TEMPLATE, ROWS, llama, write_jsonl  # noqa: F401 (llama: a fixture)
+from trident.data.preference import PreferenceDataModule
+from trident.errors import DataError
+
+CONVERSATIONS = [{"prompt": [{"role": "user", "content": f"Line {i}: the quick"}],
+                  "chosen": [{"role": "assistant", "content": "brown fox jumps"}],
+                  "rejected": [{"role": "assistant", "content": "lazy dog" * (i + 1)}]} for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def base_llama(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The Llama directory as a base model's: its special tokens, no chat template."""
+    directory = tmp_path_factory.mktemp("base") / "llama"
+    shutil.copytree(llama, directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
+    return directory
+
+
+def trl_ids(tmp_path: Path, directory: Path, rows: list[dict[str, Any]]) -> list[tuple[int, list[int], list[int]]]:
+    """TRL's DPOTrainer's tokenization of ``rows`` with ``directory``'s tokenizer: each pair's prompt length and its
+    chosen and rejected sequences."""
+    import datasets
+    import transformers
+    from trl import DPOConfig, DPOTrainer
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model),
+                         processing_class=transformers.AutoTokenizer.from_pretrained(directory),
+                         args=DPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True, max_length=None),
+                         train_dataset=datasets.Dataset.from_list(rows))
+    return [(len(r["prompt_ids"]), r["prompt_ids"] + r["chosen_ids"], r["prompt_ids"] + r["rejected_ids"])
+            for r in trainer.train_dataset]
+
+
+def trident_ids(data: PreferenceDataModule) -> list[tuple[int, list[int], list[int]]]:
+    pairs = data.pairs["train"]
+    return [(int(pairs.arrays["prompt_lengths"][i]), pairs.sequence("chosen", i).tolist(),
+             pairs.sequence("rejected", i).tolist()) for i in range(len(pairs))]
+
+
+def data_from_source(tmp_path: Path, source: Path, rows: list[dict[str, Any]]) -> PreferenceDataModule:
+    """data=preference as train.py builds it with ``init_from=<source>``: the source fixes data.tokenizer (and stages
+    what its record holds) before the data module is made."""
+    from tests.conftest import compose_config
+    from trident.runs.pipeline import configured_task_class
+    from trident.weights.init_from import source_for_run
+
+    files = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    cfg = compose_config(["task=lm", "data=preference", "data.source=files", f"data.files={{train:{files},validation:{files},test:{files}}}",
+                          "objective=dpo",
+                          f"init_from={source}", "finetune=lora", f"paths.cache_dir={tmp_path / 'cache'}"],
+                         output_dir=tmp_path / "run")
+    source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, False)
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.to_container(cfg.data, resolve=True)
+    options = {k: v for k, v in settings.items() if k not in ("_target_", "name", "max_seq_len")}
+    data = PreferenceDataModule(**options)
+    data.prepare_data()
+    data.setup()
+    return data
+
+
+def test_init_from_a_directory_renders_conversations_with_its_chat_template_as_trl(tmp_path: Path,
+                                                                                   llama: Path) -> None:  # noqa: F811
+    """The source's chat template (not trident's default) renders the conversations: TRL's ids; the run records it."""
+    data = data_from_source(tmp_path, llama, CONVERSATIONS)
+    assert data.template is not None and data.template.text == CHAT_TEMPLATE
+    assert data.tokenizer_settings()["chat_template"] == CHAT_TEMPLATE
+    assert trident_ids(data) == trl_ids(tmp_path, llama, CONVERSATIONS)
+
+
+def test_standard_pairs_of_a_base_model_end_in_its_eos_as_trl(tmp_path: Path, base_llama: Path) -> None:
+    """A base model (its tokenizer names eos, no chat template) and standard rows: each answer ends in eos, as TRL
+    appends it, whether the directory is the data's tokenizer or the run's init_from source."""
+    expected = trl_ids(tmp_path, base_llama, ROWS)
+    assert all(chosen[-1] == rejected[-1] == 2 for _, chosen, rejected in expected)  # </s>
+    (tmp_path / "direct").mkdir()
+    files = write_jsonl(tmp_path / "direct" / "pairs.jsonl", ROWS)
+    direct = PreferenceDataModule(source="files", files=str(files), tokenizer=str(base_llama), split=(0.5, 0.25, 0.25),
+                                  cache_dir=str(tmp_path / "direct" / "cache"))
+    direct.prepare_data()
+    direct.setup()
+    assert trident_ids(direct) == expected[:2]
+    (tmp_path / "run").mkdir()
+    assert trident_ids(data_from_source(tmp_path / "run", base_llama, ROWS)) == expected
+
+
+def test_conversations_with_a_base_models_tokenizer_and_no_template_are_one_line(tmp_path: Path,
+                                                                                base_llama: Path) -> None:
+    files = write_jsonl(tmp_path / "pairs.jsonl", CONVERSATIONS)
+    data = PreferenceDataModule(source="files", files=str(files), tokenizer=str(base_llama), split=(0.34, 0.33, 0.33),
+                                cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=r"pairs.jsonl row 1 is a conversation, and .* has no chat template: give "
+                                        r"data.template="):
+        data.prepare_data()
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_early_stopping_may_monitor_the_held_out_reward_accuracy(tmp_path: Path, objective: str) -> None:
+    """callbacks=early_stopping on val/rewards/accuracies (and the checkpoint's task.monitor with it): the check
+    before any work takes the metrics the objective logs at validation; a metric nothing logs is still one line."""
+    from tests.conftest import compose_config
+    from trident.errors import ConfigError
+    from trident.runs.pipeline import check_config
+
+    files = write_jsonl(tmp_path / "pairs.jsonl", ROWS)
+    run = ["task=lm", "data=preference", "data.source=files", f"data.files=[{files}]", f"objective={objective}",
+           "init_from=somewhere", "callbacks=early_stopping", "task.monitor_mode=max"]
+    check_config(compose_config([*run, "task.monitor=val/rewards/accuracies"], output_dir=tmp_path / "run"))
+    with pytest.raises(ConfigError, match="callbacks.early_stopping.monitor=val/rewards/accuracy is not a metric "
+                                          "task=lm logs at validation: choose among val/loss, val/ppl, val/rewards/chosen"):
+        check_config(compose_config([*run, "task.monitor=val/rewards/accuracy"], output_dir=tmp_path / "run"))
