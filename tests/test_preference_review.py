@@ -126,3 +126,70 @@ def test_early_stopping_may_monitor_the_held_out_reward_accuracy(tmp_path: Path,
     with pytest.raises(ConfigError, match="callbacks.early_stopping.monitor=val/rewards/accuracy is not a metric "
                                           "task=lm logs at validation: choose among val/loss, val/ppl, val/rewards/chosen"):
         check_config(compose_config([*run, "task.monitor=val/rewards/accuracy"], output_dir=tmp_path / "run"))
+
+
+@pytest.mark.parametrize("objective", [{"name": "dpo"}, {"name": "orpo"}, {"name": "dpo", "disable_dropout": False}])
+def test_the_policy_trains_without_dropout_as_trls(llama: Path, objective: dict[str, Any]) -> None:  # noqa: F811
+    """TRL's disable_dropout (its default): from training's start the policy (model.dropout 0.1, LoRA's 0.05 here)
+    scores a batch as the reference does, so DPO's first loss is log 2 and its rewards 0; kept where turned off."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from trident.data.preference import PreferenceBatch
+    from trident.objectives.preference import OddsRatioPreference
+    from trident.tasks.lm import LanguageModelTask
+    from trident.tasks.networks import convert_networks, converting_later, load_companions
+    from trident.weights import read_pretrained
+
+    weights = read_pretrained(llama)
+    backbone = dict(weights.model, pos_encoding=weights.pos_encoding, pos_encoding_options=weights.pos_encoding_options,
+                    dropout=0.1, max_seq_len=64)
+    with converting_later():
+        task = LanguageModelTask(backbone, weights.vocab_size, {"name": "adamw", "lr": 1e-3}, {"name": "constant"},
+                                 **weights.task_options, objective=objective,
+                                 lora={"targets": ["q", "v"], "rank": 2, "alpha": 2.0, "dropout": 0.05})
+    task.net.load_state_dict(weights.state_dict, strict=False)
+    load_companions(task, started=True)
+    convert_networks(task)
+    task._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+    task.on_fit_start()
+    task.train()
+    torch.manual_seed(0)
+    inputs = torch.randint(3, weights.vocab_size, (4, 12))
+    targets = torch.full_like(inputs, -100)
+    targets[:, 4:11] = inputs[:, 5:12]
+    batch = PreferenceBatch(inputs, targets, torch.zeros(0))
+    first, second = (task.objective(task, batch, "train")[0] for _ in range(2))
+    dropped = not objective.get("disable_dropout", True)
+    assert torch.equal(first.summed, second.summed) != dropped
+    if not dropped and not isinstance(task.objective, OddsRatioPreference):
+        assert float(first.summed) / 2 == pytest.approx(math.log(2), abs=1e-6)
+        assert float(first.parts["rewards/margins"][0]) == 0.0
+
+
+@pytest.mark.parametrize(("metric", "best"), [("test/rewards/accuracies", "0.5"), ("test/rewards/rejected", "0.5"),
+                                              ("test/rewards/margins", "0.5"), ("test/loss", "0.5")])
+def test_the_sweep_report_ranks_a_beta_sweep_by_the_rewards(tmp_path: Path, metric: str, best: str) -> None:
+    """trident-report --metric test/rewards/...: higher is better for the accuracy and the margin, lower for the
+    rejected answers' reward (beta=0.5 pushed them down further here) and the loss."""
+    from trident.report import main
+
+    jobs = {"0.1": (0.60, -0.10, 0.20, 0.65), "0.5": (0.80, -0.40, 0.70, 0.55)}
+    number = 0
+    for beta, (accuracy, rejected, margin, loss) in jobs.items():
+        for seed in range(2):
+            job = tmp_path / "sweep" / f"{number}_job"
+            (job / ".hydra").mkdir(parents=True)
+            (job / ".hydra" / "overrides.yaml").write_text(f"- task.objective.beta={beta}\n- seed={seed}\n")
+            (job / ".hydra" / "config.yaml").write_text(f"seed: {seed}\n")
+            metrics = {"best/val/loss": loss, "test/loss": loss + seed / 100, "test/rewards/accuracies": accuracy + seed / 100,
+                       "test/rewards/rejected": rejected + seed / 100, "test/rewards/margins": margin + seed / 100}
+            (job / "status.json").write_text(json.dumps({"status": "completed", "metrics": metrics,
+                                                         "monitor": "val/loss", "monitor_mode": "min"}))
+            (job / "metrics.jsonl").write_text(json.dumps({"step": 2, "stage": "validate", "val/loss": loss}) + "\n")
+            number += 1
+    main([str(tmp_path / "sweep"), "--metric", metric, "--out", str(tmp_path / "report")])
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"against the best setting by mean, `task.objective.beta={best}`." in report
