@@ -193,3 +193,24 @@ def test_the_sweep_report_ranks_a_beta_sweep_by_the_rewards(tmp_path: Path, metr
     main([str(tmp_path / "sweep"), "--metric", metric, "--out", str(tmp_path / "report")])
     report = (tmp_path / "report" / "report.md").read_text()
     assert f"against the best setting by mean, `task.objective.beta={best}`." in report
+
+
+def test_a_reference_file_given_to_a_new_run_is_one_line_and_left_as_it_was(tmp_path: Path, llama: Path,  # noqa: F811
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """+task.reference=<another network's weights> (e.g. of another vocabulary): a full fine-tuning DPO run's reference
+    is its initial weights, copied to that path: refused in one line, before the copy overwrote the file."""
+    from tests.entry_points import run_in_process
+
+    files = write_jsonl(tmp_path / "pairs.jsonl", ROWS)
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(b"weights of another vocabulary")
+    result = run_in_process("train.py", ["task=lm", "data=preference", "data.source=files",
+                                         f"data.files={{train:{files},validation:{files},test:{files}}}",
+                                         "objective=dpo", f"init_from={llama}", f"+task.reference={other}",
+                                         "data.max_length=32", "data.batch_size=2", "trainer.max_steps=1", "test=false", "logger=none",
+                                         f"hydra.run.dir={tmp_path / 'run'}"],
+                            tmp_path, monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.last_line.startswith(f"error: task.reference={other} is where a run keeps its copy of its initial "
+                                       "weights"), result.last_line
+    assert other.read_bytes() == b"weights of another vocabulary"

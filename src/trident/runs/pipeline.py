@@ -313,7 +313,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         print_config_tree(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
-    name_initial_copies(configured_task_class(cfg), cfg, run_dir)  # e.g. DPO's reference policy in full fine-tuning
+    name_initial_copies(configured_task_class(cfg), cfg, run_dir, bool(resume_from))  # e.g. DPO's reference policy in full fine-tuning
     with converting_later():  # the lifecycle (trident.runs.lifecycle): the source's weights first, then the converters
         datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did
