@@ -214,3 +214,27 @@ def test_a_reference_file_given_to_a_new_run_is_one_line_and_left_as_it_was(tmp_
     assert result.last_line.startswith(f"error: task.reference={other} is where a run keeps its copy of its initial "
                                        "weights"), result.last_line
     assert other.read_bytes() == b"weights of another vocabulary"
+
+
+def test_precomputed_reference_log_probabilities_are_scored_in_the_steps_precision(tmp_path: Path,
+                                                                                   llama: Path) -> None:  # noqa: F811
+    """precision=bf16 (bf16-mixed): the reference precomputed at training's start is what the steps would score with
+    the adapters off, under the same autocast (TRL precomputes under its accelerator's autocast), so that the first
+    step's rewards are 0, not bf16's rounding of a float32 reference."""
+    from types import SimpleNamespace
+
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from tests.test_preference import preference_data, trident_task
+
+    data = preference_data(tmp_path, llama, ROWS, batch_size=2)
+    task = trident_task(llama, {"name": "dpo", "precompute_ref": True},
+                        lora={"targets": ["q", "v"], "rank": 2, "alpha": 2.0, "dropout": 0.0}).float()
+    plugin = MixedPrecision("bf16-mixed", "cpu")
+    task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None, precision_plugin=plugin)
+    task.objective.start(task)
+    for batch in data.split_loader("train", train=False):
+        with plugin.forward_context():
+            scored = task.objective.reference_logps(task, batch._replace(reference=torch.zeros(0)))
+        torch.testing.assert_close(batch.reference, scored, rtol=0, atol=0)

@@ -104,8 +104,10 @@ class DirectPreference(Objective):
             pairs = data.pairs[split]
             pairs.reference = None  # the policy's own, not an earlier pass's
             loader = data.split_loader(split, train=False)
-            found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
-                     for batch in loader]
+            # In the precision the steps run in (bf16-mixed: autocast), as a reference scored with each batch is.
+            with task.trainer.precision_plugin.forward_context():
+                found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
+                         for batch in loader]
             pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
 
     def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
