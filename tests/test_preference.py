@@ -238,9 +238,12 @@ def test_precomputed_reference_log_probabilities_are_served_with_each_batch(tmp_
     computed once and ride with the batches; no frozen copy is kept; they equal a frozen copy's."""
     from types import SimpleNamespace
 
+    from lightning.pytorch.plugins.precision import Precision
+
     data = preference_data(tmp_path, llama, ROWS, batch_size=3)
     task = trident_task(llama, {"name": "dpo", "precompute_ref": True})
-    task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None)  # what start() reads of the trainer
+    # What start() reads of the trainer.
+    task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None, precision_plugin=Precision())
     task.objective.start(task)
     assert not task.companions
     copy_task = trident_task(llama, {"name": "dpo"}, reference=tmp_path / "reference.safetensors")

@@ -60,11 +60,11 @@ SHAKESPEARE_PROMPT = "Continue ROMEO's speech:\nBut soft, what light through yon
 SAMPLED_CONVERSATIONS = 2
 
 
-def source_template_dir(data: DictConfig, tokenizer_settings: Mapping[str, str]) -> str | None:
+def source_template_dir(data: DictConfig, tokenizer_settings: Mapping[str, str], template_needed: bool = True) -> str | None:
     """Where an ``init_from`` source's chat template and special tokens (``tokenizer_settings``, kept in the run's
     ``init/`` record) are staged for the data to read as a tokenizer directory: under the data cache, named by their
-    content; None when the source has no template."""
-    if not tokenizer_settings.get("chat_template"):
+    content; None when the source has no template (``template_needed``) or names nothing."""
+    if not tokenizer_settings.get("chat_template") if template_needed else not tokenizer_settings:
         return None
     digest = hashlib.sha256(json.dumps(dict(tokenizer_settings), sort_keys=True).encode()).hexdigest()[:16]
     return str(Path(data.cache_dir) / "templates" / digest)

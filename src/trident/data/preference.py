@@ -13,17 +13,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from trident.data.base import WeightsSource, stage_file
 from trident.data.cache import content_key, fresh_staging, publish_cache
-from trident.data.chat import shakespeare_conversations
-from trident.data.chat_template import ChatTemplate, Message, read_template
+from trident.data.chat import shakespeare_conversations, source_template_dir
+from trident.data.chat_template import (
+    ChatTemplate,
+    Message,
+    _tokenizer_config,
+    chat_template_of,
+    read_template,
+    recorded_template,
+    special_tokens_of,
+)
 from trident.data.lm import LMDataModule
 from trident.data.order import EpochShuffleSampler
 from trident.data.preference_rows import Row, encode_pair, fit_pair, pair_of, read_rows
@@ -31,6 +41,9 @@ from trident.data.readers import SPLITS
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder, tokenizer_for, tokenizer_key
 from trident.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +110,19 @@ def shakespeare_pairs(conversations: list[list[Message]], seed: int = 0) -> list
     return pairs
 
 
+def preference_template(choice: str | None, tokenizer: str) -> tuple[ChatTemplate | None, dict[str, str]]:
+    """``data.template`` read as data=chat reads it -> the template of conversational pairs and the special tokens
+    (whose ``eos_token`` ends each standard answer). A tokenizer directory without a chat template (a base model's,
+    named or defaulted to) gives its special tokens and no template: standard pairs need none."""
+    named = Path(choice if choice is not None else tokenizer)
+    if choice != "default" and named.is_dir():
+        config = _tokenizer_config(named)
+        if not chat_template_of(named, config):
+            return None, special_tokens_of(named, config)
+    template = read_template(choice, tokenizer)
+    return template, template.special_tokens
+
+
 def flat(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Sequences -> their tokens end to end and the offsets (N + 1,) where each starts."""
     offsets = np.cumsum([0, *map(len, sequences)])
@@ -106,7 +132,36 @@ def flat(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 class PreferenceDataModule(LMDataModule):
     """``data=preference``: pairs of ``data.files`` (``data.source=files``) or the shipped set built from the plays
     (``data.source=shakespeare``, :func:`shakespeare_pairs`) for ``objective=dpo`` or ``orpo``. Splits the files do
-    not give are cut from the train pairs in order by ``data.split``."""
+    not give are cut from the train pairs in order by ``data.split``. With ``init_from``, the source's chat template
+    and special tokens are read from the run's record of it, staged as data=chat stages them (:meth:`stage_source`),
+    even where the source has no template: its eos ends the standard answers."""
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """The source's tokenizer and, unless ``data.template`` names another, its special tokens and chat template."""
+        fixed = super().settings_from_source(source, data, explicit)
+        staged = source_template_dir(data, source.tokenizer_settings, template_needed=False)
+        if staged is not None and data.get("template") in (None, staged):
+            fixed["data.template"] = staged
+        return fixed
+
+    @classmethod
+    def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
+        super().stage_source(source, data)
+        if cls._names_source_settings(source, data):
+            stage_file(json.dumps(dict(source.tokenizer_settings)), Path(str(data.template)) / "tokenizer_config.json")
+
+    @classmethod
+    def source_template(cls, source: WeightsSource, data: DictConfig) -> ChatTemplate | None:
+        if not cls._names_source_settings(source, data) or not source.tokenizer_settings.get("chat_template"):
+            return None
+        return recorded_template(str(data.template), source.tokenizer_settings)
+
+    @staticmethod
+    def _names_source_settings(source: WeightsSource, data: DictConfig) -> bool:
+        """Whether ``data.template`` is the source's staged directory, by its name (its content)."""
+        staged = source_template_dir(data, source.tokenizer_settings, template_needed=False)
+        return staged is not None and bool(data.get("template")) and Path(str(data.template)).name == Path(staged).name
 
     def __init__(self, source: str = "shakespeare", files: Any = None, template: str | None = None, tokenizer: str = "char",
                  vocab_size: int = 8192, max_length: int = 512, max_prompt_length: int | None = None,
@@ -130,8 +185,10 @@ class PreferenceDataModule(LMDataModule):
                               f"data.max_length={max_length} tokens: set it between 1 and {max_length - 1}, or null")
         self.source, self.files = source, files
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
-        self.template: ChatTemplate = read_template(template, tokenizer)
-        key = json.dumps([CACHE_VERSION, source, content_key(files) if source == "files" else None, self.template.text, self.template.special_tokens,
+        self.template_choice = template if template is not None else tokenizer
+        self.template, self.special_tokens = preference_template(template, tokenizer)
+        key = json.dumps([CACHE_VERSION, source, content_key(files) if source == "files" else None,
+                          None if self.template is None else self.template.text, self.special_tokens,
                           tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, max_length,
                           max_prompt_length, self.split], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "preference" / hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -140,6 +197,9 @@ class PreferenceDataModule(LMDataModule):
     def _build_cache(self) -> None:
         given = read_rows(self.files) if self.source == "files" else {"train": shakespeare_pairs(shakespeare_conversations())}
         train = given["train"]
+        if self.template is None and (row := next((r for rows in given.values() for r in rows if r["conversational"]), None)):
+            raise DataError(f"{row['where']} is a conversation, and data.template={self.template_choice} has no chat "
+                            "template: give data.template=<a .jinja file or a tokenizer directory> (or default)")
         missing = [name for name in SPLITS[1:] if name not in given]
         share = dict(zip(SPLITS, self.split, strict=True))
         counts = [round(share[name] * len(train)) for name in missing]
@@ -154,7 +214,7 @@ class PreferenceDataModule(LMDataModule):
                            else pair["prompt"] + pair[field])
 
         tokenizer = tokenizer_for(self.tokenizer_kind, texts(), vocab_size=self.vocab_size_target, length=2 * len(train))
-        encoder, eos = plain_encoder(tokenizer), self.template.special_tokens.get("eos_token")
+        encoder, eos = plain_encoder(tokenizer), self.special_tokens.get("eos_token")
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
         meta: dict[str, Any] = {"pairs": {}, "cut": {}, "dropped": {}, "origin": {}}
@@ -203,6 +263,8 @@ class PreferenceDataModule(LMDataModule):
 
     def tokenizer_settings(self) -> dict[str, str]:
         """The template (and its special tokens) the conversational pairs are rendered with, as data=chat records it."""
+        if self.template is None:
+            return dict(self.special_tokens)
         return {**self.template.special_tokens, "chat_template": self.template.text,
                 "end_of_turn": self.template.end_marker()}
 

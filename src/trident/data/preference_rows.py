@@ -118,7 +118,7 @@ def common_prefix_length(first: list[int], second: list[int]) -> int:
     return length
 
 
-def encode_pair(encoder: Tokenizer, template: ChatTemplate, pair: Row, eos_token: str | None) -> tuple[list[int], ...]:
+def encode_pair(encoder: Tokenizer, template: ChatTemplate | None, pair: Row, eos_token: str | None) -> tuple[list[int], ...]:
     """A pair's token ids as TRL's ``DPOTrainer`` makes them -> (prompt, chosen answer, rejected answer).
 
     Conversational: the prompt rendered with the generation prompt, and the prompt followed by each answer, through
@@ -128,6 +128,8 @@ def encode_pair(encoder: Tokenizer, template: ChatTemplate, pair: Row, eos_token
     merged across the joint belongs to the answers); ``encoder`` is a :func:`~trident.data.tokenization.plain_encoder`.
     """
     if pair["conversational"]:
+        assert template is not None, "a conversation's data has a chat template (PreferenceDataModule checks it)"
+
         def ids(messages: list[Message], asking: bool = False) -> list[int]:
             text = template.render(messages, add_generation_prompt=asking)
             return list(encoder.encode(text, add_special_tokens=False).ids)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from trident.data.preference import PreferenceBatch
 from trident.data.special_tokens import IGNORE_INDEX
@@ -46,6 +46,15 @@ class PreferenceOutputs(Outputs):
     reference: Tensor  # (2B,), or (0,) for an objective without a reference policy
 
 
+def disable_dropout(net: nn.Module) -> None:
+    """TRL's ``disable_dropout_in_model``: every ``nn.Dropout`` of the policy (the residual branches', LoRA's) at p=0,
+    so that it is scored as the reference policy is, without dropout (at the initial weights: the same
+    log-probabilities, a loss of log 2)."""
+    for module in net.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
 def answer_logps(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """logits (N, T, V), targets (N, T) (IGNORE_INDEX off the answers) -> each sequence's answer log-probability
     (N,), in float32 at least, and its count of answer tokens (N,)."""
@@ -58,9 +67,10 @@ class DirectPreference(Objective):
     """DPO and its variants on preference pairs; ``beta`` scales the implicit reward (IPO's regularisation tau)."""
 
     NAME = "dpo"
+    PARTS = METRICS
 
     def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
-                 precompute_ref: bool = False) -> None:
+                 precompute_ref: bool = False, disable_dropout: bool = True) -> None:
         super().__init__()
         if loss_type not in LOSS_TYPES:
             raise ConfigError(f"task.objective.loss_type={loss_type!r} is not a DPO loss: choose one of {', '.join(LOSS_TYPES)}")
@@ -70,7 +80,7 @@ class DirectPreference(Objective):
             raise ConfigError(f"task.objective.label_smoothing={label_smoothing} must lie in [0, 0.5): the assumed share "
                               "of pairs whose labels are flipped (loss_type=robust)")
         self.beta, self.loss_type, self.label_smoothing = float(beta), loss_type, float(label_smoothing)
-        self.precompute_ref = bool(precompute_ref)
+        self.precompute_ref, self.disable_dropout = bool(precompute_ref), bool(disable_dropout)
 
     def copies_initial(self, switchable: bool) -> bool:
         """The reference policy is a frozen copy of the initial weights unless it is precomputed or the converters
@@ -80,7 +90,9 @@ class DirectPreference(Objective):
     def start(self, task: Any) -> None:
         """When training starts, at the initial weights: with ``precompute_ref`` compute the reference
         log-probabilities of every pair of every split once (the policy itself then serves as reference, before its
-        first step: no copy is kept)."""
+        first step: no copy is kept). With ``disable_dropout`` (TRL's default) the policy trains without dropout."""
+        if self.disable_dropout:
+            disable_dropout(task.net)
         if not self.precompute_ref:
             return
         if task.switched_off() is None and task.trainer.ckpt_path is not None:  # the policy is no longer the initial one
@@ -92,8 +104,10 @@ class DirectPreference(Objective):
             pairs = data.pairs[split]
             pairs.reference = None  # the policy's own, not an earlier pass's
             loader = data.split_loader(split, train=False)
-            found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
-                     for batch in loader]
+            # In the precision the steps run in (bf16-mixed: autocast), as a reference scored with each batch is.
+            with task.trainer.precision_plugin.forward_context():
+                found = [self.reference_logps(task, PreferenceBatch(*(t.to(task.device) for t in batch)), initial=True)
+                         for batch in loader]
             pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
 
     def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
@@ -171,12 +185,18 @@ class OddsRatioPreference(Objective):
     TRL's; as a sum over pairs it is that mean times the pairs (so micro-batches weigh by their pairs)."""
 
     NAME = "orpo"
+    PARTS = (*METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen")
 
-    def __init__(self, beta: float = 0.1) -> None:
+    def __init__(self, beta: float = 0.1, disable_dropout: bool = True) -> None:
         super().__init__()
         if not beta > 0:
             raise ConfigError(f"task.objective.beta={beta} must be positive (TRL's ORPO default is 0.1)")
-        self.beta = float(beta)
+        self.beta, self.disable_dropout = float(beta), bool(disable_dropout)
+
+    def start(self, task: Any) -> None:
+        """With ``disable_dropout`` (TRL's default) the policy trains without dropout."""
+        if self.disable_dropout:
+            disable_dropout(task.net)
 
     def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
         if not isinstance(batch, PreferenceBatch):
@@ -206,8 +226,8 @@ class OddsRatioPreference(Objective):
         means = (chosen_rewards, rejected_rewards, (chosen_rewards > rejected_rewards).to(chosen.dtype),
                  chosen_rewards - rejected_rewards, chosen.detach(), rejected.detach())
         parts = {name: (values.mean(), pairs) for name, values in zip(METRICS, means, strict=True)}
-        parts |= {"nll_loss": (nll.detach(), pairs), "log_odds_ratio": (ratio.detach().mean(), pairs),
-                  "log_odds_chosen": (log_odds.detach().mean(), pairs)}
+        extra = (nll.detach(), ratio.detach().mean(), log_odds.detach().mean())
+        parts |= {name: (value, pairs) for name, value in zip(self.PARTS[len(METRICS):], extra, strict=True)}
         return Loss(loss, pairs, parts)
 
 

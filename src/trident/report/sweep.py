@@ -176,10 +176,11 @@ def final_metrics(sweep: Sweep) -> list[str]:
 
 def better_is(sweep: Sweep, metric: str) -> str:
     """``"min"`` or ``"max"``: the monitor's mode for the monitored metric (and its ``best/`` value);
-    otherwise lower is better for a loss or perplexity and higher for anything else (BLEU, accuracy)."""
+    otherwise lower is better for a loss, a perplexity or a preference objective's rejected answers (DPO's
+    ``rewards/rejected``, ``logps/rejected``) and higher for anything else (BLEU, accuracy, ``rewards/margins``)."""
     if sweep.monitor and metric in (sweep.monitor, f"best/{sweep.monitor}"):
         return sweep.monitor_mode
-    return "min" if re.search(r"loss|ppl|perplexity", metric) else "max"
+    return "min" if re.search(r"loss|ppl|perplexity|/rejected$", metric) else "max"
 
 
 def jobs_frame(sweep: Sweep) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from trident.converters import ArtifactFiles, Converter, LoRA
+from trident.errors import ConfigError
 from trident.runs.resume import check_resume_continues
 from trident.tasks.base import TridentTask
 from trident.tasks.networks import compile_network, convert_networks, load_companions
@@ -29,12 +30,18 @@ from trident.weights.transfer import TransferRow, transfer_weights
 ARTIFACT_FILES: dict[str, ArtifactFiles] = {LoRA.NAME: AdapterFiles()}
 
 
-def name_initial_copies(task: type[TridentTask], cfg: DictConfig, run_dir: Path) -> None:
+def name_initial_copies(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resumed: bool) -> None:
     """Each companion of ``task`` that copies a trained network's initial weights (:meth:`TridentTask.initial_copies`)
     is read from ``<run>/init/<key>.safetensors``, unless the config names its source: written by the new run
-    (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints."""
+    (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints.
+    A new run that names another file is refused: the copy would overwrite it, and no other network can be read."""
     for key in task.initial_copies(cfg):
-        if cfg.task.get(key) is None:
+        mine, given = run_dir / COPY_DIR / f"{key}.safetensors", cfg.task.get(key)
+        if given is not None and not resumed and Path(str(given)).resolve() != mine.resolve():
+            raise ConfigError(f"task.{key}={given} is where a run keeps its copy of its initial weights ({mine} here), "
+                              f"which a new run writes (over that file) and no other network can replace: drop "
+                              f"task.{key}; for another initial network give init_from=<it>")
+        if given is None:
             with open_dict(cfg):
                 cfg.task[key] = str(run_dir / COPY_DIR / f"{key}.safetensors")
 

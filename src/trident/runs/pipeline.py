@@ -137,7 +137,7 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     # The data must feed the task; a task checks its own settings against the data and positions too (e.g. task=mlm).
     configured_task_class(cfg).validate_config(cfg)
     check_early_stopping((cfg.get("callbacks") or {}).get("early_stopping"), cfg.task.name,
-                         configured_task_class(cfg).VALIDATION_METRICS)
+                         configured_task_class(cfg).validation_metrics(cfg))
     check_constructor_keys(cfg, "data")
     check_constructor_keys(cfg, "task")
     if cfg.data.get("tokenizer") not in (None, *TOKENIZER_KINDS):
@@ -313,7 +313,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
         print_config_tree(cfg)
     L.seed_everything(cfg.seed, workers=True)
 
-    name_initial_copies(configured_task_class(cfg), cfg, run_dir)  # e.g. DPO's reference policy in full fine-tuning
+    name_initial_copies(configured_task_class(cfg), cfg, run_dir, bool(resume_from))  # e.g. DPO's reference policy in full fine-tuning
     with converting_later():  # the lifecycle (trident.runs.lifecycle): the source's weights first, then the converters
         datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did

@@ -246,6 +246,12 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
             self.companion_initial[name] = initial_of
 
     @classmethod
+    def validation_metrics(cls, cfg: DictConfig) -> tuple[str, ...]:
+        """The metrics a validation of the task configured by ``cfg`` logs (what early stopping may monitor):
+        :attr:`VALIDATION_METRICS` unless its objective adds some."""
+        return cls.VALIDATION_METRICS
+
+    @classmethod
     def initial_copies(cls, cfg: DictConfig) -> tuple[str, ...]:
         """The constructor keys naming the source of a companion that copies a trained network's initial weights,
         for the run's config ``cfg`` (a run names a file under ``<run>/init/`` for each: trident.runs.lifecycle)."""

@@ -76,6 +76,12 @@ class LanguageModelTask(TridentTask):
         check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
 
     @classmethod
+    def validation_metrics(cls, cfg: DictConfig) -> tuple[str, ...]:
+        """The loss and perplexity, and the parts of the objective's loss (DPO's rewards), logged per split."""
+        objective = build_objective(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
+        return (*cls.VALIDATION_METRICS, *(f"val/{name}" for name in objective.PARTS))
+
+    @classmethod
     def initial_copies(cls, cfg: DictConfig) -> tuple[str, ...]:
         chosen = CONVERTERS.get(str((cfg.get("finetune") or {}).get("name", "full")))
         objective = build_objective(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
