@@ -169,3 +169,27 @@ def test_results_never_replace_earlier_ones_and_an_unusable_output_path_is_one_l
     assert {path.name: path.read_text() for path in out.iterdir() if path.name in first} == first
     second = json.loads((out / "results_20261128T120000-1.json").read_text())
     assert second["results"]["tiny_mc"]["sample_len"] == 1
+
+
+def test_a_chat_run_from_a_source_renders_with_the_template_of_its_record(tmp_path: Path) -> None:
+    """A data=chat run fine-tuned from a directory with a template: rendered with that template read from the run's
+    record (``<run>/init/``), as trident-chat reads it, though the data cache that staged it is gone."""
+    from omegaconf import OmegaConf
+
+    from trident.data.chat import source_template_dir
+    from trident.runs.harness import _run_template
+    from trident.weights import read_pretrained
+    from trident.weights.init_from import copy_source
+
+    source = read_pretrained(llama_directory(tmp_path / "llama"))
+    run = tmp_path / "run"
+    run.mkdir()
+    copy_source(source, run)
+    data = OmegaConf.create({"_target_": "trident.data.chat.ChatDataModule", "name": "chat", "tokenizer": "char",
+                             "cache_dir": str(tmp_path / "cleared_cache")})
+    data.template = source_template_dir(data, source.tokenizer_settings)  # as settings_from_source sets it
+    OmegaConf.save(OmegaConf.create({"data": data}), run / "config_resolved.yaml")
+    checkpoint = plain_run(run, (run / "config_resolved.yaml").read_text()) / "checkpoints" / "last.ckpt"
+    template = _run_template(checkpoint)
+    assert template.text == MISTRAL
+    assert template.render([{"role": "user", "content": "Who?"}], add_generation_prompt=True) == "<s>[INST] Who? [/INST]"
