@@ -152,6 +152,11 @@ def test_results_never_replace_earlier_ones_and_an_unusable_output_path_is_one_l
                     str(blocked)], capsys)
     assert line.startswith(f"error: --output_path '{blocked}' cannot be a folder of results") and \
         blocked.read_text() == "mine"
+    # Refused once the folder was made (no room for a prompt in 64 positions): no empty folder left behind.
+    text = (tasks / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: long_gen")
+    (tasks / "long_gen.yaml").write_text(text.replace("max_gen_toks: 6", "max_gen_toks: 64"))
+    line = refused([str(tmp_path / "hf"), "--tasks", "long_gen", "--include_path", str(tasks)], capsys)
+    assert "max_gen_toks=64 leaves no room for a prompt" in line and not (tmp_path / "hf" / "harness").exists()
 
     class Frozen(real.datetime):  # two evaluations that end within the same second
         @classmethod

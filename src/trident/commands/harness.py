@@ -56,11 +56,13 @@ def key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def output_folder(out: Path) -> Path:
-    """``out``, created before the evaluation runs: a path that cannot be a folder is one line, not a traceback after
-    the whole evaluation."""
+def output_folder(out: Path, created: list[Path]) -> Path:
+    """``out``, created before the evaluation runs (added to ``created`` when it is new, for a refused evaluation to
+    leave no empty folder): a path that cannot be a folder is one line, not a traceback after the whole evaluation."""
     from trident.errors import ConfigError
 
+    if not out.exists():
+        created.append(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         manager = task_manager(names, args.include_path)
         model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,
                               device=torch.device(args.device))
-        out = output_folder(args.output_path or (args.model.parent if args.model.is_file() else args.model) / "harness")
+        out = output_folder(args.output_path or (args.model.parent if args.model.is_file() else args.model) / "harness",
+                            created)
         torch.manual_seed(args.seed)
         results = simple_evaluate(model=model, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   log_samples=args.log_samples, apply_chat_template=args.apply_chat_template,
@@ -151,7 +154,14 @@ def main(argv: list[str] | None = None) -> None:
             log_to_wandb(results, samples, dict(args.wandb_args), out)
         sys.stdout.write(make_table(results) + f"\nresults in {out}\n")
 
-    run_with_clear_errors(run)
+    created: list[Path] = []
+
+    def remove_empty() -> None:
+        for folder in created:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+    run_with_clear_errors(run, cleanup=remove_empty)
 
 
 if __name__ == "__main__":
