@@ -13,6 +13,7 @@ The results (the harness's JSON, and each task's per-request log-likelihoods or 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from datetime import UTC, datetime
@@ -41,12 +42,47 @@ def batch_size(text: str) -> int:
     return int(text)
 
 
+def num_fewshot(text: str) -> int:
+    """--num_fewshot: a count of examples (the harness would record a negative one as the task's n-shot)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 def key_value(text: str) -> tuple[str, str]:
     """--wandb_args: each a wandb.init argument, ``key=value``."""
     key, equals, value = text.partition("=")
     if not equals or not key:
         raise argparse.ArgumentTypeError(f"must be key=value (a wandb.init argument, e.g. project=trident), got {text!r}")
     return key, value
+
+
+def output_folder(out: Path, created: list[Path]) -> Path:
+    """``out``, created before the evaluation runs (added to ``created`` when it is new, for a refused evaluation to
+    leave no empty folder): a path that cannot be a folder is one line, not a traceback after the whole evaluation."""
+    from trident.errors import ConfigError
+
+    if not out.exists():
+        created.append(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--output_path {str(out)!r} cannot be a folder of results ({err.strerror}): pass a "
+                          "directory that can be created and written") from err
+    return out
+
+
+def new_stamp(out: Path) -> str:
+    """The UTC time that names this evaluation's files in ``out``, its ``results_<stamp>.json`` created (empty) here:
+    never an earlier evaluation's name, though two end within the same second (``-1``, ``-2``... then)."""
+    base = stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    for n in itertools.count(1):
+        try:
+            (out / f"results_{stamp}.json").open("x").close()
+            break
+        except FileExistsError:
+            stamp = f"{base}-{n}"
+    return stamp
 
 
 def log_to_wandb(results: dict[str, Any], samples: dict[str, Any] | None, init: dict[str, str], out: Path) -> None:
@@ -72,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                                "directory")
     parser.add_argument("--tasks", required=True, help="comma-separated harness task names")
     parser.add_argument("--include_path", default=None, help="a folder of your own task YAMLs")
-    parser.add_argument("--num_fewshot", type=int, default=None, help="examples before each question (task default)")
+    parser.add_argument("--num_fewshot", type=num_fewshot, default=None, help="examples before each question (task default)")
     parser.add_argument("--limit", type=limit, default=None, help="documents per task (or a fraction below 1)")
     parser.add_argument("--batch_size", type=batch_size, default=1)
     parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1, mps)")
@@ -102,15 +138,15 @@ def main(argv: list[str] | None = None) -> None:
         manager = task_manager(names, args.include_path)
         model = harness_model(args.model, batch_size=args.batch_size, chat=args.apply_chat_template,
                               device=torch.device(args.device))
+        out = output_folder(args.output_path or (args.model.parent if args.model.is_file() else args.model) / "harness",
+                            created)
         torch.manual_seed(args.seed)
         results = simple_evaluate(model=model, tasks=names, num_fewshot=args.num_fewshot, limit=args.limit,
                                   log_samples=args.log_samples, apply_chat_template=args.apply_chat_template,
                                   task_manager=manager, random_seed=args.seed, numpy_random_seed=args.seed,
                                   torch_random_seed=args.seed, fewshot_random_seed=args.seed)
         assert results is not None  # None on ranks other than 0 only
-        out = args.output_path or (args.model.parent if args.model.is_file() else args.model) / "harness"
-        out.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        stamp = new_stamp(out)
         samples = results.pop("samples", None)
         (out / f"results_{stamp}.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
         for task, rows in (samples or {}).items():
@@ -120,7 +156,14 @@ def main(argv: list[str] | None = None) -> None:
             log_to_wandb(results, samples, dict(args.wandb_args), out)
         sys.stdout.write(make_table(results) + f"\nresults in {out}\n")
 
-    run_with_clear_errors(run)
+    created: list[Path] = []
+
+    def remove_empty() -> None:
+        for folder in created:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+    run_with_clear_errors(run, cleanup=remove_empty)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,13 @@ class TridentLM(TemplateLM):
         return self.name
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """``string``'s ids; by default with the tokenizer's own special tokens as :attr:`add_special_tokens` says,
+        except on a text that already starts with the prefix token (a chat template's ``{{ bos_token }}``), which
+        gets no second one (the ``hf`` model's rule)."""
         special = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        if add_special_tokens is None and special:
+            prefix = self.text_tokenizer.decode([self.prefix_token_id], skip_special_tokens=False)
+            special = not (prefix and string.startswith(prefix))
         return self.text_tokenizer.encode(string, add_special_tokens=special).ids
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
@@ -153,7 +159,10 @@ class TridentLM(TemplateLM):
             stopped = partial(self._stopped, start=longest, stops=stops)
             out = generate(self.net, ids, new_tokens, padding=padding, until=stopped, **sampling)
             for row in out[:, longest:].tolist():
-                text = self.text_tokenizer.decode(row, skip_special_tokens=False)
+                # As the hf model decodes: up to the end of text, without special tokens (a generated <unk> or chat
+                # marker is no text), then cut before the first stop string.
+                row = row[: row.index(self.eot_token_id)] if self.eot_token_id in row else row
+                text = self.text_tokenizer.decode(row, skip_special_tokens=True)
                 results.append(postprocess_generated_text(generation=text, stop=stops, think_end_token=None))
         return order.get_original(results)
 
@@ -193,11 +202,11 @@ def harness_model(path: Path, *, batch_size: int, chat: bool, device: torch.devi
         return masked_run_model(checkpoint, batch_size=batch_size, chat=chat, device=device)
     if GENERATE not in task_class.CAPABILITIES:
         raise DataError(_refusal(str(checkpoint), task_class.NAME))
+    template = _run_template(checkpoint) if chat else None  # before the weights are read: a refusal comes at once
     task = load_capable(checkpoint, GENERATE, "trident-harness")
     if task.tokenizer is None:
         raise DataError(f"checkpoint {str(checkpoint)!r} holds no tokenizer: the harness scores texts")
     eot, prefix = special_ids(task.net, task.tokenizer, task.tokenizer_settings)
-    template = _run_template(checkpoint) if chat else None
     return TridentLM(task.net.to(device), task.tokenizer, eot_token_id=eot, prefix_token_id=prefix,
                      batch_size=batch_size, chat=template, name=str(checkpoint))
 
@@ -229,17 +238,31 @@ def _from_directory(path: Path, *, batch_size: int, chat: bool, device: torch.de
     net = CausalLM(cfg, weights.vocab_size, **weights.task_options)
     net.load_state_dict(weights.state_dict, strict=True)
     eot, prefix = special_ids(net, weights.tokenizer, weights.tokenizer_settings)
+    if chat and not weights.tokenizer_settings.get("chat_template"):
+        raise DataError(f"--apply_chat_template: {str(path)!r} has no chat template (neither chat_template in "
+                        f"tokenizer_config.json nor chat_template.jinja): run trident-harness without it")
     return TridentLM(net.to(device), weights.tokenizer, eot_token_id=eot, prefix_token_id=prefix, add_special_tokens=True,
                      batch_size=batch_size, chat=read_template(str(path), str(path)) if chat else None, name=str(path))
 
 
 def _run_template(checkpoint: Path) -> ChatTemplate:
-    """The run's chat template (its ``data.template`` and ``data.tokenizer``), as trident-chat reads it."""
+    """The template a run's conversations were rendered with, as trident-chat reads it (an ``init_from`` source's
+    from the run's record, else its ``data.template``); a run of data with no conversations (no ``data.template``:
+    plain text) is refused in one line rather than given trident's default template it never saw."""
     from omegaconf import OmegaConf
 
     from trident.data.chat_template import read_template
+    from trident.weights.init_from import run_source_template
     from trident.weights.run_config import run_config_of
 
     config = run_config_of(checkpoint)
-    data = OmegaConf.load(config).get("data", {}) if config is not None else {}
-    return read_template(data.get("template"), str(data.get("tokenizer", "char")))
+    if config is None:
+        raise DataError(f"--apply_chat_template: {str(checkpoint)!r} is not in a train.py run directory (no "
+                        "config_resolved.yaml above it) to read its chat template from: pass the run directory")
+    data = OmegaConf.load(config).get("data", {})
+    if "template" not in data:
+        raise DataError(f"--apply_chat_template: {str(checkpoint)!r} was trained on data={data.get('name')}, not "
+                        "conversations (data=chat): it has no chat template; run trident-harness without "
+                        "--apply_chat_template")
+    recorded = run_source_template(config.parent, data)
+    return recorded or read_template(data.get("template"), str(data.get("tokenizer", "char")))

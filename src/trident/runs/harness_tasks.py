@@ -173,12 +173,41 @@ def task_manager(names: list[str], include_path: str | None, option: str = "--in
     if folders:
         local = TaskManager(include_path=folders, include_defaults=False)
         if set(names) <= set(local.all_tasks):
-            return local
+            return loadable(local, names)
     manager = TaskManager(include_path=folders or None)
     known = [*manager.all_tasks, *BUILDERS]
     for name in names:
         if name not in manager.all_tasks:
             where = f" or in {include_path}" if include_path else f" (add yours with {option} DIR)"
+            unread = unreadable_task_file(include_path) if include_path is not None else None
             raise ConfigError(f"unknown task {name!r}: no harness task, none trident ships{where} has that name"
-                              f"{did_you_mean(name, known, '')}")
+                              + (f"; {unread}" if unread else did_you_mean(name, known, "")))
+    return loadable(manager, names)
+
+
+def loadable(manager: Any, names: list[str]) -> Any:
+    """``manager`` once each task of ``names`` was built from its YAML and data, before any model is read: a value
+    the harness refuses (an ``output_type`` it has not) or data that is not there is one line naming the task."""
+    for name in names:
+        try:
+            manager.load_task_or_group([name])
+        except Exception as err:  # the harness's own errors: ValueError, FileNotFoundError, datasets' errors...
+            reason = " ".join(str(err).split())
+            raise ConfigError(f"task {name!r} cannot be built from its YAML ({type(err).__name__}: {reason}): "
+                              "fix the task file or its data") from err
     return manager
+
+
+def unreadable_task_file(include_path: str) -> str | None:
+    """The first task YAML under ``include_path`` that the harness cannot read, and why, on one line; None when
+    every one reads. The harness's index skips such a file without a word, so its task reads as unknown."""
+    import yaml
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    for path in sorted(Path(include_path).rglob("*.yaml")):
+        try:
+            load_yaml(path, resolve_func=False)
+        except (yaml.YAMLError, OSError, ValueError) as err:  # YAML's errors, an include not there, not a mapping
+            reason = " ".join(str(err).split())
+            return f"{path} does not parse ({type(err).__name__}: {reason}): fix it"
+    return None
