@@ -1,6 +1,7 @@
 """CLIP weights both ways (issue 54 item 3): transformers' ``CLIPModel`` with every parameter randomised, saved by
 ``save_pretrained``, read into trident's ``CLIP`` (task=clip's network) gives the same image and text embeddings
-(``get_image_features`` / ``get_text_features``) and logits within 1e-5, and is written back to the same tensors."""
+(``get_image_features`` / ``get_text_features``) and logits within 1e-5, and is written back to the same tensors; an
+open_clip model built by open_clip from its config, random weights, read in gives the same features."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from trident.weights.adapters.hf_files import read_config, read_state_dict
 from trident.weights.pretrained import PretrainedWeights
 
 from .convert_helpers import randomise
+from .open_clip_reference import import_open_clip
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,7 +43,11 @@ def _reference(tmp_path: Path, text: dict[str, Any] | None = None) -> tuple[Any,
 
 
 def _read(directory: Path) -> tuple[PretrainedWeights, CLIP]:
-    weights = hf_clip.to_trident(read_config(directory), read_state_dict(directory), None, str(directory))
+    return _net(hf_clip.to_trident(read_config(directory), read_state_dict(directory), None, str(directory)))
+
+
+def _net(weights: PretrainedWeights) -> tuple[PretrainedWeights, CLIP]:
+    """trident's CLIP of ``weights``' settings, loaded strictly, in eval mode."""
     backbone = TransformerConfig(**weights.model, pos_encoding=weights.pos_encoding, dropout=0.0,
                                  max_seq_len=weights.data_options["max_length"])
     options, data = weights.task_options, weights.data_options
@@ -107,3 +113,54 @@ def test_an_image_tower_without_clips_pre_norm_is_refused_in_one_line(tmp_path: 
                in_channels=1)
     with pytest.raises(ConfigError, match=r"model.embedding_norm=False has no CLIP \(hf export\) equivalent"):
         hf_clip.from_trident(net)
+
+
+OPEN_CLIP_CONFIG = {"embed_dim": 20, "quick_gelu": True,
+                    "vision_cfg": {"layers": 2, "width": 24, "head_width": 12, "mlp_ratio": 2.0, "patch_size": 4,
+                                   "image_size": 16},
+                    "text_cfg": {"context_length": CONTEXT, "vocab_size": VOCAB, "width": 32, "heads": 4, "layers": 2,
+                                 "mlp_ratio": 1.5}}
+
+
+def test_an_open_clip_model_reads_in_with_equal_features(tmp_path: Path) -> None:
+    """open_clip pools the text at its largest id (OpenAI's end-of-text token, the last of the vocabulary)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from trident.weights.adapters import open_clip_files
+
+    open_clip = import_open_clip()
+    torch.manual_seed(0)
+    model = randomise(open_clip.model.CLIP(**OPEN_CLIP_CONFIG), seed=3).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(2.5)
+    directory = tmp_path / "open_clip"
+    directory.mkdir()
+    (directory / open_clip_files.CONFIG).write_text(json.dumps({"model_cfg": OPEN_CLIP_CONFIG}))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / open_clip_files.WEIGHTS[0]))
+    assert open_clip_files.recognises(directory)
+    weights, net = _net(open_clip_files.read(directory, str(directory), None))
+    images, ids = _inputs(None)
+    with torch.no_grad():
+        torch.testing.assert_close(net.encode_image(images), model.encode_image(images), rtol=0, atol=1e-5)
+        torch.testing.assert_close(net.encode_text(ids), model.encode_text(ids), rtol=0, atol=1e-5)
+        image, text, scale = model(images, ids)[:3]
+        torch.testing.assert_close(net(images, ids), scale * image @ text.T, rtol=0, atol=1e-5)
+    # Every tensor of open_clip's was read (but its causal mask, a buffer trident builds itself).
+    assert len(weights.state_dict) == len(net.state_dict())
+
+
+def test_an_open_clip_setting_trident_cannot_reproduce_is_one_line(tmp_path: Path) -> None:
+    import json
+
+    from trident.errors import DataError
+    from trident.weights.adapters import open_clip_files
+
+    directory = tmp_path / "open_clip"
+    directory.mkdir()
+    config = {**OPEN_CLIP_CONFIG, "vision_cfg": {**OPEN_CLIP_CONFIG["vision_cfg"], "ls_init_value": 0.1}}
+    (directory / open_clip_files.CONFIG).write_text(json.dumps({"model_cfg": config}))
+    (directory / open_clip_files.WEIGHTS[0]).write_bytes(b"")
+    with pytest.raises(DataError, match="open_clip's vision_cfg.ls_init_value setting, which trident cannot reproduce"):
+        open_clip_files.read(directory, str(directory), None)
