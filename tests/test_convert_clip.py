@@ -78,7 +78,7 @@ def test_clipmodel_reads_in_with_equal_embeddings_and_logits_and_writes_back_exa
                                                                                   tmp_path: Path) -> None:
     """``eos`` None: a config of the legacy ``eos_token_id=2``, pooled at each row's largest id."""
     reference, directory = _reference(tmp_path, None if eos is not None else {"eos_token_id": 2})
-    weights, net = _read(directory)
+    net = _read(directory)[1]
     assert net.text.eos_id == eos
     images, ids = _inputs(eos)
     with torch.no_grad():
