@@ -9,7 +9,8 @@ Sources (``data.source``):
   classification by class names and the templates;
 - a JSONL, CSV or parquet file of pairs, its ``data.image_column`` a path (relative to the file's folder) and its
   ``data.caption_column`` the caption; or a folder holding ``captions.jsonl`` / ``.csv`` / ``.parquet``. Its pairs
-  are split into train / validation / test by ``data.validation_size`` / ``data.test_size`` (one fixed shuffle).
+  are split into train / validation / test by ``data.validation_size`` / ``data.test_size`` (one fixed shuffle). Its
+  pairs have no classes: ``class_names``, ``templates`` and ``zero_shot_classes`` (a packaged source's) do not apply.
 
 Captions are tokenized by a word-level tokenizer built from every caption, class name and template
 (``data.tokenizer=null``), or by a tokenizer.json (e.g. a CLIP tokenizer's), and end in ``<|endoftext|>``, the token
@@ -220,9 +221,9 @@ class ImageTextDataModule(TridentDataModule):
         return pairs
 
     def _from_table(self) -> dict[str, Pairs]:
-        if self.zero_shot_classes:
-            raise ConfigError("data.zero_shot_classes holds out classes of a packaged source; pairs read from files "
-                              "have none: remove it")
+        """The pairs of a table: no classes, so the class settings of a packaged source (the default's digits) do not
+        apply and no zero-shot classification is measured."""
+        self.class_names, self.zero_shot_classes = [], []
         images, captions = read_pair_table(pair_table(self.source), self.image_column, self.caption_column)
         if self.validation_size + self.test_size >= len(captions):
             raise ConfigError(f"data.validation_size + data.test_size must be below the {len(captions)} pairs of "
