@@ -1,7 +1,7 @@
 """objective=contrastive (issue 54 item 1): CLIP's symmetric image-text cross entropy equals open_clip's ``ClipLoss``
 on the same features, and under data parallelism (features gathered from every rank with their gradients) 2 gloo
-processes train as 1 on the global batch: the same loss and the same gradients, through trident's one loss
-reduction (trident.training.token_loss.StepLoss) and DDP's gradient average."""
+processes train task=clip's network as 1 does on the global batch: the same loss and the same gradients of every
+parameter, through trident's one loss reduction (trident.training.token_loss.StepLoss) and DDP's gradient average."""
 
 from __future__ import annotations
 
@@ -16,15 +16,18 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from trident.backbone import TransformerConfig
+from trident.models.clip import CLIP
 from trident.objectives import OBJECTIVES, Contrastive, PairedFeatures
 from trident.objectives.contrastive import contrastive_loss, paired_features
+from trident.tasks.network_builders import clip
 from trident.training.token_loss import StepLoss
 
 from .open_clip_reference import import_open_clip
 
-GLOBAL_BATCH, IMAGE_IN, TEXT_IN, WIDTH = 6, 5, 7, 4
+GLOBAL_BATCH, VOCAB, WIDTH = 6, 11, 4
 
 
 def _features(n: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -48,50 +51,49 @@ def test_the_loss_is_open_clips_clip_loss_on_the_same_features() -> None:
     assert OBJECTIVES["contrastive"] is Contrastive
 
 
-class Towers(nn.Module):
-    """Two linear towers and CLIP's learned temperature: enough to see every gradient the loss sends."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.image = nn.Linear(IMAGE_IN, WIDTH, dtype=torch.float64)
-        self.text = nn.Linear(TEXT_IN, WIDTH, dtype=torch.float64)
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07), dtype=torch.float64))
-
-    def outputs(self, batch: tuple[Tensor, Tensor], stage: str) -> PairedFeatures:
-        images, texts = batch
-        return paired_features(F.normalize(self.image(images), dim=-1), F.normalize(self.text(texts), dim=-1),
-                               self.logit_scale.exp())
+def _network() -> CLIP:
+    """task=clip's network, small, in float64 (the comparison then sees the reduction, not the rounding)."""
+    torch.manual_seed(0)
+    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned",
+                                 dropout=0.0, activation="quick_gelu")
+    net = clip(backbone, vocab_size=VOCAB, eos_id=VOCAB - 1, embed_dim=WIDTH, text=None,
+               image={"embedding_norm": True}, image_size=8, patch_size=4, in_channels=1)
+    return net.double()
 
 
 def _global_batch() -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(1)
-    return (torch.randn(GLOBAL_BATCH, IMAGE_IN, generator=generator, dtype=torch.float64),
-            torch.randn(GLOBAL_BATCH, TEXT_IN, generator=generator, dtype=torch.float64))
+    ids = torch.randint(0, VOCAB - 1, (GLOBAL_BATCH, 6), generator=generator)
+    ids[:, -1] = VOCAB - 1  # each caption ends in its end-of-text token
+    return torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=generator, dtype=torch.float64), ids
 
 
 def _step(rank: int, world_size: int) -> dict[str, Any]:
     """One optimizer step's loss and gradients on this rank's share of the global batch, reduced as a trident run
     reduces them (StepLoss) with DDP's average between backward and the step's end."""
-    towers = Towers()
-    source = SimpleNamespace(outputs=towers.outputs, device_mesh=None)
+    net = _network()
+
+    def outputs(batch: tuple[Tensor, Tensor], stage: str) -> PairedFeatures:
+        return paired_features(*net.normalised(*batch), net.scale())
+
+    source = SimpleNamespace(outputs=outputs, device_mesh=None)
     share = GLOBAL_BATCH // world_size
-    images, texts = (part[rank * share:(rank + 1) * share] for part in _global_batch())
+    images, ids = (part[rank * share:(rank + 1) * share] for part in _global_batch())
     group = dist.group.WORLD if world_size > 1 else None
     step_loss = StepLoss()
-    loss, _ = Contrastive()(source, (images, texts), "train")
+    loss, _ = Contrastive()(source, (images, ids), "train")
     step_loss.micro_batch(loss.summed, loss.count, group).backward()
-    parameters = list(towers.parameters())
+    parameters = list(net.parameters())
     if group is not None:  # DDP: the gradients averaged over the ranks
         for param in parameters:
             dist.all_reduce(param.grad, group=group)
             param.grad /= world_size
     metrics = step_loss.finish(parameters, 1, group)
     seen: dict[str, Any] = {"loss": metrics[StepLoss.LOSS]}
-    seen |= {name: param.grad.flatten().tolist() for name, param in towers.named_parameters()}
+    seen |= {name: param.grad.flatten().tolist() for name, param in net.named_parameters()}
     if group is not None:  # open_clip's loss of the gathered features, on this rank
         open_clip = import_open_clip()
-        features = towers.outputs((images, texts), "train")
+        features = outputs((images, ids), "train")
         reference = open_clip.loss.ClipLoss(gather_with_grad=True, rank=rank, world_size=world_size)
         seen["open_clip"] = float(reference(features.image, features.text, features.scale))
     return seen
@@ -117,6 +119,8 @@ def test_two_gloo_processes_train_as_one_on_the_global_batch(tmp_path: Path) -> 
         two = json.loads((tmp_path / f"{rank}.json").read_text())
         assert two["loss"] == pytest.approx(one["loss"], rel=0, abs=1e-5)
         assert two["open_clip"] == pytest.approx(one["loss"], rel=0, abs=1e-5)
-        for name in ("image.weight", "image.bias", "text.weight", "text.bias", "logit_scale"):
+        names = [name for name, _ in _network().named_parameters()]
+        assert set(names) <= set(two)
+        for name in names:
             assert torch.allclose(torch.tensor(two[name]), torch.tensor(one[name]), rtol=0, atol=1e-5), (rank, name)
-    assert any(abs(g) > 1e-3 for g in one["image.weight"]), "a gradient to compare"
+    assert any(abs(g) > 1e-3 for g in one["image.head.weight"]) and abs(one["logit_scale"][0]) > 1e-3
