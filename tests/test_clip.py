@@ -150,3 +150,30 @@ def test_train_py_trains_clip_and_the_loaded_network_gives_its_features(tmp_path
     with torch.no_grad():
         assert task.net.encode_image(images).shape == (3, 64) and task.net.encode_text(ids).shape == (2, 64)
         assert task.net(images, ids).shape == (3, 2)
+
+
+def test_fsdp_gathers_the_weights_around_encode_image_and_encode_text(tmp_path: Path) -> None:
+    """FSDP2 gathers a root's weights around ``forward`` only: CLIP's other entry points (``encode_image``,
+    ``encode_text``, ``normalised``: the task's loss and metrics run them) met the sharded patch projection as a
+    DTensor. ``parallelize`` registers them, and sharded they give the unsharded features."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trident.backbone import TransformerConfig
+    from trident.parallel.fsdp import DATA_PARALLEL, parallelize
+    from trident.tasks.network_builders import clip
+
+    from .sharding_helpers import one_rank_process_group
+
+    torch.manual_seed(0)
+    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned")
+    net = clip(backbone, vocab_size=11, eos_id=10, embed_dim=4, text=None, image={"embedding_norm": True}, image_size=8,
+               patch_size=4, in_channels=1).eval()
+    images, ids = torch.randn(2, 1, 8, 8), torch.randint(0, 11, (3, 6))
+    with torch.no_grad():
+        whole = (net.encode_image(images), net.encode_text(ids), *net.normalised(images, ids[:2]))
+    with one_rank_process_group(tmp_path):
+        parallelize(net, init_device_mesh("cpu", (1,), mesh_dim_names=(DATA_PARALLEL,)), "32-true")
+        with torch.no_grad():
+            sharded = (net.encode_image(images), net.encode_text(ids), *net.normalised(images, ids[:2]))
+    for ours, theirs in zip(sharded, whole, strict=True):
+        torch.testing.assert_close(ours, theirs)

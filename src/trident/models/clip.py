@@ -53,6 +53,10 @@ class CLIP(nn.Module):
     unnormalised (transformers' ``get_image_features`` / ``get_text_features``); ``forward(images, ids)`` the
     image-text logits (B_images, B_texts), ``logits_per_image``, scaled by the clamped temperature."""
 
+    #: The methods that run the network besides ``forward``: FSDP gathers the root's weights around each of them as it
+    #: does around ``forward`` (trident.parallel.fsdp.parallelize). None calls another: each is entered from outside.
+    FORWARD_METHODS = ("encode_image", "encode_text", "normalised")
+
     def __init__(self, text: TransformerConfig, image: TransformerConfig, *, vocab_size: int, embed_dim: int,
                  eos_id: int | None, patch_size: int, in_channels: int) -> None:
         super().__init__()
@@ -61,7 +65,8 @@ class CLIP(nn.Module):
         # post_layernorm); CLIP's patch projection has no bias.
         self.image = VisionTransformer(image, patch_size=patch_size, in_channels=in_channels, num_classes=embed_dim,
                                        pool="cls", patch_bias=False, head_bias=False)
-        self.logit_scale = nn.Parameter(torch.tensor(INITIAL_LOGIT_SCALE))
+        # (1,), not a scalar: FSDP2 shards parameters along their first axis (transformers' and open_clip's are ()).
+        self.logit_scale = nn.Parameter(torch.full((1,), INITIAL_LOGIT_SCALE))
 
     def no_weight_decay(self) -> set[str]:
         """What AdamW should not decay: the temperature, the class token, the learned position tables."""
@@ -75,13 +80,13 @@ class CLIP(nn.Module):
         return self.text(ids)
 
     def scale(self) -> Tensor:
-        """exp of the temperature's log, clamped at log(100) as CLIP clamps it."""
+        """(1,) exp of the temperature's log, clamped at log(100) as CLIP clamps it."""
         return self.logit_scale.clamp(max=MAX_LOGIT_SCALE).exp()
 
     def normalised(self, images: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
         """The L2-normalised features of ``images`` and ``ids``, (B, E) each."""
-        return F.normalize(self.encode_image(images), dim=-1), F.normalize(self.encode_text(ids), dim=-1)
+        return F.normalize(self.image(images), dim=-1), F.normalize(self.text(ids), dim=-1)
 
     def forward(self, images: Tensor, ids: Tensor) -> Tensor:
-        image, text = self.normalised(images, ids)
+        image, text = F.normalize(self.image(images), dim=-1), F.normalize(self.text(ids), dim=-1)
         return self.scale() * image @ text.T  # (B_images, B_texts)

@@ -35,7 +35,7 @@ class PairedFeatures(Outputs):
 
     image: Tensor  # (B, E)
     text: Tensor  # (B, E)
-    scale: Tensor  # ()
+    scale: Tensor  # (1,) or ()
 
 
 def paired_features(image: Tensor, text: Tensor, scale: Tensor) -> PairedFeatures:

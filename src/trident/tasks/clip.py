@@ -127,8 +127,10 @@ class ContrastiveImageTextTask(TridentTask):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        loss = self.objective(self, batch, TRAIN)[0]
-        self.step_metric("train/logit_scale", self.net.logit_scale.detach() * loss.count, loss.count)
+        loss, outputs = self.objective(self, batch, TRAIN)
+        assert isinstance(outputs, PairedFeatures)
+        # The clamped temperature's log, from the forward's scale (under FSDP the parameter itself is a shard).
+        self.step_metric("train/logit_scale", outputs.scale.detach().log().sum() * loss.count, loss.count)
         return self.trained(loss)
 
     def on_train_batch_end(self, outputs: Any, batch: Batch, batch_idx: int) -> None:

@@ -58,8 +58,8 @@ _VISION = {
     "vision_model.post_layernorm.weight": "image.encoder.final_norm.weight",
     "vision_model.post_layernorm.bias": "image.encoder.final_norm.bias",
     "visual_projection.weight": "image.head.weight",
-    "logit_scale": "logit_scale",
 }
+_SCALE = "logit_scale"  # () in transformers, (1,) in trident (FSDP2 shards no scalar)
 _CLASS = ("vision_model.embeddings.class_embedding", "image.cls_token")  # (D,) <-> (1, 1, D)
 _STACKS = (("text_model.encoder.layers", "text.decoder.blocks"), ("vision_model.encoder.layers", "image.encoder.blocks"))
 
@@ -102,6 +102,7 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
                    "a patch size that does not tile the image")
     out = {mine: state[theirs] for theirs, mine in (_TEXT | _VISION).items()}
     out[_CLASS[1]] = state[_CLASS[0]][None, None]  # (D,) -> (1, 1, D)
+    out[_SCALE] = state[_SCALE].reshape(1)
     for (hf, trident), tower in zip(_STACKS, (text, vision), strict=True):
         out |= _layers(state, hf, trident, int(tower["num_hidden_layers"]))
     eos = text.get("eos_token_id", LEGACY_EOS)
@@ -143,6 +144,7 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     own = net.state_dict()
     state = {theirs: own[mine] for theirs, mine in (_TEXT | _VISION).items()}
     state[_CLASS[0]] = own[_CLASS[1]].reshape(-1)
+    state[_SCALE] = own[_SCALE].reshape(())
     for (hf, trident), cfg in zip(_STACKS, (text, image), strict=True):
         state |= _layers_to_hf(own, trident, hf, cfg.n_layers)
     return "CLIPModel", config, state

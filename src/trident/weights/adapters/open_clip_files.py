@@ -70,7 +70,7 @@ def state_to_trident(state: dict[str, Tensor], vision_layers: int, text_layers: 
         "text.embed.weight": state["token_embedding.weight"],
         "text.decoder.pos_encoding.embedding.weight": state["positional_embedding"],
         "text.projection.weight": state["text_projection"].T.contiguous(),
-        "logit_scale": state["logit_scale"].reshape(()),
+        "logit_scale": state["logit_scale"].reshape(1),
     }
     for theirs, mine in (("visual.ln_pre", "image.encoder.embedding_norm"), ("visual.ln_post", "image.encoder.final_norm"),
                          ("ln_final", "text.decoder.final_norm")):
