@@ -46,6 +46,8 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "swiglu": F.silu,
     "geglu_tanh": partial(F.gelu, approximate="tanh"),
+    # OpenAI CLIP's x * sigmoid(1.702 x) (transformers' quick_gelu), needed to reproduce its weights exactly.
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 GATED_ACTIVATIONS = ("swiglu", "geglu_tanh")
 

@@ -32,9 +32,9 @@ def vit_geometry(image_size: int, patch_size: int, pool: str) -> dict[str, Any]:
 class PatchEmbedding(nn.Module):
     """Cut the image into non-overlapping patches and project each to d_model (a strided conv)."""
 
-    def __init__(self, patch_size: int, in_channels: int, d_model: int) -> None:
+    def __init__(self, patch_size: int, in_channels: int, d_model: int, bias: bool = True) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.proj(images).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, D, h, w) -> (B, h*w, D)
@@ -42,24 +42,27 @@ class PatchEmbedding(nn.Module):
 
 class VisionTransformer(nn.Module):
     """``cfg`` must carry the grid of :func:`vit_geometry`. ``pool="cls"`` classifies from a learned
-    class token (ViT); ``"mean"`` from the average of the patch outputs."""
+    class token (ViT); ``"mean"`` from the average of the patch outputs. ``patch_bias=False``: a patch projection
+    without bias (CLIP's image tower); ``head_bias=False``: a head without bias (CLIP's projection)."""
 
     def __init__(
-        self, cfg: TransformerConfig, *, patch_size: int, in_channels: int, num_classes: int, pool: str = "cls"
+        self, cfg: TransformerConfig, *, patch_size: int, in_channels: int, num_classes: int, pool: str = "cls",
+        patch_bias: bool = True, head_bias: bool = True,
     ) -> None:
         super().__init__()
         if cfg.grid is None or cfg.num_prefix_tokens != (1 if pool == "cls" else 0):
             raise ConfigError(f"a VisionTransformer with pool={pool} needs the grid and prefix of vit_geometry(..., {pool!r})")
         self.pool = pool
         self.num_prefix_tokens = cfg.num_prefix_tokens
-        self.patch_embed = PatchEmbedding(patch_size, in_channels, cfg.d_model)
+        self.patch_embed = PatchEmbedding(patch_size, in_channels, cfg.d_model, bias=patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model)) if pool == "cls" else None
         self.encoder = Encoder(cfg)
-        self.head = nn.Linear(cfg.d_model, num_classes)
+        self.head = nn.Linear(cfg.d_model, num_classes, bias=head_bias)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=0.02)
         nn.init.normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        if self.head.bias is not None:
+            nn.init.zeros_(self.head.bias)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters AdamW should not decay: the class token and a learned position table."""

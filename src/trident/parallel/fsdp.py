@@ -21,7 +21,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from trident.backbone import TransformerBlock
 from trident.errors import ConfigError
@@ -167,6 +167,10 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str) -> None:
             fully_shard(block, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
     # The root's weights (embeddings, head) stay gathered from forward to backward: the backward needs them first.
     fully_shard(net, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=False)
+    # A network run through other methods than forward (CLIP's encode_image / encode_text) names them: FSDP gathers
+    # the root's weights around them too.
+    for method in getattr(net, "FORWARD_METHODS", ()):
+        register_fsdp_forward_method(net, method)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ checkpoint that lacks one of them is rebuilt as its task). A task without a buil
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 from torch import nn
 
 from trident.backbone import TransformerConfig
-from trident.models import CausalLM, EncoderDecoder, MaskedLM, SequenceClassifier, VisionTransformer
+from trident.errors import ConfigError, did_you_mean
+from trident.models import CausalLM, EncoderDecoder, MaskedLM, SequenceClassifier, VisionTransformer, vit_geometry
+from trident.models.clip import CLIP
 
 NetworkBuilder = Callable[..., nn.Module]
 
@@ -49,6 +52,52 @@ def sequence_classifier(backbone: TransformerConfig, *, vocab_size: int, class_n
                               scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
 
 
+#: What task=clip's ``task.text`` / ``task.image`` may set over the ``model`` and ``pos_encoding`` groups for one tower:
+#: every model setting but the geometry, which follows from the data (the context length, the image's patch grid).
+TOWER_SETTINGS = tuple(f.name for f in dataclasses.fields(TransformerConfig)
+                       if f.name not in ("max_seq_len", "grid", "num_prefix_tokens"))
+
+
+def tower_config(backbone: Mapping[str, Any], overrides: Mapping[str, Any] | None, tower: str,
+                 geometry: Mapping[str, Any]) -> TransformerConfig:
+    """The stack of one of CLIP's towers (``tower``: text or image): ``backbone`` (the model and pos_encoding groups)
+    with the tower's ``overrides`` (``task.<tower>.*``) and ``geometry``; a key that is no model setting is one line."""
+    check_tower_keys(overrides, tower)
+    return TransformerConfig(**{**unresolved(backbone), **(overrides or {}), **geometry})
+
+
+def check_tower_keys(overrides: Mapping[str, Any] | None, tower: str) -> None:
+    """Each key of ``task.<tower>`` is a model setting of a tower, else one line naming those there are."""
+    for key in overrides or {}:
+        if key not in TOWER_SETTINGS:
+            raise ConfigError(f"task.{tower}.{key} is not a model setting of the {tower} tower"
+                              f"{did_you_mean(key, TOWER_SETTINGS, f'task.{tower}.')}: remove it; "
+                              f"task.{tower} takes {', '.join(TOWER_SETTINGS)}")
+
+
+def unresolved(backbone: Mapping[str, Any]) -> dict[str, Any]:
+    """``backbone`` (a resolved TransformerConfig's fields) with each setting that only stood for its default (the
+    query heads' count of ``n_kv_heads``, ``d_model / n_heads`` of ``head_dim``, ``bias`` of the bias keys) back to
+    None: a tower that changes ``n_heads``, ``d_model`` or ``bias`` then resolves them from its own values."""
+    settings = dict(backbone)
+    defaults = {"n_kv_heads": settings.get("n_heads"), "qkv_bias": settings.get("bias"),
+                "attn_out_bias": settings.get("bias"), "mlp_bias": settings.get("bias")}
+    if settings.get("d_model") is not None and settings.get("n_heads"):
+        defaults["head_dim"] = settings["d_model"] // settings["n_heads"]
+    return {key: None if key in defaults and value == defaults[key] else value for key, value in settings.items()}
+
+
+def clip(backbone: TransformerConfig, *, vocab_size: int, eos_id: int | None, embed_dim: int,
+         text: dict[str, Any] | None, image: dict[str, Any] | None, image_size: int, patch_size: int,
+         in_channels: int) -> CLIP:
+    """CLIP's towers: the text's context is the backbone's (``data.max_seq_len``), the image's grid its patches'."""
+    shared = vars(backbone)
+    return CLIP(tower_config(shared, text, "text", {}),
+                tower_config(shared, image, "image", vit_geometry(image_size, patch_size, "cls")),
+                vocab_size=vocab_size, embed_dim=embed_dim, eos_id=eos_id, patch_size=patch_size,
+                in_channels=in_channels)
+
+
 #: Each task's builder, by the task class its checkpoints name (trident.tasks.task_in_checkpoint.TASK_KEY): what
 #: a checkpoint says of itself before anything is imported (tests/test_command_startup.py holds each task to it).
 BUILDERS: dict[str, NetworkBuilder] = {
@@ -57,6 +106,7 @@ BUILDERS: dict[str, NetworkBuilder] = {
     "trident.tasks.translation.TranslationTask": encoder_decoder,
     "trident.tasks.vit.ImageClassificationTask": vision_transformer,
     "trident.tasks.classify.SequenceClassificationTask": sequence_classifier,
+    "trident.tasks.clip.ContrastiveImageTextTask": clip,
 }
 
 

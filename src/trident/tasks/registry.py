@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trident.tasks.base import TridentTask
 from trident.tasks.classify import SequenceClassificationTask
+from trident.tasks.clip import ContrastiveImageTextTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.translation import TranslationTask
@@ -12,4 +13,5 @@ from trident.tasks.vit import ImageClassificationTask
 
 TASKS: dict[str, type[TridentTask]] = {task.NAME: task for task in (
     LanguageModelTask, MaskedLanguageModelTask, TranslationTask, ImageClassificationTask, SequenceClassificationTask,
+    ContrastiveImageTextTask,
 )}

@@ -12,8 +12,9 @@ from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, DataError
 
 # trident's model.activation <-> Hugging Face's hidden_act / activation_function (exact equivalents only).
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-TRIDENT_TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+                  "quick_gelu": "quick_gelu"}
+TRIDENT_TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "quick_gelu": "quick_gelu"}
 
 
 def require_equivalent(ok: bool, setting: str, value: Any, target: str, fix: str) -> None:

@@ -1,0 +1,270 @@
+"""Image-text pairs for contrastive training (``data=image_text``, task=clip): batches of (images (B, C, H, W),
+caption ids (B, T), class labels (B,), -1 where a pair has none).
+
+Sources (``data.source``):
+
+- a packaged image set (``mnist_5k``, ``digits``, ``fashion_mnist``: trident.data.image_sources), each image captioned
+  from its class name by one of ``data.templates`` (image i takes template i mod K); the classes named in
+  ``data.zero_shot_classes`` are held out of training (their images stay in validation and test), for zero-shot
+  classification by class names and the templates;
+- a JSONL, CSV or parquet file of pairs, its ``data.image_column`` a path (relative to the file's folder) and its
+  ``data.caption_column`` the caption; or a folder holding ``captions.jsonl`` / ``.csv`` / ``.parquet``. Its pairs
+  are split into train / validation / test by ``data.validation_size`` / ``data.test_size`` (one fixed shuffle). Its
+  pairs have no classes: ``class_names``, ``templates`` and ``zero_shot_classes`` (a packaged source's) do not apply.
+
+Captions are tokenized by a word-level tokenizer built from every caption, class name and template
+(``data.tokenizer=null``), or by a tokenizer.json (e.g. a CLIP tokenizer's), and end in ``<|endoftext|>``, the token
+the text tower pools at; shorter captions are padded with it (after the first, nothing is read: the tower is causal).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from trident.data.base import TridentDataModule
+from trident.data.image_sources import load_image_source
+from trident.data.images import ImageDataset, NormalizedArrays, eval_transform
+from trident.data.order import EpochShuffleSampler
+from trident.data.tokenization import END_OF_TEXT, UNK, read_tokenizer
+from trident.errors import ConfigError, DataError
+
+PACKAGED = ("mnist_5k", "digits", "fashion_mnist")
+CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.parquet")
+SPLITS = ("train", "validation", "test")
+
+def word_tokenizer(texts: list[str]) -> Tokenizer:
+    """A lower-cased word-level tokenizer (words and punctuation) of every word in ``texts``, ``<unk>`` and
+    ``<|endoftext|>`` first."""
+    split = pre_tokenizers.Whitespace()
+    words = sorted({word for text in texts for word, _ in split.pre_tokenize_str(text.lower())})
+    tokenizer = Tokenizer(models.WordLevel({UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)},
+                                           unk_token=UNK))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = split
+    return tokenizer
+
+
+def end_of_text_id(tokenizer: Tokenizer) -> int:
+    """The id of ``<|endoftext|>``, which every caption ends in, or one line naming the fix."""
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    if eos is None:
+        raise ConfigError(f"the tokenizer has no {END_OF_TEXT} token, which task=clip pools the text at: choose "
+                          "data.tokenizer=null (a word-level tokenizer of the captions) or a CLIP tokenizer.json")
+    return eos
+
+
+def caption_ids(tokenizer: Tokenizer, texts: list[str], length: int) -> Tensor:
+    """``texts`` -> (N, ``length``) ids, each ending in ``<|endoftext|>`` (cut to fit) and padded with it."""
+    eos = end_of_text_id(tokenizer)
+    rows = torch.full((len(texts), length), eos, dtype=torch.long)
+    for i, encoding in enumerate(tokenizer.encode_batch(texts)):
+        ids = [token for token in encoding.ids if token != eos][: length - 1]
+        rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return rows
+
+
+@dataclass
+class Pairs:
+    """One split: images (an image dataset of (image, label), or paths), captions and class labels (-1: none)."""
+
+    images: Dataset[tuple[Tensor, int]] | list[Path]
+    captions: list[str]
+    labels: list[int]
+
+
+class PairDataset(Dataset[tuple[Tensor, Tensor, int]]):
+    def __init__(self, pairs: Pairs, ids: Tensor, transform: Any, channels: int) -> None:
+        self.pairs, self.ids, self.transform = pairs, ids, transform
+        self.mode = "L" if channels == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.pairs.captions)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, int]:
+        images = self.pairs.images
+        if isinstance(images, list):
+            with Image.open(images[index]) as opened:
+                image = self.transform(opened.convert(self.mode))
+        else:
+            image = images[index][0]
+        return image, self.ids[index], self.pairs.labels[index]
+
+
+def read_pair_table(path: Path, image_column: str, caption_column: str) -> tuple[list[Path], list[str]]:
+    """The image paths (resolved against ``path``'s folder, each one existing) and captions of a JSONL, CSV or parquet
+    table; a missing column or image is one line naming it."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    elif path.suffix == ".csv":
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        raise ConfigError(f"data.source={path} is not a .jsonl, .csv or .parquet file of image-text pairs, nor a folder "
+                          f"holding {', '.join(CAPTION_FILES)}")
+    if not rows:
+        raise DataError(f"{path} holds no image-text pair")
+    for column, key in ((image_column, "image_column"), (caption_column, "caption_column")):
+        if column not in rows[0]:
+            raise DataError(f"{path} has no column {column!r} (data.{key}): its columns are "
+                            f"{', '.join(map(str, rows[0]))}; set data.{key}")
+    images = [path.parent / str(row[image_column]) for row in rows]
+    for image in images:
+        if not image.is_file():
+            raise DataError(f"{path}: the image {str(image)!r} does not exist: fix the path in column {image_column!r} "
+                            "(relative to the table's folder)")
+    return images, [str(row[caption_column]) for row in rows]
+
+
+def pair_table(source: str) -> Path:
+    """The table ``data.source`` names: a file, or the captions file of a folder."""
+    path = Path(source)
+    if path.is_dir():
+        found = [path / name for name in CAPTION_FILES if (path / name).is_file()]
+        if not found:
+            raise DataError(f"data.source={source} is a folder without {' or '.join(CAPTION_FILES)}: add one "
+                            "(columns: image path, caption)")
+        return found[0]
+    if not path.is_file():
+        raise ConfigError(f"data.source={source} is neither {', '.join(PACKAGED)} nor a file or folder of image-text "
+                          "pairs: fix the path")
+    return path
+
+
+class ImageTextDataModule(TridentDataModule):
+    def __init__(
+        self,
+        source: str = "mnist_5k",
+        data_dir: str | None = None,
+        image_column: str = "image",
+        caption_column: str = "caption",
+        class_names: list[str] | None = None,
+        templates: list[str] | None = None,
+        zero_shot_classes: list[str] | None = None,
+        tokenizer: str | None = None,
+        max_length: int = 16,
+        image_size: int = 28,
+        in_channels: int = 1,
+        patch_size: int = 4,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        validation_size: int = 500,
+        test_size: int = 500,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        self.source, self.data_dir = source, data_dir
+        self.image_column, self.caption_column = image_column, caption_column
+        self.class_names = list(class_names or [])
+        self.templates = list(templates or ["{}"])
+        self.zero_shot_classes = list(zero_shot_classes or [])
+        if any("{}" not in template for template in self.templates):
+            raise ConfigError(f"data.templates={self.templates}: each template needs a {{}} for the class name")
+        self.tokenizer_choice, self.max_length = tokenizer, max_length
+        self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
+        self.mean, self.std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
+        self.validation_size, self.test_size, self.split_seed = validation_size, test_size, split_seed
+        self.batch_size, self.seed = batch_size, seed
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, PairDataset] = {}
+
+    def prepare_data(self) -> None:
+        """Nothing to fetch: packaged images, or files on disk."""
+
+    def _packaged(self) -> dict[str, Pairs]:
+        options = {"data_dir": self.data_dir, "validation_size": self.validation_size, "test_size": self.test_size,
+                   "split_seed": self.split_seed, "image_size": self.image_size}
+        data = load_image_source(self.source, options)
+        names = self.class_names or data.class_names
+        if len(names) != len(data.class_names):
+            raise ConfigError(f"data.class_names names {len(names)} classes; data.source={self.source} has "
+                              f"{len(data.class_names)}: give one name a class, in label order")
+        self.class_names = names
+        unknown = [name for name in self.zero_shot_classes if name not in names]
+        if unknown:
+            raise ConfigError(f"data.zero_shot_classes names {unknown}, which are not classes of data.source="
+                              f"{self.source}: choose among {', '.join(names)}")
+        held_out = {names.index(name) for name in self.zero_shot_classes}
+        pairs = {}
+        for split in SPLITS:
+            images, labels = data.splits[split]  # the packaged sources are arrays
+            if split == "train":  # the held-out classes never train
+                keep = ~np.isin(labels, list(held_out))
+                images, labels = images[keep], labels[keep]
+            dataset: Dataset[tuple[Tensor, int]]
+            if images.shape[1:3] == (self.image_size, self.image_size):
+                dataset = NormalizedArrays(images, labels, self.mean, self.std)
+            else:
+                dataset = ImageDataset((images, labels), eval_transform(self.image_size, self.mean, self.std),
+                                       self.in_channels)
+            captions = [self.templates[i % len(self.templates)].format(names[label]) for i, label in enumerate(labels)]
+            pairs[split] = Pairs(dataset, captions, [int(label) for label in labels])
+        return pairs
+
+    def _from_table(self) -> dict[str, Pairs]:
+        """The pairs of a table: no classes, so the class settings of a packaged source (the default's digits) do not
+        apply and no zero-shot classification is measured."""
+        self.class_names, self.zero_shot_classes = [], []
+        images, captions = read_pair_table(pair_table(self.source), self.image_column, self.caption_column)
+        if self.validation_size + self.test_size >= len(captions):
+            raise ConfigError(f"data.validation_size + data.test_size must be below the {len(captions)} pairs of "
+                              f"{self.source}")
+        order = np.random.default_rng(self.split_seed).permutation(len(captions)).tolist()
+        cut = {"validation": order[: self.validation_size],
+               "test": order[self.validation_size: self.validation_size + self.test_size],
+               "train": order[self.validation_size + self.test_size:]}
+        return {split: Pairs([images[i] for i in rows], [captions[i] for i in rows], [-1] * len(rows))
+                for split, rows in cut.items()}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        pairs = self._packaged() if self.source in PACKAGED else self._from_table()
+        if self.tokenizer_choice is None:
+            texts = [c for split in pairs.values() for c in split.captions] + self.class_names + self.templates
+            self.tokenizer = word_tokenizer(texts)
+        else:
+            self.tokenizer = read_tokenizer(self.tokenizer_choice)
+        transform = eval_transform(self.image_size, self.mean, self.std)
+        for split, split_pairs in pairs.items():
+            ids = caption_ids(self.tokenizer, split_pairs.captions, self.max_length)
+            self.datasets[split] = PairDataset(split_pairs, ids, transform, self.in_channels)
+
+    def task_inputs(self) -> dict[str, Any]:
+        assert self.tokenizer is not None, "call setup() before task_inputs()"
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
+            "eos_id": end_of_text_id(self.tokenizer), "image_size": self.image_size, "in_channels": self.in_channels,
+            "patch_size": self.patch_size, "mean": self.mean, "std": self.std, "class_names": self.class_names,
+            "templates": self.templates, "zero_shot_classes": self.zero_shot_classes,
+        }
+
+    def save_to(self, run_dir: Path) -> None:
+        assert self.tokenizer is not None, "call setup() before save_to()"
+        self.tokenizer.save(str(run_dir / "tokenizer.json"))
+        (run_dir / "classes.json").write_text(json.dumps(self.class_names))
+
+    def split_loader(self, split: str, train: bool) -> DataLoader:
+        dataset = self.datasets[split]
+        order = EpochShuffleSampler(len(dataset), self.batch_size, self.seed, **self.shard()) if train else None
+        # drop_last in training: every rank's batch equally long, as the gathered contrastive loss needs.
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=order, drop_last=train, **self.loader_options())

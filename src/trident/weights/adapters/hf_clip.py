@@ -1,0 +1,150 @@
+"""CLIP (``CLIPModel``) <-> trident's ``CLIP`` (task=clip), both ways, and open_clip's OpenAI-layout models read in.
+
+transformers' CLIP: a text tower (token and learned position embeddings, pre-norm causal layers, ``final_layer_norm``,
+pooled at the end-of-text token: the first ``eos_token_id``, or the largest id where ``eos_token_id`` is the legacy 2)
+and a vision tower (a bias-free patch convolution, a class embedding and learned positions, ``pre_layrnorm`` on the
+embeddings: trident's ``embedding_norm``, pre-norm layers, ``post_layernorm`` on the class token: trident's final norm,
+which is per token), each projected without bias, and ``logit_scale``. Its layers keep separate q/k/v projections,
+fused here into trident's ``qkv_proj``. The text tower's settings are the run's ``model`` group; the vision tower's
+are ``task.image`` (task=clip's tower settings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from trident.models.clip import CLIP
+from trident.weights.adapters.common import (
+    activation_from_hf,
+    activation_to_hf,
+    fuse_qkv,
+    hf_model_settings,
+    require_hf_block,
+    require_source,
+    split_qkv,
+)
+from trident.weights.pretrained import PretrainedWeights
+
+FORMAT = "hf-clip"
+MODEL_TYPE = "clip"
+ARCHITECTURES = ("CLIPModel",)
+NETWORK = CLIP
+TARGET = "CLIP (hf export)"
+#: transformers' CLIP pooled at the largest id while its configs said ``eos_token_id=2`` (before PR #24773).
+LEGACY_EOS = 2
+
+_LAYER = {
+    "layer_norm1.weight": "self_attn_norm.weight", "layer_norm1.bias": "self_attn_norm.bias",
+    "self_attn.out_proj.weight": "self_attn.out_proj.weight", "self_attn.out_proj.bias": "self_attn.out_proj.bias",
+    "layer_norm2.weight": "ffn_norm.weight", "layer_norm2.bias": "ffn_norm.bias",
+    "mlp.fc1.weight": "ffn.fc_in.weight", "mlp.fc1.bias": "ffn.fc_in.bias",
+    "mlp.fc2.weight": "ffn.fc_out.weight", "mlp.fc2.bias": "ffn.fc_out.bias",
+}
+_TEXT = {
+    "text_model.embeddings.token_embedding.weight": "text.embed.weight",
+    "text_model.embeddings.position_embedding.weight": "text.decoder.pos_encoding.embedding.weight",
+    "text_model.final_layer_norm.weight": "text.decoder.final_norm.weight",
+    "text_model.final_layer_norm.bias": "text.decoder.final_norm.bias",
+    "text_projection.weight": "text.projection.weight",
+}
+_VISION = {
+    "vision_model.embeddings.patch_embedding.weight": "image.patch_embed.proj.weight",
+    "vision_model.embeddings.position_embedding.weight": "image.encoder.pos_encoding.embedding.weight",
+    "vision_model.pre_layrnorm.weight": "image.encoder.embedding_norm.weight",
+    "vision_model.pre_layrnorm.bias": "image.encoder.embedding_norm.bias",
+    "vision_model.post_layernorm.weight": "image.encoder.final_norm.weight",
+    "vision_model.post_layernorm.bias": "image.encoder.final_norm.bias",
+    "visual_projection.weight": "image.head.weight",
+}
+_SCALE = "logit_scale"  # () in transformers, (1,) in trident (FSDP2 shards no scalar)
+_CLASS = ("vision_model.embeddings.class_embedding", "image.cls_token")  # (D,) <-> (1, 1, D)
+_STACKS = (("text_model.encoder.layers", "text.decoder.blocks"), ("vision_model.encoder.layers", "image.encoder.blocks"))
+
+
+def _layers(state: dict[str, Tensor], hf: str, trident: str, n_layers: int) -> dict[str, Tensor]:
+    out = {}
+    for i in range(n_layers):
+        source, target = f"{hf}.{i}", f"{trident}.{i}"
+        out |= {f"{target}.{mine}": state[f"{source}.{theirs}"] for theirs, mine in _LAYER.items()}
+        for kind in ("weight", "bias"):
+            parts = (state[f"{source}.self_attn.{role}_proj.{kind}"] for role in "qkv")
+            out[f"{target}.self_attn.qkv_proj.{kind}"] = fuse_qkv(*parts)
+    return out
+
+
+def _layers_to_hf(own: dict[str, Tensor], trident: str, hf: str, n_layers: int) -> dict[str, Tensor]:
+    out = {}
+    for i in range(n_layers):
+        source, target = f"{trident}.{i}", f"{hf}.{i}"
+        out |= {f"{target}.{theirs}": own[f"{source}.{mine}"] for theirs, mine in _LAYER.items()}
+        for kind in ("weight", "bias"):
+            for role, part in zip("qkv", split_qkv(own[f"{source}.self_attn.qkv_proj.{kind}"]), strict=True):
+                out[f"{target}.self_attn.{role}_proj.{kind}"] = part.contiguous()
+    return out
+
+
+def _tower_settings(config: dict[str, Any], source: str) -> dict[str, Any]:
+    return hf_model_settings(
+        int(config["hidden_size"]), int(config["num_attention_heads"]), int(config["num_hidden_layers"]),
+        int(config["intermediate_size"]), activation=activation_from_hf(config.get("hidden_act", "quick_gelu"), source),
+        norm_first=True, norm_eps=float(config.get("layer_norm_eps", 1e-5)),
+    )
+
+
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+    """``config.json`` (its ``text_config`` and ``vision_config``) and ``CLIPModel``'s state dict in trident's terms:
+    the text tower's settings as the ``model`` group, the vision tower's as ``task.image``."""
+    text, vision = config["text_config"], config["vision_config"]
+    require_source(int(vision.get("image_size", 224)) % int(vision.get("patch_size", 32)) == 0, source,
+                   "a patch size that does not tile the image")
+    out = {mine: state[theirs] for theirs, mine in (_TEXT | _VISION).items()}
+    out[_CLASS[1]] = state[_CLASS[0]][None, None]  # (D,) -> (1, 1, D)
+    out[_SCALE] = state[_SCALE].reshape(1)
+    for (hf, trident), tower in zip(_STACKS, (text, vision), strict=True):
+        out |= _layers(state, hf, trident, int(tower["num_hidden_layers"]))
+    eos = text.get("eos_token_id", LEGACY_EOS)
+    return PretrainedWeights(
+        source=source, format=FORMAT, task="clip", model=_tower_settings(text, source), pos_encoding="learned",
+        task_options={"embed_dim": int(config.get("projection_dim", 512)), "text": None,
+                      "image": {**_tower_settings(vision, source), "embedding_norm": True},
+                      "eos_id": None if eos == LEGACY_EOS else int(eos)},
+        data_options={"image_size": int(vision.get("image_size", 224)), "patch_size": int(vision.get("patch_size", 32)),
+                      "in_channels": int(vision.get("num_channels", 3)),
+                      "max_length": int(text.get("max_position_embeddings", 77))},
+        state_dict=out, tokenizer=tokenizer, vocab_size=int(text["vocab_size"]),
+    )
+
+
+def _tower_config(cfg: Any, embedding_norm: bool) -> dict[str, Any]:
+    """A tower's ``CLIPTextConfig`` / ``CLIPVisionConfig`` arguments; ``embedding_norm``: the vision tower's
+    ``pre_layrnorm`` (the text tower has none)."""
+    require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=embedding_norm)
+    return {"hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers,
+            "intermediate_size": cfg.d_ff, "hidden_act": activation_to_hf(cfg.activation, TARGET),
+            "layer_norm_eps": cfg.norm_eps, "attention_dropout": cfg.attn_dropout}
+
+
+def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
+    """``CLIPModel``'s architecture name, ``CLIPConfig`` arguments and state dict of ``net``."""
+    text, image = net.text.decoder.cfg, net.image.encoder.cfg
+    if image.grid is None:
+        raise ValueError("CLIP's image tower always has a grid")
+    _, in_channels, patch_size, _ = net.image.patch_embed.proj.weight.shape  # (D, C, p, p)
+    config = {
+        "projection_dim": net.text.projection.out_features,
+        "logit_scale_init_value": float(net.logit_scale.detach()),
+        "text_config": {**_tower_config(text, False), "vocab_size": net.text.vocab_size, "max_position_embeddings": text.max_seq_len,
+                        "eos_token_id": LEGACY_EOS if net.text.eos_id is None else net.text.eos_id},
+        "vision_config": {**_tower_config(image, True), "image_size": image.grid[0] * patch_size, "patch_size": patch_size,
+                          "num_channels": in_channels},
+    }
+    own = net.state_dict()
+    state = {theirs: own[mine] for theirs, mine in (_TEXT | _VISION).items()}
+    state[_CLASS[0]] = own[_CLASS[1]].reshape(-1)
+    state[_SCALE] = own[_SCALE].reshape(())
+    for (hf, trident), cfg in zip(_STACKS, (text, image), strict=True):
+        state |= _layers_to_hf(own, trident, hf, cfg.n_layers)
+    return "CLIPModel", config, state

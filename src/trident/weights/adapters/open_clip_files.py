@@ -1,0 +1,106 @@
+"""open_clip's CLIP models of OpenAI's layout (``open_clip.model.CLIP``: ViT image tower, causal text transformer)
+read into trident's ``CLIP`` (task=clip): a directory as open_clip's hub files hold it, ``open_clip_config.json``
+(its ``model_cfg``: ``embed_dim``, ``vision_cfg``, ``text_cfg``, ``quick_gelu``) beside ``open_clip_model.safetensors``
+or ``open_clip_pytorch_model.bin``. Read only, without open_clip.
+
+The layout: fused ``in_proj`` attention (trident's ``qkv_proj``), ``ln_pre`` on the image embeddings (trident's
+``embedding_norm``), ``ln_post`` on every token before the class token is pooled (trident's final norm), the projections
+as (D, E) matrices the features multiply (trident's bias-free linear layers hold their transposes), the text pooled at
+its largest id (OpenAI's end-of-text token is the last of the vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trident.weights.adapters.common import require_source
+from trident.weights.pretrained import PretrainedWeights
+
+FORMAT = "open-clip"
+CONFIG = "open_clip_config.json"
+WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+DESCRIPTION = f"an open_clip model directory ({CONFIG} beside {' or '.join(WEIGHTS)})"
+# The settings of open_clip's configs that trident reproduces; any other is refused in one line.
+_VISION_KEYS = ("layers", "width", "head_width", "mlp_ratio", "patch_size", "image_size")
+_TEXT_KEYS = ("context_length", "vocab_size", "width", "heads", "layers", "mlp_ratio")
+_BLOCK = {"ln_1": "self_attn_norm", "attn.in_proj": "self_attn.qkv_proj", "attn.out_proj": "self_attn.out_proj",
+          "ln_2": "ffn_norm", "mlp.c_fc": "ffn.fc_in", "mlp.c_proj": "ffn.fc_out"}
+
+
+def recognises(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG).is_file() and any((path / name).is_file() for name in WEIGHTS)
+
+
+def _weights(path: Path) -> dict[str, Tensor]:
+    file = next(path / name for name in WEIGHTS if (path / name).is_file())
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(file))
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _blocks(state: dict[str, Tensor], theirs: str, mine: str, layers: int) -> dict[str, Tensor]:
+    out = {}
+    for i in range(layers):
+        for name, target in _BLOCK.items():
+            weight, bias = (f"{theirs}.{i}.{name}_weight", f"{theirs}.{i}.{name}_bias") if name == "attn.in_proj" else (
+                f"{theirs}.{i}.{name}.weight", f"{theirs}.{i}.{name}.bias")
+            out[f"{mine}.{i}.{target}.weight"], out[f"{mine}.{i}.{target}.bias"] = state[weight], state[bias]
+    return out
+
+
+def _settings(width: int, heads: int, layers: int, mlp_ratio: float, activation: str) -> dict[str, Any]:
+    return {"d_model": width, "n_heads": heads, "n_layers": layers, "d_ff": int(width * mlp_ratio),
+            "activation": activation, "norm": "layernorm", "norm_first": True, "bias": True, "norm_eps": 1e-5}
+
+
+def state_to_trident(state: dict[str, Tensor], vision_layers: int, text_layers: int) -> dict[str, Tensor]:
+    """open_clip's state dict (OpenAI's layout) in the names of trident's ``CLIP``."""
+    out = {
+        "image.patch_embed.proj.weight": state["visual.conv1.weight"],
+        "image.cls_token": state["visual.class_embedding"][None, None],  # (D,) -> (1, 1, D)
+        "image.encoder.pos_encoding.embedding.weight": state["visual.positional_embedding"],
+        "image.head.weight": state["visual.proj"].T.contiguous(),  # (D, E) -> (E, D)
+        "text.embed.weight": state["token_embedding.weight"],
+        "text.decoder.pos_encoding.embedding.weight": state["positional_embedding"],
+        "text.projection.weight": state["text_projection"].T.contiguous(),
+        "logit_scale": state["logit_scale"].reshape(1),
+    }
+    for theirs, mine in (("visual.ln_pre", "image.encoder.embedding_norm"), ("visual.ln_post", "image.encoder.final_norm"),
+                         ("ln_final", "text.decoder.final_norm")):
+        out[f"{mine}.weight"], out[f"{mine}.bias"] = state[f"{theirs}.weight"], state[f"{theirs}.bias"]
+    out |= _blocks(state, "visual.transformer.resblocks", "image.encoder.blocks", vision_layers)
+    return out | _blocks(state, "transformer.resblocks", "text.decoder.blocks", text_layers)
+
+
+def read(path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
+    """The model at ``path`` in trident's terms: the text tower's settings as the ``model`` group, the image tower's as
+    ``task.image`` (``n_heads`` is unused: open_clip's config records the heads)."""
+    config = json.loads((path / CONFIG).read_text()).get("model_cfg", {})
+    vision, text = dict(config.get("vision_cfg", {})), dict(config.get("text_cfg", {}))
+    for tower, settings, known in (("vision_cfg", vision, _VISION_KEYS), ("text_cfg", text, _TEXT_KEYS)):
+        other = sorted(set(settings) - set(known))
+        require_source(not other, source, f"open_clip's {tower}.{other[0] if other else ''} setting")
+    require_source(set(config) <= {"embed_dim", "vision_cfg", "text_cfg", "quick_gelu"}, source,
+                   f"open_clip's model_cfg settings {sorted(set(config) - {'embed_dim', 'vision_cfg', 'text_cfg', 'quick_gelu'})}")
+    activation = "quick_gelu" if config.get("quick_gelu", False) else "gelu"
+    width = int(vision.get("width", 768))
+    image = _settings(width, width // int(vision.get("head_width", 64)), int(vision.get("layers", 12)),
+                      float(vision.get("mlp_ratio", 4.0)), activation)
+    model = _settings(int(text.get("width", 512)), int(text.get("heads", 8)), int(text.get("layers", 12)),
+                      float(text.get("mlp_ratio", 4.0)), activation)
+    state = state_to_trident(_weights(path), image["n_layers"], model["n_layers"])
+    return PretrainedWeights(
+        source=source, format=FORMAT, task="clip", model=model, pos_encoding="learned",
+        task_options={"embed_dim": int(config.get("embed_dim", 512)), "text": None,
+                      "image": {**image, "embedding_norm": True}, "eos_id": None},
+        data_options={"image_size": int(vision.get("image_size", 224)), "patch_size": int(vision.get("patch_size", 16)),
+                      "in_channels": 3, "max_length": int(text.get("context_length", 77))},
+        state_dict=state, tokenizer=None, vocab_size=int(text.get("vocab_size", 49408)),
+    )
