@@ -12,6 +12,7 @@ from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.models.sampling import check_filters
 from trident.objectives import Outputs, build_objective
 from trident.objectives.preference import REFERENCE, check_preference_run
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 class LanguageModelTask(TridentTask):
     NAME = "lm"
     SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = CausalLM  # GPT-2, Llama and its cousins, Gemma
+    FROM_NETWORK: ClassVar[dict[str, str]] = {TIED_HEAD: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings",
+                                              MAX_SEQ_LEN: "data.max_seq_len"}
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"

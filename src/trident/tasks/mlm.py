@@ -19,6 +19,7 @@ from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.objectives import Outputs
 from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
 from trident.tasks.network_builders import masked_lm
@@ -35,6 +36,8 @@ STAGES = {"train": 0, "val": 1, "test": 2}
 class MaskedLanguageModelTask(TridentTask):
     NAME = "mlm"
     SOURCE_SETTINGS = ("scale_embeddings",)  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = MaskedLM  # BERT
+    FROM_NETWORK: ClassVar[dict[str, str]] = {SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len"}
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"

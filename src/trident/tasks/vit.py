@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
+from trident.models.properties import CHANNELS, IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, READOUT
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
@@ -31,6 +32,9 @@ class ImageClassificationTask(TridentTask):
     SOURCE_SETTINGS = ("pool",)  # what its checkpoint fixes as init_from
     # The patch grid shapes the weights; the normalisation is what they were trained to see (the run may change it).
     SOURCE_DATA_SETTINGS = ("patch_size", "mean", "std")
+    OUTSIDE_NETWORK = VisionTransformer  # Hugging Face's and timm's ViT
+    FROM_NETWORK: ClassVar[dict[str, str]] = {READOUT: "task.pool", IMAGE_SIZE: "data.image_size", PATCH_SIZE: "data.patch_size",
+                                              CHANNELS: "data.in_channels", PIXEL_MEAN: "data.mean", PIXEL_STD: "data.std"}
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/acc_top5")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False

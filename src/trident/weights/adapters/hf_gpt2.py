@@ -1,4 +1,4 @@
-"""GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``) <-> trident's ``CausalLM`` (task=lm).
+"""GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``) <-> trident's ``CausalLM`` (a causal LM).
 
 Both are pre-norm decoders with learned positions and a final LayerNorm. GPT-2's linear layers
 are ``Conv1D`` modules whose weight is stored (in, out), the transpose of ``nn.Linear``'s; its
@@ -15,16 +15,16 @@ from torch import Tensor
 
 from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     hf_model_settings,
-    require_equivalent,
     require_hf_block,
     require_source,
     strip_prefix,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-gpt2"
 MODEL_TYPE = "gpt2"
@@ -66,7 +66,7 @@ def _blocks(state: dict[str, Tensor], n_layers: int, *, to_trident: bool) -> dic
     return out
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
     require_source(not config.get("add_cross_attention", False), source, "cross-attention layers")
     require_source(config.get("scale_attn_weights", True), source, "unscaled attention (scale_attn_weights=false)")
     require_source(not config.get("scale_attn_by_inverse_layer_idx", False), source,
@@ -77,10 +77,10 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     out = {_TOP[name]: backbone[name] for name in _TOP} | _blocks(backbone, n_layers, to_trident=True)
     head = state.get("lm_head.weight")
     out["head.weight"] = out["embed.weight"] if tied or head is None else head
-    return PretrainedWeights(
+    return OutsideNetwork(
         source=source,
         format=FORMAT,
-        task="lm",
+        network=NETWORK,
         model=hf_model_settings(
             d_model,
             int(config["n_head"]),
@@ -92,11 +92,9 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
             embedding_norm=False,
         ),
         pos_encoding="learned",
-        task_options={"tie_embeddings": tied, "scale_embeddings": False},
-        data_options={"max_seq_len": int(config["n_positions"])},
+        properties={TIED_HEAD: tied, SCALED_EMBEDDING: False, MAX_SEQ_LEN: int(config["n_positions"])},
         state_dict=out,
         tokenizer=tokenizer,
-        num_classes=None,
         vocab_size=int(config["vocab_size"]),
     )
 
@@ -106,7 +104,7 @@ def from_trident(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
     cfg = net.cfg
     tied = net.head.weight is net.embed.weight
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
-    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "GPT-2 does not scale its embeddings")
+    require_property(net.embed.scale == 1.0, NETWORK, SCALED_EMBEDDING, True, TARGET, "GPT-2 does not scale its embeddings")
     config = {
         "vocab_size": net.vocab_size,
         "n_positions": cfg.max_seq_len,
