@@ -15,9 +15,9 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from trident.data.order import ResumableOrder
+from trident.data.order import EpochShuffleSampler, ResumableOrder
 from trident.data.readers import SPLITS
 from trident.errors import ConfigError
 
@@ -96,6 +96,13 @@ class TridentDataModule(L.LightningDataModule, ABC):
         """The chat template of ``source`` (its record: a run's ``init/``) when this data's settings render with it;
         None by default (data that renders no conversations). trident-chat reads it there and stages nothing."""
         return None
+
+    def epoch_loader(self, examples: Dataset, train: bool, batch_size: int, seed: int, **options: Any) -> DataLoader:
+        """``examples`` in batches of ``batch_size``: in training, whole batches in an order drawn anew each epoch from
+        ``seed`` (this rank's share, :class:`EpochShuffleSampler`); else all of them in order. ``options``: further
+        DataLoader arguments (a ``collate_fn``)."""
+        order = EpochShuffleSampler(len(examples), batch_size, seed, **self.shard()) if train else None  # type: ignore[arg-type]
+        return DataLoader(examples, batch_size=batch_size, sampler=order, drop_last=train, **options, **self.loader_options())
 
     def loader_options(self) -> dict[str, Any]:
         """DataLoader keyword arguments: the worker options (persistent workers need workers), a

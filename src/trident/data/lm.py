@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import corpus_streams
-from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
@@ -177,15 +176,7 @@ class LMDataModule(TextDataModule):
         return PackedBlocks(self.splits[split], self.block_size)
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        blocks = self.blocks(split)
-        order = EpochShuffleSampler(len(blocks), self.batch_size, self.seed, **self.shard()) if train else None
-        return DataLoader(
-            blocks,
-            batch_size=self.batch_size,
-            sampler=order,
-            drop_last=train,
-            **self.loader_options(),
-        )
+        return self.epoch_loader(self.blocks(split), train, self.batch_size, self.seed)
 
     def task_inputs(self) -> dict[str, Any]:
         """What the task module needs from the data: vocabulary, tokenizer, prompts for samples."""

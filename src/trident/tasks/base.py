@@ -64,6 +64,13 @@ def token_ids(vocab_size: int, longest: int, length: int = 8) -> tuple[Tensor, d
     return ids, {0: Dim("batch", min=1), 1: Dim("length", min=1, max=longest)}
 
 
+def token_input(net: nn.Module) -> list[NetInput]:
+    """The example input of a network that reads token ids alone (a causal or masked LM: ``net.vocab_size`` rows,
+    ``net.cfg.max_seq_len`` positions at most): its ``ids`` (B, T), named ``input_ids`` in the exports."""
+    ids, dynamic = token_ids(int(net.vocab_size), int(net.cfg.max_seq_len))
+    return [NetInput("ids", "input_ids", ids, dynamic)]
+
+
 class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLifecycle):
     """A LightningModule that the pipeline builds from the config groups and the data's inputs.
 

@@ -18,7 +18,7 @@ from trident.objectives import Outputs, build_objective
 from trident.objectives.preference import REFERENCE, check_preference_run
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
-from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
+from trident.tasks.base import GENERATE, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import causal_lm
 from trident.tasks.networks import can_switch_off
 from trident.tracking.text_logging import log_text_table
@@ -93,8 +93,7 @@ class LanguageModelTask(TridentTask):
         return f"task={cls.NAME}", f"fine-tune it with task=mlm or task=classify task.stack={source_stack}"
 
     def example_input(self) -> list[NetInput]:
-        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
-        return [NetInput("ids", "input_ids", ids, dynamic)]
+        return token_input(self.net)
 
     def throughput_units(self, batch: tuple[Tensor, ...]) -> dict[str, int]:
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}

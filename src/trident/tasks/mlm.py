@@ -21,7 +21,7 @@ from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.objectives import Outputs
-from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
+from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import masked_lm
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import masked_lm_flops
@@ -117,8 +117,7 @@ class MaskedLanguageModelTask(TridentTask):
         return f"task={cls.NAME}", f"fine-tune it with task=lm or task=classify task.stack={source_stack}"
 
     def example_input(self) -> list[NetInput]:
-        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
-        return [NetInput("ids", "input_ids", ids, dynamic)]
+        return token_input(self.net)
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
         return {"tokens": batch.numel(), "samples": batch.size(0)}

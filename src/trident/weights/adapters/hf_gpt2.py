@@ -36,21 +36,13 @@ TARGET = "GPT-2 (hf export)"
 # <|endoftext|> and has no padding token; trident's character vocabularies have <unk>.
 SPECIAL_TOKENS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": UNK}
 
+# GPT-2 block module -> trident block module, each with a weight and a bias.
+_MODULES = {"ln_1": "self_attn_norm", "attn.c_attn": "self_attn.qkv_proj", "attn.c_proj": "self_attn.out_proj",
+            "ln_2": "ffn_norm", "mlp.c_fc": "ffn.fc_in", "mlp.c_proj": "ffn.fc_out"}
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # their weights are stored (in, out)
 # GPT-2 block tensor -> trident block tensor, and whether it is a Conv1D weight (stored transposed).
-_BLOCK = {
-    "ln_1.weight": ("self_attn_norm.weight", False),
-    "ln_1.bias": ("self_attn_norm.bias", False),
-    "attn.c_attn.weight": ("self_attn.qkv_proj.weight", True),
-    "attn.c_attn.bias": ("self_attn.qkv_proj.bias", False),
-    "attn.c_proj.weight": ("self_attn.out_proj.weight", True),
-    "attn.c_proj.bias": ("self_attn.out_proj.bias", False),
-    "ln_2.weight": ("ffn_norm.weight", False),
-    "ln_2.bias": ("ffn_norm.bias", False),
-    "mlp.c_fc.weight": ("ffn.fc_in.weight", True),
-    "mlp.c_fc.bias": ("ffn.fc_in.bias", False),
-    "mlp.c_proj.weight": ("ffn.fc_out.weight", True),
-    "mlp.c_proj.bias": ("ffn.fc_out.bias", False),
-}
+_BLOCK = {f"{theirs}.{part}": (f"{ours}.{part}", part == "weight" and theirs in _CONV1D)
+          for theirs, ours in _MODULES.items() for part in ("weight", "bias")}
 _TOP = {"wte.weight": "embed.weight", "wpe.weight": "decoder.pos_encoding.embedding.weight",
         "ln_f.weight": "decoder.final_norm.weight", "ln_f.bias": "decoder.final_norm.bias"}
 
