@@ -93,6 +93,9 @@ def findings(path: Path, names: set[str], keys: set[str], root: Path = WEIGHTS) 
             words += [f"{node.value.attr}.{node.attr}"] if node.attr in keys else []
         elif isinstance(node, ast.keyword) and node.arg in alone:
             words.append(f"{node.arg}=")
+        elif (isinstance(node, ast.keyword) and node.arg == "task" and isinstance(node.value, ast.Constant)
+              and node.value.value in names):  # a task named as one, generic word or not: task="vit"
+            words.append(f"task={node.value.value}")
         found += [f"{path.relative_to(root)}:{getattr(node, 'lineno', '?')}: {word}" for word in words]
     return found
 
@@ -119,10 +122,10 @@ def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
                        '    """task=lm and data.template in a docstring are prose."""\n'
                        '    if source.task == "mlm":\n'
                        '        return {"data.template": cfg.data.cache_dir, "task": f"task=classify", "vit": "task=vit"}\n'
-                       '    return g(num_classes=16, vocab_size=8, x=cfg.data.patch_size)\n')
+                       '    return g(num_classes=16, vocab_size=8, x=cfg.data.patch_size, task="vit")\n')
     found = sorted(line.partition(": ")[2] for line in findings(planted, names, keys, tmp_path))
     assert found == sorted(["pool", "stack", "mlm", "data.template", "data.cache_dir", "task=classify", "task=vit",
-                            "num_classes=", "data.patch_size"])
+                            "num_classes=", "data.patch_size", "task=vit"])
 
 
 def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
