@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
 import torch
+from filelock import FileLock
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
@@ -190,10 +191,23 @@ class TridentDataModule(L.LightningDataModule, ABC):
 class TextDataModule(TridentDataModule):
     """A data module of text prepared once into ``cache_path`` (:func:`trident.data.cache.publish_cache`):
     its tokenizer (``tokenizer.json``) and ``meta.json`` (where each split came from, ``origin``)
-    beside the splits, which :meth:`load_splits` reads. A subclass sets both attributes in its ``__init__``."""
+    beside the splits, which :meth:`_build_cache` writes and :meth:`load_splits` reads. A subclass sets both
+    attributes in its ``__init__``."""
 
     cache_path: Path
     tokenizer: Tokenizer | None  # None until setup()
+
+    def prepare_data(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        # A lock, so concurrent jobs (DDP ranks, parallel sweeps) build the cache once.
+        with FileLock(str(self.cache_path) + ".lock"):
+            if not (self.cache_path / "meta.json").exists():
+                self._build_cache()
+
+    @abstractmethod
+    def _build_cache(self) -> None:
+        """Prepare the splits, the tokenizer and ``meta.json`` into ``cache_path`` (meta.json last: it marks the cache
+        whole)."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -121,13 +120,6 @@ class LMDataModule(TextDataModule):
         if self.tokenizer is None:
             raise RuntimeError("call prepare_data() and setup() before reading vocab_size")
         return self.tokenizer.get_vocab_size()
-
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        # A lock, so concurrent jobs (DDP ranks, parallel sweeps) build the cache once.
-        with FileLock(str(self.cache_path) + ".lock"):
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
 
     def _build_cache(self) -> None:
         given = corpus_streams(self.source, self.source_options)

@@ -24,7 +24,6 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
-from filelock import FileLock
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -227,12 +226,6 @@ class TextClassificationDataModule(TextDataModule):
         self.class_token_in_text = False
         self.class_names: list[str] = []
         self.splits: dict[str, LabelledSequences] = {}
-
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.cache_path) + ".lock"):  # DDP ranks and parallel sweeps build it once
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
 
     def _corpus(self) -> tuple[datasets.DatasetDict, dict[str, str]]:
         if self.source == "shakespeare":
