@@ -7,7 +7,7 @@ a task's setting or its data's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 from torch import Tensor, nn
@@ -15,6 +15,9 @@ from torch import Tensor, nn
 from trident.models.properties import CLASSES
 from trident.weights.adapters.common import require_equivalent
 from trident.weights.pretrained import PretrainedWeights
+
+if TYPE_CHECKING:  # the tasks load only where a source is read or refused
+    from trident.tasks.base import TridentTask
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class OutsideNetwork:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def holder(network: type[nn.Module]) -> Any:
+def holder(network: type[nn.Module]) -> type[TridentTask]:
     """The task class whose network is ``network`` (``TridentTask.OUTSIDE_NETWORK``): whose weights such files are."""
     from trident.tasks.registry import TASKS  # here: every task's imports load only for a source or a refusal
 
