@@ -135,3 +135,19 @@ def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
         arguments = _parameters(task, TridentTask)
         assert set(task.SOURCE_SETTINGS) <= arguments, name
         assert set(task.SOURCE_DATA_SETTINGS) <= arguments & _parameters(task.DATA_MODULE, TridentDataModule), name
+
+
+def test_a_run_record_written_before_the_head_rows_were_renamed_still_reads(tmp_path: Path) -> None:
+    """``<run>/init/source.json`` of an earlier version names the head's rows ``num_classes`` (now ``classes``, the
+    network's word): the record still reads, that field dropped (nothing reads it after the source's settings are
+    fixed)."""
+    import json
+
+    from trident.weights.sources import read_source_copy
+
+    record = {"source": "vit_dir", "format": "hf-vit", "task": "vit", "model": {"d_model": 8}, "pos_encoding": "learned",
+              "task_options": {"pool": "cls"}, "data_options": {"patch_size": 4}, "num_classes": 7, "vocab_size": None}
+    (tmp_path / "source.json").write_text(json.dumps(record))
+    source = read_source_copy(tmp_path, weights=False)
+    assert (source.task, source.task_options, source.data_options, source.classes) == ("vit", {"pool": "cls"},
+                                                                                        {"patch_size": 4}, None)
