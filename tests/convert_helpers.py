@@ -48,7 +48,7 @@ def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> n
     if weights.task == "vit":
         data = weights.data_options
         cfg = TransformerConfig(**options, **vit_geometry(data["image_size"], data["patch_size"], "cls"))
-        classes = num_classes or weights.num_classes or 10
+        classes = num_classes or weights.classes or 10
         net: nn.Module = VisionTransformer(cfg, patch_size=data["patch_size"], in_channels=data["in_channels"],
                                            num_classes=classes)
     else:

@@ -41,7 +41,7 @@ def test_hf_vit_logits_equal_those_of_transformers(tmp_path: Path, settings: dic
         assert {"hidden_act", "layer_norm_eps", "qkv_bias", "num_channels"} <= drop_default_settings(
             tmp_path, transformers.ViTConfig)
     weights = read_pretrained(tmp_path)
-    assert (weights.format, weights.task, weights.num_classes) == ("hf-vit", "vit", 7)
+    assert (weights.format, weights.task, weights.classes) == ("hf-vit", "vit", 7)
     channels = config.num_channels
     assert weights.data_options == {"image_size": 24, "patch_size": 6, "in_channels": channels}
     assert (weights.model["activation"], weights.model["norm_eps"]) == (activation, config.layer_norm_eps)
@@ -74,7 +74,7 @@ def test_timm_vit_logits_equal_those_of_timm(tmp_path: Path, suffix: str, settin
     else:
         torch.save(reference.state_dict(), path)
     weights = read_pretrained(path)
-    assert (weights.format, weights.num_classes) == ("timm-vit", 5)
+    assert (weights.format, weights.classes) == ("timm-vit", 5)
     assert weights.data_options == {"image_size": 32, "patch_size": 8, "in_channels": 3}
     assert (weights.model["n_heads"], weights.model["layer_scale_init"] is not None) == (2, bool(settings))
     # Nothing beside the file states the heads: 64 channels each is assumed, and the weights table says so.

@@ -1,9 +1,11 @@
 """The weights room names no task and no task or data setting (issue 51, item 5): which settings an ``init_from`` source
 fixes, and what only it holds (a tokenizer, a chat template), each task and data module says for itself
 (``TridentTask.settings_from_source``, ``TridentDataModule.settings_from_source`` / ``stage_source``); weights/ only
-calls those hooks. The scan reads the code of ``src/trident/weights`` (string literals, f-strings, ``cfg.task.<key>`` /
-``cfg.data.<key>`` attributes and keyword arguments; not docstrings or comments) for a task's ``task=`` name, a task's
-or data module's setting, or a config path into either group naming one.
+calls those hooks. The adapters of outside formats included: they say what a family's files hold in the words of
+networks (trident.models.properties), and the task that holds such a network maps that onto its settings
+(``TridentTask.OUTSIDE_NETWORK``, ``FROM_NETWORK``). The scan reads the code of ``src/trident/weights`` (string literals,
+f-strings, ``cfg.task.<key>`` / ``cfg.data.<key>`` attributes and keyword arguments; not docstrings or comments) for a
+task's name, a task's or data module's setting, or a config path into either group naming one.
 """
 
 from __future__ import annotations
@@ -20,17 +22,27 @@ from trident.tasks.base import TridentTask
 from trident.tasks.registry import TASKS
 
 WEIGHTS = Path(trident.__file__).parent / "weights"
-# Outside formats: an adapter (and the reader of an image model's normalisation beside it) translates one family's own
-# files (config.json, preprocessor_config.json) into the settings a trident network of it has, as a conf/architecture
-# file states a family; what a run takes of them is still the task's and data's hooks' to say.
-NOT_SCANNED = ("adapters",)
-# Words that are a task's or data module's setting and something generic in the weights room too, each with its reason.
+# Words that are a task's name or a task's or data module's setting and something generic in the weights room too, each
+# with its reason. Alone, such a word is the generic thing; a config path into the task or data group (``data.std``,
+# ``task=vit``) still names the setting or the task, whatever the word.
 GENERIC = {
     "max_seq_len": "the backbone's context length (a TransformerConfig field): a bounded position table has one row a "
                    "position, whatever the task",
     "source": "what a source of weights was read from (PretrainedWeights.source), not data.source",
     "tokenizer": "the tokenizer a source of weights comes with (PretrainedWeights.tokenizer), not data.tokenizer",
     "seed": "no setting of the weights room is called so; a run's seed is no task's or data's own",
+    "vocab_size": "the rows of a network's token embedding (CausalLM's and MaskedLM's own argument and attribute, and "
+                  "the key Hugging Face's config.json gives them), whatever the task; data.vocab_size is the size a "
+                  "tokenizer is trained to",
+    "image_size": "the image side a ViT's learned position grid was built for (grid side x patch side: one row a patch, "
+                  "as max_seq_len's one row a position), and the key Hugging Face's ViTConfig gives it",
+    "patch_size": "the side of a ViT's patch embedding kernel (VisionTransformer's own argument, a shape of its weights), "
+                  "and the key Hugging Face's ViTConfig gives it",
+    "mean": "the key timm's pretrained_cfg gives the per-channel pixel mean a network was trained with (a format's word; "
+            "the task maps the property onto data.mean)",
+    "std": "the key timm's pretrained_cfg gives the per-channel pixel std a network was trained with (as mean)",
+    "vit": "Hugging Face's model_type of a ViT and trident's model family of it (conf/architecture/vit.yaml): a format's "
+           "and the backbone's word, which the task took its name from",
 }
 
 
@@ -50,11 +62,11 @@ def _data_modules() -> set[type[TridentDataModule]]:
 
 
 def _words() -> tuple[set[str], set[str]]:
-    """The task names, and every task's and data module's own settings less the generic words."""
+    """The task names, and every task's and data module's own settings."""
     names = set(TASKS)
     keys = set().union(*(_parameters(task, TridentTask) for task in TASKS.values()))
     keys |= set().union(*(_parameters(data, TridentDataModule) for data in _data_modules()))
-    return names, keys - set(GENERIC)
+    return names, keys
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -68,25 +80,28 @@ def findings(path: Path, names: set[str], keys: set[str], root: Path = WEIGHTS) 
     """Each place in ``path`` (under ``root``) that names a task or a task's or data module's setting."""
     tree = ast.parse(path.read_text())
     skipped = _docstrings(tree)
+    alone = (names | keys) - set(GENERIC)  # what a word names by itself
     found = []
     for node in ast.walk(tree):
         words: list[str] = []
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
             text = node.value
-            words += [text] if text in names | keys else []
+            words += [text] if text in alone else []
             words += [f"{m[0]}.{m[1]}" for m in re.findall(r"\b(task|data)\.(\w+)", text) if m[1] in keys]
             words += [f"task={m}" for m in re.findall(r"\btask=(\w+)", text) if m in names]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr in ("task", "data"):
             words += [f"{node.value.attr}.{node.attr}"] if node.attr in keys else []
-        elif isinstance(node, ast.keyword) and node.arg in keys:
+        elif isinstance(node, ast.keyword) and node.arg in alone:
             words.append(f"{node.arg}=")
+        elif (isinstance(node, ast.keyword) and node.arg == "task" and isinstance(node.value, ast.Constant)
+              and node.value.value in names):  # a task named as one, generic word or not: task="vit"
+            words.append(f"task={node.value.value}")
         found += [f"{path.relative_to(root)}:{getattr(node, 'lineno', '?')}: {word}" for word in words]
     return found
 
 
 def scanned() -> list[Path]:
-    return [path for path in sorted(WEIGHTS.rglob("*.py"))
-            if path.relative_to(WEIGHTS).parts[0] not in NOT_SCANNED]
+    return sorted(WEIGHTS.rglob("*.py"))
 
 
 def test_the_weights_room_names_no_task_and_no_task_or_data_setting() -> None:
@@ -97,18 +112,20 @@ def test_the_weights_room_names_no_task_and_no_task_or_data_setting() -> None:
 
 def test_the_scan_sees_what_it_looks_for(tmp_path: Path) -> None:
     """The words it looks for are there (a registry that lost its tasks would find nothing), and a file that names a
-    task, a task setting and a data path is caught each way; a docstring is prose."""
+    task, a task setting and a data path is caught each way, a generic word too where it is a path into the task or
+    data group; a docstring is prose, and a generic word alone is its generic thing."""
     names, keys = _words()
     assert {"lm", "vit", "classify"} <= names and {"pool", "stack", "patch_size", "image_size", "template"} <= keys
     planted = tmp_path / "planted.py"
-    planted.write_text('X = ("pool", "stack")\n'
+    planted.write_text('X = ("pool", "stack", "patch_size")\n'
                        'def f(cfg, source):\n'
                        '    """task=lm and data.template in a docstring are prose."""\n'
-                       '    if source.task == "vit":\n'
-                       '        return {"data.template": cfg.data.cache_dir, "task": f"task=classify"}\n'
-                       '    return g(patch_size=16)\n')
+                       '    if source.task == "mlm":\n'
+                       '        return {"data.template": cfg.data.cache_dir, "task": f"task=classify", "vit": "task=vit"}\n'
+                       '    return g(num_classes=16, vocab_size=8, x=cfg.data.patch_size, task="vit")\n')
     found = sorted(line.partition(": ")[2] for line in findings(planted, names, keys, tmp_path))
-    assert found == sorted(["pool", "stack", "vit", "data.template", "data.cache_dir", "task=classify", "patch_size="])
+    assert found == sorted(["pool", "stack", "mlm", "data.template", "data.cache_dir", "task=classify", "task=vit",
+                            "num_classes=", "data.patch_size", "task=vit"])
 
 
 def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
@@ -118,3 +135,19 @@ def test_each_task_states_settings_it_has_and_its_data_takes() -> None:
         arguments = _parameters(task, TridentTask)
         assert set(task.SOURCE_SETTINGS) <= arguments, name
         assert set(task.SOURCE_DATA_SETTINGS) <= arguments & _parameters(task.DATA_MODULE, TridentDataModule), name
+
+
+def test_a_run_record_written_before_the_head_rows_were_renamed_still_reads(tmp_path: Path) -> None:
+    """``<run>/init/source.json`` of an earlier version names the head's rows ``num_classes`` (now ``classes``, the
+    network's word): the record still reads, that field dropped (nothing reads it after the source's settings are
+    fixed)."""
+    import json
+
+    from trident.weights.sources import read_source_copy
+
+    record = {"source": "vit_dir", "format": "hf-vit", "task": "vit", "model": {"d_model": 8}, "pos_encoding": "learned",
+              "task_options": {"pool": "cls"}, "data_options": {"patch_size": 4}, "num_classes": 7, "vocab_size": None}
+    (tmp_path / "source.json").write_text(json.dumps(record))
+    source = read_source_copy(tmp_path, weights=False)
+    assert (source.task, source.task_options, source.data_options, source.classes) == ("vit", {"pool": "cls"},
+                                                                                        {"patch_size": 4}, None)

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
 import torch
+from filelock import FileLock
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from trident.data.order import ResumableOrder
+from trident.data.order import EpochShuffleSampler, ResumableOrder
 from trident.data.readers import SPLITS
 from trident.errors import ConfigError
 
@@ -96,6 +97,13 @@ class TridentDataModule(L.LightningDataModule, ABC):
         """The chat template of ``source`` (its record: a run's ``init/``) when this data's settings render with it;
         None by default (data that renders no conversations). trident-chat reads it there and stages nothing."""
         return None
+
+    def epoch_loader(self, examples: Dataset, train: bool, batch_size: int, seed: int, **options: Any) -> DataLoader:
+        """``examples`` in batches of ``batch_size``: in training, whole batches in an order drawn anew each epoch from
+        ``seed`` (this rank's share, :class:`EpochShuffleSampler`); else all of them in order. ``options``: further
+        DataLoader arguments (a ``collate_fn``)."""
+        order = EpochShuffleSampler(len(examples), batch_size, seed, **self.shard()) if train else None  # type: ignore[arg-type]
+        return DataLoader(examples, batch_size=batch_size, sampler=order, drop_last=train, **options, **self.loader_options())
 
     def loader_options(self) -> dict[str, Any]:
         """DataLoader keyword arguments: the worker options (persistent workers need workers), a
@@ -183,10 +191,23 @@ class TridentDataModule(L.LightningDataModule, ABC):
 class TextDataModule(TridentDataModule):
     """A data module of text prepared once into ``cache_path`` (:func:`trident.data.cache.publish_cache`):
     its tokenizer (``tokenizer.json``) and ``meta.json`` (where each split came from, ``origin``)
-    beside the splits, which :meth:`load_splits` reads. A subclass sets both attributes in its ``__init__``."""
+    beside the splits, which :meth:`_build_cache` writes and :meth:`load_splits` reads. A subclass sets both
+    attributes in its ``__init__``."""
 
     cache_path: Path
     tokenizer: Tokenizer | None  # None until setup()
+
+    def prepare_data(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        # A lock, so concurrent jobs (DDP ranks, parallel sweeps) build the cache once.
+        with FileLock(str(self.cache_path) + ".lock"):
+            if not (self.cache_path / "meta.json").exists():
+                self._build_cache()
+
+    @abstractmethod
+    def _build_cache(self) -> None:
+        """Prepare the splits, the tokenizer and ``meta.json`` into ``cache_path`` (meta.json last: it marks the cache
+        whole)."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:

@@ -20,7 +20,6 @@ from torchvision import transforms
 
 from trident.data.base import TridentDataModule, WeightsSource
 from trident.data.image_sources import ImageSplits, load_image_source
-from trident.data.order import EpochShuffleSampler
 from trident.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -207,12 +206,4 @@ class ImageDataModule(TridentDataModule):
         (run_dir / "classes.json").write_text(json.dumps(self.task_inputs()["class_names"]))
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        dataset = self.datasets[split]
-        order = EpochShuffleSampler(len(dataset), self.batch_size, self.seed, **self.shard()) if train else None
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=order,
-            drop_last=train,
-            **self.loader_options(),
-        )
+        return self.epoch_loader(self.datasets[split], train, self.batch_size, self.seed)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -22,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset
 from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import corpus_streams
-from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS
 from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
@@ -123,13 +121,6 @@ class LMDataModule(TextDataModule):
             raise RuntimeError("call prepare_data() and setup() before reading vocab_size")
         return self.tokenizer.get_vocab_size()
 
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        # A lock, so concurrent jobs (DDP ranks, parallel sweeps) build the cache once.
-        with FileLock(str(self.cache_path) + ".lock"):
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
-
     def _build_cache(self) -> None:
         given = corpus_streams(self.source, self.source_options)
         streams = split_streams(given, self.split, self.test_on_validation)
@@ -177,15 +168,7 @@ class LMDataModule(TextDataModule):
         return PackedBlocks(self.splits[split], self.block_size)
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        blocks = self.blocks(split)
-        order = EpochShuffleSampler(len(blocks), self.batch_size, self.seed, **self.shard()) if train else None
-        return DataLoader(
-            blocks,
-            batch_size=self.batch_size,
-            sampler=order,
-            drop_last=train,
-            **self.loader_options(),
-        )
+        return self.epoch_loader(self.blocks(split), train, self.batch_size, self.seed)
 
     def task_inputs(self) -> dict[str, Any]:
         """What the task module needs from the data: vocabulary, tokenizer, prompts for samples."""

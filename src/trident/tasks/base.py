@@ -64,6 +64,13 @@ def token_ids(vocab_size: int, longest: int, length: int = 8) -> tuple[Tensor, d
     return ids, {0: Dim("batch", min=1), 1: Dim("length", min=1, max=longest)}
 
 
+def token_input(net: nn.Module) -> list[NetInput]:
+    """The example input of a network that reads token ids alone (a causal or masked LM: ``net.vocab_size`` rows,
+    ``net.cfg.max_seq_len`` positions at most): its ``ids`` (B, T), named ``input_ids`` in the exports."""
+    ids, dynamic = token_ids(int(net.vocab_size), int(net.cfg.max_seq_len))
+    return [NetInput("ids", "input_ids", ids, dynamic)]
+
+
 class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLifecycle):
     """A LightningModule that the pipeline builds from the config groups and the data's inputs.
 
@@ -115,6 +122,13 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
     #: The settings that are the data's (``data.<name>``) and that the network was built or trained for (a ViT's patch
     #: size and image normalisation): what such a source fixes in the run's data, as its data module takes them.
     SOURCE_DATA_SETTINGS: ClassVar[tuple[str, ...]] = ()
+    #: The network (a trident.models class) an outside family's files must hold to be read as a source of this task's
+    #: weights (a GPT-2 or Llama directory holds a CausalLM); None: no outside family is read as this task's.
+    OUTSIDE_NETWORK: ClassVar[type[nn.Module] | None] = None
+    #: How this task reads what such outside files say of their network (trident.models.properties, in the words of
+    #: networks): property -> ``task.<setting>`` or ``data.<setting>``, the counterpart of :data:`SOURCE_SETTINGS` /
+    #: :data:`SOURCE_DATA_SETTINGS` for a checkpoint of this task (:meth:`stated_by_network`).
+    FROM_NETWORK: ClassVar[Mapping[str, str]] = {}
 
     #: The metrics the task logs at every validation: what early stopping (and a checkpoint) may monitor.
     VALIDATION_METRICS: ClassVar[tuple[str, ...]]
@@ -300,6 +314,16 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         :data:`SOURCE_DATA_SETTINGS`), where it has them (an earlier version's may not)."""
         return ({key: settings[key] for key in cls.SOURCE_SETTINGS if key in settings},
                 {key: settings[key] for key in cls.SOURCE_DATA_SETTINGS if key in settings})
+
+    @classmethod
+    def stated_by_network(cls, properties: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What an outside network of this task's kind (:data:`OUTSIDE_NETWORK`) states as an ``init_from`` source, in
+        this task's words, as :meth:`stated_as_source` for a checkpoint of it: the task settings and the data settings
+        its ``properties`` fix (:data:`FROM_NETWORK`); a property this task has no setting for is not its business."""
+        stated = [(*cls.FROM_NETWORK[name].split("."), value) for name, value in properties.items()
+                  if name in cls.FROM_NETWORK]
+        return ({key: value for group, key, value in stated if group == "task"},
+                {key: value for group, key, value in stated if group == "data"})
 
     @classmethod
     def settings_from_source(cls, source: WeightsSource, cfg: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from trident.models import POOLS, SequenceClassifier
 from trident.objectives import Outputs
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
+from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import sequence_classifier
-from trident.tracking.figures import confusion_matrix_figure, publish_figure
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
 from trident.training.optim import positional_parameter_names
@@ -28,14 +28,12 @@ from trident.training.optim import positional_parameter_names
 Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
 
 
-class SequenceClassificationTask(TridentTask):
+class SequenceClassificationTask(ClassHead, TridentTask):
     NAME = "classify"
     SOURCE_SETTINGS = ("stack", "pool", "scale_embeddings")  # what its checkpoint fixes as init_from
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/macro_f1", "val/majority_acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
-    TRAINS_WITH = ("class_label",)
     net: SequenceClassifier
-    HEAD = ("head.",)  # trains under finetune=lora
 
     def __init__(
         self,
@@ -167,10 +165,7 @@ class SequenceClassificationTask(TridentTask):
 
     def on_test_epoch_end(self) -> None:
         self.log_epoch_loss("test")
-        matrix = self.test_confusion.compute()
-        self.test_confusion.reset()
-        if self.trainer.is_global_zero:
-            publish_figure(self, "test/confusion_matrix", confusion_matrix_figure(matrix, self.class_names))
+        publish_confusion(self, self.test_confusion, self.class_names)
 
     def _frozen_for_good(self) -> set[str]:
         if self.freeze_backbone_steps != FROZEN_FOR_GOOD:

@@ -12,12 +12,13 @@ from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
 from trident.models import CausalLM, generate
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.models.sampling import check_filters
 from trident.objectives import Outputs, build_objective
 from trident.objectives.preference import REFERENCE, check_preference_run
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
-from trident.tasks.base import GENERATE, NetInput, TridentTask, token_ids
+from trident.tasks.base import GENERATE, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import causal_lm
 from trident.tasks.networks import can_switch_off
 from trident.tracking.text_logging import log_text_table
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 class LanguageModelTask(TridentTask):
     NAME = "lm"
     SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = CausalLM  # GPT-2, Llama and its cousins, Gemma
+    FROM_NETWORK: ClassVar[dict[str, str]] = {TIED_HEAD: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings",
+                                              MAX_SEQ_LEN: "data.max_seq_len"}
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
@@ -95,8 +99,7 @@ class LanguageModelTask(TridentTask):
         return f"task={cls.NAME}", f"fine-tune it with task=mlm or task=classify task.stack={source_stack}"
 
     def example_input(self) -> list[NetInput]:
-        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
-        return [NetInput("ids", "input_ids", ids, dynamic)]
+        return token_input(self.net)
 
     def throughput_units(self, batch: tuple[Tensor, ...]) -> dict[str, int]:
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}

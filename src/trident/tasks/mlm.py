@@ -19,8 +19,9 @@ from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.objectives import Outputs
-from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_ids
+from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import masked_lm
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import masked_lm_flops
@@ -35,6 +36,8 @@ STAGES = {"train": 0, "val": 1, "test": 2}
 class MaskedLanguageModelTask(TridentTask):
     NAME = "mlm"
     SOURCE_SETTINGS = ("scale_embeddings",)  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = MaskedLM  # BERT
+    FROM_NETWORK: ClassVar[dict[str, str]] = {SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len"}
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = MLMDataModule
     STACK = "encoder"
@@ -114,8 +117,7 @@ class MaskedLanguageModelTask(TridentTask):
         return f"task={cls.NAME}", f"fine-tune it with task=lm or task=classify task.stack={source_stack}"
 
     def example_input(self) -> list[NetInput]:
-        ids, dynamic = token_ids(self.net.vocab_size, self.net.cfg.max_seq_len)
-        return [NetInput("ids", "input_ids", ids, dynamic)]
+        return token_input(self.net)
 
     def throughput_units(self, batch: Tensor) -> dict[str, int]:
         return {"tokens": batch.numel(), "samples": batch.size(0)}

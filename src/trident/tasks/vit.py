@@ -13,32 +13,35 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from trident.data.base import TridentDataModule
 from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
+from trident.models.properties import CHANNELS, IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, READOUT
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
+from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
-from trident.tracking.figures import confusion_matrix_figure, image_grid_figure, publish_figure, unnormalize
+from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
 
 Batch = tuple[Tensor, Tensor]
 
 
-class ImageClassificationTask(TridentTask):
+class ImageClassificationTask(ClassHead, TridentTask):
     NAME = "vit"
     SOURCE_SETTINGS = ("pool",)  # what its checkpoint fixes as init_from
     # The patch grid shapes the weights; the normalisation is what they were trained to see (the run may change it).
     SOURCE_DATA_SETTINGS = ("patch_size", "mean", "std")
+    OUTSIDE_NETWORK = VisionTransformer  # Hugging Face's and timm's ViT
+    FROM_NETWORK: ClassVar[dict[str, str]] = {READOUT: "task.pool", IMAGE_SIZE: "data.image_size", PATCH_SIZE: "data.patch_size",
+                                              CHANNELS: "data.in_channels", PIXEL_MEAN: "data.mean", PIXEL_STD: "data.std"}
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/acc_top5")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False
     READS = "images"
     STACK = "encoder"
-    TRAINS_WITH = ("class_label",)
     net: VisionTransformer
-    HEAD = ("head.",)  # trains under finetune=lora
 
     def __init__(
         self,
@@ -147,11 +150,9 @@ class ImageClassificationTask(TridentTask):
 
     def on_test_epoch_end(self) -> None:
         self.log_epoch_loss("test")
-        matrix = self.test_confusion.compute()
-        self.test_confusion.reset()
+        publish_confusion(self, self.test_confusion, self.class_names)
         if not self.trainer.is_global_zero:
             return
-        publish_figure(self, "test/confusion_matrix", confusion_matrix_figure(matrix, self.class_names))
         if self._misclassified:
             images = unnormalize(torch.stack([m[0] for m in self._misclassified]), self.mean, self.std)
             titles = [f"{self.class_names[t]} -> {self.class_names[p]}" for _, t, p in self._misclassified]

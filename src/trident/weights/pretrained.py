@@ -23,7 +23,7 @@ class PretrainedWeights:
     data_options: dict[str, Any]  # `data` group values the source fixes (e.g. max_seq_len, image_size, patch_size)
     state_dict: dict[str, Tensor]  # keys exactly as the trident task's `net.state_dict()` names them
     tokenizer: Tokenizer | None  # tokenizers.Tokenizer for text sources (from tokenizer.json, or vocab files)
-    num_classes: int | None = None  # size of the source's classification head, if it has one (outside sources)
+    classes: int | None = None  # rows of the source's classification head, if it has one (outside sources)
     vocab_size: int | None = None  # rows of the source's token embedding (outside text sources)
     pos_encoding_options: dict[str, Any] = field(default_factory=dict)  # `pos_encoding.options` (trident sources)
     # tokenizer_config.json's chat_template and special tokens (bos_token -> "<s>"), carried into the run and its export.

@@ -7,6 +7,7 @@ commands that do not train import it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -92,15 +93,19 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
 def _from_outside(path: str, n_heads: int | None) -> PretrainedWeights:
     """A Hugging Face model directory or a timm ViT file, read by :mod:`trident.weights.adapters`."""
     # Imported here: safetensors and the adapters load only when a source needs them.
-    from trident.weights.adapters.reading import read_pretrained
+    from trident.weights.adapters.outside_network import as_source
+    from trident.weights.adapters.reading import read_network
 
-    return with_outside_statistics(read_pretrained(path, n_heads=n_heads), Path(path))
+    return as_source(with_outside_statistics(read_network(path, n_heads=n_heads), Path(path)))
 
 
 def read_source_copy(folder: Path, weights: bool = True) -> PretrainedWeights:
     """A source as :func:`copy_source` left it in a run directory (``weights=False``: its record and tokenizer alone,
     the state dict empty)."""
-    described = json.loads((folder / "source.json").read_text())
+    # A record states every field its version had: one an earlier version named otherwise (the head's rows) is dropped,
+    # read by nothing after the source's settings were fixed.
+    fields = {f.name for f in dataclasses.fields(PretrainedWeights)}
+    described = {k: v for k, v in json.loads((folder / "source.json").read_text()).items() if k in fields}
     tokenizer = folder / "tokenizer.json"
     return PretrainedWeights(
         **described,

@@ -27,12 +27,18 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(power_of_two_slopes(closest) + extra)
 
 
+class DistanceBias(PositionalEncoding):
+    """An encoding that biases the attention scores by the query-key distance along one axis (``attention_bias``):
+    image patches on a 2-D grid have no one such distance."""
+
+    supports_grid: ClassVar[bool] = False
+
+
 @register_pos_encoding
-class AlibiEncoding(PositionalEncoding):
+class AlibiEncoding(DistanceBias):
     """Linear distance penalty -slope_h * |i - j|; needs no parameters and extrapolates."""
 
     name: ClassVar[str] = "alibi"
-    supports_grid: ClassVar[bool] = False
 
     def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)
@@ -59,11 +65,10 @@ def relative_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int, 
 
 
 @register_pos_encoding
-class RelativeEncoding(PositionalEncoding):
+class RelativeEncoding(DistanceBias):
     """T5's learned bias per head and per bucket of the query-key offset (Raffel et al. 2020)."""
 
     name: ClassVar[str] = "relative"
-    supports_grid: ClassVar[bool] = False
 
     def __init__(self, cfg: StackShape, *, causal: bool) -> None:
         super().__init__(cfg, causal=causal)

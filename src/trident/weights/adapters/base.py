@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork
 
 
 @runtime_checkable
@@ -36,8 +36,9 @@ class Adapter(Protocol):
 
     def to_trident(
         self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str
-    ) -> PretrainedWeights:
-        """``config.json``, the state dict and the tokenizer of ``source`` in trident's settings and names."""
+    ) -> OutsideNetwork:
+        """``config.json``, the state dict and the tokenizer of ``source`` in trident's names, and what they say of
+        the network (trident.models.properties)."""
         ...
 
     def from_trident(self, net: Any) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
@@ -57,6 +58,7 @@ class FileAdapter(Protocol):
     """One outside format that its files name, read into trident (a module implements it with module-level names)."""
 
     FORMAT: str  # PretrainedWeights.format: "timm-vit"
+    NETWORK: type[nn.Module]  # the trident network it reads into (VisionTransformer)
     SUFFIXES: tuple[str, ...]  # the state-dict files it reads: ".pth", ".safetensors"...
     DESCRIPTION: str  # how error lines name what it reads: "a timm ViT state-dict file (...) or directory (...)"
 
@@ -64,7 +66,7 @@ class FileAdapter(Protocol):
         """Whether ``path`` (an existing file or directory) is in this format."""
         ...
 
-    def read(self, path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
-        """The weights at ``path`` (named ``source``) in trident's settings and names; ``n_heads``: the head
+    def read(self, path: Path, source: str, n_heads: int | None) -> OutsideNetwork:
+        """The weights at ``path`` (named ``source``) in trident's names, and what they say of the network; ``n_heads``: the head
         count the caller states (``model.n_heads=``), for a file that does not record it."""
         ...

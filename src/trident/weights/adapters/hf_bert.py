@@ -1,4 +1,4 @@
-"""BERT (``BertForMaskedLM`` / ``BertModel``) <-> trident's ``MaskedLM`` (task=mlm).
+"""BERT (``BertForMaskedLM`` / ``BertModel``) <-> trident's ``MaskedLM`` (a masked-LM encoder).
 
 BERT is a post-norm encoder (LayerNorm eps 1e-12) with learned positions whose summed token,
 position and token-type embeddings pass a LayerNorm first (trident's ``model.embedding_norm``).
@@ -17,6 +17,7 @@ from torch import Tensor
 
 from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, PAD_TOKEN, SEP_TOKEN, UNK_TOKEN
 from trident.models import MaskedLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.weights.adapters.common import (
     encoder_settings,
     layer_from_hf,
@@ -26,7 +27,7 @@ from trident.weights.adapters.common import (
     require_source,
     strip_prefix,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-bert"
 MODEL_TYPE = "bert"
@@ -66,7 +67,7 @@ _HEAD = {
 _POSITIONS, _TYPES = "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight"
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
     require_source(config.get("position_embedding_type", "absolute") == "absolute", source,
                    f"position_embedding_type={config.get('position_embedding_type')}")
     require_source(not config.get("is_decoder", False), source, "a causal BERT (is_decoder=true)")
@@ -83,17 +84,15 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
         decoder = state.get("cls.predictions.decoder.weight", out["embed.weight"])
         require_source(torch.equal(decoder, out["embed.weight"]), source, "an MLM decoder not tied to the embedding")
         out["head.weight"] = out["embed.weight"]
-    return PretrainedWeights(
+    return OutsideNetwork(
         source=source,
         format=FORMAT,
-        task="mlm",
+        network=NETWORK,
         model=encoder_settings(config, activation="gelu", norm_first=False, embedding_norm=True),
         pos_encoding="learned",
-        task_options={"scale_embeddings": False},
-        data_options={"max_seq_len": int(config["max_position_embeddings"])},
+        properties={SCALED_EMBEDDING: False, MAX_SEQ_LEN: int(config["max_position_embeddings"])},
         state_dict=out,
         tokenizer=tokenizer,
-        num_classes=None,
         vocab_size=int(config["vocab_size"]),
     )
 
@@ -104,7 +103,7 @@ def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
     require_hf_block(cfg, TARGET, norm_first=False, embedding_norm=True)
     require_equivalent(cfg.activation == "gelu", "model.activation", cfg.activation, TARGET,
                        "BERT's blocks and MLM head share one activation, and trident's head is GELU")
-    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "BERT does not scale its embeddings")
+    require_property(net.embed.scale == 1.0, NETWORK, SCALED_EMBEDDING, True, TARGET, "BERT does not scale its embeddings")
     config = {
         "vocab_size": net.vocab_size,
         "hidden_size": cfg.d_model,

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from trident.backbone import TransformerConfig
 from trident.models import CausalLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.weights.adapters.common import require_equivalent, require_source
 from trident.weights.adapters.llama_style import (
     DecoderNames,
@@ -35,7 +36,7 @@ from trident.weights.adapters.llama_style import (
     state_to_hf,
     window_settings,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 # trident block tensor <- Gemma's (without ``model.layers.<i>.``), one-to-one.
 _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "self_attn_post_norm.weight": "post_attention_layernorm.weight",
@@ -68,15 +69,15 @@ class GemmaFamily(DecoderNames):
         return self.architecture, self.architecture.replace("ForCausalLM", "TextModel" if self.two_ropes else "Model")
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
-                   source: str) -> PretrainedWeights:
+                   source: str) -> OutsideNetwork:
         """``config.json`` (over transformers' defaults), the state dict and the tokenizer in trident's terms."""
         config = SHARED_DEFAULTS | self.defaults | config
         model, options = model_settings(self, config, source)
         tied = bool(config["tie_word_embeddings"])
-        return PretrainedWeights(
-            source=source, format=self.FORMAT, task="lm", model=model, pos_encoding="rope", pos_encoding_options=options,
-            task_options={"tie_embeddings": tied, "scale_embeddings": True},
-            data_options={"max_seq_len": context_length(config, options)},
+        return OutsideNetwork(
+            source=source, format=self.FORMAT, network=CausalLM, model=model, pos_encoding="rope",
+            pos_encoding_options=options,
+            properties={TIED_HEAD: tied, SCALED_EMBEDDING: True, MAX_SEQ_LEN: context_length(config, options)},
             state_dict=state_from_hf(state, model, tied, _BLOCK), tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
         )
 
@@ -180,7 +181,11 @@ def _require_family(family: GemmaFamily, cfg: TransformerConfig, net: CausalLM) 
         (cfg.norm_first and cfg.sandwich_norm, "model.sandwich_norm", cfg.sandwich_norm, "it norms before and after each sub-layer"),
         (not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, "it does not normalise its embeddings"),
         (cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, "it has no layer scale"),
-        (net.embed.scale != 1.0, "task.scale_embeddings", False, "it scales its embeddings by sqrt(hidden_size)"),
+    ):
+        require_equivalent(ok, setting, value, target, fix)
+    require_property(net.embed.scale != 1.0, CausalLM, SCALED_EMBEDDING, False, target,
+                     "it scales its embeddings by sqrt(hidden_size)")
+    for ok, setting, value, fix in (
         (cfg.qk_norm == family.qk_norm, "model.qk_norm", cfg.qk_norm,
          "it has QK-norm in every layer" if family.qk_norm else "it has no QK-norm (Gemma 3 has)"),
         (cfg.qkv_bias == cfg.attn_out_bias, "model.attn_out_bias", cfg.attn_out_bias, "its attention_bias is on q, k, v and o alike"),

@@ -1,4 +1,4 @@
-"""GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``) <-> trident's ``CausalLM`` (task=lm).
+"""GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``) <-> trident's ``CausalLM`` (a causal LM).
 
 Both are pre-norm decoders with learned positions and a final LayerNorm. GPT-2's linear layers
 are ``Conv1D`` modules whose weight is stored (in, out), the transpose of ``nn.Linear``'s; its
@@ -15,16 +15,16 @@ from torch import Tensor
 
 from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
     hf_model_settings,
-    require_equivalent,
     require_hf_block,
     require_source,
     strip_prefix,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-gpt2"
 MODEL_TYPE = "gpt2"
@@ -36,21 +36,13 @@ TARGET = "GPT-2 (hf export)"
 # <|endoftext|> and has no padding token; trident's character vocabularies have <unk>.
 SPECIAL_TOKENS = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": UNK}
 
+# GPT-2 block module -> trident block module, each with a weight and a bias.
+_MODULES = {"ln_1": "self_attn_norm", "attn.c_attn": "self_attn.qkv_proj", "attn.c_proj": "self_attn.out_proj",
+            "ln_2": "ffn_norm", "mlp.c_fc": "ffn.fc_in", "mlp.c_proj": "ffn.fc_out"}
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # their weights are stored (in, out)
 # GPT-2 block tensor -> trident block tensor, and whether it is a Conv1D weight (stored transposed).
-_BLOCK = {
-    "ln_1.weight": ("self_attn_norm.weight", False),
-    "ln_1.bias": ("self_attn_norm.bias", False),
-    "attn.c_attn.weight": ("self_attn.qkv_proj.weight", True),
-    "attn.c_attn.bias": ("self_attn.qkv_proj.bias", False),
-    "attn.c_proj.weight": ("self_attn.out_proj.weight", True),
-    "attn.c_proj.bias": ("self_attn.out_proj.bias", False),
-    "ln_2.weight": ("ffn_norm.weight", False),
-    "ln_2.bias": ("ffn_norm.bias", False),
-    "mlp.c_fc.weight": ("ffn.fc_in.weight", True),
-    "mlp.c_fc.bias": ("ffn.fc_in.bias", False),
-    "mlp.c_proj.weight": ("ffn.fc_out.weight", True),
-    "mlp.c_proj.bias": ("ffn.fc_out.bias", False),
-}
+_BLOCK = {f"{theirs}.{part}": (f"{ours}.{part}", part == "weight" and theirs in _CONV1D)
+          for theirs, ours in _MODULES.items() for part in ("weight", "bias")}
 _TOP = {"wte.weight": "embed.weight", "wpe.weight": "decoder.pos_encoding.embedding.weight",
         "ln_f.weight": "decoder.final_norm.weight", "ln_f.bias": "decoder.final_norm.bias"}
 
@@ -66,7 +58,7 @@ def _blocks(state: dict[str, Tensor], n_layers: int, *, to_trident: bool) -> dic
     return out
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
     require_source(not config.get("add_cross_attention", False), source, "cross-attention layers")
     require_source(config.get("scale_attn_weights", True), source, "unscaled attention (scale_attn_weights=false)")
     require_source(not config.get("scale_attn_by_inverse_layer_idx", False), source,
@@ -77,10 +69,10 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     out = {_TOP[name]: backbone[name] for name in _TOP} | _blocks(backbone, n_layers, to_trident=True)
     head = state.get("lm_head.weight")
     out["head.weight"] = out["embed.weight"] if tied or head is None else head
-    return PretrainedWeights(
+    return OutsideNetwork(
         source=source,
         format=FORMAT,
-        task="lm",
+        network=NETWORK,
         model=hf_model_settings(
             d_model,
             int(config["n_head"]),
@@ -92,11 +84,9 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
             embedding_norm=False,
         ),
         pos_encoding="learned",
-        task_options={"tie_embeddings": tied, "scale_embeddings": False},
-        data_options={"max_seq_len": int(config["n_positions"])},
+        properties={TIED_HEAD: tied, SCALED_EMBEDDING: False, MAX_SEQ_LEN: int(config["n_positions"])},
         state_dict=out,
         tokenizer=tokenizer,
-        num_classes=None,
         vocab_size=int(config["vocab_size"]),
     )
 
@@ -106,7 +96,7 @@ def from_trident(net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
     cfg = net.cfg
     tied = net.head.weight is net.embed.weight
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
-    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, TARGET, "GPT-2 does not scale its embeddings")
+    require_property(net.embed.scale == 1.0, NETWORK, SCALED_EMBEDDING, True, TARGET, "GPT-2 does not scale its embeddings")
     config = {
         "vocab_size": net.vocab_size,
         "n_positions": cfg.max_seq_len,

@@ -1,4 +1,4 @@
-"""ViT (``ViTForImageClassification`` / ``ViTModel``) <-> trident's ``VisionTransformer`` (task=vit).
+"""ViT (``ViTForImageClassification`` / ``ViTModel``) <-> trident's ``VisionTransformer`` (an image encoder).
 
 Both are pre-norm encoders over a class token and patch embeddings (a strided convolution) with a
 learned position table and a final LayerNorm (eps 1e-12 in Hugging Face's ViT); the classifier
@@ -12,6 +12,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from trident.models.properties import CHANNELS, CLASSES, IMAGE_SIZE, PATCH_SIZE, READOUT
 from trident.models.vit import VisionTransformer
 from trident.weights.adapters.common import (
     activation_from_hf,
@@ -19,13 +20,12 @@ from trident.weights.adapters.common import (
     encoder_settings,
     layer_from_hf,
     layer_to_hf,
-    require_equivalent,
     require_hf_block,
     require_source,
     square_size,
     strip_prefix,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-vit"
 MODEL_TYPE = "vit"
@@ -58,7 +58,7 @@ _POSITIONS = "embeddings.position_embeddings"
 _HEAD = {"classifier.weight": "head.weight", "classifier.bias": "head.bias"}
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
     require_source(config.get("qkv_bias", True), source, "attention without biases next to biased layers (qkv_bias=false)")
     n_layers = int(config["num_hidden_layers"])
     backbone = strip_prefix(state, "vit.")
@@ -66,32 +66,31 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     out["encoder.pos_encoding.embedding.weight"] = backbone[_POSITIONS][0]  # (1, T, D) -> (T, D)
     for i in range(n_layers):
         out |= layer_from_hf(backbone, f"encoder.layer.{i}", f"encoder.blocks.{i}", _LAYER, "attention.attention")
-    num_classes = None
+    properties = {
+        READOUT: "cls",
+        IMAGE_SIZE: square_size(config.get("image_size", 224), "image_size", source),
+        PATCH_SIZE: square_size(config.get("patch_size", 16), "patch_size", source),
+        CHANNELS: int(config.get("num_channels", 3)),
+    }
     if "classifier.weight" in state:
         out |= {target: state[name] for name, target in _HEAD.items()}
-        num_classes = int(state["classifier.weight"].shape[0])
-    return PretrainedWeights(
+        properties[CLASSES] = int(state["classifier.weight"].shape[0])
+    return OutsideNetwork(
         source=source,
         format=FORMAT,
-        task="vit",
+        network=NETWORK,
         model=encoder_settings(config, activation=activation_from_hf(config.get("hidden_act", "gelu"), source), norm_first=True, embedding_norm=False),
         pos_encoding="learned",
-        task_options={"pool": "cls"},
-        data_options={
-            "image_size": square_size(config.get("image_size", 224), "image_size", source),
-            "patch_size": square_size(config.get("patch_size", 16), "patch_size", source),
-            "in_channels": int(config.get("num_channels", 3)),
-        },
+        properties=properties,
         state_dict=out,
         tokenizer=None,
-        num_classes=num_classes,
     )
 
 
 def from_trident(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     """The architecture name, ``ViTConfig`` arguments and ``ViTForImageClassification`` state dict of ``net``."""
     cfg = net.encoder.cfg
-    require_equivalent(net.pool == "cls", "task.pool", net.pool, TARGET, "Hugging Face's ViT classifies from the class token")
+    require_property(net.pool == "cls", NETWORK, READOUT, net.pool, TARGET, "Hugging Face's ViT classifies from the class token")
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
     if cfg.grid is None:
         raise ValueError("a VisionTransformer always has a grid")

@@ -20,8 +20,9 @@ from torch import Tensor
 from trident.backbone import TransformerConfig
 from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
+from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.weights.adapters.common import require_equivalent, require_source, strip_prefix
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 # Tokenizer attribute -> token in trident's own vocabularies; a tokenizer read with the weights brings its own
 # (tokenizer_config.json, carried in PretrainedWeights.tokenizer_settings).
@@ -86,7 +87,7 @@ class Family(DecoderNames):
     defaults: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
-                   source: str) -> PretrainedWeights:
+                   source: str) -> OutsideNetwork:
         return to_trident(self, SHARED_DEFAULTS | self.defaults | config, state, tokenizer, source)
 
     def from_trident(self, net: CausalLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
@@ -193,14 +194,14 @@ def model_settings(family: Family, config: dict[str, Any], source: str) -> dict[
 
 
 def to_trident(family: Family, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
-               source: str) -> PretrainedWeights:
+               source: str) -> OutsideNetwork:
     model = model_settings(family, config, source)
     tied = bool(config["tie_word_embeddings"])
     options = rope_options(config, source)
-    return PretrainedWeights(
-        source=source, format=f"hf-{family.model_type}", task="lm", model=model, pos_encoding="rope",
-        pos_encoding_options=options, task_options={"tie_embeddings": tied, "scale_embeddings": False},
-        data_options={"max_seq_len": context_length(config, options)},
+    return OutsideNetwork(
+        source=source, format=f"hf-{family.model_type}", network=CausalLM, model=model, pos_encoding="rope",
+        pos_encoding_options=options,
+        properties={TIED_HEAD: tied, SCALED_EMBEDDING: False, MAX_SEQ_LEN: context_length(config, options)},
         state_dict=state_from_hf(state, model, tied), tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
     )
 
@@ -245,7 +246,7 @@ def _require_family(family: Family, cfg: TransformerConfig, net: CausalLM) -> No
     require_equivalent(not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, target,
                        "it does not normalise its embeddings")
     require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, target, "it has no layer scale")
-    require_equivalent(net.embed.scale == 1.0, "task.scale_embeddings", True, target, "it does not scale its embeddings")
+    require_property(net.embed.scale == 1.0, CausalLM, SCALED_EMBEDDING, True, target, "it does not scale its embeddings")
     require_equivalent(cfg.qk_norm == family.qk_norm, "model.qk_norm", cfg.qk_norm, target,
                        "it has QK-norm in every layer" if family.qk_norm else "it has no QK-norm (Qwen3 has)")
     biases = {"config": cfg.qkv_bias, "qkv": True, "none": False}[family.attention_bias]

@@ -1,11 +1,12 @@
 """The input normalisation an ``init_from`` source was trained with: an image model's mean and std per channel.
 
 A network sees pixels as its training normalised them; fed another normalisation, a frozen timm ViT trained with
-0.5 / 0.5 scores 0.41 instead of 0.61. So a run from a source normalises its images with the source's statistics
-(``data.mean`` / ``data.std``, a data option the source gives, as its image size) unless the command line sets them
-(docs/weights.md). A trident run states its own (the task's ``SOURCE_DATA_SETTINGS``); here, read from a Hugging Face
-directory's ``preprocessor_config.json`` (``image_mean`` / ``image_std``) or timm's ``config.json``
-(``pretrained_cfg``'s ``mean`` / ``std``). A source that states none leaves the data's statistics.
+0.5 / 0.5 scores 0.41 instead of 0.61. So the statistics are a property of the network an outside source holds
+(trident.models.properties' ``PIXEL_MEAN`` / ``PIXEL_STD``), which the task that holds it maps onto its data's settings,
+as its image size; a run may still set others (docs/weights.md). A trident run states its own (the task's
+``SOURCE_DATA_SETTINGS``); here, read from a Hugging Face directory's ``preprocessor_config.json`` (``image_mean`` /
+``image_std``) or timm's ``config.json`` (``pretrained_cfg``'s ``mean`` / ``std``). A source that states none leaves
+the data's statistics.
 """
 
 from __future__ import annotations
@@ -17,33 +18,35 @@ from pathlib import Path
 from typing import Any
 
 from trident.errors import DataError, is_number
-from trident.weights.pretrained import PretrainedWeights
+from trident.models.properties import CHANNELS, PIXEL_MEAN, PIXEL_STD
+from trident.weights.adapters.outside_network import OutsideNetwork
 
-# The data options the statistics set (ImageDataModule's arguments).
-STATISTICS = ("mean", "std")
+# timm's keys for the statistics (its pretrained_cfg's), which error lines name them by too.
+TIMM_KEYS = {PIXEL_MEAN: "mean", PIXEL_STD: "std"}
 # A Hugging Face image processor's file beside the weights, and its keys for them.
 HF_PREPROCESSOR_FILE = "preprocessor_config.json"
-HF_PREPROCESSOR_KEYS = {"mean": "image_mean", "std": "image_std"}
+HF_PREPROCESSOR_KEYS = {PIXEL_MEAN: "image_mean", PIXEL_STD: "image_std"}
 
 
-def with_outside_statistics(weights: PretrainedWeights, path: Path) -> PretrainedWeights:
-    """``weights`` read from ``path`` (a Hugging Face or timm model) with the statistics stated beside them."""
-    statistics = outside_statistics(path, weights.data_options.get("in_channels"))
-    return dataclasses.replace(weights, data_options=weights.data_options | statistics)
+def with_outside_statistics(read: OutsideNetwork, path: Path) -> OutsideNetwork:
+    """``read`` from ``path`` (a Hugging Face or timm model) with the statistics stated beside it."""
+    statistics = outside_statistics(path, read.properties.get(CHANNELS))
+    return dataclasses.replace(read, properties=read.properties | statistics)
 
 
-def outside_statistics(path: Path, in_channels: int | None) -> dict[str, list[float]]:
-    """The statistics stated beside a Hugging Face or timm model (``path``: its directory or weights file); a
-    single number stands for every one of ``in_channels``."""
+def outside_statistics(path: Path, channels: int | None) -> dict[str, list[float]]:
+    """The statistics stated beside a Hugging Face or timm model (``path``: its directory or weights file), by their
+    property names; a single number stands for every one of ``channels``."""
     directory = path if path.is_dir() else path.parent
     preprocessor = _json(directory / HF_PREPROCESSOR_FILE)
     if preprocessor is not None:
         stated = {name: preprocessor.get(key) for name, key in HF_PREPROCESSOR_KEYS.items()}
-        return _checked(stated, str(directory / HF_PREPROCESSOR_FILE), in_channels)
+        return _checked(stated, str(directory / HF_PREPROCESSOR_FILE), channels)
     timm = _json(directory / "config.json")
     if timm is not None and "architecture" in timm:  # timm's config.json (a Hugging Face one names no architecture)
         pretrained = timm.get("pretrained_cfg", timm)  # older timm configs hold them at the top
-        return _checked({name: pretrained.get(name) for name in STATISTICS}, str(directory / "config.json"), in_channels)
+        stated = {name: pretrained.get(key) for name, key in TIMM_KEYS.items()}
+        return _checked(stated, str(directory / "config.json"), channels)
     return {}
 
 
@@ -57,14 +60,15 @@ def _json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _checked(stated: dict[str, Any], where: str, in_channels: int | None = None) -> dict[str, list[float]]:
+def _checked(stated: dict[str, Any], where: str, channels: int | None = None) -> dict[str, list[float]]:
     """Both statistics as lists of floats, a positive std; {} when either is missing (nothing to follow)."""
     if any(value is None for value in stated.values()):
         return {}
-    lists = {name: [value] * (in_channels or 1) if is_number(value) else value for name, value in stated.items()}
+    lists = {name: [value] * (channels or 1) if is_number(value) else value for name, value in stated.items()}
+    # Removing a statistic from the file is a fix too: a source that states none leaves the data's statistics.
     for name, values in lists.items():
         if not (isinstance(values, list | tuple) and values and all(is_number(v) and math.isfinite(v) for v in values)):
-            raise DataError(f"{where}: its {name} {values!r} is not a list of numbers: fix it, or set data.{name}=")
-    if any(v <= 0 for v in lists["std"]):
-        raise DataError(f"{where}: its std {lists['std']} holds a value <= 0: fix it, or set data.std=")
+            raise DataError(f"{where}: its {TIMM_KEYS[name]} {values!r} is not a list of numbers: fix it, or remove it")
+    if any(v <= 0 for v in lists[PIXEL_STD]):
+        raise DataError(f"{where}: its std {lists[PIXEL_STD]} holds a value <= 0: fix it, or remove it")
     return {name: [float(v) for v in values] for name, values in lists.items()}

@@ -1,4 +1,5 @@
-"""``read_pretrained``: which outside format a path holds, and the adapter that reads it."""
+"""``read_pretrained``: which outside format a path holds, and the adapter that reads it (``read_network``: in the
+words of networks; ``read_pretrained``: as the source of the task that holds such a network)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from trident.errors import ConfigError, DataError
 from trident.weights.adapters.hf_files import read_config, read_state_dict, read_tokenizer, read_tokenizer_settings
+from trident.weights.adapters.outside_network import OutsideNetwork, as_source
 from trident.weights.adapters.peft_reading import is_peft_adapter, merge_peft, peft_base, untie_tied_head
 from trident.weights.adapters.registry import FILE_ADAPTERS, adapter_for_model_type, architectures, file_adapter_for
 from trident.weights.pretrained import PretrainedWeights
@@ -31,6 +33,11 @@ def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> Pretrain
     timm directory (timm's config.json + weights). Anything else: one-line DataError naming what it is
     not and the supported architectures. ``n_heads``: the head count of a timm ViT that nothing beside
     its file states; a source that states another is one ConfigError line."""
+    return as_source(read_network(path, n_heads=n_heads))
+
+
+def read_network(path: str | Path, *, n_heads: int | None = None) -> OutsideNetwork:
+    """What :func:`read_pretrained` reads, before the task that holds such a network says what it is as a source."""
     weights = _read(str(path), Path(path), n_heads)
     if n_heads is not None and weights.model["n_heads"] != n_heads:
         raise ConfigError(f"model.n_heads={n_heads} contradicts {path}, which has model.n_heads={weights.model['n_heads']}: "
@@ -38,7 +45,7 @@ def read_pretrained(path: str | Path, *, n_heads: int | None = None) -> Pretrain
     return weights
 
 
-def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None) -> PretrainedWeights:
+def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None) -> OutsideNetwork:
     if not path.exists():
         path = _hub_snapshot(source)
     if is_peft_adapter(path):  # a peft LoRA adapter: its base's weights with the adapter merged in
@@ -54,10 +61,13 @@ def _read(source: str, path: Path, n_heads: int | None, lora: Path | None = None
     adapter = adapter_for_model_type(str(model_type))
     architectures = config.get("architectures") or []
     if model_type in NOT_EXPRESSIBLE:
+        from trident.tasks.registry import TASKS  # here: every task's imports load only for this refusal
+
+        named = " or ".join(f"task={name}" for name, task in TASKS.items() if task.ENCODER_DECODER)
         raise DataError(
             f"{source} holds a {model_type} ({', '.join(architectures) or 'no architectures'}), which the backbone cannot "
-            f"express exactly (it lacks {NOT_EXPRESSIBLE[model_type]}): task=translation starts from a trident "
-            f"translation checkpoint or run directory; Hugging Face models trident reads are {supported()}"
+            f"express exactly (it lacks {NOT_EXPRESSIBLE[model_type]}): {named} starts from a trident "
+            f"checkpoint or run directory of its own; Hugging Face models trident reads are {supported()}"
         )
     if adapter is None:
         raise DataError(

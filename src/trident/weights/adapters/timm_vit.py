@@ -1,4 +1,4 @@
-"""A timm ``VisionTransformer`` state dict <-> trident's ``VisionTransformer`` (task=vit).
+"""A timm ``VisionTransformer`` state dict <-> trident's ``VisionTransformer`` (an image encoder).
 
 timm and trident name the same tensors differently; the layouts match (fused qkv in q, k, v
 order with heads contiguous; the class token's position first in the position table). A state
@@ -21,13 +21,16 @@ import torch
 from torch import Tensor
 
 from trident.errors import ConfigError, DataError
+from trident.models.properties import CHANNELS, CLASSES, IMAGE_SIZE, PATCH_SIZE, READOUT
+from trident.models.vit import VisionTransformer
 from trident.weights.adapters.common import require_source
 from trident.weights.adapters.hf_files import read_state_dict
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork
 
 log = logging.getLogger(__name__)
 
 FORMAT = "timm-vit"
+NETWORK = VisionTransformer  # the trident network it reads into
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 DESCRIPTION = f"a timm ViT state-dict file ({'/'.join(SUFFIXES)}) or directory (timm's config.json + weights)"
 ASSUMED_HEAD_DIM = 64  # channels per head of timm's tiny ... large ViTs (huge 1280/16 and larger differ)
@@ -92,7 +95,7 @@ def recognises(path: Path) -> bool:
     return path.suffix in SUFFIXES if path.is_file() else timm_config(path) is not None
 
 
-def read(path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
+def read(path: Path, source: str, n_heads: int | None) -> OutsideNetwork:
     """A timm ViT file (timm's ``config.json`` beside it, if any, gives the heads) or timm's directory."""
     if path.is_file():
         return from_timm(read_timm_file(path), source, timm_config(path.parent), n_heads)
@@ -174,7 +177,7 @@ def _heads(d_model: int, config: dict[str, Any] | None, n_heads: int | None, sou
 
 
 def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | None = None,
-              n_heads: int | None = None) -> PretrainedWeights:
+              n_heads: int | None = None) -> OutsideNetwork:
     """A timm ViT state dict in trident's terms; its geometry is read off the tensors' shapes, its head
     count from timm's ``config`` (``config.json``), else ``n_heads``, else 64-channel heads (noted)."""
     require_source("pos_embed" in state and "patch_embed.proj.weight" in state, source,
@@ -190,10 +193,13 @@ def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | No
                    "attention of another width than the model (attn_head_dim)")
     layer_scale = "blocks.0.ls1.gamma" in state
     heads, notes = _heads(int(d_model), config, n_heads, source)
-    return PretrainedWeights(
+    properties = {READOUT: "cls", IMAGE_SIZE: side * int(patch_size), PATCH_SIZE: int(patch_size), CHANNELS: int(in_channels)}
+    if "head.weight" in state:
+        properties[CLASSES] = int(state["head.weight"].shape[0])
+    return OutsideNetwork(
         source=source,
         format=FORMAT,
-        task="vit",
+        network=NETWORK,
         model={
             "d_model": int(d_model),
             "n_heads": heads,
@@ -209,11 +215,9 @@ def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | No
             "layer_scale_init": 1e-5 if layer_scale else None,
         },
         pos_encoding="learned",
-        task_options={"pool": "cls"},
-        data_options={"image_size": side * int(patch_size), "patch_size": int(patch_size), "in_channels": int(in_channels)},
+        properties=properties,
         state_dict=converted,
         tokenizer=None,
-        num_classes=int(state["head.weight"].shape[0]) if "head.weight" in state else None,
         notes=notes,
     )
 

@@ -1,0 +1,21 @@
+"""What an outside family's files say of a network beyond its backbone settings, in the words of networks: the
+weights room's adapters state these (trident.weights.adapters.outside_network.OutsideNetwork.properties), and the
+task that holds such a network maps each onto its own setting or its data's (``TridentTask.FROM_NETWORK``), as a
+checkpoint of that task states its settings itself. A task that has no setting for a property ignores it.
+
+The geometry of a network's tables and kernels keeps the network's own word (``max_seq_len``, ``image_size``,
+``patch_size``: TransformerConfig's and VisionTransformer's), as Hugging Face's configs call them too.
+"""
+
+from __future__ import annotations
+
+TIED_HEAD = "tied_head"  # bool: the output layer is the token embedding's matrix
+SCALED_EMBEDDING = "scaled_embedding"  # bool: token embeddings are multiplied by sqrt(d_model)
+MAX_SEQ_LEN = "max_seq_len"  # int: the positions it was built (a bounded table) or trained (rope) for
+READOUT = "readout"  # str: what its classifier reads, as VisionTransformer's pool says it ("cls": the class token)
+IMAGE_SIZE = "image_size"  # int: the image side its position grid was built for (grid side x patch side)
+PATCH_SIZE = "patch_size"  # int: the side of its patch embedding's kernel
+CHANNELS = "channels"  # int: the image channels its patch embedding reads
+PIXEL_MEAN = "pixel_mean"  # list[float]: per channel, the pixel statistics the network was trained with
+PIXEL_STD = "pixel_std"
+CLASSES = "classes"  # int: the rows of its classification head, where it has one
