@@ -30,6 +30,8 @@ GENERIC = {
                    "position, whatever the task",
     "source": "what a source of weights was read from (PretrainedWeights.source), not data.source",
     "tokenizer": "the tokenizer a source of weights comes with (PretrainedWeights.tokenizer), not data.tokenizer",
+    "max_length": "a tokenizer's own truncation and padding length (tokenizers' truncation/padding, transformers' "
+                  "tokenizer_config.json key), not data.max_length",
     "seed": "no setting of the weights room is called so; a run's seed is no task's or data's own",
     "vocab_size": "the rows of a network's token embedding (CausalLM's and MaskedLM's own argument and attribute, and "
                   "the key Hugging Face's config.json gives them), whatever the task; data.vocab_size is the size a "

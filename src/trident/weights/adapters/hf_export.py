@@ -21,7 +21,6 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from trident.extras import require_package
-from trident.models import CausalLM
 from trident.weights.adapters.hf_writing import write_model, write_tokenizer
 from trident.weights.adapters.registry import adapter_for_network
 
@@ -107,7 +106,9 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     architecture, settings, state = adapter.from_trident(net)
     run = run_settings(net, tokenizer, class_names, tokenizer_settings)
     directory.mkdir(parents=True, exist_ok=True)
-    write_model(directory, adapter.MODEL_TYPE, architecture, settings, run, state, isinstance(net, CausalLM))
+    # transformers writes generation_config.json for the classes that generate (its GenerationMixin): the causal LM heads.
+    generates = architecture.endswith(("ForCausalLM", "LMHeadModel"))
+    write_model(directory, adapter.MODEL_TYPE, architecture, settings, run, state, generates)
     if tokenizer is not None:
         # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every
         # generate call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises
