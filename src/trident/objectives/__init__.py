@@ -10,16 +10,17 @@ from typing import Any
 
 from trident.errors import ConfigError, choose
 from trident.objectives.base import TRAIN, Loss, Objective, Outputs, OutputSource
+from trident.objectives.kto import KahnemanTversky
 from trident.objectives.labels import ClassLabel
 from trident.objectives.preference import DirectPreference, OddsRatioPreference
 from trident.objectives.tokens import MaskedTokens, NextToken, TargetSequence
 
-__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "DirectPreference", "Loss", "MaskedTokens", "NextToken", "Objective",
+__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "DirectPreference", "KahnemanTversky", "Loss", "MaskedTokens", "NextToken", "Objective",
            "OddsRatioPreference", "OutputSource", "Outputs", "TargetSequence", "build_objective", "objective_name"]
 
 #: Every objective by its ``objective=`` name.
 OBJECTIVES: dict[str, type[Objective]] = {objective.NAME: objective for objective in (
-    NextToken, MaskedTokens, TargetSequence, ClassLabel, DirectPreference, OddsRatioPreference,
+    NextToken, MaskedTokens, TargetSequence, ClassLabel, DirectPreference, OddsRatioPreference, KahnemanTversky,
 )}
 
 
