@@ -29,14 +29,16 @@ from trident.weights.transfer import TransferRow, transfer_weights
 ARTIFACT_FILES: dict[str, ArtifactFiles] = {LoRA.NAME: AdapterFiles()}
 
 
-def name_initial_copies(task: type[TridentTask], cfg: DictConfig, run_dir: Path) -> None:
+def name_initial_copies(task: type[TridentTask], cfg: DictConfig) -> None:
     """Each companion of ``task`` that copies a trained network's initial weights (:meth:`TridentTask.initial_copies`)
     is read from ``<run>/init/<key>.safetensors``, unless the config names its source: written by the new run
-    (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints."""
+    (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints.
+    Recorded relative to the run (``init/<key>.safetensors``, found beside the run or the checkpoint read:
+    trident.tasks.networks.companions_beside), so that a run moved or copied elsewhere reads its own copy."""
     for key in task.initial_copies(cfg):
         if cfg.task.get(key) is None:
             with open_dict(cfg):
-                cfg.task[key] = str(run_dir / COPY_DIR / f"{key}.safetensors")
+                cfg.task[key] = f"{COPY_DIR}/{key}.safetensors"
 
 
 def prepare_networks(task: TridentTask, cfg: DictConfig, source: PretrainedWeights | None,
