@@ -106,8 +106,8 @@ def test_a_full_fine_tuning_dpo_run_stopped_and_resumed_equals_the_uninterrupted
     torch.testing.assert_close(last[1], last[0], rtol=0, atol=1e-6)
     assert not any(key.startswith("reference") or ".reference" in key for key in last[0]), "the policy's weights alone"
     assert (stopped / "init" / "reference.safetensors").is_file()
-    # Moved again and loaded (trident.load, as eval.py, init_from=<this run> or trident-export read it): the reference
-    # is the moved run's copy of the initial weights, recorded relative to the run.
+    # Moved again and loaded (trident.load, as init_from=<this run> or trident-export read it; and eval.py): the
+    # reference is the moved run's copy of the initial weights, recorded relative to the run.
     moved = tmp_path / "elsewhere" / "run"
     moved.parent.mkdir()
     stopped.rename(moved)
@@ -115,3 +115,6 @@ def test_a_full_fine_tuning_dpo_run_stopped_and_resumed_equals_the_uninterrupted
     initial = load_file(str(moved / "init" / "reference.safetensors"))
     torch.testing.assert_close(loaded.companions["reference"].state_dict(), initial, rtol=0, atol=0)
     assert OmegaConf.load(moved / "config_resolved.yaml").task.reference == "init/reference.safetensors"
+    from trident.commands.evaluate import evaluate
+
+    assert "test/rewards/accuracies" in evaluate([f"ckpt_path={moved}", "trainer.limit_test_batches=1"])  # eval.py too
