@@ -247,3 +247,14 @@ def test_the_unpaired_rows_are_read_from_every_file_kind(tmp_path: Path, llama: 
     for name, array in data.pairs["train"].arrays.items():
         assert array.tolist() == jsonl.pairs["train"].arrays[name].tolist(), name
     assert data.pairs["train"].arrays["labels"].tolist() == [bool(i % 2) for i in range(6)]
+
+
+def test_dpo_precomputing_its_reference_on_unpaired_rows_names_kto(tmp_path: Path, llama: Path) -> None:
+    """precompute_ref=true reads every split's pairs when training starts: unpaired rows are refused there, in one line."""
+    from types import SimpleNamespace
+
+    data = preference_data(tmp_path, llama, UNPAIRED)
+    task = trident_task(llama, {"name": "dpo", "precompute_ref": True})
+    task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None)  # what start() reads of the trainer
+    with pytest.raises(ConfigError, match="objective=dpo trains on pairs .* unpaired rows .*: train them with objective=kto"):
+        task.objective.start(task)
