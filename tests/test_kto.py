@@ -258,3 +258,14 @@ def test_dpo_precomputing_its_reference_on_unpaired_rows_names_kto(tmp_path: Pat
     task._trainer = SimpleNamespace(datamodule=data, ckpt_path=None)  # what start() reads of the trainer
     with pytest.raises(ConfigError, match="objective=dpo trains on pairs .* unpaired rows .*: train them with objective=kto"):
         task.objective.start(task)
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_kto_trains_without_dropout_by_default_as_trl(llama: Path, disable: bool) -> None:
+    """KTOConfig.disable_dropout (True): the policy's dropout (LoRA's here) off when training starts, as the reference
+    is scored; task.objective.disable_dropout=false keeps it."""
+    task = trident_task(llama, {"name": "kto", "disable_dropout": disable},
+                        lora={"targets": ["q", "v"], "rank": 2, "alpha": 4.0, "dropout": 0.05})
+    task.objective.start(task)
+    rates = {m.p for m in task.net.modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates == ({0.0} if disable else {0.0, 0.05})

@@ -66,6 +66,8 @@ class Objective(nn.Module, ABC):
 
     #: The ``objective=`` option (its yaml's ``name``).
     NAME: ClassVar[str]
+    #: The parts of its loss (:attr:`Loss.parts`) a task logs per split beside the loss (``val/<part>``).
+    PARTS: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
         """The loss of ``batch`` (``stage``: train, val or test) and the outputs it was computed on, which the task

@@ -28,7 +28,7 @@ from trident.data.preference import PreferenceBatch, UnpairedBatch
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError
 from trident.objectives.base import Loss, Objective, Outputs, OutputSource
-from trident.objectives.preference import KTO, answer_logps, reference_policy_logps
+from trident.objectives.preference import KTO, answer_logps, disable_dropout, reference_policy_logps
 from trident.training.token_loss import data_parallel_group
 
 LOSS_TYPES = ("kto", "apo_zero_unpaired")
@@ -69,9 +69,10 @@ class KahnemanTversky(Objective):
     """KTO on desirable and undesirable answers; ``beta`` scales the implied reward."""
 
     NAME = KTO
+    PARTS = METRICS
 
     def __init__(self, beta: float = 0.1, loss_type: str = "kto", desirable_weight: float = 1.0,
-                 undesirable_weight: float = 1.0) -> None:
+                 undesirable_weight: float = 1.0, disable_dropout: bool = True) -> None:
         super().__init__()
         if loss_type not in LOSS_TYPES:
             raise ConfigError(f"task.objective.loss_type={loss_type!r} is not a KTO loss: choose one of {', '.join(LOSS_TYPES)}")
@@ -82,6 +83,12 @@ class KahnemanTversky(Objective):
                 raise ConfigError(f"task.objective.{name}={weight} must be positive (TRL's default is 1.0)")
         self.beta, self.loss_type = float(beta), loss_type
         self.desirable_weight, self.undesirable_weight = float(desirable_weight), float(undesirable_weight)
+        self.disable_dropout = bool(disable_dropout)
+
+    def start(self, task: Any) -> None:
+        """With ``disable_dropout`` (TRL's default) the policy trains without dropout, as the reference is scored."""
+        if self.disable_dropout:
+            disable_dropout(task.net)
 
     def copies_initial(self, switchable: bool) -> bool:
         """The reference policy is a frozen copy of the initial weights unless the converters switch off."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from trident.data.preference import Examples, PreferenceBatch, UnpairedBatch
 from trident.data.special_tokens import IGNORE_INDEX
@@ -46,6 +46,15 @@ class PreferenceOutputs(Outputs):
 
     inputs: Tensor  # (2B, T)
     reference: Tensor  # (2B,), or (0,) for an objective without a reference policy
+
+
+def disable_dropout(net: nn.Module) -> None:
+    """TRL's ``disable_dropout_in_model``: every ``nn.Dropout`` of the policy (the residual branches', LoRA's) at p=0,
+    so that it is scored as the reference policy is, without dropout (at the initial weights: the same
+    log-probabilities, a loss of log 2)."""
+    for module in net.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
 
 
 def answer_logps(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
