@@ -194,6 +194,7 @@ UNCHECKED = {
     ("## Post-norm versus pre-norm", "runs of about 2 s"): "test runs beside the sweep, in no jobs.csv",
     ("## The reference row", "(about 60 % of one pass)"): "a property of the corpus, not of a run",
     ("## Positional encodings", "d_model^-0.5"): "the exponent of a formula, not a result",
+    ("## Preference tuning", "SFT alone: 0.175"): "trident-harness on the SFT run, docs/results/dpo_beta/sft_harness.json",
 }
 
 

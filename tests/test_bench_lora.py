@@ -59,3 +59,29 @@ def test_rows_compute_the_share_of_full_bytes_against_the_target(
     assert checked[0].target == f"<= {target:.0%} of full's grad + optimizer-state bytes"
     assert checked[0].met == met
     assert "peak RSS 2 MiB" in checked[0].trident and "20,224 trainable (100.00%)" in checked[0].reference
+
+
+def test_a_lora_dpo_task_holds_one_copy_of_the_base_and_full_fine_tuning_two(single_thread: None) -> None:
+    """Issue 53: objective=dpo with LoRA takes the network with its adapters off as its reference, so the task's
+    tensors hold the base's bytes once (the adapters beside them); full fine-tuning DPO holds a frozen copy: twice."""
+    from trident.bench import preference
+
+    rows = preference.lora_dpo_rows(Settings(torch.device("cpu"), quick=True, warmup=0, repeats=1))
+    assert len(rows) == 1 and rows[0].group == "lora_dpo"
+    assert rows[0].result == "1.00 copies of the base" and rows[0].met == "yes"
+    assert ": 2.00x the base's" in rows[0].reference
+    task = preference.dpo_task("lora_qv", quick=True)
+    assert not task.companions
+    base = sum(p.numel() * 4 for p in preference.dpo_task("full", quick=True).net.parameters())  # tied: once
+    assert preference.held_bytes([task]) == base + preference.adapter_bytes(task)
+
+
+def test_the_lora_dpo_row_sees_a_second_copy_of_the_base(monkeypatch: pytest.MonkeyPatch, single_thread: None) -> None:
+    """Planted: LoRA that cannot be switched off makes DPO keep a frozen copy of the base as its reference; the row
+    counts it (2.00 copies) and misses its target."""
+    from trident.bench import preference
+    from trident.converters import LoRA
+
+    monkeypatch.setattr(LoRA, "SWITCHES_OFF", False)
+    rows = preference.lora_dpo_rows(Settings(torch.device("cpu"), quick=True, warmup=0, repeats=1))
+    assert rows[0].result == "2.00 copies of the base" and rows[0].met == "**no**"

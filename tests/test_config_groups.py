@@ -26,7 +26,7 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             # Preference pairs and the objective that trains on them go together, from trained weights.
             "data/preference": ["objective=dpo", "init_from=run"],
             "objective/dpo": ["data=preference", "init_from=run"],
-            "objective/orpo": ["data=preference"]}
+            "objective/orpo": ["data=preference"], "objective/kto": ["data=preference", "init_from=run"]}
 
 
 def all_options() -> list[tuple[str, str]]:

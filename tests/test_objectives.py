@@ -41,8 +41,8 @@ def test_the_objective_group_mirrors_the_registry_and_each_task_selects_its_defa
     (["objective=class_label"], ("objective=class_label does not fit task=lm, whose outputs it cannot train on: "
                                 "choose next_token")),
     (["task=translation", "objective=next_token"], "objective=next_token does not fit task=translation"),
-    (["task.objective.name=kto"], ("objective='kto' is not supported: choose one of next_token, masked_tokens, "
-                                  "target_sequence, class_label, dpo, orpo")),
+    (["task.objective.name=simpo"], ("objective='simpo' is not supported: choose one of next_token, masked_tokens, "
+                                    "target_sequence, class_label, dpo, orpo, kto")),
 ])
 def test_an_objective_that_does_not_fit_is_one_line_before_any_work(overrides: list[str], message: str,
                                                                     tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_train_py_refuses_an_objective_of_another_task_in_one_line(tmp_path: Pat
     result = run_in_process("train.py", ["objective=masked_tokens", "logger=none"], tmp_path, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.last_line == ("error: objective=masked_tokens does not fit task=lm, whose outputs it cannot train "
-                                "on: choose next_token or dpo or orpo")
+                                "on: choose next_token or dpo or orpo or kto")
 
 
 def test_an_objective_setting_it_does_not_take_is_one_line() -> None:

@@ -358,20 +358,23 @@ def test_train_py_refuses_dpo_without_init_from_in_one_line(tmp_path: Path, monk
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("single_thread")
-def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_path: Path, llama: Path,
+@pytest.mark.parametrize("objective", ["dpo", "kto"])
+def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_path: Path, llama: Path, objective: str,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """python train.py task=lm data=preference objective=dpo init_from=<Llama directory> finetune=lora: three steps
-    of conversational pairs; the rewards and log-probabilities logged per split under TRL's names."""
+    """python train.py task=lm data=preference objective=dpo (or kto: the pairs split into their answers)
+    init_from=<Llama directory> finetune=lora: three steps of conversational pairs; the rewards and
+    log-probabilities logged per split under TRL's names."""
     import csv
 
     from tests.entry_points import run_in_process
+    from trident.objectives import kto
 
     rows = [{"prompt": [{"role": "user", "content": f"Line {i}: the quick"}],
              "chosen": [{"role": "assistant", "content": "brown fox jumps"}],
              "rejected": [{"role": "assistant", "content": "lazy dog rests" + " then" * (i % 3)}]} for i in range(24)]
     files = write_jsonl(tmp_path / "pairs.jsonl", rows)
     result = run_in_process("train.py", [
-        "task=lm", "data=preference", "objective=dpo", f"init_from={llama}", "finetune=lora", "data.source=files",
+        "task=lm", "data=preference", f"objective={objective}", f"init_from={llama}", "finetune=lora", "data.source=files",
         f"data.files=[{files}]",
         "data.batch_size=4", "data.max_length=32", "trainer.max_steps=3", "trainer.val_check_interval=3",
         "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "logger=csv", "test=false", "print_config=false",
@@ -380,7 +383,8 @@ def test_a_lora_dpo_run_from_a_llama_directory_trains_and_logs_trls_metrics(tmp_
     with next((tmp_path / "run").rglob("metrics.csv")).open() as handle:
         logged = list(csv.DictReader(handle))
     names = {name for row in logged for name, value in row.items() if value}
-    assert {f"{split}/{metric}" for split in ("train", "val") for metric in METRICS} <= names
+    metrics = kto.METRICS if objective == "kto" else METRICS
+    assert {f"{split}/{metric}" for split in ("train", "val") for metric in metrics} <= names
     assert (tmp_path / "run" / "adapter").is_dir()
 
 

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+import trident
 from tests.conftest import compose_config
 from tests.sharding_helpers import one_rank_process_group
 from tests.test_preference import ROWS, llama, preference_data, trident_task, write_jsonl
@@ -92,7 +95,8 @@ def test_a_full_fine_tuning_dpo_run_stopped_and_resumed_equals_the_uninterrupted
               "logger=csv", "test=false", "print_config=false", "callbacks.throughput=null"]
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     train(compose_config([*common, "trainer.max_steps=4"], output_dir=whole))
-    train(compose_config([*common, "trainer.max_steps=2"], output_dir=stopped))
+    train(compose_config([*common, "trainer.max_steps=2"], output_dir=tmp_path / "first"))
+    (tmp_path / "first").rename(stopped)  # moved before the resume: the run reads its own copy, where it is now
     train(compose_config([*common, "trainer.max_steps=4", f"resume={stopped}"], output_dir=stopped))
     expected, resumed = _losses(whole), _losses(stopped)
     assert sorted(expected) == [0, 1, 2, 3]
@@ -102,3 +106,15 @@ def test_a_full_fine_tuning_dpo_run_stopped_and_resumed_equals_the_uninterrupted
     torch.testing.assert_close(last[1], last[0], rtol=0, atol=1e-6)
     assert not any(key.startswith("reference") or ".reference" in key for key in last[0]), "the policy's weights alone"
     assert (stopped / "init" / "reference.safetensors").is_file()
+    # Moved again and loaded (trident.load, as init_from=<this run> or trident-export read it; and eval.py): the
+    # reference is the moved run's copy of the initial weights, recorded relative to the run.
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    stopped.rename(moved)
+    loaded = trident.load(moved)
+    initial = load_file(str(moved / "init" / "reference.safetensors"))
+    torch.testing.assert_close(loaded.companions["reference"].state_dict(), initial, rtol=0, atol=0)
+    assert OmegaConf.load(moved / "config_resolved.yaml").task.reference == "init/reference.safetensors"
+    from trident.commands.evaluate import evaluate
+
+    assert "test/rewards/accuracies" in evaluate([f"ckpt_path={moved}", "trainer.limit_test_batches=1"])  # eval.py too

@@ -103,6 +103,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
     from trident.tasks.base import GENERATE
     from trident.tasks.frozen_base import reading
+    from trident.tasks.networks import companions_beside
     from trident.training.callbacks import ModelCosts
     from trident.weights.checkpoints import check_checkpoint_fits, read_checkpoint
     from trident.weights.sources import find_base
@@ -110,7 +111,8 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path", weights=False)  # fails on a damaged file before the data is prepared
     L.seed_everything(cfg.get("seed", 0), workers=True)
-    datamodule, task = build_data_and_task(cfg, backbone, "test")
+    with companions_beside(find_run_config(checkpoint).parent):  # a companion the run recorded relative to itself
+        datamodule, task = build_data_and_task(cfg, backbone, "test")
     check_checkpoint_fits(saved, task, checkpoint)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     # Testing needs no logger, checkpoints or training limits, only the measures of the test that the task's

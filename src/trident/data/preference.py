@@ -1,7 +1,9 @@
 """Preference data (``data=preference``): prompts with a chosen and a rejected answer (TRL's standard and
 conversational formats, :mod:`trident.data.preference_rows`) -> token ids of each answer after its prompt, cut to
 ``max_length`` keeping the answers -> batches of the chosen sequences then the rejected ones, whose targets are the
-answer tokens only (:class:`PreferenceBatch`), for ``task=lm objective=dpo``.
+answer tokens only (:class:`PreferenceBatch`), for ``task=lm objective=dpo``. Unpaired rows (TRL's unpaired
+format: ``prompt``, ``completion``, ``label``, for ``objective=kto``) -> batches of single answers with their labels
+(:class:`UnpairedBatch`).
 
 Truncation (:func:`~trident.data.preference_rows.fit_pair`): the prompt's start is cut (to ``max_prompt_length``,
 then further where the prompt and the longer answer exceed ``max_length``), an answer's end only where it alone
@@ -35,7 +37,16 @@ from trident.data.chat_template import (
     special_tokens_of,
 )
 from trident.data.lm import LMDataModule
-from trident.data.preference_rows import Row, encode_pair, fit_pair, pair_of, read_rows
+from trident.data.preference_rows import (
+    ANSWERS,
+    Row,
+    encode_answers,
+    encode_pair,
+    fit_answers,
+    fit_pair,
+    pair_of,
+    read_rows,
+)
 from trident.data.readers import SPLITS
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.data.tokenization import plain_encoder, tokenizer_for, tokenizer_key
@@ -46,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: the shipped set; each split's origin
+CACHE_VERSION = 3  # 2: the shipped set; each split's origin; 3: unpaired rows
 PREFERENCE_SOURCES = ("shakespeare", "files")
 
 
@@ -57,6 +68,27 @@ class PreferenceBatch(NamedTuple):
     inputs: Tensor  # (2B, T) prompt and answer tokens, padded on the right
     targets: Tensor  # (2B, T) the next token where it is an answer token, else IGNORE_INDEX
     reference: Tensor  # (2B,) the reference policy's log-probabilities of the answers, or (0,): not precomputed
+
+
+class UnpairedBatch(NamedTuple):
+    """N single answers (TRL's unpaired format, KTO's), each desirable or not."""
+
+    inputs: Tensor  # (N, T) prompt and answer tokens, padded on the right
+    targets: Tensor  # (N, T) the next token where it is an answer token, else IGNORE_INDEX
+    desirable: Tensor  # (N,) bool: the row's label
+
+
+def padded(sequences: list[np.ndarray], prompts: list[int]) -> tuple[Tensor, Tensor]:
+    """Sequences (prompt and answer) and their prompts' lengths -> inputs (N, T) padded on the right to the longest,
+    and targets (N, T): the next token where it is an answer token, else IGNORE_INDEX."""
+    longest = max(len(s) for s in sequences)
+    inputs = torch.zeros(len(sequences), longest, dtype=torch.long)
+    targets = torch.full((len(sequences), longest), IGNORE_INDEX, dtype=torch.long)
+    for row, (ids, prompt) in enumerate(zip(sequences, prompts, strict=True)):
+        inputs[row, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
+        # Position j predicts token j + 1: the answer's tokens are predicted from position prompt - 1 on.
+        targets[row, prompt - 1 : len(ids) - 1] = inputs[row, prompt : len(ids)]
+    return inputs, targets
 
 
 class Pairs(Dataset[tuple[int, ...]]):
@@ -82,17 +114,31 @@ class Pairs(Dataset[tuple[int, ...]]):
         indices = [index for (index,) in items]
         sequences = [self.sequence(field, i) for field in ("chosen", "rejected") for i in indices]
         prompts = [int(self.arrays["prompt_lengths"][i]) for i in indices] * 2
-        longest = max(len(s) for s in sequences)
-        inputs = torch.zeros(len(sequences), longest, dtype=torch.long)
-        targets = torch.full((len(sequences), longest), IGNORE_INDEX, dtype=torch.long)
-        for row, (ids, prompt) in enumerate(zip(sequences, prompts, strict=True)):
-            inputs[row, : len(ids)] = torch.from_numpy(ids.astype(np.int64))
-            # Position j predicts token j + 1: the answer's tokens are predicted from position prompt - 1 on.
-            targets[row, prompt - 1 : len(ids) - 1] = inputs[row, prompt : len(ids)]
+        inputs, targets = padded(sequences, prompts)
         reference = torch.zeros(0)
         if self.reference is not None:
             reference = torch.cat([self.reference[indices, 0], self.reference[indices, 1]])
         return PreferenceBatch(inputs, targets, reference)
+
+    def answer_tokens(self) -> int:
+        return int(sum(len(self.arrays[f"{f}_ids"]) for f in ANSWERS) - 2 * self.arrays["prompt_lengths"].sum())
+
+
+class Examples(Pairs):
+    """A split's unpaired answers: each sequence (prompt and answer), its prompt's length and its label."""
+
+    def __len__(self) -> int:
+        return len(self.arrays["labels"])
+
+    def collate(self, items: list[tuple[int, ...]]) -> UnpairedBatch:  # type: ignore[override]
+        """Answers -> :class:`UnpairedBatch` padded to its longest sequence, in the loader's order."""
+        indices = [index for (index,) in items]
+        inputs, targets = padded([self.sequence("completion", i) for i in indices],
+                                 [int(self.arrays["prompt_lengths"][i]) for i in indices])
+        return UnpairedBatch(inputs, targets, torch.from_numpy(self.arrays["labels"][indices].astype(bool)))
+
+    def answer_tokens(self) -> int:
+        return int(len(self.arrays["completion_ids"]) - self.arrays["prompt_lengths"].sum())
 
 
 def shakespeare_pairs(conversations: list[list[Message]], seed: int = 0) -> list[Row]:
@@ -130,10 +176,11 @@ def flat(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 class PreferenceDataModule(LMDataModule):
     """``data=preference``: pairs of ``data.files`` (``data.source=files``) or the shipped set built from the plays
-    (``data.source=shakespeare``, :func:`shakespeare_pairs`) for ``objective=dpo`` or ``orpo``. Splits the files do
-    not give are cut from the train pairs in order by ``data.split``. With ``init_from``, the source's chat template
-    and special tokens are read from the run's record of it, staged as data=chat stages them (:meth:`stage_source`),
-    even where the source has no template: its eos ends the standard answers."""
+    (``data.source=shakespeare``, :func:`shakespeare_pairs`) for ``objective=dpo``, ``orpo`` or ``kto``; or unpaired
+    answers of ``data.files`` for ``objective=kto``. Splits the files do not give are cut from the train rows in order
+    by ``data.split``. With ``init_from``, the source's chat template and special tokens are read from the run's record
+    of it, staged as data=chat stages them (:meth:`stage_source`), even where the source has no template: its eos ends
+    the standard answers."""
 
     @classmethod
     def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
@@ -191,7 +238,7 @@ class PreferenceDataModule(LMDataModule):
                           tokenizer_key(tokenizer), vocab_size if tokenizer != "char" else 0, max_length,
                           max_prompt_length, self.split], sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "preference" / hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.pairs: dict[str, Pairs] = {}
+        self.pairs: dict[str, Pairs] = {}  # each split's pairs, or answers (Examples) of unpaired rows
 
     def _build_cache(self) -> None:
         given = read_rows(self.files) if self.source == "files" else {"train": shakespeare_pairs(shakespeare_conversations())}
@@ -206,9 +253,12 @@ class PreferenceDataModule(LMDataModule):
         parts = dict(zip(["train", *missing], np.split(np.arange(len(train)), bounds[:-1]), strict=True))
         rows = given | {name: [train[i] for i in members] for name, members in parts.items()}
 
-        def texts() -> Any:  # what a char or BPE tokenizer is trained on: the train pairs as they are encoded
+        unpaired = "completion" in train[0]
+        answers = ("completion",) if unpaired else ANSWERS
+
+        def texts() -> Any:  # what a char or BPE tokenizer is trained on: the train rows as they are encoded
             for pair in rows["train"]:
-                for field in ("chosen", "rejected"):
+                for field in answers:
                     yield (self.template.render(pair["prompt"] + pair[field]) if pair["conversational"]
                            else pair["prompt"] + pair[field])
 
@@ -216,15 +266,24 @@ class PreferenceDataModule(LMDataModule):
         encoder, eos = plain_encoder(tokenizer), self.special_tokens.get("eos_token")
         staging = fresh_staging(self.cache_path)
         staging.mkdir(parents=True)
-        meta: dict[str, Any] = {"pairs": {}, "cut": {}, "dropped": {}, "origin": {}}
+        meta: dict[str, Any] = {"pairs": {}, "cut": {}, "dropped": {}, "origin": {}, "unpaired": unpaired}
         for name in SPLITS:
             kept, cut = [], 0
             for pair in rows[name]:
-                prompt, chosen, rejected = encode_pair(encoder, self.template, pair, eos)
+                if unpaired:
+                    prompt, (completion,) = encode_answers(encoder, self.template, pair["prompt"], [pair["completion"]],
+                                                           pair["conversational"], eos)
+                else:
+                    prompt, chosen, rejected = encode_pair(encoder, self.template, pair, eos)
                 if not prompt:
                     raise DataError(f"{pair['where']}: the prompt encodes to no token, so nothing predicts the answers' "
                                     "first token: give the row a prompt")
-                fitted, was_cut = fit_pair(prompt, chosen, rejected, self.max_prompt_length, self.max_length)
+                if unpaired:  # one answer: never dropped
+                    prompt, (completion,), was_cut = fit_answers(prompt, [completion], self.max_prompt_length,
+                                                                 self.max_length)
+                    fitted: Any = (prompt, completion, pair["label"])
+                else:
+                    fitted, was_cut = fit_pair(prompt, chosen, rejected, self.max_prompt_length, self.max_length)
                 cut += was_cut and fitted is not None
                 if fitted is not None:
                     kept.append(fitted)
@@ -232,7 +291,10 @@ class PreferenceDataModule(LMDataModule):
                 raise DataError(f"the {name} split of data=preference has no pair ({len(rows[name])} given, after "
                                 f"truncation to data.max_length={self.max_length}): give more pairs or change data.split")
             arrays: dict[str, np.ndarray] = {"prompt_lengths": np.array([len(p) for p, _, _ in kept], dtype=np.int64)}
-            for field, index in (("chosen", 1), ("rejected", 2)):
+            if unpaired:
+                arrays["completion_ids"], arrays["completion_offsets"] = flat([p + c for p, c, _ in kept])
+                arrays["labels"] = np.array([label for _, _, label in kept], dtype=bool)
+            for field, index in () if unpaired else (("chosen", 1), ("rejected", 2)):
                 arrays[f"{field}_ids"], arrays[f"{field}_offsets"] = flat([pair[0] + pair[index] for pair in kept])
             np.savez(staging / f"{name}.npz", **arrays)
             meta["pairs"][name], meta["cut"][name], meta["dropped"][name] = len(kept), cut, len(rows[name]) - len(kept)
@@ -240,16 +302,19 @@ class PreferenceDataModule(LMDataModule):
         publish_cache(staging, self.cache_path, tokenizer, meta)
 
     def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
+        if meta["unpaired"] and self.batch_size < 2:
+            raise ConfigError("unpaired rows (objective=kto) need data.batch_size of 2 or more: KTO's KL reference point "
+                              "is estimated from the batch's answers paired with other rows' prompts (TRL refuses 1 too)")
         for name in SPLITS:
             with np.load(self.cache_path / f"{name}.npz") as arrays:
-                self.pairs[name] = Pairs({k: arrays[k] for k in arrays.files})
+                self.pairs[name] = (Examples if meta["unpaired"] else Pairs)({k: arrays[k] for k in arrays.files})
         cut, dropped = sum(meta["cut"].values()), sum(meta["dropped"].values())
         if cut or dropped:
             log.warning("data: %d pairs are longer than data.max_length=%d (or their prompt than data.max_prompt_length=%s) "
                         "tokens and lost their prompt's start (an answer its end only where it alone does not fit); %d "
                         "were dropped, their answers cut to the same tokens", cut, self.max_length,
                         self.max_prompt_length, dropped)
-        return {name: f"{meta['pairs'][name]:,} pairs" for name in SPLITS}
+        return {name: f"{meta['pairs'][name]:,} {'answers' if meta['unpaired'] else 'pairs'}" for name in SPLITS}
 
     def blocks(self, split: str) -> Dataset:
         return self.pairs[split]
@@ -267,5 +332,4 @@ class PreferenceDataModule(LMDataModule):
 
     def token_counts(self) -> dict[str, int]:
         """Answer tokens of each split (what the log-probabilities sum over)."""
-        return {name: int(sum(len(p.arrays[f"{f}_ids"]) for f in ("chosen", "rejected"))
-                          - 2 * p.arrays["prompt_lengths"].sum()) for name, p in self.pairs.items()}
+        return {name: pairs.answer_tokens() for name, pairs in self.pairs.items()}

@@ -21,6 +21,8 @@ from trident.data.readers import expand, files_by_split, is_saved_dataset, load_
 from trident.errors import DataError
 
 ANSWERS = ("chosen", "rejected")
+# The columns of TRL's unpaired preference format (KTO's): one answer, desirable (label true) or not.
+UNPAIRED = ("prompt", "completion", "label")
 # A row: its prompt and answers (texts, or lists of messages) and where it is, for error lines.
 Row = dict[str, Any]
 
@@ -43,13 +45,23 @@ def read_rows(files: Any) -> dict[str, list[Row]]:
             else:
                 tables.setdefault(split, []).append((loaded, str(path)))
     rows: dict[str, list[Row]] = {}
+    kinds: dict[bool, str] = {}  # whether a table is unpaired -> the first such table
     for split, parts in tables.items():
         for table, place in parts:
-            missing = [column for column in ANSWERS if column not in table.column_names]
+            unpaired = "completion" in table.column_names
+            kinds.setdefault(unpaired, place)
+            if len(kinds) > 1:
+                raise DataError(f"{kinds[True]} holds unpaired rows (prompt, completion, label) and {kinds[False]} pairs "
+                                "(prompt, chosen, rejected): give every file in one format")
+            wanted = UNPAIRED if unpaired else ANSWERS
+            missing = [column for column in wanted if column not in table.column_names]
             if missing:
                 raise DataError(f"{place} has no {missing[0]!r} column (its columns: {', '.join(table.column_names)}): "
-                                "give each row 'chosen' and 'rejected' answers (and a 'prompt', or let it be their common start)")
-            rows.setdefault(split, []).extend(pair_of(row, f"{place} row {i + 1}") for i, row in enumerate(table.to_list()))
+                                + ("give each row a 'prompt', a 'completion' and a boolean 'label' (true: desirable)"
+                                   if unpaired else "give each row 'chosen' and 'rejected' answers (and a 'prompt', or "
+                                   "let it be their common start)"))
+            read = example_of if unpaired else pair_of
+            rows.setdefault(split, []).extend(read(row, f"{place} row {i + 1}") for i, row in enumerate(table.to_list()))
     return rows
 
 
@@ -109,6 +121,30 @@ def pair_of(row: dict[str, Any], where: str) -> Row:
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "conversational": conversational, "where": where}
 
 
+def example_of(row: dict[str, Any], where: str) -> Row:
+    """One unpaired table row -> ``{"prompt", "completion", "label", "conversational", "where"}``, checked: a
+    prompt and a completion of one format, the completion not empty, the label a boolean."""
+    for field in UNPAIRED:
+        if row.get(field) is None:
+            raise DataError(f"{where} has no {field!r}: give each unpaired row a prompt, a completion and a label "
+                            "(true: desirable, false: undesirable), or drop the row")
+    label = row["label"]
+    if not isinstance(label, bool):
+        raise DataError(f"{where}: 'label' is {label!r}: give true (a desirable completion) or false (an undesirable one)")
+    conversational = isinstance(row["completion"], list)
+    values = {field: row[field] for field in ("prompt", "completion")}
+    for field, value in values.items():
+        if not isinstance(value, list if conversational else str):
+            raise DataError(f"{where}: {field!r} is {'not a list of messages' if conversational else 'not a text'} where "
+                            f"'completion' is {'a list of messages' if conversational else 'a text'}: give both in one format")
+    if conversational:
+        values = {field: _messages(value, where, field) for field, value in values.items()}
+    text = "".join(m["content"] for m in values["completion"]) if conversational else values["completion"]
+    if not text.strip():
+        raise DataError(f"{where}: the 'completion' is empty: write it, or drop the row")
+    return {**values, "label": label, "conversational": conversational, "where": where}
+
+
 def common_prefix_length(first: list[int], second: list[int]) -> int:
     length = 0
     for a, b in zip(first, second):
@@ -119,48 +155,67 @@ def common_prefix_length(first: list[int], second: list[int]) -> int:
 
 
 def encode_pair(encoder: Tokenizer, template: ChatTemplate | None, pair: Row, eos_token: str | None) -> tuple[list[int], ...]:
-    """A pair's token ids as TRL's ``DPOTrainer`` makes them -> (prompt, chosen answer, rejected answer).
+    """A pair's token ids as TRL's ``DPOTrainer`` makes them -> (prompt, chosen answer, rejected answer): see
+    :func:`encode_answers`."""
+    prompt, answers = encode_answers(encoder, template, pair["prompt"], [pair[field] for field in ANSWERS],
+                                     pair["conversational"], eos_token)
+    return prompt, *answers
+
+
+def encode_answers(encoder: Tokenizer, template: ChatTemplate | None, prompt: Any, answers: list[Any],
+                   conversational: bool, eos_token: str | None) -> tuple[list[int], list[list[int]]]:
+    """A prompt's and its answers' token ids as TRL's ``DPOTrainer`` and ``KTOTrainer`` make them -> (prompt,
+    [each answer]).
 
     Conversational: the prompt rendered with the generation prompt, and the prompt followed by each answer, through
     the chat template (no special tokens added: the template writes them). Standard: the texts as they are, each
     answer ending in the tokenizer's ``eos_token`` when it has one, encoded with its special tokens (as a Hugging
-    Face tokenizer's call). The prompt is the tokens the prompt alone and both whole sequences start with (a token
+    Face tokenizer's call). The prompt is the tokens the prompt alone and every whole sequence start with (a token
     merged across the joint belongs to the answers); ``encoder`` is a :func:`~trident.data.tokenization.plain_encoder`.
     """
-    if pair["conversational"]:
+    if conversational:
         assert template is not None, "a conversation's data has a chat template (PreferenceDataModule checks it)"
 
         def ids(messages: list[Message], asking: bool = False) -> list[int]:
             text = template.render(messages, add_generation_prompt=asking)
             return list(encoder.encode(text, add_special_tokens=False).ids)
 
-        prompt = ids(pair["prompt"], asking=True)
-        wholes = [ids(pair["prompt"] + pair[field]) for field in ANSWERS]
+        prompt_ids = ids(prompt, asking=True)
+        wholes = [ids(prompt + answer) for answer in answers]
     else:
-        def answer(text: str) -> str:
+        def answer_text(text: str) -> str:
             return text if not eos_token or text.endswith(eos_token) else text + eos_token
 
-        prompt = list(encoder.encode(pair["prompt"]).ids)
-        wholes = [list(encoder.encode(pair["prompt"] + answer(pair[field])).ids) for field in ANSWERS]
-    length = min(common_prefix_length(prompt, whole) for whole in wholes)
-    return prompt[:length], wholes[0][length:], wholes[1][length:]
+        prompt_ids = list(encoder.encode(prompt).ids)
+        wholes = [list(encoder.encode(prompt + answer_text(answer)).ids) for answer in answers]
+    length = min(common_prefix_length(prompt_ids, whole) for whole in wholes)
+    return prompt_ids[:length], [whole[length:] for whole in wholes]
 
 
 def fit_pair(prompt: list[int], chosen: list[int], rejected: list[int], max_prompt_length: int | None,
              max_length: int) -> tuple[tuple[list[int], list[int], list[int]] | None, bool]:
-    """A pair cut to at most ``max_length`` tokens per sequence, keeping its answers -> (the pair or None where it
-    was dropped, whether it was cut). The prompt keeps its last ``max_prompt_length`` tokens (its start goes, the
-    turns or words farthest from the answer); where the prompt and the longer answer still exceed ``max_length`` the
-    prompt's start goes further, down to one token (which predicts the answer's first); an answer still too long
-    loses its end. A pair whose answers are cut to the same tokens is dropped (None)."""
-    cut = False
-    if max_prompt_length is not None and len(prompt) > max_prompt_length:
-        prompt, cut = prompt[len(prompt) - max_prompt_length :], True
-    longest = max(len(chosen), len(rejected))
-    if len(prompt) + longest > max_length:
-        keep = max(1, max_length - longest)
-        room = max_length - min(keep, len(prompt))
-        prompt, chosen, rejected, cut = prompt[len(prompt) - min(keep, len(prompt)) :], chosen[:room], rejected[:room], True
+    """A pair cut to at most ``max_length`` tokens per sequence, keeping its answers (:func:`fit_answers`) -> (the
+    pair or None where it was dropped, whether it was cut). A pair whose answers are cut to the same tokens is
+    dropped (None)."""
+    prompt, (chosen, rejected), cut = fit_answers(prompt, [chosen, rejected], max_prompt_length, max_length)
     if chosen == rejected:
         return None, cut
     return (prompt, chosen, rejected), cut
+
+
+def fit_answers(prompt: list[int], answers: list[list[int]], max_prompt_length: int | None,
+                max_length: int) -> tuple[list[int], list[list[int]], bool]:
+    """A prompt and its answers cut to at most ``max_length`` tokens per sequence, keeping the answers -> (the
+    prompt, the answers, whether any was cut). The prompt keeps its last ``max_prompt_length`` tokens (its start
+    goes, the turns or words farthest from the answer); where the prompt and the longest answer still exceed
+    ``max_length`` the prompt's start goes further, down to one token (which predicts the answer's first); an answer
+    still too long loses its end."""
+    cut = False
+    if max_prompt_length is not None and len(prompt) > max_prompt_length:
+        prompt, cut = prompt[len(prompt) - max_prompt_length :], True
+    longest = max(len(answer) for answer in answers)
+    if len(prompt) + longest > max_length:
+        keep = max(1, max_length - longest)
+        room = max_length - min(keep, len(prompt))
+        prompt, answers, cut = prompt[len(prompt) - min(keep, len(prompt)) :], [a[:room] for a in answers], True
+    return prompt, answers, cut

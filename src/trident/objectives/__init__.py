@@ -11,17 +11,18 @@ from typing import Any
 from trident.errors import ConfigError, choose
 from trident.objectives.base import TRAIN, Loss, Objective, Outputs, OutputSource
 from trident.objectives.contrastive import Contrastive, PairedFeatures
+from trident.objectives.kto import KahnemanTversky
 from trident.objectives.labels import ClassLabel
 from trident.objectives.preference import DirectPreference, OddsRatioPreference
 from trident.objectives.tokens import MaskedTokens, NextToken, TargetSequence
 
-__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "Contrastive", "DirectPreference", "Loss", "MaskedTokens", "NextToken",
-           "Objective", "OddsRatioPreference", "OutputSource", "Outputs", "PairedFeatures", "TargetSequence",
+__all__ = ["OBJECTIVES", "TRAIN", "ClassLabel", "Contrastive", "DirectPreference", "KahnemanTversky", "Loss", "MaskedTokens",
+           "NextToken", "Objective", "OddsRatioPreference", "OutputSource", "Outputs", "PairedFeatures", "TargetSequence",
            "build_objective", "objective_name"]
 
 #: Every objective by its ``objective=`` name.
 OBJECTIVES: dict[str, type[Objective]] = {objective.NAME: objective for objective in (
-    NextToken, MaskedTokens, TargetSequence, ClassLabel, DirectPreference, OddsRatioPreference, Contrastive,
+    NextToken, MaskedTokens, TargetSequence, ClassLabel, DirectPreference, OddsRatioPreference, KahnemanTversky, Contrastive,
 )}
 
 

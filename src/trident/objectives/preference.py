@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trident.data.preference import PreferenceBatch
+from trident.data.preference import Examples, PreferenceBatch, UnpairedBatch
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError
 from trident.objectives.base import Loss, Objective, Outputs, OutputSource
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 #: The name of the frozen companion that holds the reference policy in full fine-tuning.
 REFERENCE = "reference"
+#: KTO's objective= name (trident.objectives.kto), which checks here name before that module is imported.
+KTO = "kto"
 # TRL's names for what a step logs beside the loss (logged as <split>/<name>).
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
 
@@ -102,6 +104,8 @@ class DirectPreference(Objective):
         data = task.trainer.datamodule
         for split in ("train", "validation", "test"):
             pairs = data.pairs[split]
+            if isinstance(pairs, Examples):
+                raise not_pairs(self.NAME, unpaired=True)
             pairs.reference = None  # the policy's own, not an earlier pass's
             loader = data.split_loader(split, train=False)
             # In the precision the steps run in (bf16-mixed: autocast), as a reference scored with each batch is.
@@ -111,35 +115,14 @@ class DirectPreference(Objective):
             pairs.reference = torch.cat([f.view(2, -1).T for f in found]).cpu()  # (N, 2): chosen, rejected
 
     def reference_logps(self, source: Any, batch: PreferenceBatch, initial: bool = False) -> Tensor:
-        """The reference policy's answer log-probabilities (2B,): precomputed, the frozen copy's, the policy's with
-        its converters switched off, or (``initial``: before the first step) the policy's own; without dropout, as
-        TRL runs both policies."""
+        """The reference policy's answer log-probabilities (2B,): precomputed, or :func:`reference_policy_logps`."""
         if batch.reference.numel():
             return batch.reference
-        net = source.net
-        was_training = net.training
-        copied, off = source.companions.get(REFERENCE), source.switched_off()
-        with torch.no_grad():
-            try:
-                net.eval()
-                if copied is not None:
-                    logits = copied(batch.inputs)
-                elif off is not None:
-                    with off:
-                        logits = source.outputs((batch.inputs, batch.targets), "val").logits
-                elif initial:
-                    logits = source.outputs((batch.inputs, batch.targets), "val").logits
-                else:
-                    raise ConfigError("objective=dpo has no reference policy here (full fine-tuning without "
-                                      "task.reference, the frozen copy a run writes): evaluate a run's checkpoint with "
-                                      "its config, or train with task.objective.precompute_ref=true")
-            finally:
-                net.train(was_training)
-        return answer_logps(logits, batch.targets)[0]
+        return reference_policy_logps(source, batch.inputs, batch.targets, initial)
 
     def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
         if not isinstance(batch, PreferenceBatch):
-            raise ConfigError("objective=dpo trains on pairs of chosen and rejected answers: use data=preference")
+            raise not_pairs(self.NAME, isinstance(batch, UnpairedBatch))
         reference = self.reference_logps(source, batch)
         outputs = source.outputs((batch.inputs, batch.targets), stage)
         preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, reference)
@@ -173,6 +156,40 @@ class DirectPreference(Objective):
         return Loss(losses.sum(), pairs, parts)
 
 
+def not_pairs(name: str, unpaired: bool) -> ConfigError:
+    """The one line for a pairwise objective given other batches: unpaired answers (KTO's rows), or not preferences."""
+    if unpaired:
+        return ConfigError(f"objective={name} trains on pairs of chosen and rejected answers, and data.files holds "
+                           f"unpaired rows (prompt, completion, label): train them with objective={KTO}")
+    return ConfigError(f"objective={name} trains on pairs of chosen and rejected answers: use data=preference")
+
+
+def reference_policy_logps(source: Any, inputs: Tensor, targets: Tensor, initial: bool = False) -> Tensor:
+    """inputs, targets (N, T) -> the reference policy's answer log-probabilities (N,): the frozen copy's, the policy's
+    with its converters switched off, or (``initial``: before the first step) the policy's own; without dropout, as
+    TRL runs both policies."""
+    net = source.net
+    was_training = net.training
+    copied, off = source.companions.get(REFERENCE), source.switched_off()
+    with torch.no_grad():
+        try:
+            net.eval()
+            if copied is not None:
+                logits = copied(inputs)
+            elif off is not None:
+                with off:
+                    logits = source.outputs((inputs, targets), "val").logits
+            elif initial:
+                logits = source.outputs((inputs, targets), "val").logits
+            else:
+                raise ConfigError(f"objective={source.objective.NAME} has no reference policy here (full fine-tuning "
+                                  "without task.reference, the frozen copy a run writes): evaluate a run's checkpoint "
+                                  "with its config, or (objective=dpo) train with task.objective.precompute_ref=true")
+        finally:
+            net.train(was_training)
+    return answer_logps(logits, targets)[0]
+
+
 def log1mexp(x: Tensor) -> Tensor:
     """log(1 - exp(x)) for x < 0, without cancellation on either side of -ln 2 (TRL's ORPO computes it so)."""
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
@@ -200,7 +217,7 @@ class OddsRatioPreference(Objective):
 
     def forward(self, source: OutputSource, batch: Any, stage: str) -> tuple[Loss, Outputs]:
         if not isinstance(batch, PreferenceBatch):
-            raise ConfigError("objective=orpo trains on pairs of chosen and rejected answers: use data=preference")
+            raise not_pairs(self.NAME, isinstance(batch, UnpairedBatch))
         outputs = source.outputs((batch.inputs, batch.targets), stage)
         preference = PreferenceOutputs(outputs.logits, outputs.targets, batch.inputs, batch.reference)
         return self.reduce(preference, stage), preference
@@ -232,10 +249,10 @@ class OddsRatioPreference(Objective):
 
 
 def check_preference_run(cfg: DictConfig) -> None:
-    """``objective=dpo`` and ``data=preference`` go together, and DPO starts from trained weights (its reference
-    policy): one line each, before any work."""
+    """A preference objective and ``data=preference`` go together, and DPO and KTO start from trained weights (their
+    reference policy): one line each, before any work."""
     name = (cfg.task.get("objective") or {}).get("name")
-    dpo = name == DirectPreference.NAME
+    dpo = name in (DirectPreference.NAME, KTO)  # the objectives of a reference policy
     preference = cfg.data.get("name") == "preference"
     if name in PREFERENCE_OBJECTIVES and not preference:
         raise ConfigError(f"objective={name} trains on pairs of chosen and rejected answers, not data={cfg.data.name}: "
@@ -244,13 +261,13 @@ def check_preference_run(cfg: DictConfig) -> None:
         raise ConfigError("data=preference holds pairs of answers, which only a preference objective trains on: "
                           f"add objective={' or objective='.join(PREFERENCE_OBJECTIVES)}")
     if dpo and not cfg.get("init_from"):
-        raise ConfigError("objective=dpo starts from trained weights, its reference policy: give init_from=<an SFT run, a "
+        raise ConfigError(f"objective={name} starts from trained weights, its reference policy: give init_from=<an SFT run, a "
                           "LoRA run or a Hugging Face directory>")
     if dpo and cfg.get("finetune", {}).get("adapter"):
-        raise ConfigError("objective=dpo with finetune.adapter=<a LoRA run> would take the base without that adapter as its "
+        raise ConfigError(f"objective={name} with finetune.adapter=<a LoRA run> would take the base without that adapter as its "
                           "reference policy (the adapters switched off): give init_from=<that LoRA run> instead, whose "
                           "adapters are merged into the initial weights, and new adapters train on them")
 
 
 #: The objectives that train on data=preference.
-PREFERENCE_OBJECTIVES = (DirectPreference.NAME, OddsRatioPreference.NAME)
+PREFERENCE_OBJECTIVES = (DirectPreference.NAME, OddsRatioPreference.NAME, KTO)

@@ -34,16 +34,18 @@ def name_initial_copies(task: type[TridentTask], cfg: DictConfig, run_dir: Path,
     """Each companion of ``task`` that copies a trained network's initial weights (:meth:`TridentTask.initial_copies`)
     is read from ``<run>/init/<key>.safetensors``, unless the config names its source: written by the new run
     (trident.tasks.networks.save_initial_companions), read by a resume and by every load of the run's checkpoints.
+    Recorded relative to the run (``init/<key>.safetensors``, found beside the run or the checkpoint read:
+    trident.tasks.networks.companions_beside), so that a run moved or copied elsewhere reads its own copy.
     A new run that names another file is refused: the copy would overwrite it, and no other network can be read."""
     for key in task.initial_copies(cfg):
         mine, given = run_dir / COPY_DIR / f"{key}.safetensors", cfg.task.get(key)
-        if given is not None and not resumed and Path(str(given)).resolve() != mine.resolve():
+        if given is not None and not resumed and (run_dir / str(given)).resolve() != mine.resolve():
             raise ConfigError(f"task.{key}={given} is where a run keeps its copy of its initial weights ({mine} here), "
                               f"which a new run writes (over that file) and no other network can replace: drop "
                               f"task.{key}; for another initial network give init_from=<it>")
         if given is None:
             with open_dict(cfg):
-                cfg.task[key] = str(run_dir / COPY_DIR / f"{key}.safetensors")
+                cfg.task[key] = f"{COPY_DIR}/{key}.safetensors"
 
 
 def prepare_networks(task: TridentTask, cfg: DictConfig, source: PretrainedWeights | None,

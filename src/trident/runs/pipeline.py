@@ -38,7 +38,7 @@ from trident.runs.lr_find import check_tunable, check_tune_config, find_learning
 from trident.runs.resume import checkpoint_to_resume, run_identity
 from trident.runs.run_end import best_checkpoint, early_stop_record, finish_wandb, report_trainable
 from trident.tasks.base import TridentTask
-from trident.tasks.networks import converting_later, save_initial_companions
+from trident.tasks.networks import companions_beside, converting_later, save_initial_companions
 from trident.tracking.loggers import build_loggers, check_logger_config, record_summary
 from trident.tracking.steps import ValidationRowStep, count_validation_in_optimizer_steps
 from trident.tracking.wandb_artifacts import log_best_checkpoint
@@ -314,7 +314,8 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     L.seed_everything(cfg.seed, workers=True)
 
     name_initial_copies(configured_task_class(cfg), cfg, run_dir, bool(resume_from))  # e.g. DPO's reference policy in full fine-tuning
-    with converting_later():  # the lifecycle (trident.runs.lifecycle): the source's weights first, then the converters
+    # The lifecycle (trident.runs.lifecycle): the source's weights first, then the converters; run-relative companions.
+    with converting_later(), companions_beside(run_dir):
         datamodule, task = build_data_and_task(cfg, backbone, "fit")
     if source is not None and source.tokenizer is not None:  # the run decodes and exports as its source did
         task.tokenizer_settings = dict(source.tokenizer_settings)

@@ -22,7 +22,7 @@ from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
 from trident.objectives import Loss, Objective, build_objective, objective_name
 from trident.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
-from trident.tasks.networks import NetworkLifecycle, shard_networks, switched_off
+from trident.tasks.networks import NetworkLifecycle, companion_path, shard_networks, switched_off
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
@@ -255,7 +255,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         and moved like the trained networks. Its source belongs in the task's hyperparameters. ``initial_of``: the
         trained network whose initial weights it copies; a new run fills it from that network once ``init_from`` is
         loaded and writes it to ``source`` (a ``.safetensors`` file), which a resume or a load reads."""
-        self.companions[name], self.companion_sources[name] = network, source
+        self.companions[name], self.companion_sources[name] = network, companion_path(source)  # a run's: run-relative
         if initial_of is not None:
             self.companion_initial[name] = initial_of
 

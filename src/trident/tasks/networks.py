@@ -139,6 +139,31 @@ def switched_off(task: TaskNetworks) -> AbstractContextManager[None] | None:
     return _all_off(task) if can_switch_off(task.converters) else None
 
 
+# The folders a relative companion source is found in while a task is built: the run's directory (a run, its resume,
+# eval.py) or a checkpoint's folders (a load). A run records its copies run-relative, so a moved run reads its own.
+_beside: contextvars.ContextVar[tuple[Path, ...]] = contextvars.ContextVar("companions_beside", default=())
+
+
+@contextmanager
+def companions_beside(*folders: Path) -> Iterator[None]:
+    """Tasks built inside read (and a new run writes) a relative companion source in the first of ``folders``
+    that holds it, else in the first."""
+    token = _beside.set(tuple(folders))
+    try:
+        yield
+    finally:
+        _beside.reset(token)
+
+
+def companion_path(source: str) -> str:
+    """A companion's source as recorded -> where it is read and written: an absolute path as it is, a relative one
+    (``init/reference.safetensors``) in the folders of :func:`companions_beside` (none: the working directory's)."""
+    path, folders = Path(source), _beside.get()
+    if path.is_absolute() or not folders:
+        return source
+    return str(next((folder / path for folder in folders if (folder / path).exists()), folders[0] / path))
+
+
 def read_network_weights(source: str, what: str) -> dict[str, Tensor]:
     """The state dict of one network at ``source``: a ``.safetensors`` file, or a trident checkpoint's ``net``."""
     path = Path(source)

@@ -27,6 +27,7 @@ from trident.errors import ConfigError, DataError
 from trident.parallel.distributed_checkpoint import read_sharded_checkpoint, replace_checkpoint
 from trident.tasks.base import TridentTask
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
+from trident.tasks.networks import companions_beside
 from trident.weights.checkpoint_files import READ_ERRORS, checkpoint_of, read_checkpoint, unreadable_checkpoint
 
 __all__ = ["READ_ERRORS", "RETIRED_SETTINGS", "AtomicCheckpointIO", "check_checkpoint_fits", "checkpoint_of",
@@ -93,7 +94,9 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFin
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
-        with reading(path, find_base):  # a finetune=lora checkpoint's base is found (trident.tasks.frozen_base)
+        # A finetune=lora checkpoint's base is found (trident.tasks.frozen_base); a companion the run recorded
+        # relative to itself (DPO's reference), in the folders that hold the checkpoint, wherever the run is now.
+        with reading(path, find_base), companions_beside(*path.resolve().parents):
             task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
     except READ_ERRORS as err:
         raise unreadable_checkpoint(
