@@ -41,7 +41,7 @@ def test_every_group_has_options() -> None:
 # Data options belong to one task: compose them with it.
 TASK_OF_DATA = {"LMDataModule": "lm", "TranslationDataModule": "translation", "ImageDataModule": "vit",
                 "TextClassificationDataModule": "classify", "ChatDataModule": "lm",
-                "PreferenceDataModule": "lm"}
+                "PreferenceDataModule": "lm", "ImageTextDataModule": "clip"}
 
 
 @pytest.mark.parametrize(("group", "option"), all_options(), ids=lambda v: str(v))
