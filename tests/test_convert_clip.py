@@ -18,6 +18,7 @@ from trident.models.clip import CLIP
 from trident.tasks.network_builders import clip
 from trident.weights.adapters import hf_clip
 from trident.weights.adapters.hf_files import read_config, read_state_dict
+from trident.weights.adapters.outside_network import as_source
 from trident.weights.pretrained import PretrainedWeights
 
 from .convert_helpers import randomise
@@ -43,7 +44,7 @@ def _reference(tmp_path: Path, text: dict[str, Any] | None = None) -> tuple[Any,
 
 
 def _read(directory: Path) -> tuple[PretrainedWeights, CLIP]:
-    return _net(hf_clip.to_trident(read_config(directory), read_state_dict(directory), None, str(directory)))
+    return _net(as_source(hf_clip.to_trident(read_config(directory), read_state_dict(directory), None, str(directory))))
 
 
 def _net(weights: PretrainedWeights) -> tuple[PretrainedWeights, CLIP]:
@@ -140,7 +141,7 @@ def test_an_open_clip_model_reads_in_with_equal_features(tmp_path: Path) -> None
     (directory / open_clip_files.CONFIG).write_text(json.dumps({"model_cfg": OPEN_CLIP_CONFIG}))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / open_clip_files.WEIGHTS[0]))
     assert open_clip_files.recognises(directory)
-    weights, net = _net(open_clip_files.read(directory, str(directory), None))
+    weights, net = _net(as_source(open_clip_files.read(directory, str(directory), None)))
     images, ids = _inputs(None)
     with torch.no_grad():
         torch.testing.assert_close(net.encode_image(images), model.encode_image(images), rtol=0, atol=1e-5)

@@ -45,6 +45,9 @@ GENERIC = {
     "std": "the key timm's pretrained_cfg gives the per-channel pixel std a network was trained with (as mean)",
     "vit": "Hugging Face's model_type of a ViT and trident's model family of it (conf/architecture/vit.yaml): a format's "
            "and the backbone's word, which the task took its name from",
+    "clip": "Hugging Face's model_type of a CLIPModel (a format's word), which the task took its name from, as vit",
+    "embed_dim": "the key timm's model_args give a ViT's width and open_clip's model_cfg the projection width (a "
+                 "format's word; the task maps the property onto task.embed_dim)",
 }
 
 
@@ -153,3 +156,24 @@ def test_a_run_record_written_before_the_head_rows_were_renamed_still_reads(tmp_
     source = read_source_copy(tmp_path, weights=False)
     assert (source.task, source.task_options, source.data_options, source.classes) == ("vit", {"pool": "cls"},
                                                                                         {"patch_size": 4}, None)
+
+
+def test_each_outside_network_has_one_holder_whose_settings_its_properties_fix() -> None:
+    """``holder`` picks the first task whose OUTSIDE_NETWORK a network is: two would make the other unreachable. Each
+    FROM_NETWORK entry maps a property of trident.models.properties onto a setting the task or its data takes (a renamed
+    setting cannot leave a mapping that fixes nothing)."""
+    from trident.models import properties
+    from trident.weights.adapters.outside_network import holder
+
+    names = {value for key, value in vars(properties).items() if key.isupper()}
+    held = [task for task in TASKS.values() if task.OUTSIDE_NETWORK is not None]
+    assert len({task.OUTSIDE_NETWORK for task in held}) == len(held)
+    for task in held:
+        assert holder(task.OUTSIDE_NETWORK) is task
+        assert set(task.FROM_NETWORK) <= names, task.NAME
+        # data.max_seq_len: the pipeline reads it (conf/data/*.yaml), no data module takes it.
+        takes = {"task": _parameters(task, TridentTask),
+                 "data": _parameters(task.DATA_MODULE, TridentDataModule) | {"max_seq_len"}}
+        for target in task.FROM_NETWORK.values():
+            group, _, key = target.partition(".")
+            assert key in takes[group], (task.NAME, target)

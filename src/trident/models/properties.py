@@ -19,3 +19,9 @@ CHANNELS = "channels"  # int: the image channels its patch embedding reads
 PIXEL_MEAN = "pixel_mean"  # list[float]: per channel, the pixel statistics the network was trained with
 PIXEL_STD = "pixel_std"
 CLASSES = "classes"  # int: the rows of its classification head, where it has one
+# A two-tower network (CLIP): its backbone (OutsideNetwork.model) is the text tower.
+PROJECTION_DIM = "projection_dim"  # int: the width both towers project their pooled features to
+# dict | None: a tower's TransformerConfig fields that differ from the backbone's (None: it is the backbone).
+TEXT_TOWER = "text_tower"
+IMAGE_TOWER = "image_tower"
+END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)

@@ -14,6 +14,7 @@ from torch.export import Dim
 
 from trident.data.base import TridentDataModule
 from trident.data.image_text import ImageTextDataModule, caption_ids
+from trident.models import properties
 from trident.models.clip import CLIP, MAX_LOGIT_SCALE
 from trident.objectives import TRAIN
 from trident.objectives.contrastive import PairedFeatures, paired_features
@@ -48,6 +49,14 @@ def zero_shot_classifier(net: CLIP, prompts: Tensor) -> Tensor:
 
 class ContrastiveImageTextTask(TridentTask):
     NAME = "clip"
+    OUTSIDE_NETWORK = CLIP  # transformers' CLIPModel, open_clip's OpenAI layout
+    # The text tower's context is its captions' token length (data.max_length); the backbone is the text tower.
+    FROM_NETWORK: ClassVar[dict[str, str]] = {
+        properties.PROJECTION_DIM: "task.embed_dim", properties.TEXT_TOWER: "task.text",
+        properties.IMAGE_TOWER: "task.image", properties.END_OF_TEXT: "task.eos_id",
+        properties.IMAGE_SIZE: "data.image_size", properties.PATCH_SIZE: "data.patch_size",
+        properties.CHANNELS: "data.in_channels", properties.MAX_SEQ_LEN: "data.max_length",
+    }
     VALIDATION_METRICS = ("val/loss", "val/zero_shot_acc",
                           *(f"val/{way}_r{k}" for way in DIRECTIONS for k in RECALL_AT))
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageTextDataModule

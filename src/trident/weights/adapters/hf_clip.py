@@ -1,12 +1,12 @@
-"""CLIP (``CLIPModel``) <-> trident's ``CLIP`` (task=clip), both ways, and open_clip's OpenAI-layout models read in.
+"""CLIP (``CLIPModel``) <-> trident's ``CLIP`` (an image tower and a text tower), both ways.
 
 transformers' CLIP: a text tower (token and learned position embeddings, pre-norm causal layers, ``final_layer_norm``,
 pooled at the end-of-text token: the first ``eos_token_id``, or the largest id where ``eos_token_id`` is the legacy 2)
 and a vision tower (a bias-free patch convolution, a class embedding and learned positions, ``pre_layrnorm`` on the
 embeddings: trident's ``embedding_norm``, pre-norm layers, ``post_layernorm`` on the class token: trident's final norm,
 which is per token), each projected without bias, and ``logit_scale``. Its layers keep separate q/k/v projections,
-fused here into trident's ``qkv_proj``. The text tower's settings are the run's ``model`` group; the vision tower's
-are ``task.image`` (task=clip's tower settings).
+fused here into trident's ``qkv_proj``. The text tower's settings are the backbone's; the vision tower's are the
+image tower's (trident.models.properties), which the task that holds a ``CLIP`` maps onto its settings.
 """
 
 from __future__ import annotations
@@ -17,6 +17,16 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from trident.models.clip import CLIP
+from trident.models.properties import (
+    CHANNELS,
+    END_OF_TEXT,
+    IMAGE_SIZE,
+    IMAGE_TOWER,
+    MAX_SEQ_LEN,
+    PATCH_SIZE,
+    PROJECTION_DIM,
+    TEXT_TOWER,
+)
 from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
@@ -26,7 +36,7 @@ from trident.weights.adapters.common import (
     require_source,
     split_qkv,
 )
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.outside_network import OutsideNetwork
 
 FORMAT = "hf-clip"
 MODEL_TYPE = "clip"
@@ -94,9 +104,19 @@ def _tower_settings(config: dict[str, Any], source: str) -> dict[str, Any]:
     )
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> PretrainedWeights:
+def clip_properties(projection_dim: int, image_tower: dict[str, Any], end_of_text: int | None, image_size: int,
+                    patch_size: int, channels: int, context: int) -> dict[str, Any]:
+    """What a CLIP's files say of it beside its backbone (the text tower's settings): its projection width, the image
+    tower's settings (with its embedding norm: CLIP's ``pre_layrnorm`` / ``ln_pre``), the pooled token (None: each row's
+    largest id), the image geometry and the text's context (its position table's rows)."""
+    return {PROJECTION_DIM: projection_dim, TEXT_TOWER: None, IMAGE_TOWER: {**image_tower, "embedding_norm": True},
+            END_OF_TEXT: end_of_text, IMAGE_SIZE: image_size, PATCH_SIZE: patch_size, CHANNELS: channels,
+            MAX_SEQ_LEN: context}
+
+
+def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
     """``config.json`` (its ``text_config`` and ``vision_config``) and ``CLIPModel``'s state dict in trident's terms:
-    the text tower's settings as the ``model`` group, the vision tower's as ``task.image``."""
+    the text tower's settings as the backbone, the vision tower's as the image tower's."""
     text, vision = config["text_config"], config["vision_config"]
     require_source(int(vision.get("image_size", 224)) % int(vision.get("patch_size", 32)) == 0, source,
                    "a patch size that does not tile the image")
@@ -106,15 +126,13 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     for (hf, trident), tower in zip(_STACKS, (text, vision), strict=True):
         out |= _layers(state, hf, trident, int(tower["num_hidden_layers"]))
     eos = text.get("eos_token_id", LEGACY_EOS)
-    return PretrainedWeights(
-        source=source, format=FORMAT, task="clip", model=_tower_settings(text, source), pos_encoding="learned",
-        task_options={"embed_dim": int(config.get("projection_dim", 512)), "text": None,
-                      "image": {**_tower_settings(vision, source), "embedding_norm": True},
-                      "eos_id": None if eos == LEGACY_EOS else int(eos)},
-        data_options={"image_size": int(vision.get("image_size", 224)), "patch_size": int(vision.get("patch_size", 32)),
-                      "in_channels": int(vision.get("num_channels", 3)),
-                      "max_length": int(text.get("max_position_embeddings", 77))},
-        state_dict=out, tokenizer=tokenizer, vocab_size=int(text["vocab_size"]),
+    properties = clip_properties(int(config.get("projection_dim", 512)), _tower_settings(vision, source),
+                                 None if eos == LEGACY_EOS else int(eos), int(vision.get("image_size", 224)),
+                                 int(vision.get("patch_size", 32)), int(vision.get("num_channels", 3)),
+                                 int(text.get("max_position_embeddings", 77)))
+    return OutsideNetwork(
+        source=source, format=FORMAT, network=NETWORK, model=_tower_settings(text, source), pos_encoding="learned",
+        properties=properties, state_dict=out, tokenizer=tokenizer, vocab_size=int(text["vocab_size"]),
     )
 
 

@@ -1,5 +1,5 @@
 """open_clip's CLIP models of OpenAI's layout (``open_clip.model.CLIP``: ViT image tower, causal text transformer)
-read into trident's ``CLIP`` (task=clip): a directory as open_clip's hub files hold it, ``open_clip_config.json``
+read into trident's ``CLIP``: a directory as open_clip's hub files hold it, ``open_clip_config.json``
 (its ``model_cfg``: ``embed_dim``, ``vision_cfg``, ``text_cfg``, ``quick_gelu``) beside ``open_clip_model.safetensors``
 or ``open_clip_pytorch_model.bin``. Read only, without open_clip.
 
@@ -18,10 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trident.models.clip import CLIP
 from trident.weights.adapters.common import require_source
-from trident.weights.pretrained import PretrainedWeights
+from trident.weights.adapters.hf_clip import clip_properties
+from trident.weights.adapters.outside_network import OutsideNetwork
 
 FORMAT = "open-clip"
+NETWORK = CLIP
 CONFIG = "open_clip_config.json"
 WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 DESCRIPTION = f"an open_clip model directory ({CONFIG} beside {' or '.join(WEIGHTS)})"
@@ -79,9 +82,9 @@ def state_to_trident(state: dict[str, Tensor], vision_layers: int, text_layers: 
     return out | _blocks(state, "transformer.resblocks", "text.decoder.blocks", text_layers)
 
 
-def read(path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
-    """The model at ``path`` in trident's terms: the text tower's settings as the ``model`` group, the image tower's as
-    ``task.image`` (``n_heads`` is unused: open_clip's config records the heads)."""
+def read(path: Path, source: str, n_heads: int | None) -> OutsideNetwork:
+    """The model at ``path`` in trident's terms: the text tower's settings as the backbone, the image tower's as its
+    property (trident.models.properties; ``n_heads`` is unused: open_clip's config records the heads)."""
     config = json.loads((path / CONFIG).read_text()).get("model_cfg", {})
     vision, text = dict(config.get("vision_cfg", {})), dict(config.get("text_cfg", {}))
     for tower, settings, known in (("vision_cfg", vision, _VISION_KEYS), ("text_cfg", text, _TEXT_KEYS)):
@@ -96,11 +99,10 @@ def read(path: Path, source: str, n_heads: int | None) -> PretrainedWeights:
     model = _settings(int(text.get("width", 512)), int(text.get("heads", 8)), int(text.get("layers", 12)),
                       float(text.get("mlp_ratio", 4.0)), activation)
     state = state_to_trident(_weights(path), image["n_layers"], model["n_layers"])
-    return PretrainedWeights(
-        source=source, format=FORMAT, task="clip", model=model, pos_encoding="learned",
-        task_options={"embed_dim": int(config.get("embed_dim", 512)), "text": None,
-                      "image": {**image, "embedding_norm": True}, "eos_id": None},
-        data_options={"image_size": int(vision.get("image_size", 224)), "patch_size": int(vision.get("patch_size", 16)),
-                      "in_channels": 3, "max_length": int(text.get("context_length", 77))},
+    # OpenAI's layout pools the text at its largest id (its end-of-text token is the last of the vocabulary).
+    properties = clip_properties(int(config.get("embed_dim", 512)), image, None, int(vision.get("image_size", 224)),
+                                 int(vision.get("patch_size", 16)), 3, int(text.get("context_length", 77)))
+    return OutsideNetwork(
+        source=source, format=FORMAT, network=NETWORK, model=model, pos_encoding="learned", properties=properties,
         state_dict=state, tokenizer=None, vocab_size=int(text.get("vocab_size", 49408)),
     )
