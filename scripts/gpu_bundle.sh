@@ -30,7 +30,7 @@ PYTHON=${PYTHON:-python}
 # above), hydra's optuna and submitit launcher plugins (sweeps and SLURM only).
 ON_DEVICE=(
     torch torchvision lightning torchmetrics fsspec filelock safetensors timm tokenizers jinja2
-    huggingface-hub sacrebleu pillow rich numpy pandas matplotlib scipy
+    huggingface-hub sacrebleu pillow rich numpy pandas matplotlib scipy pyarrow
 )
 # Missing on the device, with the dependencies they need that it also lacks. submitit: the import
 # of trident.launch.requeue (its error classes), so every run needs it.

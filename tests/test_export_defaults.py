@@ -30,6 +30,8 @@ DATA_INPUTS: dict[str, dict[str, Any]] = {
     "classify": {"vocab_size": VOCAB, "class_names": ["a", "b", "c"], "majority_accuracy": {"validation": 0.5, "test": 0.5}},
     "vit": {"num_classes": 3, "image_size": 28, "in_channels": 1, "patch_size": 7, "class_names": ["a", "b", "c"],
             "mean": [0.5], "std": [0.5]},
+    "clip": {"vocab_size": VOCAB, "eos_id": VOCAB - 1, "image_size": 28, "in_channels": 1, "patch_size": 7,
+             "mean": [0.5], "std": [0.5]},
 }
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32"]
 
