@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
+from trident.data.image_text import ImageTextDataModule
 from trident.data.images import ImageDataModule
-from trident.errors import DataError
+from trident.errors import ConfigError, DataError
 from trident.runs.pipeline import build_data_and_task, check_config
 from trident.tasks.vit import ImageClassificationTask
 from trident.weights.init_from import read_init_source, settings_fixed_by, source_for_run
@@ -91,3 +92,12 @@ def test_evaluation_resizes_as_training_does(tmp_path: Path) -> None:
     reference = transforms.Compose([transforms.Resize(28, interpolation=transforms.InterpolationMode.BICUBIC),
                                     transforms.CenterCrop(28), transforms.ToTensor(), transforms.Normalize([0.5], [0.5])])
     torch.testing.assert_close(module.datasets["validation"][0][0], reference(row["image"].convert("L")))
+
+
+@pytest.mark.parametrize("module", [ImageDataModule, ImageTextDataModule])
+def test_image_data_modules_check_normalisation_alike(module: type[ImageDataModule | ImageTextDataModule]) -> None:
+    """Both image data modules take their image settings from one base: a mean or std not one value a channel is one
+    line naming the fix (data=image_text broadcast three means over grey images before), and the default is 0.5."""
+    with pytest.raises(ConfigError, match=r"data.mean and data.std need 1 values .* data.mean=\[0.5\] data.std=\[0.5\]"):
+        module(in_channels=1, mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    assert (module(in_channels=3).mean, module(in_channels=3).std) == ([0.5] * 3, [0.5] * 3)

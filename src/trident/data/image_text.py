@@ -32,9 +32,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from trident.data.base import TridentDataModule
 from trident.data.image_sources import load_image_source
-from trident.data.images import ImageDataset, NormalizedArrays, eval_transform
+from trident.data.images import ImageDataset, ImageSettingsDataModule, NormalizedArrays, eval_transform
 from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import END_OF_TEXT, UNK, read_tokenizer
 from trident.errors import ConfigError, DataError
@@ -145,7 +144,7 @@ def pair_table(source: str) -> Path:
     return path
 
 
-class ImageTextDataModule(TridentDataModule):
+class ImageTextDataModule(ImageSettingsDataModule):
     def __init__(
         self,
         source: str = "mnist_5k",
@@ -171,7 +170,8 @@ class ImageTextDataModule(TridentDataModule):
         persistent_workers: bool = True,
         seed: int = 0,
     ) -> None:
-        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        super().__init__(image_size, in_channels, patch_size, mean, std, num_workers=num_workers, pin_memory=pin_memory,
+                         persistent_workers=persistent_workers)
         self.source, self.data_dir = source, data_dir
         self.image_column, self.caption_column = image_column, caption_column
         self.class_names = list(class_names or [])
@@ -180,8 +180,6 @@ class ImageTextDataModule(TridentDataModule):
         if any("{}" not in template for template in self.templates):
             raise ConfigError(f"data.templates={self.templates}: each template needs a {{}} for the class name")
         self.tokenizer_choice, self.max_length = tokenizer, max_length
-        self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
-        self.mean, self.std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
         self.validation_size, self.test_size, self.split_seed = validation_size, test_size, split_seed
         self.batch_size, self.seed = batch_size, seed
         self.tokenizer: Tokenizer | None = None

@@ -106,7 +106,24 @@ def eval_transform(image_size: int, mean: list[float], std: list[float]) -> Tran
     ])
 
 
-class ImageDataModule(TridentDataModule):
+class ImageSettingsDataModule(TridentDataModule):
+    """A data module of images for a patch network: the images' size (square) and channels, the patch size the network
+    cuts them into, and their per-channel normalisation (0.5 each unless given, one value a channel), checked and
+    defaulted here for every image data module."""
+
+    def __init__(self, image_size: int, in_channels: int, patch_size: int, mean: list[float] | None,
+                 std: list[float] | None, num_workers: int, pin_memory: bool, persistent_workers: bool) -> None:
+        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
+        if len(mean) != in_channels or len(std) != in_channels:
+            example = ",".join(["0.5"] * in_channels)
+            raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}: "
+                              f"give one a channel, e.g. data.mean=[{example}] data.std=[{example}]")
+        self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
+        self.mean, self.std = mean, std
+
+
+class ImageDataModule(ImageSettingsDataModule):
     # Settings a source states that the run may change: the weights follow (a ViT's position table is resampled to
     # another image size, trident.weights.transfer), or the user chooses (the images' normalisation: a network fed
     # another scores less, docs/weights.md); the source's value is the default.
@@ -144,13 +161,9 @@ class ImageDataModule(TridentDataModule):
         augment: dict[str, Any] | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        super().__init__(image_size, in_channels, patch_size, mean, std, num_workers=num_workers, pin_memory=pin_memory,
+                         persistent_workers=persistent_workers)
         self.seed = seed  # the training order of epoch e is a function of (seed, e)
-        mean, std = list(mean or [0.5] * in_channels), list(std or [0.5] * in_channels)
-        if len(mean) != in_channels or len(std) != in_channels:
-            example = ",".join(["0.5"] * in_channels)
-            raise ConfigError(f"data.mean and data.std need {in_channels} values (data.in_channels), got {mean}, {std}: "
-                              f"give one a channel, e.g. data.mean=[{example}] data.std=[{example}]")
         self.source = source
         self.options = {
             "data_dir": data_dir, "hub_path": hub_path, "hub_config": hub_config, "image_column": image_column,
@@ -158,8 +171,6 @@ class ImageDataModule(TridentDataModule):
             "train_size": train_size, "split_seed": split_seed, "test_on_validation": test_on_validation,
             "image_size": image_size,
         }
-        self.image_size, self.in_channels, self.patch_size = image_size, in_channels, patch_size
-        self.mean, self.std = mean, std
         self.batch_size = batch_size
         self.augment = dict(augment or {})
         self.data: ImageSplits | None = None

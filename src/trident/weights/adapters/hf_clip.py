@@ -74,26 +74,20 @@ _CLASS = ("vision_model.embeddings.class_embedding", "image.cls_token")  # (D,) 
 _STACKS = (("text_model.encoder.layers", "text.decoder.blocks"), ("vision_model.encoder.layers", "image.encoder.blocks"))
 
 
-def _layers(state: dict[str, Tensor], hf: str, trident: str, n_layers: int) -> dict[str, Tensor]:
-    out = {}
-    for i in range(n_layers):
-        source, target = f"{hf}.{i}", f"{trident}.{i}"
-        out |= {f"{target}.{mine}": state[f"{source}.{theirs}"] for theirs, mine in _LAYER.items()}
-        for kind in ("weight", "bias"):
-            parts = (state[f"{source}.self_attn.{role}_proj.{kind}"] for role in "qkv")
-            out[f"{target}.self_attn.qkv_proj.{kind}"] = fuse_qkv(*parts)
-    return out
-
-
-def _layers_to_hf(own: dict[str, Tensor], trident: str, hf: str, n_layers: int) -> dict[str, Tensor]:
-    out = {}
-    for i in range(n_layers):
-        source, target = f"{trident}.{i}", f"{hf}.{i}"
-        out |= {f"{target}.{theirs}": own[f"{source}.{mine}"] for theirs, mine in _LAYER.items()}
-        for kind in ("weight", "bias"):
-            for role, part in zip("qkv", split_qkv(own[f"{source}.self_attn.qkv_proj.{kind}"]), strict=True):
-                out[f"{target}.self_attn.{role}_proj.{kind}"] = part.contiguous()
-    return out
+def _stack_names(n_layers: tuple[int, int]) -> tuple[dict[str, str], dict[str, tuple[str, str, str]]]:
+    """The names of both towers' layers (``n_layers``: the text tower's, the vision tower's), one map for both ways:
+    transformers' -> trident's of each parameter kept as it is, and trident's fused ``qkv_proj`` -> transformers' q, k
+    and v projections."""
+    plain: dict[str, str] = {}
+    fused: dict[str, tuple[str, str, str]] = {}
+    for (hf, trident), layers in zip(_STACKS, n_layers, strict=True):
+        for i in range(layers):
+            theirs, mine = f"{hf}.{i}", f"{trident}.{i}"
+            plain |= {f"{theirs}.{name}": f"{mine}.{own}" for name, own in _LAYER.items()}
+            for kind in ("weight", "bias"):
+                q, k, v = (f"{theirs}.self_attn.{role}_proj.{kind}" for role in "qkv")
+                fused[f"{mine}.self_attn.qkv_proj.{kind}"] = (q, k, v)
+    return plain, fused
 
 
 def _tower_settings(config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -120,11 +114,11 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     text, vision = config["text_config"], config["vision_config"]
     require_source(int(vision.get("image_size", 224)) % int(vision.get("patch_size", 32)) == 0, source,
                    "a patch size that does not tile the image")
-    out = {mine: state[theirs] for theirs, mine in (_TEXT | _VISION).items()}
+    plain, fused = _stack_names((int(text["num_hidden_layers"]), int(vision["num_hidden_layers"])))
+    out = {mine: state[theirs] for theirs, mine in (_TEXT | _VISION | plain).items()}
+    out |= {mine: fuse_qkv(*(state[name] for name in theirs)) for mine, theirs in fused.items()}
     out[_CLASS[1]] = state[_CLASS[0]][None, None]  # (D,) -> (1, 1, D)
     out[_SCALE] = state[_SCALE].reshape(1)
-    for (hf, trident), tower in zip(_STACKS, (text, vision), strict=True):
-        out |= _layers(state, hf, trident, int(tower["num_hidden_layers"]))
     eos = text.get("eos_token_id", LEGACY_EOS)
     properties = clip_properties(int(config.get("projection_dim", 512)), _tower_settings(vision, source),
                                  None if eos == LEGACY_EOS else int(eos), int(vision.get("image_size", 224)),
@@ -160,9 +154,10 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
                           "num_channels": in_channels},
     }
     own = net.state_dict()
-    state = {theirs: own[mine] for theirs, mine in (_TEXT | _VISION).items()}
+    plain, fused = _stack_names((text.n_layers, image.n_layers))
+    state = {theirs: own[mine] for theirs, mine in (_TEXT | _VISION | plain).items()}
+    for mine, theirs in fused.items():
+        state |= {name: part.contiguous() for name, part in zip(theirs, split_qkv(own[mine]), strict=True)}
     state[_CLASS[0]] = own[_CLASS[1]].reshape(-1)
     state[_SCALE] = own[_SCALE].reshape(())
-    for (hf, trident), cfg in zip(_STACKS, (text, image), strict=True):
-        state |= _layers_to_hf(own, trident, hf, cfg.n_layers)
     return "CLIPModel", config, state
