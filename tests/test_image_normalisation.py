@@ -97,7 +97,7 @@ def test_evaluation_resizes_as_training_does(tmp_path: Path) -> None:
 @pytest.mark.parametrize("module", [ImageDataModule, ImageTextDataModule])
 def test_image_data_modules_check_normalisation_alike(module: type[ImageDataModule | ImageTextDataModule]) -> None:
     """Both image data modules take their image settings from one base: a mean or std not one value a channel is one
-    line naming the fix (data=image_text broadcast three means over grey images before), and the default is 0.5."""
+    line naming the fix (data=image_text broadcast three means over packaged grey images before), and the default is 0.5."""
     with pytest.raises(ConfigError, match=r"data.mean and data.std need 1 values .* data.mean=\[0.5\] data.std=\[0.5\]"):
         module(in_channels=1, mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
     assert (module(in_channels=3).mean, module(in_channels=3).std) == ([0.5] * 3, [0.5] * 3)
