@@ -112,7 +112,7 @@ def lower_is_better(jobs: pd.DataFrame, metric: str) -> bool:
     monitor = jobs.monitor.iloc[0]
     if metric in (monitor, f"best/{monitor}"):
         return jobs.monitor_mode.iloc[0] == "min"
-    return bool(re.search("loss|ppl", metric))
+    return bool(re.search("loss|ppl|perplexity", metric))
 
 
 def holm_by_hand(p: list[float]) -> list[float]:
@@ -271,7 +271,8 @@ def table_metrics(table: Table) -> list[str]:
 SECTIONS = sections()
 # The sweeps the page ran with seeds until decided (MAX_SEEDS=8 or 6, or `python -m trident.report.adaptive`).
 ADAPTIVE = ["ablation_heads", "ablation_kv_heads_equal_compute", "ablation_width", "ablation_depth", "ablation_ffn", "ablation_dropout",
-            "ablation_label_smoothing", "ablation_pos_encoding", "ablation_pos_encoding_scaled", "ablation_norm",
+            "ablation_label_smoothing", "ablation_pos_encoding", "ablation_pos_encoding_scaled", "ablation_pos_encoding_harness",
+            "ablation_norm",
             "pretrain_pays_vision_adaptive"]
 TABLES = [table for section in SECTIONS for table in section_tables(section)]
 AXIS_TABLES = [table for table in TABLES if AXIS_HEADER.match(table.header)]
