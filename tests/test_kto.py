@@ -13,7 +13,16 @@ import pytest
 import torch
 
 from tests.convert_helpers import randomise
-from tests.test_preference import ROWS, ExactHead, llama, preference_data, read_state, trident_task, write_jsonl
+from tests.test_preference import (
+    ROWS,
+    ExactHead,
+    copy_adapters_into_peft,
+    llama,
+    preference_data,
+    read_state,
+    trident_task,
+    write_jsonl,
+)
 from trident.data.preference import PreferenceBatch, UnpairedBatch
 from trident.errors import ConfigError, DataError
 from trident.objectives.kto import METRICS, mismatched
@@ -156,14 +165,7 @@ def test_with_lora_the_loss_metrics_and_adapter_gradients_equal_trl_with_a_peft_
                              task_type="CAUSAL_LM")
     trainer = trl_kto(tmp_path, llama, model, None, UNPAIRED, beta=0.5, peft_config=config)
 
-    def peft_name(name: str) -> str:  # decoder.blocks.0.self_attn.qkv_proj.lora_A.q -> peft's parameter
-        _, _, block, _, _, matrix, part = name.split(".")
-        return f"base_model.model.model.layers.{block}.self_attn.{part}_proj.{matrix}.default.weight"
-
-    peft_params = dict(trainer.model.named_parameters())
-    with torch.no_grad():
-        for name, param in adapters.items():
-            peft_params[peft_name(name)].copy_(param)
+    peft_params = copy_adapters_into_peft(adapters, trainer.model)
     task.train()
     batch = data.pairs["train"].collate([(i,) for i in range(len(UNPAIRED))])
     loss, _ = task.objective(task, batch, "train")
@@ -172,7 +174,7 @@ def test_with_lora_the_loss_metrics_and_adapter_gradients_equal_trl_with_a_peft_
     torch.testing.assert_close(loss.summed / loss.count, trl_loss.to(torch.float64), atol=1e-5, rtol=1e-5)
     check_metrics(loss, trainer)
     for name, param in adapters.items():
-        torch.testing.assert_close(param.grad, peft_params[peft_name(name)].grad.to(torch.float64), atol=1e-5,
+        torch.testing.assert_close(param.grad, peft_params[name].grad.to(torch.float64), atol=1e-5,
                                    rtol=1e-5, msg=name)
 
 

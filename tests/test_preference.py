@@ -58,6 +58,20 @@ def preference_data(tmp_path: Path, llama: Path, rows: list[dict[str, Any]], **o
     return data
 
 
+def copy_adapters_into_peft(adapters: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """trident's LoRA factors (``decoder.blocks.0.self_attn.qkv_proj.lora_A.q``) into the peft model's parameters ->
+    the peft parameter of each trident name."""
+    def peft_name(name: str) -> str:
+        _, _, block, _, _, matrix, part = name.split(".")
+        return f"base_model.model.model.layers.{block}.self_attn.{part}_proj.{matrix}.default.weight"
+
+    peft_params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, param in adapters.items():
+            peft_params[peft_name(name)].copy_(param)
+    return {name: peft_params[peft_name(name)] for name in adapters}
+
+
 def trident_task(llama: Path, objective: dict[str, Any], lora: dict[str, Any] | None = None,
                  reference: Path | None = None) -> LanguageModelTask:
     """task=lm on the Llama directory's weights, in float64 (sums reordered by another library agree to 1e-12), built
@@ -187,14 +201,7 @@ def test_with_lora_the_loss_metrics_and_adapter_gradients_equal_trl_with_a_peft_
                              task_type="CAUSAL_LM")
     trainer = trl_trainer(tmp_path, llama, model, None, beta=0.5, loss_type=[loss_type], peft_config=config)
 
-    def peft_name(name: str) -> str:  # decoder.blocks.0.self_attn.qkv_proj.lora_A.q -> peft's parameter
-        _, _, block, _, _, matrix, part = name.split(".")
-        return f"base_model.model.model.layers.{block}.self_attn.{part}_proj.{matrix}.default.weight"
-
-    peft_params = dict(trainer.model.named_parameters())
-    with torch.no_grad():
-        for name, param in adapters.items():
-            peft_params[peft_name(name)].copy_(param)
+    peft_params = copy_adapters_into_peft(adapters, trainer.model)
     task.train()
     batch = data.pairs["train"].collate([(i,) for i in range(len(ROWS))])
     loss, _ = task.objective(task, batch, "train")
@@ -206,7 +213,7 @@ def test_with_lora_the_loss_metrics_and_adapter_gradients_equal_trl_with_a_peft_
     for metric in METRICS:
         assert float(loss.parts[metric][0]) == pytest.approx(trainer._metrics["train"][metric][-1], abs=1e-5), metric
     for name, param in adapters.items():
-        torch.testing.assert_close(param.grad, peft_params[peft_name(name)].grad.to(torch.float64), atol=1e-5,
+        torch.testing.assert_close(param.grad, peft_params[name].grad.to(torch.float64), atol=1e-5,
                                    rtol=1e-5, msg=name)
 
 
