@@ -177,3 +177,24 @@ def test_fsdp_gathers_the_weights_around_encode_image_and_encode_text(tmp_path: 
             sharded = (net.encode_image(images), net.encode_text(ids), *net.normalised(images, ids[:2]))
     for ours, theirs in zip(sharded, whole, strict=True):
         torch.testing.assert_close(ours, theirs)
+
+
+def test_the_temperature_scales_the_logits_by_at_most_100() -> None:
+    """CLIP clamps ``logit_scale`` at log(100) in the forward (and in place after each step): a learned scale of 1000
+    still scales the cosine similarities by 100; one below the clamp by itself."""
+    import math
+
+    from trident.backbone import TransformerConfig
+    from trident.tasks.network_builders import clip
+
+    torch.manual_seed(0)
+    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned")
+    net = clip(backbone, vocab_size=11, eos_id=10, embed_dim=4, text=None, image={"embedding_norm": True}, image_size=8,
+               patch_size=4, in_channels=1).eval()
+    images, ids = torch.randn(2, 1, 8, 8), torch.randint(0, 11, (3, 6))
+    with torch.no_grad():
+        image, text = net.normalised(images, ids)
+        cosines = image @ text.T  # (2, 3)
+        for scale, expected in ((1000.0, 100.0), (20.0, 20.0)):
+            net.logit_scale.fill_(math.log(scale))
+            torch.testing.assert_close(net(images, ids), expected * cosines)

@@ -224,3 +224,18 @@ def test_the_ema_of_the_weights_shares_the_companion_instead_of_copying_it(tmp_p
     assert ema._average_model is not None
     assert ema._average_model.module.companions["teacher"] is task.companions["teacher"]
     assert task.companions["teacher"] is not None and not task.companions["teacher"].training
+
+
+def test_a_relative_companion_is_read_from_the_first_folder_that_holds_it(tmp_path: Path) -> None:
+    """A run records its copy of the initial weights relative to itself (``init/reference.safetensors``): read beside
+    the run, or beside the checkpoint loaded from a run moved elsewhere; written in the first folder when none holds
+    it yet; an absolute source is read as it is."""
+    from trident.tasks.networks import companion_path, companions_beside
+
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    (moved / "init").mkdir(parents=True)
+    (moved / "init" / "reference.safetensors").write_bytes(b"")
+    with companions_beside(run, moved):
+        assert companion_path("init/reference.safetensors") == str(moved / "init" / "reference.safetensors")
+        assert companion_path("init/teacher.safetensors") == str(run / "init" / "teacher.safetensors")
+        assert companion_path(str(tmp_path / "elsewhere.safetensors")) == str(tmp_path / "elsewhere.safetensors")
