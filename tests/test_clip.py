@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -152,23 +153,29 @@ def test_train_py_trains_clip_and_the_loaded_network_gives_its_features(tmp_path
         assert task.net(images, ids).shape == (3, 2)
 
 
+def tiny_clip() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A CLIP of width 8 (random weights, eval mode), 2 grey 8x8 images and 3 texts of 6 tokens."""
+    from trident.backbone import TransformerConfig
+    from trident.tasks.network_builders import clip
+
+    torch.manual_seed(0)
+    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned")
+    net = clip(backbone, vocab_size=11, eos_id=10, embed_dim=4, text=None, image={"embedding_norm": True}, image_size=8,
+               patch_size=4, in_channels=1).eval()
+    return net, torch.randn(2, 1, 8, 8), torch.randint(0, 11, (3, 6))
+
+
 def test_fsdp_gathers_the_weights_around_encode_image_and_encode_text(tmp_path: Path) -> None:
     """FSDP2 gathers a root's weights around ``forward`` only: CLIP's other entry points (``encode_image``,
     ``encode_text``, ``normalised``: the task's loss and metrics run them) met the sharded patch projection as a
     DTensor. ``parallelize`` registers them, and sharded they give the unsharded features."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trident.backbone import TransformerConfig
     from trident.parallel.fsdp import DATA_PARALLEL, parallelize
-    from trident.tasks.network_builders import clip
 
     from .sharding_helpers import one_rank_process_group
 
-    torch.manual_seed(0)
-    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned")
-    net = clip(backbone, vocab_size=11, eos_id=10, embed_dim=4, text=None, image={"embedding_norm": True}, image_size=8,
-               patch_size=4, in_channels=1).eval()
-    images, ids = torch.randn(2, 1, 8, 8), torch.randint(0, 11, (3, 6))
+    net, images, ids = tiny_clip()
     with torch.no_grad():
         whole = (net.encode_image(images), net.encode_text(ids), *net.normalised(images, ids[:2]))
     with one_rank_process_group(tmp_path):
@@ -181,20 +188,18 @@ def test_fsdp_gathers_the_weights_around_encode_image_and_encode_text(tmp_path: 
 
 def test_the_temperature_scales_the_logits_by_at_most_100() -> None:
     """CLIP clamps ``logit_scale`` at log(100) in the forward (and in place after each step): a learned scale of 1000
-    still scales the cosine similarities by 100; one below the clamp by itself."""
+    still scales the cosine similarities by 100; one below the clamp by itself; the task clamps the parameter."""
     import math
 
-    from trident.backbone import TransformerConfig
-    from trident.tasks.network_builders import clip
-
-    torch.manual_seed(0)
-    backbone = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq_len=6, pos_encoding="learned")
-    net = clip(backbone, vocab_size=11, eos_id=10, embed_dim=4, text=None, image={"embedding_norm": True}, image_size=8,
-               patch_size=4, in_channels=1).eval()
-    images, ids = torch.randn(2, 1, 8, 8), torch.randint(0, 11, (3, 6))
+    net, images, ids = tiny_clip()
     with torch.no_grad():
         image, text = net.normalised(images, ids)
         cosines = image @ text.T  # (2, 3)
         for scale, expected in ((1000.0, 100.0), (20.0, 20.0)):
             net.logit_scale.fill_(math.log(scale))
             torch.testing.assert_close(net(images, ids), expected * cosines)
+    # After each training batch the task clamps the parameter itself into [0, log 100], as open_clip does.
+    for learned, kept in ((math.log(1000.0), math.log(100.0)), (-1.0, 0.0), (2.0, 2.0)):
+        net.logit_scale.data.fill_(learned)
+        ContrastiveImageTextTask.on_train_batch_end(SimpleNamespace(net=net), None, None, 0)
+        assert float(net.logit_scale) == pytest.approx(kept)

@@ -16,6 +16,7 @@ from tests.convert_helpers import randomise
 from tests.test_preference import (
     ROWS,
     ExactHead,
+    assert_gradients_equal,
     copy_adapters_into_peft,
     llama,
     preference_data,
@@ -26,7 +27,6 @@ from tests.test_preference import (
 from trident.data.preference import PreferenceBatch, UnpairedBatch
 from trident.errors import ConfigError, DataError
 from trident.objectives.kto import METRICS, mismatched
-from trident.weights.adapters.registry import adapter_for_network
 
 __all__ = ["llama"]  # the module fixture, shared with tests/test_preference.py
 
@@ -105,14 +105,7 @@ def test_the_loss_every_metric_and_the_gradient_equal_trls_kto_trainer(
     kto = settings.get("loss_type", "kto") == "kto"
     assert (float(loss.parts["kl"][0]) > 0) == kto, "a reference point above its clamp at 0 (apo: none)"
 
-    grads = copy.deepcopy(task.net)
-    for param, source in zip(grads.parameters(), task.net.parameters(), strict=True):
-        param.data = source.grad.detach().clone()
-    _, _, as_hf = adapter_for_network(grads).from_trident(grads)
-    hf_grads = {name: p.grad for name, p in trainer.model.named_parameters()}
-    assert hf_grads.keys() <= as_hf.keys() | {"lm_head.weight"}
-    for name, grad in hf_grads.items():
-        torch.testing.assert_close(as_hf[name].to(grad.dtype), grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert_gradients_equal(task, trainer.model)
 
 
 def test_a_batch_without_desirable_answers_trains_on_the_others_as_trl_does(

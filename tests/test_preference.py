@@ -162,11 +162,16 @@ def test_the_loss_every_metric_and_the_gradient_equal_trl(tmp_path: Path, llama:
     for name in METRICS:
         assert float(loss.parts[name][0]) == pytest.approx(trainer._metrics["train"][name][-1], abs=1e-5), name
 
+    assert_gradients_equal(task, trainer.model)
+
+
+def assert_gradients_equal(task: LanguageModelTask, model: torch.nn.Module) -> None:
+    """Each gradient of the Hugging Face ``model`` equals the task network's, written in that model's names (1e-5)."""
     grads = copy.deepcopy(task.net)
     for param, source in zip(grads.parameters(), task.net.parameters(), strict=True):
         param.data = source.grad.detach().clone()
     _, _, as_hf = adapter_for_network(grads).from_trident(grads)
-    hf_grads = {name: p.grad for name, p in trainer.model.named_parameters()}
+    hf_grads = {name: p.grad for name, p in model.named_parameters()}
     assert hf_grads.keys() <= as_hf.keys() | {"lm_head.weight"}
     for name, grad in hf_grads.items():
         torch.testing.assert_close(as_hf[name].to(grad.dtype), grad, atol=1e-5, rtol=1e-5, msg=name)
@@ -442,19 +447,27 @@ def joined(*batches: PreferenceBatch) -> PreferenceBatch:
     return PreferenceBatch(torch.cat(halves[:2]), torch.cat(halves[2:]), torch.zeros(0))
 
 
-def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch(tmp_path: Path) -> None:
-    """Micro-batches of 1 and 3 pairs, accumulated, step as one batch of the 4 pairs (a mean per micro-batch would
-    weigh the single pair 3 times); full fine-tuning's frozen reference copies the weights the task was built with."""
+def full_dpo_step_of_four_pairs(tmp_path: Path) -> tuple[Any, PreferenceBatch, PreferenceBatch, dict[str, Any]]:
+    """A full fine-tuning DPO task (SGD, lr 1) built as a run builds it (the frozen reference copies the initial
+    weights), batches of 1 and 3 pairs, and one step on the 4 pairs together (test_token_loss.one_step's record)."""
     from tests.test_token_loss import BACKBONE, VOCAB, SGDLanguageModel, one_step
 
     torch.manual_seed(0)
-    with converting_later():  # as a run builds it: the frozen reference then copies the initial weights
+    with converting_later():
         task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0},
                                 reference=str(tmp_path / "reference.safetensors"))
     load_companions(task, started=True)
     convert_networks(task)
     small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
-    expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
+    return task, small, large, one_step(copy.deepcopy(task), [joined(small, large)], 1)
+
+
+def test_an_accumulated_step_is_the_mean_over_the_pairs_of_its_global_batch(tmp_path: Path) -> None:
+    """Micro-batches of 1 and 3 pairs, accumulated, step as one batch of the 4 pairs (a mean per micro-batch would
+    weigh the single pair 3 times); full fine-tuning's frozen reference copies the weights the task was built with."""
+    from tests.test_token_loss import one_step
+
+    task, small, large, expected = full_dpo_step_of_four_pairs(tmp_path)
     accumulated = one_step(copy.deepcopy(task), [small, large], 2)
     assert accumulated["train/loss"] == pytest.approx(float(expected["train/loss"]), rel=1e-5)
     start = task.net.state_dict()
@@ -469,16 +482,9 @@ def test_two_ddp_ranks_of_1_and_3_pairs_step_like_one_process_on_the_4(tmp_path:
     import lightning as L
     from torch.utils.data import DataLoader
 
-    from tests.test_token_loss import BACKBONE, VOCAB, RankBatches, SGDLanguageModel, one_step
+    from tests.test_token_loss import RankBatches
 
-    torch.manual_seed(0)
-    with converting_later():  # as a run builds it: the frozen reference then copies the initial weights
-        task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, objective={"name": "dpo", "beta": 2.0},
-                                reference=str(tmp_path / "reference.safetensors"))
-    load_companions(task, started=True)
-    convert_networks(task)
-    small, large = random_pairs(1, seed=1), random_pairs(3, seed=2)
-    expected = one_step(copy.deepcopy(task), [joined(small, large)], 1)
+    task, small, large, expected = full_dpo_step_of_four_pairs(tmp_path)
     ranks = copy.deepcopy(task)
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, accelerator="cpu", devices=2,
