@@ -78,10 +78,10 @@ def wordpiece_tokenizer(tmp_path: Path) -> Tokenizer:
 
 
 def padded_tokenizer(tmp_path: Path) -> Tokenizer:
-    """A tokenizer that pads and truncates (as some tokenizer.json on the Hub do)."""
+    """A tokenizer that pads and truncates (as some tokenizer.json on the Hub do), from the left (not the defaults)."""
     tokenizer = char_tokenizer(tmp_path)
-    tokenizer.enable_padding(pad_id=0, pad_token="<unk>", length=12)
-    tokenizer.enable_truncation(max_length=10)
+    tokenizer.enable_padding(pad_id=0, pad_token="<unk>", length=12, direction="left")
+    tokenizer.enable_truncation(max_length=10, direction="left")
     return tokenizer
 
 
