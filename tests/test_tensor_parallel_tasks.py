@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trident.models import (
+    Decoding,
     EncoderDecoder,
     MaskedLM,
     SequenceClassifier,
@@ -106,8 +107,8 @@ def _worker(rank: int, store: str) -> None:
                 torch.testing.assert_close(saved, plain.state_dict(), rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
             if name == "translation":  # decoding with the KV cache (cross-attention's keys/values projected once)
                 with whole_weights(split):  # as the task decodes: encode() and decode() are not the root's forward
-                    plain_out, split_out = (greedy_decode(net.eval(), inputs["ids"].clamp(min=3), bos_id=1, eos_id=2,
-                                                          max_len_b=6, banned_ids=(0, 1)) for net in (plain, split))
+                    plain_out, split_out = (greedy_decode(net.eval(), inputs["ids"].clamp(min=3),
+                                                          Decoding(1, 2, max_len_b=6, banned_ids=(0, 1))) for net in (plain, split))
                 assert [h.tokens for h in split_out] == [h.tokens for h in plain_out]
                 torch.testing.assert_close([h.score for h in split_out], [h.score for h in plain_out])
         # The attention figure's weights: every head's, on every rank, as one process computes them.

@@ -4,13 +4,14 @@ nothing, batching changes nothing, and decoding stops at EOS or the length limit
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import Tensor
 
 from trident.backbone import KVCache, TransformerConfig
-from trident.models.decoding import beam_search, greedy_decode, length_penalty, max_lengths
+from trident.models.decoding import Decoding, beam_search, greedy_decode, length_penalty, max_lengths
 from trident.models.seq2seq import EncoderDecoder
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 40
@@ -46,13 +47,13 @@ def model_score(model: EncoderDecoder, src: Tensor, tokens: list[int]) -> float:
     return float(log_probs[0].gather(1, target[0, 1:, None]).sum())
 
 
-DECODE = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5, "banned_ids": (PAD, BOS)}
+DECODE = Decoding(BOS, EOS, max_len_a=1.5, max_len_b=5, banned_ids=(PAD, BOS))
 
 
 def test_beam_size_one_equals_greedy() -> None:
     model, src = small_model(), sources()
-    greedy = greedy_decode(model, src, **DECODE)
-    beam = beam_search(model, src, beam_size=1, alpha=0.0, **DECODE)
+    greedy = greedy_decode(model, src, DECODE)
+    beam = beam_search(model, src, DECODE, beam_size=1, alpha=0.0)
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     assert [h.score for h in beam] == pytest.approx([h.score for h in greedy], abs=1e-5)
 
@@ -62,10 +63,10 @@ def test_beam_finds_scores_at_least_greedys(seed: int) -> None:
     """Not a theorem (pruning can drop the greedy path), but it holds on this fixture; and the
     scores reported are the model's own (recomputed by teacher forcing)."""
     model, src = small_model(seed), sources(seed=seed + 1)
-    greedy = greedy_decode(model, src, **DECODE)
+    greedy = greedy_decode(model, src, DECODE)
     better = 0
     for beam_size in (2, 4):
-        beam = beam_search(model, src, beam_size=beam_size, alpha=0.0, **DECODE)
+        beam = beam_search(model, src, DECODE, beam_size=beam_size, alpha=0.0)
         for i, (b, g) in enumerate(zip(beam, greedy)):
             assert b.score >= g.score - 1e-4, f"sentence {i}, beam {beam_size}"
             assert b.score == pytest.approx(model_score(model, src[i : i + 1, : LENGTHS[i]], b.tokens), abs=1e-4)
@@ -101,9 +102,9 @@ class ScriptedModel:
 
 def test_beam_beats_greedy_where_greedy_is_myopic() -> None:
     model, src = ScriptedModel(), torch.tensor([[3, 3, EOS]])
-    options = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": 4, "use_cache": False}
-    greedy = greedy_decode(model, src, **options)[0]  # type: ignore[arg-type]
-    beam = beam_search(model, src, beam_size=2, alpha=0.0, **options)[0]  # type: ignore[arg-type]
+    options = Decoding(BOS, EOS, max_len_a=0.0, max_len_b=4, use_cache=False)
+    greedy = greedy_decode(model, src, options)[0]
+    beam = beam_search(model, src, options, beam_size=2, alpha=0.0)[0]
     assert greedy.tokens == [3] and greedy.score == pytest.approx(math.log(0.6 * 0.3), abs=1e-4)
     assert beam.tokens == [4] and beam.score == pytest.approx(math.log(0.4 * 0.9), abs=1e-4)
 
@@ -112,19 +113,19 @@ def test_beam_beats_greedy_where_greedy_is_myopic() -> None:
 def test_cached_and_uncached_decoding_give_the_same_tokens(encoding: str) -> None:
     model, src = small_model(encoding=encoding), sources()
     for beam_size in (1, 3):
-        cached = beam_search(model, src, beam_size=beam_size, **DECODE)
-        uncached = beam_search(model, src, beam_size=beam_size, use_cache=False, **DECODE)
+        cached = beam_search(model, src, DECODE, beam_size=beam_size)
+        uncached = beam_search(model, src, replace(DECODE, use_cache=False), beam_size=beam_size)
         assert [h.tokens for h in cached] == [h.tokens for h in uncached]
-    cached_greedy = greedy_decode(model, src, **DECODE)
-    assert [h.tokens for h in cached_greedy] == [h.tokens for h in greedy_decode(model, src, use_cache=False, **DECODE)]
+    cached_greedy = greedy_decode(model, src, DECODE)
+    assert [h.tokens for h in cached_greedy] == [h.tokens for h in greedy_decode(model, src, replace(DECODE, use_cache=False))]
 
 
 @pytest.mark.parametrize("tie", ["all", "decoder", "none"])
 def test_batched_decoding_equals_one_sentence_at_a_time(tie: str) -> None:
     """Source padding must not change a translation (the encoder and cross-attention masks)."""
     model, src = small_model(tie=tie), sources()
-    batched = beam_search(model, src, beam_size=3, **DECODE)
-    alone = [beam_search(model, src[i : i + 1, :n], beam_size=3, **DECODE)[0] for i, n in enumerate(LENGTHS)]
+    batched = beam_search(model, src, DECODE, beam_size=3)
+    alone = [beam_search(model, src[i : i + 1, :n], DECODE, beam_size=3)[0] for i, n in enumerate(LENGTHS)]
     assert [h.tokens for h in batched] == [h.tokens for h in alone]
 
 
@@ -132,8 +133,8 @@ def test_hypotheses_respect_the_length_limit() -> None:
     model, src = small_model(), sources()
     limits = max_lengths(src.eq(PAD), 0.5, 2, limit=64).tolist()  # tokens incl. EOS
     assert limits == [int(0.5 * n + 2) for n in LENGTHS]
-    options = {**DECODE, "max_len_a": 0.5, "max_len_b": 2}
-    for hyps in (greedy_decode(model, src, **options), beam_search(model, src, beam_size=3, **options)):
+    options = replace(DECODE, max_len_a=0.5, max_len_b=2)
+    for hyps in (greedy_decode(model, src, options), beam_search(model, src, options, beam_size=3)):
         assert all(len(h.tokens) + 1 <= limit for h, limit in zip(hyps, limits))
         assert all(not {EOS, BOS, PAD} & set(h.tokens) for h in hyps)
 
@@ -173,8 +174,8 @@ class ShortOrBetter:
 def test_early_stopping_is_right_for_negative_length_penalties(alpha: float) -> None:
     """The stopping bound divided by lp(max length), the largest lp only for alpha >= 0: with alpha = -1 a
     sentence stopped after the first step and returned the empty hypothesis over [3]."""
-    options = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": 30, "use_cache": False}
-    (beam,) = beam_search(ShortOrBetter(), torch.tensor([[3, EOS]]), beam_size=2, alpha=alpha, **options)  # type: ignore[arg-type]
+    options = Decoding(BOS, EOS, max_len_a=0.0, max_len_b=30, use_cache=False)
+    (beam,) = beam_search(ShortOrBetter(), torch.tensor([[3, EOS]]), options, beam_size=2, alpha=alpha)
     assert beam.tokens == [3]
     assert beam.normalized_score == pytest.approx(math.log(0.7 * 0.999) / float(length_penalty(2, alpha)), abs=1e-3)
 
@@ -184,12 +185,12 @@ def test_every_sentence_gets_a_hypothesis_even_when_its_scores_turn_non_finite()
     decode = model.decode
 
     def diverged_on_sentence_2(*args: object, **kwargs: object) -> Tensor:
-        logits = decode(*args, **kwargs)  # type: ignore[arg-type]
+        logits = decode(*args, **kwargs)
         logits[8:12] = float("nan")  # beam 4: sentence 2 owns rows 8..11
         return logits
 
     model.decode = diverged_on_sentence_2  # type: ignore[method-assign]
-    beams = beam_search(model, src, beam_size=4, alpha=0.6, **DECODE)
+    beams = beam_search(model, src, DECODE, beam_size=4, alpha=0.6)
     assert len(beams) == len(LENGTHS)
     assert beams[2].tokens == [] and beams[2].score == float("-inf")
     assert all(math.isfinite(b.score) for i, b in enumerate(beams) if i != 2)

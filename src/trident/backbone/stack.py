@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from functools import partial
+from typing import TypedDict, Unpack
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +17,26 @@ from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
 from trident.backbone.masks import build_attention_mask, document_positions, padding_allowed, window_band
 from trident.backbone.positional import PositionalEncoding, build_pos_encoding, positions_from
+
+
+class StackInputs(TypedDict, total=False):
+    """What a stack reads besides its (B, T, D) embeddings; each is optional.
+
+    ``key_padding_mask``: (B, T_total) True at padding, covering cached positions too. ``memory``: (B, S, D) for
+    cross-attention, with ``memory_padding_mask`` (B, S). ``cache``: the KV cache of incremental decoding.
+    ``documents``: (B, T) document id of each token of rows packed with several documents (training, no cache): a
+    token attends to its own document only, and its absolute position restarts at 0 where its document starts
+    (distance-only encodings, rope, alibi and relative, see the same distances as for the document alone).
+    ``positions``: (B, T) each token's position in its own row, as rope and the added encodings see it (left-padded
+    prompts: counted from the row's first real token, transformers' ``position_ids``); absent: its index in the
+    sequence, the cached ones included."""
+
+    key_padding_mask: Tensor | None
+    memory: Tensor | None
+    memory_padding_mask: Tensor | None
+    cache: KVCache | None
+    documents: Tensor | None
+    positions: Tensor | None
 
 
 class TransformerStack(nn.Module):
@@ -89,53 +110,22 @@ class TransformerStack(nn.Module):
             return None
         return self.cfg.max_seq_len
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        memory: Tensor | None = None,
-        memory_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        documents: Tensor | None = None,
-        positions: Tensor | None = None,
-    ) -> Tensor:
-        """``x``: (B, T, D) embeddings. ``key_padding_mask``: (B, T_total) True at padding, covering
-        cached positions too. ``memory``: (B, S, D) for cross-attention. ``documents``: (B, T) document
-        id of each token of rows packed with several documents (training, no cache): a token attends to
-        its own document only, and its absolute position restarts at 0 where its document starts
-        (distance-only encodings, rope, alibi and relative, see the same distances as for the document
-        alone). ``positions``: (B, T) each token's position in its own row, as rope and the added encodings
-        see it (left-padded prompts: counted from the row's first real token, transformers' ``position_ids``);
-        None: its index in the sequence, the cached ones included. Returns (B, T, D)."""
-        return self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=False, documents=documents,
-                         positions=positions)[0]
+    def forward(self, x: Tensor, **inputs: Unpack[StackInputs]) -> Tensor:
+        """``x``: (B, T, D) embeddings, read with ``inputs`` (see :class:`StackInputs`). Returns (B, T, D)."""
+        return self._run(x, inputs, need_weights=False)[0]
 
-    def forward_with_attention(
-        self,
-        x: Tensor,
-        *,
-        key_padding_mask: Tensor | None = None,
-        memory: Tensor | None = None,
-        memory_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> tuple[Tensor, list[Tensor]]:
+    def forward_with_attention(self, x: Tensor, **inputs: Unpack[StackInputs]) -> tuple[Tensor, list[Tensor]]:
         """Like :meth:`forward`, also returning each block's self-attention weights (B, nh, Tq, Tk)."""
-        hidden, weights = self._run(x, key_padding_mask, memory, memory_padding_mask, cache, need_weights=True)
+        hidden, weights = self._run(x, inputs, need_weights=True)
         return hidden, [w for w in weights if w is not None]
 
-    def _run(
-        self,
-        x: Tensor,
-        key_padding_mask: Tensor | None,
-        memory: Tensor | None,
-        memory_padding_mask: Tensor | None,
-        cache: KVCache | None,
-        *,
-        need_weights: bool,
-        documents: Tensor | None = None,
-        positions: Tensor | None = None,
-    ) -> tuple[Tensor, list[Tensor | None]]:
+    def _run(self, x: Tensor, inputs: StackInputs, *, need_weights: bool) -> tuple[Tensor, list[Tensor | None]]:
+        unknown = inputs.keys() - StackInputs.__annotations__.keys()
+        if unknown:  # a misspelt input would otherwise be dropped without a word
+            raise TypeError(f"{type(self).__name__}.forward got unexpected inputs {sorted(unknown)}")
+        key_padding_mask, cache = inputs.get("key_padding_mask"), inputs.get("cache")
+        documents, positions = inputs.get("documents"), inputs.get("positions")
+        memory, memory_padding_mask = inputs.get("memory"), inputs.get("memory_padding_mask")
         length = x.size(1)
         offset = cache.length if cache is not None else 0
         # The slots' positions: the masks, the cache and the distance biases (alibi, relative) follow them. Per-row

@@ -4,7 +4,7 @@
 Packing: conversations go into rows by best-fit decreasing (longest first, each into the fullest row it fits),
 so rows are nearly full of real tokens; the rest of a row is padding that nothing trains on. Each token carries
 its conversation's document id: attention stays inside a conversation and positions restart with it
-(:meth:`trident.backbone.TransformerStack.forward`), and the last token of a conversation predicts nothing, so no
+(:class:`trident.backbone.stack.StackInputs`), and the last token of a conversation predicts nothing, so no
 conversation sees or predicts another.
 
 A conversation longer than ``block_size`` tokens keeps its answer (:func:`fit`): the prompt's start, its oldest

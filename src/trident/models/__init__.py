@@ -1,7 +1,7 @@
 """Complete networks built on the backbone: token embedding (or patches) + stack(s) + head."""
 
 from trident.models.causal_lm import CausalLM
-from trident.models.decoding import Hypothesis, beam_search, greedy_decode
+from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
 from trident.models.masked_lm import MaskedLM
 from trident.models.sampling import generate, sample_next_token
 from trident.models.seq2seq import EncoderDecoder
@@ -11,6 +11,7 @@ from trident.models.vit import VisionTransformer, attention_rollout, vit_geometr
 __all__ = [
     "POOLS",
     "CausalLM",
+    "Decoding",
     "EncoderDecoder",
     "Hypothesis",
     "MaskedLM",

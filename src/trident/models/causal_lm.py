@@ -38,7 +38,7 @@ class CausalLM(nn.Module):
         positions: Tensor | None = None,
     ) -> Tensor:
         """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
-        ``documents``: (B, T) document ids of packed rows (see :meth:`trident.backbone.TransformerStack.forward`).
+        ``documents``: (B, T) document ids of packed rows (see :class:`trident.backbone.stack.StackInputs`).
         ``key_padding_mask``: (B, T_total) True at padding, e.g. the left padding of a batch of prompts (transformers'
         ``attention_mask == 0``), the cached positions included; no position attends to a padded one.
         ``positions``: (B, T) each token's position counted from its row's first real token (transformers'

@@ -34,6 +34,20 @@ class Seq2SeqModel(Protocol):
     def max_positions(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """What greedy and beam search both follow: the sequence's first token, the token that ends it, its maximum
+    length ``max_len_a * src_len + max_len_b`` (see :func:`max_lengths`), tokens never to generate, and whether the
+    decoder's keys/values are cached (False recomputes the prefix each step: the reference the cache is tested by)."""
+
+    bos_id: int
+    eos_id: int
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    banned_ids: tuple[int, ...] = ()
+    use_cache: bool = True
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]  # generated tokens, without BOS and EOS
@@ -76,46 +90,36 @@ class _StepDecoder:
         self.padding = self.padding.index_select(0, rows)
 
 
-def _restrict(log_probs: Tensor, at_limit: Tensor, eos_id: int, banned_ids: tuple[int, ...]) -> Tensor:
+def _restrict(log_probs: Tensor, at_limit: Tensor, decoding: Decoding) -> Tensor:
     """Tokens never to generate (PAD, BOS: never training targets) get -inf; rows at their
     length limit may only end, so every token but EOS gets -inf there."""
     not_eos = torch.ones(log_probs.size(-1), dtype=torch.bool, device=log_probs.device)
-    not_eos[eos_id] = False
+    not_eos[decoding.eos_id] = False
     log_probs = log_probs.masked_fill(at_limit[:, None] & not_eos[None, :], float("-inf"))
-    if banned_ids:
-        log_probs[:, list(banned_ids)] = float("-inf")
+    if decoding.banned_ids:
+        log_probs[:, list(decoding.banned_ids)] = float("-inf")
     return log_probs
 
 
 @torch.no_grad()
-def greedy_decode(
-    model: Seq2SeqModel,
-    src: Tensor,
-    *,
-    bos_id: int,
-    eos_id: int,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    banned_ids: tuple[int, ...] = (),
-    use_cache: bool = True,
-) -> list[Hypothesis]:
+def greedy_decode(model: Seq2SeqModel, src: Tensor, decoding: Decoding) -> list[Hypothesis]:
     """The most likely next token at each step, for a batch of (B, S) right-padded sources."""
     memory, padding = model.encode(src)  # (B, S, D), (B, S)
     batch = src.size(0)
-    limits = max_lengths(padding, max_len_a, max_len_b, model.max_positions)  # (B,)
+    limits = max_lengths(padding, decoding.max_len_a, decoding.max_len_b, model.max_positions)  # (B,)
     steps = int(limits.max())
-    decoder = _StepDecoder(model, memory, padding, steps, use_cache)
-    tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1 + t)
+    decoder = _StepDecoder(model, memory, padding, steps, decoding.use_cache)
+    tokens = torch.full((batch, 1), decoding.bos_id, dtype=torch.long, device=src.device)  # (B, 1 + t)
     scores = torch.zeros(batch, device=src.device)
     lengths = torch.zeros(batch, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for step in range(steps):
-        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= limits, eos_id, banned_ids)  # (B, V)
+        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= limits, decoding)  # (B, V)
         best, next_token = log_probs.max(dim=-1)  # (B,)
-        next_token = next_token.masked_fill(finished, eos_id)  # finished rows just repeat EOS
+        next_token = next_token.masked_fill(finished, decoding.eos_id)  # finished rows just repeat EOS
         scores += best.masked_fill(finished, 0.0)
         lengths += (~finished).long()
-        finished |= next_token == eos_id
+        finished |= next_token == decoding.eos_id
         tokens = torch.cat((tokens, next_token[:, None]), dim=1)
         if bool(finished.all()):
             break
@@ -127,17 +131,7 @@ def greedy_decode(
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2SeqModel,
-    src: Tensor,
-    *,
-    bos_id: int,
-    eos_id: int,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    banned_ids: tuple[int, ...] = (),
-    use_cache: bool = True,
+    model: Seq2SeqModel, src: Tensor, decoding: Decoding, *, beam_size: int = 4, alpha: float = 0.6
 ) -> list[Hypothesis]:
     """The best hypothesis per sentence by length-normalised score, keeping ``beam_size`` beams.
 
@@ -161,14 +155,14 @@ def beam_search(
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     memory, padding = model.encode(src)  # (B, S, D), (B, S)
     batch, k, device = src.size(0), beam_size, src.device
-    limits = max_lengths(padding, max_len_a, max_len_b, model.max_positions)  # (B,)
+    limits = max_lengths(padding, decoding.max_len_a, decoding.max_len_b, model.max_positions)  # (B,)
     steps = int(limits.max())
     # Every sentence's K beams are adjacent rows: sentence b owns rows b*K .. b*K + K-1.
     decoder = _StepDecoder(
-        model, memory.repeat_interleave(k, dim=0), padding.repeat_interleave(k, dim=0), steps, use_cache
+        model, memory.repeat_interleave(k, dim=0), padding.repeat_interleave(k, dim=0), steps, decoding.use_cache
     )
     row_limits = limits.repeat_interleave(k)  # (B*K,)
-    tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + t)
+    tokens = torch.full((batch * k, 1), decoding.bos_id, dtype=torch.long, device=device)  # (B*K, 1 + t)
     beam_scores = torch.zeros(batch, k, device=device)
     beam_scores[:, 1:] = float("-inf")  # all beams start equal: extend only the first at step 0
     best: list[Hypothesis | None] = [None] * batch
@@ -176,19 +170,19 @@ def beam_search(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     first_rows = torch.arange(batch, device=device)[:, None] * k  # (B, 1)
     for step in range(steps):
-        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= row_limits, eos_id, banned_ids)  # (B*K, V)
+        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= row_limits, decoding)  # (B*K, V)
         vocab = log_probs.size(-1)
         candidates = (beam_scores.view(-1, 1) + log_probs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # (B, 2K)
         origin, token = top_index // vocab, top_index % vocab  # beam each extends, and its token
-        is_eos = (token == eos_id) & torch.isfinite(top_scores) & ~done[:, None]
+        is_eos = (token == decoding.eos_id) & torch.isfinite(top_scores) & ~done[:, None]
         normalized = top_scores / float(length_penalty(step + 1, alpha))
         rank = torch.arange(top_scores.size(1), device=device).expand_as(top_scores)
         _keep_best(best, best_scores, is_eos & (rank < k), normalized, top_scores, first_rows + origin, tokens)
         # The K best candidates that do not end: rank order, EOS candidates pushed to the back.
         keep = (rank + top_scores.size(1) * is_eos.long()).topk(k, dim=1, largest=False).indices  # (B, K)
         beam_scores = top_scores.gather(1, keep)
-        beam_scores = beam_scores.masked_fill(token.gather(1, keep) == eos_id, float("-inf"))
+        beam_scores = beam_scores.masked_fill(token.gather(1, keep) == decoding.eos_id, float("-inf"))
         # (B,) the length whose lp is largest among those a live beam can still end at (the next step's or later).
         bound_length = limits if alpha >= 0 else limits.clamp(max=step + 2)
         bound = beam_scores.max(dim=1).values / length_penalty(bound_length.float(), alpha)  # (B,) best reachable

@@ -19,7 +19,7 @@ from trident.data.batching import TranslationBatch
 from trident.data.masking import IGNORE_INDEX
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
-from trident.models.decoding import Hypothesis, beam_search, greedy_decode
+from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
@@ -218,12 +218,11 @@ class TranslationTask(TridentTask):
     def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
         """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search: one
         hypothesis per row, in order."""
-        options: dict[str, Any] = {"bos_id": self.bos_id, "eos_id": self.eos_id, "max_len_a": self.max_len_a,
-                   "max_len_b": self.max_len_b, "banned_ids": (self.pad_id, self.bos_id), "use_cache": use_cache}
+        decoding = Decoding(self.bos_id, self.eos_id, self.max_len_a, self.max_len_b, (self.pad_id, self.bos_id), use_cache)
         if beam_size <= 1:
-            hypotheses = greedy_decode(self.net, src, **options)
+            hypotheses = greedy_decode(self.net, src, decoding)
         else:
-            hypotheses = beam_search(self.net, src, beam_size=beam_size, alpha=self.length_penalty, **options)
+            hypotheses = beam_search(self.net, src, decoding, beam_size=beam_size, alpha=self.length_penalty)
         if len(hypotheses) != src.size(0):
             raise RuntimeError(f"decoding returned {len(hypotheses)} hypotheses for {src.size(0)} sentences")
         return hypotheses
