@@ -372,3 +372,12 @@ def test_explicit_attention_with_an_all_masked_float_row_has_sdpa_gradients() ->
         assert torch.isfinite(a).all(), f"NaN in the gradient of {name}"
         torch.testing.assert_close(a, b, **TOL)
     torch.testing.assert_close(g_explicit[3], g_fast[3], **TOL)
+
+
+@pytest.mark.parametrize("method", ["forward", "forward_with_attention"])
+def test_a_misspelt_stack_input_is_refused_not_dropped(method: str) -> None:
+    """A stack reads its optional inputs by name (StackInputs): an unknown one must fail, or a padding mask passed as
+    ``padding_mask`` would be ignored and the padded positions attended to without a word."""
+    decoder = Decoder(make_cfg())
+    with pytest.raises(TypeError, match=r"unexpected inputs \['padding_mask'\]"):
+        getattr(decoder, method)(torch.randn(1, 3, D_MODEL), padding_mask=torch.zeros(1, 3, dtype=torch.bool))
