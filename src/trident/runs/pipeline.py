@@ -129,8 +129,10 @@ def check_constructor_keys(cfg: DictConfig, group: str) -> None:
             )
 
 
-def check_config(cfg: DictConfig) -> TransformerConfig:
-    """Fail before any work when values are inconsistent, with a message naming the fix."""
+def check_config(cfg: DictConfig, source_fixes_context: bool = False) -> TransformerConfig:
+    """Fail before any work when values are inconsistent, with a message naming the fix. ``source_fixes_context``: the
+    ``init_from`` source states ``data.max_seq_len`` (a learned table's length, a Hugging Face model's
+    ``max_position_embeddings``), so the fix for a sequence longer than it is never to raise it."""
     check_seed(cfg.get("seed", 0))
     check_trainer_config(_plain(cfg.trainer))
     check_callbacks(cfg.get("callbacks") or {}, cfg.trainer.get("strategy"))
@@ -153,19 +155,21 @@ def check_config(cfg: DictConfig) -> TransformerConfig:
     converter_settings(cfg, backbone)  # the finetune group's settings fit this model
     check_tensor_parallel_config(_plain(cfg.trainer), backbone, unsplittable(cfg))  # it fits the heads and processes
     if key is not None:
-        check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length)
+        check_sequence_length(cfg, key, backbone.max_seq_len, pos_encoding_class(backbone.pos_encoding).bounded_length,
+                              source_fixes_context)
     return backbone
 
 
-def check_sequence_length(cfg: DictConfig, key: str, max_seq_len: int, bounded: bool) -> None:
-    """``data.<key>`` fits the context; the fix names keys that work: ``init_from`` a source with a
-    learned table fixes ``data.max_seq_len`` to the table's length."""
+def check_sequence_length(cfg: DictConfig, key: str, max_seq_len: int, bounded: bool, fixed: bool = False) -> None:
+    """``data.<key>`` fits the context; the fix names keys that work: an ``init_from`` source that ``fixed``
+    ``data.max_seq_len`` (a learned table, a stated context) refuses it raised."""
     length = cfg.data[key]
     if length <= max_seq_len:
         return
     kind = "the learned table" if bounded else "the configured context"
-    fix = (f"init_from={cfg.init_from} fixes data.max_seq_len with its learned table: lower data.{key} to at most "
-           f"{max_seq_len}" if cfg.get("init_from") and bounded else f"raise data.max_seq_len or lower data.{key}")
+    how = "with its learned table" if bounded else "to the context it states"
+    fix = (f"init_from={cfg.init_from} fixes data.max_seq_len {how}: lower data.{key} to at most {max_seq_len}"
+           if fixed else f"raise data.max_seq_len or lower data.{key}")
     raise ConfigError(f"data.{key}={length} is longer than data.max_seq_len={max_seq_len} ({kind}): {fix}")
 
 
@@ -302,7 +306,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     embeddings_only = embeddings_only_option(cfg.get("init_only"))
     source = source_for_run(configured_task_class(cfg), cfg, run_dir, resume_from, embeddings_only)
     new_head = new_head_option(cfg.get("init_new_head", False))
-    backbone = check_config(cfg)
+    backbone = check_config(cfg, source is not None and "max_seq_len" in source.data_options)
     check_run(cfg)  # what the finetune group's converter forbids a run
     flops_budget = check_budget(cfg)
     check_workers_can_start(cfg.trainer)
