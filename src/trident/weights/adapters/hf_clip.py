@@ -24,6 +24,8 @@ from trident.models.properties import (
     IMAGE_TOWER,
     MAX_SEQ_LEN,
     PATCH_SIZE,
+    PIXEL_MEAN,
+    PIXEL_STD,
     PROJECTION_DIM,
     TEXT_TOWER,
 )
@@ -40,9 +42,16 @@ from trident.weights.adapters.outside_network import OutsideNetwork
 
 FORMAT = "hf-clip"
 MODEL_TYPE = "clip"
+FAMILY = "clip"  # model.family of the stacks it reads and writes (both towers')
 ARCHITECTURES = ("CLIPModel",)
 NETWORK = CLIP
 TARGET = "CLIP (hf export)"
+# CLIP's tokenizer's named tokens (transformers' CLIPTokenizer pads with the end-of-text token), where the run's
+# vocabulary has them: trident's own caption tokenizer has <|endoftext|> and no <|startoftext|>.
+SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+#: The image statistics CLIP was trained with (OpenAI's): transformers' CLIPImageProcessor's and open_clip's defaults, what
+#: a CLIP directory without its processor's preprocessor_config.json is read with.
+OPENAI_MEAN, OPENAI_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 #: transformers' CLIP pooled at the largest id while its configs said ``eos_token_id=2`` (before PR #24773).
 LEGACY_EOS = 2
 
@@ -102,10 +111,11 @@ def clip_properties(projection_dim: int, image_tower: dict[str, Any], end_of_tex
                     patch_size: int, channels: int, context: int) -> dict[str, Any]:
     """What a CLIP's files say of it beside its backbone (the text tower's settings): its projection width, the image
     tower's settings (with its embedding norm: CLIP's ``pre_layrnorm`` / ``ln_pre``), the pooled token (None: each row's
-    largest id), the image geometry and the text's context (its position table's rows)."""
+    largest id), the image geometry, the text's context (its position table's rows) and OpenAI's image statistics (a
+    preprocessor_config.json or open_clip's preprocess_cfg beside the weights states others)."""
     return {PROJECTION_DIM: projection_dim, TEXT_TOWER: None, IMAGE_TOWER: {**image_tower, "embedding_norm": True},
             END_OF_TEXT: end_of_text, IMAGE_SIZE: image_size, PATCH_SIZE: patch_size, CHANNELS: channels,
-            MAX_SEQ_LEN: context}
+            MAX_SEQ_LEN: context, PIXEL_MEAN: OPENAI_MEAN, PIXEL_STD: OPENAI_STD}
 
 
 def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
@@ -161,3 +171,8 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     state[_CLASS[0]] = own[_CLASS[1]].reshape(-1)
     state[_SCALE] = own[_SCALE].reshape(())
     return "CLIPModel", config, state
+
+
+def writes(net: CLIP) -> bool:
+    """Every CLIP is written as CLIPModel (its refusals name what CLIPModel lacks)."""
+    return True
