@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -49,13 +49,17 @@ SPLITS = ("train", "validation", "test")
 
 def word_tokenizer(texts: list[str]) -> Tokenizer:
     """A lower-cased word-level tokenizer (words and punctuation) of every word in ``texts``, ``<unk>`` and
-    ``<|endoftext|>`` first."""
+    ``<|endoftext|>`` first, which ends each text in ``<|endoftext|>``."""
     split = pre_tokenizers.Whitespace()
     words = sorted({word for text in texts for word, _ in split.pre_tokenize_str(text.lower())})
-    tokenizer = Tokenizer(models.WordLevel({UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)},
-                                           unk_token=UNK))
+    vocabulary = {UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=UNK))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = split
+    # Each text ends in <|endoftext|>, as CLIP's tokenizer ends it: the run's exported tokenizer (trident-export --format
+    # hf) encodes what the text tower pools at (caption_ids appends it itself, after cutting a caption to fit).
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {END_OF_TEXT}",
+                                                             special_tokens=[(END_OF_TEXT, vocabulary[END_OF_TEXT])])
     return tokenizer
 
 

@@ -140,13 +140,14 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     )
 
 
-def _tower_config(cfg: Any, embedding_norm: bool) -> dict[str, Any]:
+def _tower_config(cfg: Any, embedding_norm: bool, projection_dim: int) -> dict[str, Any]:
     """A tower's ``CLIPTextConfig`` / ``CLIPVisionConfig`` arguments; ``embedding_norm``: the vision tower's
-    ``pre_layrnorm`` (the text tower has none)."""
+    ``pre_layrnorm`` (the text tower has none); ``projection_dim``: the model's (``CLIPTextModelWithProjection`` and
+    ``CLIPVisionModelWithProjection`` read a tower's own, 512 by default)."""
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=embedding_norm)
     return {"hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers,
             "intermediate_size": cfg.d_ff, "hidden_act": activation_to_hf(cfg.activation, TARGET),
-            "layer_norm_eps": cfg.norm_eps, "attention_dropout": cfg.attn_dropout}
+            "layer_norm_eps": cfg.norm_eps, "attention_dropout": cfg.attn_dropout, "projection_dim": projection_dim}
 
 
 def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
@@ -155,13 +156,17 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     if image.grid is None:
         raise ValueError("CLIP's image tower always has a grid")
     _, in_channels, patch_size, _ = net.image.patch_embed.proj.weight.shape  # (D, C, p, p)
+    projection = net.text.projection.out_features
     config = {
-        "projection_dim": net.text.projection.out_features,
+        "projection_dim": projection,
         "logit_scale_init_value": float(net.logit_scale.detach()),
-        "text_config": {**_tower_config(text, False), "vocab_size": net.text.vocab_size, "max_position_embeddings": text.max_seq_len,
+        # The text tower pools at eos_token_id; CLIPTextConfig's default bos and pad ids (49406, 1) are OpenAI's
+        # tokenizer's, not the run's (whose ids the config's top level holds: hf_export.run_settings).
+        "text_config": {**_tower_config(text, False, projection), "vocab_size": net.text.vocab_size,
+                        "max_position_embeddings": text.max_seq_len, "bos_token_id": None, "pad_token_id": None,
                         "eos_token_id": LEGACY_EOS if net.text.eos_id is None else net.text.eos_id},
-        "vision_config": {**_tower_config(image, True), "image_size": image.grid[0] * patch_size, "patch_size": patch_size,
-                          "num_channels": in_channels},
+        "vision_config": {**_tower_config(image, True, projection), "image_size": image.grid[0] * patch_size,
+                          "patch_size": patch_size, "num_channels": in_channels},
     }
     own = net.state_dict()
     plain, fused = _stack_names((text.n_layers, image.n_layers))
