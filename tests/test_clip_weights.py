@@ -249,3 +249,13 @@ def test_an_open_clip_architecture_trident_cannot_hold_is_one_line(model_cfg: di
     with pytest.raises(DataError, match=rf"open_clip's {what}.*, which trident cannot reproduce exactly$") as caught:
         train(compose_config([*FROZEN, f"init_from={directory}"], output_dir=tmp_path / "run"))
     assert "\n" not in str(caught.value)
+
+
+def test_the_peft_export_of_a_clip_is_one_line() -> None:
+    """trident's peft export places the adapters of one stack; CLIP's two towers are exported merged (--format hf)."""
+    from trident.weights.adapters import hf_clip
+    from trident.weights.adapters.peft_export import layout_for
+
+    with pytest.raises(ConfigError, match=r"^--format peft writes the adapters of one stack and a CLIPModel has two: "
+                                          r"export it with --format hf \(the adapters merged\)$"):
+        layout_for(hf_clip, trident_clip())

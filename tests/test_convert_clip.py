@@ -163,7 +163,7 @@ def test_an_open_clip_setting_trident_cannot_reproduce_is_one_line(tmp_path: Pat
     config = {**OPEN_CLIP_CONFIG, "vision_cfg": {**OPEN_CLIP_CONFIG["vision_cfg"], "ls_init_value": 0.1}}
     (directory / open_clip_files.CONFIG).write_text(json.dumps({"model_cfg": config}))
     (directory / open_clip_files.WEIGHTS[0]).write_bytes(b"")
-    with pytest.raises(DataError, match="open_clip's vision_cfg.ls_init_value setting, which trident cannot reproduce"):
+    with pytest.raises(DataError, match="open_clip's vision_cfg.ls_init_value=0.1 setting, which trident cannot reproduce"):
         open_clip_files.read(directory, str(directory), None)
 
 

@@ -75,7 +75,7 @@ def sources_reading(reads: str) -> str:
     # The runs of the tasks that read the same and give their weights to another task (not an encoder-decoder's).
     runs = [name for name, task in TASKS.items() if task.READS == reads and not task.ENCODER_DECODER]
     named = " or ".join(filter(None, (", ".join(runs[:-1]), runs[-1])))
-    kind = {"images": "an image", "text": "a text"}.get(reads, "an image-text")
+    kind = "an image" if reads == "images" else "an image-text" if "images" in reads else "a text"
     return (f"{kind} model (a trident {named} run, a Hugging Face directory of "
             f"model_type {', '.join(families)}{''.join(f', {described}' for described in files)})")
 
