@@ -259,3 +259,13 @@ def test_the_peft_export_of_a_clip_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^--format peft writes the adapters of one stack and a CLIPModel has two: "
                                           r"export it with --format hf \(the adapters merged\)$"):
         layout_for(hf_clip, trident_clip())
+
+
+def test_a_clip_directory_without_its_tokenizer_is_one_line(tmp_path: Path) -> None:
+    """Without a tokenizer.json the run tokenizes its captions with its own vocabulary, which the embedding does not fit:
+    one line naming the fix (the tokenizer the weights were trained with)."""
+    _, directory = _reference(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^init_from={directory} has a vocabulary of {VOCAB} tokens \(text.embed.weight\), "
+                                          r"this run's tokenizer \d+: .* give it the tokenizer the weights were trained "
+                                          r"with$"):
+        built_from([f"init_from={directory}"], tmp_path / "run")
