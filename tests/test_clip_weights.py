@@ -120,6 +120,11 @@ def test_init_from_a_clipmodel_directory_trains_and_exports_back_exactly(hf_clip
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "a photo of the digit two ."
     assert tokenizer(text).input_ids == clip_tokenizer().encode(text).ids
+    # The run itself, as a source: it fixes what its source fixed.
+    again = compose_config([*FROZEN, f"init_from={run}"], output_dir=tmp_path / "again")
+    source_for_run(configured_task_class(again), again, tmp_path / "again", None, False)
+    assert (again.task.embed_dim, again.task.image.n_layers, again.model.d_model, again.data.max_length) == (20, 3, 32, 12)
+    assert (again.data.image_size, again.data.in_channels, list(again.data.mean)) == (16, 3, MEAN)
 
 
 def built_from(overrides: list[str], run: Path) -> TridentTask:

@@ -57,6 +57,10 @@ def zero_shot_classifier(net: CLIP, prompts: Tensor) -> Tensor:
 
 class ContrastiveImageTextTask(TridentTask):
     NAME = "clip"
+    # What a checkpoint of this task fixes as init_from: the projection and the towers' settings, the image geometry and
+    # statistics (its context: the backbone's max_seq_len, which the data reads as data.max_length).
+    SOURCE_SETTINGS = ("embed_dim", "text", "image")
+    SOURCE_DATA_SETTINGS = ("image_size", "patch_size", "in_channels", "mean", "std")
     OUTSIDE_NETWORK = CLIP  # transformers' CLIPModel, open_clip's OpenAI layout
     # The text tower's context is its captions' token length (data.max_length); the backbone is the text tower.
     FROM_NETWORK: ClassVar[dict[str, str]] = {
