@@ -1,6 +1,6 @@
 """The one registry of outside formats: the Hugging Face adapters, read by ``read_pretrained`` (by
 ``config.json``'s ``model_type``) and by the hf export (by the trident network's class), and the formats
-their files name (timm's ViT). A new family: one line here."""
+their files name (timm's ViT, open_clip's directory). A new family: one line here."""
 
 from __future__ import annotations
 
