@@ -27,6 +27,7 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-gpt2": {"pos_encoding": "learned"},
     "hf-bert": {},
     "hf-vit": {},
+    "hf-clip": {},
     "hf-llama": {"pos_encoding": "rope"},
     "hf-llama-with-biases": {"pos_encoding": "rope", "bias": True},
     "hf-mistral": {"pos_encoding": "rope", "attention_window": 16},

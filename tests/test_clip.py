@@ -1,7 +1,8 @@
 """task=clip and data=image_text (issue 54 items 1-2): the default offline pairs (MNIST digits captioned from their
 class names by templates, two classes held out of training), pairs read from JSONL / CSV / parquet files or a folder,
 bad inputs in one line, each tower's own settings, the metrics (retrieval recall@k, zero-shot accuracy), and
-``python train.py task=clip`` end to end with the network of the loaded run giving its features."""
+``python train.py task=clip`` end to end with the network of the loaded run giving its features, as its hf export
+does."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from PIL import Image
 
 import trident
-from trident.data.image_text import ImageTextDataModule
+from trident.data.image_text import ImageTextDataModule, caption_ids
 from trident.errors import ConfigError, DataError
 from trident.runs.pipeline import check_config
 from trident.tasks.clip import ContrastiveImageTextTask, recall_at
@@ -151,6 +152,20 @@ def test_train_py_trains_clip_and_the_loaded_network_gives_its_features(tmp_path
     with torch.no_grad():
         assert task.net.encode_image(images).shape == (3, 64) and task.net.encode_text(ids).shape == (2, 64)
         assert task.net(images, ids).shape == (3, 2)
+    # trident-export --format hf of the run: a CLIPModel with the run's features, and its caption tokenizer.
+    transformers = pytest.importorskip("transformers")
+    from trident.commands.export import main as export
+
+    export([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    exported = transformers.CLIPModel.from_pretrained(tmp_path / "hf").eval()
+    captions = ["a photo of the digit two.", "the number eight."]
+    hf_ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(captions, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = (exported.get_image_features(pixel_values=images), exported.get_text_features(input_ids=hf_ids.input_ids))
+        ours = (task.net.encode_image(images), task.net.encode_text(caption_ids(task.tokenizer, captions, 16)))
+    for mine, reference in zip(ours, theirs, strict=True):
+        reference = reference if isinstance(reference, torch.Tensor) else reference.pooler_output
+        torch.testing.assert_close(mine, reference, rtol=0, atol=1e-5)
 
 
 def tiny_clip() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:

@@ -163,5 +163,19 @@ def test_an_open_clip_setting_trident_cannot_reproduce_is_one_line(tmp_path: Pat
     config = {**OPEN_CLIP_CONFIG, "vision_cfg": {**OPEN_CLIP_CONFIG["vision_cfg"], "ls_init_value": 0.1}}
     (directory / open_clip_files.CONFIG).write_text(json.dumps({"model_cfg": config}))
     (directory / open_clip_files.WEIGHTS[0]).write_bytes(b"")
-    with pytest.raises(DataError, match="open_clip's vision_cfg.ls_init_value setting, which trident cannot reproduce"):
+    with pytest.raises(DataError, match="open_clip's vision_cfg.ls_init_value=0.1 setting, which trident cannot reproduce"):
         open_clip_files.read(directory, str(directory), None)
+
+
+def trident_clip() -> CLIP:
+    """A trident CLIP as task=clip builds it (quick GELU, the image tower's pre-norm), every parameter randomised, in eval
+    mode, with a temperature below CLIP's clamp."""
+    backbone = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, max_seq_len=CONTEXT, pos_encoding="learned",
+                                 activation="quick_gelu", norm_eps=1e-5, dropout=0.0)
+    net = clip(backbone, vocab_size=VOCAB, eos_id=EOS, embed_dim=20, text=None,
+               image={"d_model": 24, "n_heads": 2, "n_layers": 3, "d_ff": 40, "embedding_norm": True}, image_size=16,
+               patch_size=4, in_channels=3)
+    randomise(net, seed=4)
+    with torch.no_grad():
+        net.logit_scale.fill_(2.5)
+    return net.eval()

@@ -70,7 +70,8 @@ def test_the_supported_formats_are_one_list_hugging_face_then_the_formats_files_
     (tmp_path / "weights.npz").write_text("")
     assert re.search(r"supported are a Hugging Face directory of GPT2LMHeadModel, [A-Za-z0-9, ]+, or a timm ViT "
                      r"state-dict file \(\.pth/\.pt/\.bin/\.safetensors\) or directory \(timm's config\.json \+ "
-                     r"weights\)$", message(tmp_path / "weights.npz"))
+                     r"weights\), or an open_clip model directory \(open_clip_config\.json beside "
+                     r"open_clip_model\.safetensors or open_clip_pytorch_model\.bin\)$", message(tmp_path / "weights.npz"))
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path: Path) -> None:

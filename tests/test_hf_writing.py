@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from tests.test_convert_bert import trident_bert
+from tests.test_convert_clip import trident_clip
 from tests.test_convert_gemma import WRITE_CASES as GEMMA_CASES
 from tests.test_convert_gemma import gemma_lm
 from tests.test_convert_gpt2 import trident_lm as gpt2_lm
@@ -25,6 +26,7 @@ from tests.test_convert_llama_family import trident_lm as llama_lm
 from tests.test_convert_vit import trident_vit
 from tests.test_export_chat import CHATML, chatml_tokenizer, llama3_style_tokenizer
 from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+from trident.data.image_text import word_tokenizer
 from trident.data.tokenization import train_tokenizer
 from trident.models import CausalLM
 from trident.weights.adapters.hf_export import end_of_turn_id, run_settings, special_tokens, to_transformers, write_hf
@@ -101,6 +103,8 @@ CASES: dict[str, Case] = {
     "bert": (trident_bert, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
+    # task=clip's own word-level tokenizer (ends each text in <|endoftext|>), its zero-shot class names.
+    "clip": (trident_clip, lambda _: word_tokenizer([TEXT]), [f"class {i}" for i in range(3)], {}),
     "llama-chatml": (lambda: llama_lm({}), lambda _: chatml_tokenizer(), None,
                      chat(ChatTemplate("chatml.jinja", CHATML, {}))),
     "llama-default-template": (lambda: llama_lm({}), lambda _: llama3_style_tokenizer(), None,

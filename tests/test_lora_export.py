@@ -28,7 +28,7 @@ from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.vit import ImageClassificationTask
 from trident.weights.adapters import llama_style
-from trident.weights.adapters.peft_export import LAYOUTS, write_peft
+from trident.weights.adapters.peft_export import LAYOUTS, NO_LAYOUT, write_peft
 from trident.weights.adapters.registry import ADAPTERS
 from trident.weights.init_from import read_init_source
 
@@ -189,7 +189,7 @@ def test_init_from_a_lora_run_takes_its_merged_weights(runs: tuple[Path, Path]) 
 
 def test_every_family_the_hf_export_writes_has_a_peft_layout() -> None:
     families = [adapter for adapter in ADAPTERS if not isinstance(adapter, llama_style.Family)]
-    assert sorted(LAYOUTS) == sorted(adapter.FORMAT for adapter in families)
+    assert sorted([*LAYOUTS, *NO_LAYOUT]) == sorted(adapter.FORMAT for adapter in families)
 
 
 def test_a_vit_whose_module_names_no_layout_knows_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ class WeightsSource(Protocol):
     def source(self) -> str: ...  # the path or name it was read from
 
     @property
+    def model(self) -> Mapping[str, Any]: ...  # its architecture: the model settings of its (first) stack
+
+    @property
     def task_options(self) -> Mapping[str, Any]: ...  # the task settings its network was built with
 
     @property
@@ -57,6 +60,25 @@ def stage_file(text: str, staged: Path) -> None:
         temporary = staged.with_suffix(".tmp")
         temporary.write_text(text)
         temporary.replace(staged)
+
+
+def source_tokenizer_file(source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, str]:
+    """``data.tokenizer`` -> the file the source's tokenizer is staged in (under ``data.cache_dir``, named by its
+    content, so a resume that reads the run's copy names the same file), for data that reads the source's tokenizer
+    (never a retrained one); {} for a source without one. A tokenizer the command line names too is one line."""
+    if source.tokenizer is None or "tokenizer" not in data:
+        return {}
+    if "data.tokenizer" in explicit:
+        raise ConfigError(f"data.tokenizer={data.tokenizer} and init_from={source.source} both name a tokenizer: "
+                          "drop data.tokenizer (the weights come with theirs)")
+    digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
+    return {"data.tokenizer": str(Path(data.cache_dir) / "tokenizers" / f"{digest}.json")}
+
+
+def stage_source_tokenizer(source: WeightsSource, data: DictConfig) -> None:
+    """The source's tokenizer in the file ``data.tokenizer`` names (:func:`source_tokenizer_file`)."""
+    if source.tokenizer is not None and data.get("tokenizer"):
+        stage_file(source.tokenizer.to_str(), Path(str(data.tokenizer)))
 
 
 class TridentDataModule(L.LightningDataModule, ABC):
@@ -228,20 +250,12 @@ class TextDataModule(TridentDataModule):
     def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
         """Text data reads the source's tokenizer (never a retrained one) from a file under the data cache named by its
         content (:meth:`stage_source` writes it), so a resume that reads the run's copy names the same file."""
-        fixed = super().settings_from_source(source, data, explicit)
-        if source.tokenizer is not None and "tokenizer" in data:
-            if "data.tokenizer" in explicit:
-                raise ConfigError(f"data.tokenizer={data.tokenizer} and init_from={source.source} both name a tokenizer: "
-                                  "drop data.tokenizer (the weights come with theirs)")
-            digest = hashlib.sha256(source.tokenizer.to_str().encode()).hexdigest()[:16]
-            fixed["data.tokenizer"] = str(Path(data.cache_dir) / "tokenizers" / f"{digest}.json")
-        return fixed
+        return super().settings_from_source(source, data, explicit) | source_tokenizer_file(source, data, explicit)
 
     @classmethod
     def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
         """The source's tokenizer in the file ``data.tokenizer`` names."""
-        if source.tokenizer is not None and data.get("tokenizer"):
-            stage_file(source.tokenizer.to_str(), Path(str(data.tokenizer)))
+        stage_source_tokenizer(source, data)
 
     def save_to(self, run_dir: Path) -> None:
         """Keep the tokenizer with the run, so the run directory alone can decode its outputs."""

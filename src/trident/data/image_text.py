@@ -21,22 +21,27 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from trident.data.base import WeightsSource, source_tokenizer_file, stage_source_tokenizer
 from trident.data.image_sources import load_image_source
 from trident.data.images import ImageDataset, ImageSettingsDataModule, NormalizedArrays, eval_transform
 from trident.data.order import EpochShuffleSampler
 from trident.data.tokenization import END_OF_TEXT, UNK, read_tokenizer
 from trident.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 PACKAGED = ("mnist_5k", "digits", "fashion_mnist")
 CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.parquet")
@@ -44,13 +49,17 @@ SPLITS = ("train", "validation", "test")
 
 def word_tokenizer(texts: list[str]) -> Tokenizer:
     """A lower-cased word-level tokenizer (words and punctuation) of every word in ``texts``, ``<unk>`` and
-    ``<|endoftext|>`` first."""
+    ``<|endoftext|>`` first, which ends each text in ``<|endoftext|>``."""
     split = pre_tokenizers.Whitespace()
     words = sorted({word for text in texts for word, _ in split.pre_tokenize_str(text.lower())})
-    tokenizer = Tokenizer(models.WordLevel({UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)},
-                                           unk_token=UNK))
+    vocabulary = {UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=UNK))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = split
+    # Each text ends in <|endoftext|>, as CLIP's tokenizer ends it: the run's exported tokenizer (trident-export --format
+    # hf) encodes what the text tower pools at (caption_ids appends it itself, after cutting a caption to fit).
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {END_OF_TEXT}",
+                                                             special_tokens=[(END_OF_TEXT, vocabulary[END_OF_TEXT])])
     return tokenizer
 
 
@@ -145,6 +154,28 @@ def pair_table(source: str) -> Path:
 
 
 class ImageTextDataModule(ImageSettingsDataModule):
+    # The statistics an init_from source states that a run may change (as an image classifier's: docs/weights.md); its
+    # image size and context are its position tables' lengths, which CLIP's weights do not resample.
+    ADAPTABLE_FROM_SOURCE = ("mean", "std")
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, data: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """The source's image geometry, statistics (but those the command line set) and context, and its tokenizer
+        (a CLIP's own: staged under ``data.cache_dir``, :func:`~trident.data.base.source_tokenizer_file`). The context
+        of a trident run, which states its position table's length as the backbone's ``max_seq_len``, is the captions'
+        ``data.max_length``."""
+        options = dict(source.data_options)
+        if "max_seq_len" in options:
+            options["max_length"] = options.pop("max_seq_len")
+        adapted = {f"data.{key}" for key in cls.ADAPTABLE_FROM_SOURCE} & set(explicit)
+        fixed = {f"data.{key}": value for key, value in options.items() if key in data and f"data.{key}" not in adapted}
+        return fixed | source_tokenizer_file(source, data, explicit)
+
+    @classmethod
+    def stage_source(cls, source: WeightsSource, data: DictConfig) -> None:
+        """The source's tokenizer in the file ``data.tokenizer`` names."""
+        stage_source_tokenizer(source, data)
+
     def __init__(
         self,
         source: str = "mnist_5k",
@@ -155,6 +186,7 @@ class ImageTextDataModule(ImageSettingsDataModule):
         templates: list[str] | None = None,
         zero_shot_classes: list[str] | None = None,
         tokenizer: str | None = None,
+        cache_dir: str | None = None,
         max_length: int = 16,
         image_size: int = 28,
         in_channels: int = 1,
@@ -179,7 +211,7 @@ class ImageTextDataModule(ImageSettingsDataModule):
         self.zero_shot_classes = list(zero_shot_classes or [])
         if any("{}" not in template for template in self.templates):
             raise ConfigError(f"data.templates={self.templates}: each template needs a {{}} for the class name")
-        self.tokenizer_choice, self.max_length = tokenizer, max_length
+        self.tokenizer_choice, self.max_length = tokenizer, max_length  # cache_dir: read from the config (staging)
         self.validation_size, self.test_size, self.split_seed = validation_size, test_size, split_seed
         self.batch_size, self.seed = batch_size, seed
         self.tokenizer: Tokenizer | None = None

@@ -5,6 +5,7 @@ recall@1/5/10 both ways."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -12,8 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.export import Dim
 
-from trident.data.base import TridentDataModule
+from trident.data.base import TridentDataModule, WeightsSource
 from trident.data.image_text import ImageTextDataModule, caption_ids
+from trident.errors import ConfigError
 from trident.models import properties
 from trident.models.clip import CLIP, MAX_LOGIT_SCALE
 from trident.objectives import TRAIN
@@ -39,6 +41,12 @@ def recall_at(similarity: Tensor, k: int) -> float:
     return float((top == torch.arange(similarity.size(0), device=top.device)[:, None]).any(dim=1).float().mean())
 
 
+def same_setting(a: Any, b: Any) -> bool:
+    """Whether two settings are equal, a number whatever its type (4 and 4.0)."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    return float(a) == float(b) if numbers else bool(a == b)
+
+
 def zero_shot_classifier(net: CLIP, prompts: Tensor) -> Tensor:
     """(C, K, T) ids of K templates filled with each of C class names -> (C, E): each class's normalised mean of its
     normalised prompt features (open_clip's ``build_zero_shot_classifier``)."""
@@ -49,6 +57,10 @@ def zero_shot_classifier(net: CLIP, prompts: Tensor) -> Tensor:
 
 class ContrastiveImageTextTask(TridentTask):
     NAME = "clip"
+    # What a checkpoint of this task fixes as init_from: the projection and the towers' settings, the image geometry and
+    # statistics (its context: the backbone's max_seq_len, which the data reads as data.max_length).
+    SOURCE_SETTINGS = ("embed_dim", "text", "image")
+    SOURCE_DATA_SETTINGS = ("image_size", "patch_size", "in_channels", "mean", "std")
     OUTSIDE_NETWORK = CLIP  # transformers' CLIPModel, open_clip's OpenAI layout
     # The text tower's context is its captions' token length (data.max_length); the backbone is the text tower.
     FROM_NETWORK: ClassVar[dict[str, str]] = {
@@ -56,6 +68,7 @@ class ContrastiveImageTextTask(TridentTask):
         properties.IMAGE_TOWER: "task.image", properties.END_OF_TEXT: "task.eos_id",
         properties.IMAGE_SIZE: "data.image_size", properties.PATCH_SIZE: "data.patch_size",
         properties.CHANNELS: "data.in_channels", properties.MAX_SEQ_LEN: "data.max_length",
+        properties.PIXEL_MEAN: "data.mean", properties.PIXEL_STD: "data.std",
     }
     VALIDATION_METRICS = ("val/loss", "val/zero_shot_acc",
                           *(f"val/{way}_r{k}" for way in DIRECTIONS for k in RECALL_AT))
@@ -102,6 +115,33 @@ class ContrastiveImageTextTask(TridentTask):
         super().validate_config(cfg)
         for tower in ("text", "image"):
             check_tower_keys(cfg.task.get(tower), tower)
+
+    @classmethod
+    def settings_from_source(cls, source: WeightsSource, cfg: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
+        """The towers' settings the source states (``task.text`` and ``task.image``: their sizes, over the text
+        tower's, which are the backbone's ``model``) replace the run's whole, but what the command line set for one
+        tower that the source does not state (its dropout) is kept; a value it states otherwise is one line."""
+        from omegaconf import OmegaConf  # here: a loaded run's task is built without Hydra's config
+
+        fixed = super().settings_from_source(source, cfg, explicit)
+        for tower in ("text", "image"):
+            if f"task.{tower}" not in fixed:
+                continue
+            stated = dict(fixed[f"task.{tower}"] or {})
+            # The text tower's settings that the source does not override are its backbone's.
+            architecture = {**source.model, **stated} if tower == "text" else stated
+            for key in explicit:
+                setting = key.removeprefix(f"task.{tower}.")
+                if setting == key:
+                    continue
+                value = OmegaConf.select(cfg, key)
+                if setting not in architecture:
+                    stated[setting] = value
+                elif not same_setting(value, architecture[setting]):
+                    raise ConfigError(f"{key}={value} contradicts init_from={source.source}, which has {key}="
+                                      f"{architecture[setting]}: drop that override (the architecture comes from the weights)")
+            fixed[f"task.{tower}"] = stated or None
+        return fixed
 
     def forward(self, images: Tensor, ids: Tensor) -> Tensor:
         return self.net(images, ids)

@@ -59,22 +59,24 @@ def check_source_task(task: type[TridentTask], source: PretrainedWeights) -> Non
     if task.READS != trained_for.READS:
         raise ConfigError(f"init_from={source.source} holds a task={source.task} model, which reads {trained_for.READS}; "
                           f"task={task.NAME} reads {task.READS}, so only its blocks would fit, without their embedding: "
-                          f"pass the weights of {sources_reading(task.READS)}, or train from scratch")
+                          f"run it with task={source.task}, or pass the weights of {sources_reading(task.READS)}, or train "
+                          "from scratch")
 
 
 def sources_reading(reads: str) -> str:
-    """The sources a task that reads ``reads`` (text or images) can start from: trident runs, the Hugging Face families
-    of the adapter registry whose network reads it (by config.json's model_type) and, for images, the file formats."""
-    from trident.models.vit import VisionTransformer  # here: the registry loads every adapter
-    from trident.tasks.registry import TASKS
+    """The sources a task that reads ``reads`` (text, images, or both) can start from: trident runs, the Hugging Face
+    families of the adapter registry whose network's task reads it (by config.json's model_type) and the file formats."""
+    from trident.tasks.registry import TASKS  # here: the registry loads every adapter
+    from trident.weights.adapters.outside_network import holder
     from trident.weights.adapters.registry import ADAPTERS, FILE_ADAPTERS
 
-    families = [adapter.MODEL_TYPE for adapter in ADAPTERS if (adapter.NETWORK is VisionTransformer) == (reads == "images")]
-    files = [adapter.DESCRIPTION for adapter in FILE_ADAPTERS] if reads == "images" else []
+    families = [adapter.MODEL_TYPE for adapter in ADAPTERS if holder(adapter.NETWORK).READS == reads]
+    files = [adapter.DESCRIPTION for adapter in FILE_ADAPTERS if holder(adapter.NETWORK).READS == reads]
     # The runs of the tasks that read the same and give their weights to another task (not an encoder-decoder's).
     runs = [name for name, task in TASKS.items() if task.READS == reads and not task.ENCODER_DECODER]
     named = " or ".join(filter(None, (", ".join(runs[:-1]), runs[-1])))
-    return (f"{'an image' if reads == 'images' else 'a text'} model (a trident {named} run, a Hugging Face directory of "
+    kind = "an image" if reads == "images" else "an image-text" if "images" in reads else "a text"
+    return (f"{kind} model (a trident {named} run, a Hugging Face directory of "
             f"model_type {', '.join(families)}{''.join(f', {described}' for described in files)})")
 
 

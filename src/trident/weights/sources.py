@@ -1,8 +1,8 @@
 """The sources ``init_from=`` reads, as weights: a trident checkpoint or run directory, the copy of a source inside a
-run (``<run>/init``), a Hugging Face model directory (a peft adapter on one) or a timm ViT file; and where a
-``finetune=lora`` checkpoint's frozen base is found again (:func:`find_base`). What a source fixes in a run's
-config is trident.weights.init_from's business; this module reads (no config library: ``trident.load`` and the
-commands that do not train import it).
+run (``<run>/init``), a Hugging Face model directory (a peft adapter on one), a timm ViT file or an open_clip
+directory; and where a ``finetune=lora`` checkpoint's frozen base is found again (:func:`find_base`). What a source
+fixes in a run's config is trident.weights.init_from's business; this module reads (no config library:
+``trident.load`` and the commands that do not train import it).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
     location = Path(path)
     if not location.exists():
         raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
-                        "a Hugging Face model directory or a timm ViT file")
+                        "a Hugging Face model directory, a timm ViT file or an open_clip directory")
     if (location / "source.json").is_file():
         return read_source_copy(location)
     # A Hugging Face directory, a peft adapter on one (adapter_config.json) or a timm file.
@@ -51,6 +51,10 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
         return _from_outside(path, n_heads)
     if (location.is_dir() and not holds_shards(location) and not any(location.glob("checkpoints/*.ckpt"))
             and not any(location.glob("*.ckpt"))):
+        from trident.weights.adapters.registry import file_adapter_for  # here: only a directory of no trident run
+
+        if file_adapter_for(location) is not None:  # a format its files name (open_clip's directory)
+            return _from_outside(path, n_heads)
         raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
                         "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
     return _from_trident_checkpoint(path, checkpoint_of(location))

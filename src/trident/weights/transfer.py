@@ -53,9 +53,9 @@ def group_of(name: str) -> str:
 
 
 def _is_token_table(name: str, here: Tensor, there: Tensor) -> bool:
-    """A token embedding (``embed``, ``src_embed``...) whose number of rows (tokens) differs."""
-    first = name.split(".")[0]
-    return first.endswith("embed") and here.ndim == 2 and here.shape[1] == there.shape[1]
+    """A token embedding (``embed``, ``src_embed``, CLIP's ``text.embed``...) whose number of rows (tokens) differs."""
+    module = name.split(".")[-2] if "." in name else name
+    return module.endswith("embed") and here.ndim == 2 and here.shape[1] == there.shape[1]
 
 
 def _what_shapes(name: str) -> str:

@@ -24,6 +24,8 @@ from trident.models.properties import (
     IMAGE_TOWER,
     MAX_SEQ_LEN,
     PATCH_SIZE,
+    PIXEL_MEAN,
+    PIXEL_STD,
     PROJECTION_DIM,
     TEXT_TOWER,
 )
@@ -40,9 +42,16 @@ from trident.weights.adapters.outside_network import OutsideNetwork
 
 FORMAT = "hf-clip"
 MODEL_TYPE = "clip"
+FAMILY = "clip"  # model.family of the stacks it reads and writes (both towers')
 ARCHITECTURES = ("CLIPModel",)
 NETWORK = CLIP
 TARGET = "CLIP (hf export)"
+# CLIP's tokenizer's named tokens (transformers' CLIPTokenizer pads with the end-of-text token), where the run's
+# vocabulary has them: trident's own caption tokenizer has <|endoftext|> and no <|startoftext|>.
+SPECIAL_TOKENS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+#: The image statistics CLIP was trained with (OpenAI's): transformers' CLIPImageProcessor's and open_clip's defaults, what
+#: a CLIP directory without its processor's preprocessor_config.json is read with.
+OPENAI_MEAN, OPENAI_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 #: transformers' CLIP pooled at the largest id while its configs said ``eos_token_id=2`` (before PR #24773).
 LEGACY_EOS = 2
 
@@ -102,10 +111,11 @@ def clip_properties(projection_dim: int, image_tower: dict[str, Any], end_of_tex
                     patch_size: int, channels: int, context: int) -> dict[str, Any]:
     """What a CLIP's files say of it beside its backbone (the text tower's settings): its projection width, the image
     tower's settings (with its embedding norm: CLIP's ``pre_layrnorm`` / ``ln_pre``), the pooled token (None: each row's
-    largest id), the image geometry and the text's context (its position table's rows)."""
+    largest id), the image geometry, the text's context (its position table's rows) and OpenAI's image statistics (a
+    preprocessor_config.json or open_clip's preprocess_cfg beside the weights states others)."""
     return {PROJECTION_DIM: projection_dim, TEXT_TOWER: None, IMAGE_TOWER: {**image_tower, "embedding_norm": True},
             END_OF_TEXT: end_of_text, IMAGE_SIZE: image_size, PATCH_SIZE: patch_size, CHANNELS: channels,
-            MAX_SEQ_LEN: context}
+            MAX_SEQ_LEN: context, PIXEL_MEAN: OPENAI_MEAN, PIXEL_STD: OPENAI_STD}
 
 
 def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
@@ -130,13 +140,14 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     )
 
 
-def _tower_config(cfg: Any, embedding_norm: bool) -> dict[str, Any]:
+def _tower_config(cfg: Any, embedding_norm: bool, projection_dim: int) -> dict[str, Any]:
     """A tower's ``CLIPTextConfig`` / ``CLIPVisionConfig`` arguments; ``embedding_norm``: the vision tower's
-    ``pre_layrnorm`` (the text tower has none)."""
+    ``pre_layrnorm`` (the text tower has none); ``projection_dim``: the model's (``CLIPTextModelWithProjection`` and
+    ``CLIPVisionModelWithProjection`` read a tower's own, 512 by default)."""
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=embedding_norm)
     return {"hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers,
             "intermediate_size": cfg.d_ff, "hidden_act": activation_to_hf(cfg.activation, TARGET),
-            "layer_norm_eps": cfg.norm_eps, "attention_dropout": cfg.attn_dropout}
+            "layer_norm_eps": cfg.norm_eps, "attention_dropout": cfg.attn_dropout, "projection_dim": projection_dim}
 
 
 def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
@@ -145,13 +156,17 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     if image.grid is None:
         raise ValueError("CLIP's image tower always has a grid")
     _, in_channels, patch_size, _ = net.image.patch_embed.proj.weight.shape  # (D, C, p, p)
+    projection = net.text.projection.out_features
     config = {
-        "projection_dim": net.text.projection.out_features,
+        "projection_dim": projection,
         "logit_scale_init_value": float(net.logit_scale.detach()),
-        "text_config": {**_tower_config(text, False), "vocab_size": net.text.vocab_size, "max_position_embeddings": text.max_seq_len,
+        # The text tower pools at eos_token_id; CLIPTextConfig's default bos and pad ids (49406, 1) are OpenAI's
+        # tokenizer's, not the run's (whose ids the config's top level holds: hf_export.run_settings).
+        "text_config": {**_tower_config(text, False, projection), "vocab_size": net.text.vocab_size,
+                        "max_position_embeddings": text.max_seq_len, "bos_token_id": None, "pad_token_id": None,
                         "eos_token_id": LEGACY_EOS if net.text.eos_id is None else net.text.eos_id},
-        "vision_config": {**_tower_config(image, True), "image_size": image.grid[0] * patch_size, "patch_size": patch_size,
-                          "num_channels": in_channels},
+        "vision_config": {**_tower_config(image, True, projection), "image_size": image.grid[0] * patch_size,
+                          "patch_size": patch_size, "num_channels": in_channels},
     }
     own = net.state_dict()
     plain, fused = _stack_names((text.n_layers, image.n_layers))
@@ -161,3 +176,8 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     state[_CLASS[0]] = own[_CLASS[1]].reshape(-1)
     state[_SCALE] = own[_SCALE].reshape(())
     return "CLIPModel", config, state
+
+
+def writes(net: CLIP) -> bool:
+    """Every CLIP is written as CLIPModel (its refusals name what CLIPModel lacks)."""
+    return True

@@ -4,7 +4,7 @@ starts without transformers, whose import with its model classes took more time 
 byte (``tests/test_hf_writing.py`` holds every family and kind of tokenizer to the installed transformers' own files).
 
 - ``config.json``: the adapter's settings and the run's (special-token ids, labels) over what the family's config class
-  writes whatever the settings (:data:`CONFIG_DEFAULTS`, :data:`DERIVED`), with the architecture, ``model_type``, the
+  writes whatever the settings (:data:`CONFIG_DEFAULTS`, :data:`DERIVED`, its sub-configs' :data:`SUB_CONFIG_DEFAULTS`), with the architecture, ``model_type``, the
   weights' dtype and the installed transformers' version, as ``save_pretrained`` stamps them.
 - ``generation_config.json`` for a network that generates: the config's generation entries
   (``GenerationConfig.from_model_config``).
@@ -49,6 +49,13 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
                "use_bidirectional_attention": None, "use_cache": True},
     "gemma3_text": {"bos_token_id": 2, "eos_token_id": 1, "initializer_range": 0.02, "pad_token_id": 0,
                     "use_bidirectional_attention": False, "use_cache": True},
+    "clip": {"initializer_factor": 1.0},
+}
+# model_type -> its sub-configs (CLIP's towers) -> the entries each one's config class writes beyond the adapter's
+# settings; save_pretrained stamps each with the weights' dtype too.
+SUB_CONFIG_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "clip": {"text_config": {"initializer_factor": 1.0, "initializer_range": 0.02, "model_type": "clip_text_model"},
+             "vision_config": {"initializer_factor": 1.0, "initializer_range": 0.02, "model_type": "clip_vision_model"}},
 }
 # PretrainedConfig's label count: its LABEL_0, LABEL_1 are not written, another count's LABEL_i are.
 DEFAULT_LABELS = 2
@@ -79,7 +86,8 @@ def config_json(model_type: str, architecture: str, settings: Mapping[str, Any],
     if labels != DEFAULT_LABELS and "id2label" not in run:
         derived |= {"id2label": {i: f"LABEL_{i}" for i in range(labels)},
                     "label2id": {f"LABEL_{i}": i for i in range(labels)}}
-    return {**CONFIG_DEFAULTS[model_type], **derived, **settings, **run, "architectures": [architecture],
+    nested = {key: {**defaults, **settings[key], "dtype": dtype} for key, defaults in SUB_CONFIG_DEFAULTS.get(model_type, {}).items()}
+    return {**CONFIG_DEFAULTS[model_type], **derived, **settings, **nested, **run, "architectures": [architecture],
             "model_type": model_type, "dtype": dtype, "transformers_version": version("transformers")}
 
 

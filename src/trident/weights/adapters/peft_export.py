@@ -2,7 +2,7 @@
 ``adapter_config.json`` and ``adapter_model.safetensors`` in the module names of the run's Hugging Face
 export, which ``peft.PeftModel.from_pretrained(<the base exported as hf>, DIR)`` loads with the same logits.
 
-Every family the hf export writes has a :class:`PeftLayout`. Where the family splits a layer trident fuses
+Every family the hf export writes has a :class:`PeftLayout`, but CLIP's two towers (refused in one line). Where the family splits a layer trident fuses
 (the Llama family's, BERT's and ViT's q, k, v; the Llama family's gate and up), each of trident's per-slice
 adapters is one peft adapter. Where the family fuses it too (GPT-2's ``c_attn``, a Conv1D), the slices'
 adapters are one exact adapter on the whole layer: A stacks the adapted slices' A (|S| r x in), B places each
@@ -26,7 +26,7 @@ from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
-from trident.weights.adapters import hf_bert, hf_gemma, hf_gpt2, hf_vit, llama_style
+from trident.weights.adapters import hf_bert, hf_clip, hf_gemma, hf_gpt2, hf_vit, llama_style
 from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import adapter_for_model_type, adapter_for_network
 
@@ -73,11 +73,16 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
 # Gemma's modules (in a block) are named as Llama's; its extra norms are no LoRA targets.
 LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
                                              hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
+# Families of two stacks (CLIP's towers), whose adapters the peft export does not place: --format hf merges them.
+NO_LAYOUT = (hf_clip.FORMAT,)
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
     """The peft layout of the family ``adapter`` writes ``net`` as (the Llama family's four share one); of a
     family whose module names changed between transformers versions, the installed version's."""
+    if adapter.FORMAT in NO_LAYOUT:
+        raise ConfigError(f"--format peft writes the adapters of one stack and a {adapter.ARCHITECTURES[0]} has two: "
+                          "export it with --format hf (the adapters merged)")
     layouts = (LLAMA,) if isinstance(adapter, llama_style.Family) else LAYOUTS[adapter.FORMAT]
     if len(layouts) == 1:
         return layouts[0]

@@ -1,6 +1,6 @@
 """The one registry of outside formats: the Hugging Face adapters, read by ``read_pretrained`` (by
 ``config.json``'s ``model_type``) and by the hf export (by the trident network's class), and the formats
-their files name (timm's ViT). A new family: one line here."""
+their files name (timm's ViT, open_clip's directory). A new family: one line here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 from trident.errors import ConfigError
 from trident.weights.adapters import (
     hf_bert,
+    hf_clip,
     hf_gemma,
     hf_gpt2,
     hf_llama,
@@ -18,6 +19,7 @@ from trident.weights.adapters import (
     hf_qwen2,
     hf_qwen3,
     hf_vit,
+    open_clip_files,
     timm_vit,
 )
 from trident.weights.adapters.base import Adapter, FileAdapter
@@ -25,8 +27,9 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
     hf_gemma.GEMMA2, hf_gemma.GEMMA3,
+    hf_clip,
 )
-FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
+FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit, open_clip_files)
 
 
 def file_adapter_for(path: Path) -> FileAdapter | None:
