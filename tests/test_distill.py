@@ -1,0 +1,147 @@
+"""Knowledge distillation (``distill=kd``, docs/distillation.md): the loss against a hand computation in float64, the
+teacher frozen and never saved, gradient accumulation equal to one batch, and the bad inputs, one line each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from trident.errors import ConfigError
+from trident.objectives import ClassLabel, NextToken, Outputs, TargetSequence
+from trident.objectives.distillation import Distillation, DistillSettings, TaughtOutputs
+from trident.runs.pipeline import build_data_and_task, check_config
+from trident.tasks.base import TridentTask
+from trident.tasks.networks import companions_beside
+from trident.tasks.teacher import TEACHER, TEACHER_RECORD
+from trident.weights.teacher import stage_teacher
+
+from .conftest import SMALL, compose_config
+from .test_translation_train import SMALL_MT
+from .test_vit_pipeline import VIT_SMALL
+
+IGNORE = -100
+
+
+def settings(divergence: str = "forward_kl", temperature: float = 2.0, weight: float = 0.3) -> DistillSettings:
+    return DistillSettings("teacher", temperature, weight, divergence)
+
+
+def hand_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float, reverse: bool = False) -> torch.Tensor:
+    """KL(p || q) * T^2 per row, written out: p the teacher's tempered softmax (reverse: the student's)."""
+    p_t = torch.softmax(teacher.double() / temperature, -1)
+    p_s = torch.softmax(student.double() / temperature, -1)
+    p, q = (p_s, p_t) if reverse else (p_t, p_s)
+    return (p * (p.log() - q.log())).sum(-1) * temperature**2
+
+
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl"])
+def test_token_loss_equals_a_hand_computation(divergence: str) -> None:
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 7, dtype=torch.float64), torch.randn(2, 5, 7, dtype=torch.float64)
+    targets = torch.randint(0, 7, (2, 5))
+    targets[0, :2] = IGNORE  # a chat prompt's tokens
+    targets[1, 4] = IGNORE  # padding
+    chosen = settings(divergence)
+    loss = Distillation(NextToken(), chosen).reduce(TaughtOutputs(student, targets, teacher=teacher), "train")
+    kept = targets.ne(IGNORE)
+    nll = F.cross_entropy(student[kept], targets[kept], reduction="sum")
+    soft = hand_kl(student[kept], teacher[kept], 2.0, reverse=divergence == "reverse_kl").sum()
+    assert int(loss.count) == int(kept.sum()) == 7
+    # The teacher's term in float64 as given; next_token's cross entropy is float32 (its logits cast up, not down).
+    torch.testing.assert_close(loss.parts["distill_loss"][0], soft / 7, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss.parts["label_loss"][0].double(), nll / 7, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss.summed.double(), 0.7 * nll + 0.3 * soft, rtol=1e-6, atol=1e-6)
+    # Validation scores the labels alone: the number compared with a student trained without a teacher.
+    torch.testing.assert_close(Distillation(NextToken(), chosen).reduce(
+        TaughtOutputs(student, targets, teacher=teacher), "val").summed.double(), nll, rtol=1e-6, atol=1e-6)
+
+
+def test_translation_loss_keeps_its_label_smoothing_and_nll() -> None:
+    torch.manual_seed(1)
+    student, teacher = torch.randn(3, 4, 9, dtype=torch.float64), torch.randn(3, 4, 9, dtype=torch.float64)
+    targets = torch.randint(0, 9, (3, 4))
+    targets[2, 2:] = IGNORE
+    label = TargetSequence(label_smoothing=0.1)
+    loss = Distillation(label, settings(weight=0.5)).reduce(TaughtOutputs(student, targets, teacher=teacher), "train")
+    plain = label.reduce(Outputs(student, targets), "train")
+    kept = targets.ne(IGNORE)
+    torch.testing.assert_close(loss.summed, 0.5 * plain.summed + 0.5 * hand_kl(student[kept], teacher[kept], 2.0).sum())
+    assert "nll_loss" in loss.parts
+
+
+def test_example_loss_equals_a_hand_computation_with_hard_labels_and_mixup() -> None:
+    torch.manual_seed(2)
+    student, teacher = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1, 2])
+    loss = Distillation(ClassLabel(), settings(temperature=4.0, weight=0.9)).reduce(
+        TaughtOutputs(student, labels, teacher=teacher), "train")
+    expected = 0.1 * F.cross_entropy(student, labels, reduction="sum") + 0.9 * hand_kl(student, teacher, 4.0).sum()
+    torch.testing.assert_close(loss.summed, expected)
+    assert int(loss.count) == 4
+    # Mixup's class probabilities: every example trains.
+    soft = torch.softmax(torch.randn(4, 3, dtype=torch.float64), -1)
+    mixed = Distillation(ClassLabel(), settings(weight=1.0)).reduce(TaughtOutputs(student, soft, teacher=teacher), "train")
+    torch.testing.assert_close(mixed.summed, hand_kl(student, teacher, 2.0).sum())
+    # DeiT's hard distillation, through a second head (the distillation token's): the teacher's argmax as its label.
+    taught = torch.randn(4, 3, dtype=torch.float64)
+    hard = Distillation(ClassLabel(), settings("hard", weight=0.5)).reduce(
+        TaughtOutputs(student, labels, teacher=teacher, taught=taught), "train")
+    expected = 0.5 * F.cross_entropy(student, labels, reduction="sum") + 0.5 * F.cross_entropy(
+        taught, teacher.argmax(-1), reduction="sum")
+    torch.testing.assert_close(hard.summed, expected)
+
+
+# --- the teacher inside a task, through the config and the pipeline's builders ---------------------------------------
+
+
+def save_as_run(task: TridentTask, run_dir: Path) -> Path:
+    """``task`` written as a train.py run's last checkpoint (what a teacher source reads)."""
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(checkpoint)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save(checkpoint, run_dir / "checkpoints" / "last.ckpt")
+    return run_dir
+
+
+def built(cfg: DictConfig, run_dir: Path) -> TridentTask:
+    """The task of ``cfg`` as train.py builds it: its teacher staged into ``run_dir`` first."""
+    backbone = check_config(cfg)
+    stage_teacher(type_of(cfg), cfg, run_dir, resumed=False)
+    with companions_beside(run_dir):
+        return build_data_and_task(cfg, backbone, "fit")[1]
+
+
+def type_of(cfg: DictConfig) -> type[TridentTask]:
+    from trident.runs.pipeline import configured_task_class
+
+    return configured_task_class(cfg)
+
+
+@pytest.fixture(scope="module")
+def lm_teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trident lm run of another size than the students' (3 layers, 32 wide) on the same data and tokenizer."""
+    root = tmp_path_factory.mktemp("lm_teacher")
+    cfg = compose_config([*SMALL, "model.n_layers=3", "model.d_model=32"], output_dir=root / "run")
+    task = build_data_and_task(cfg, check_config(cfg), "fit")[1]
+    return save_as_run(task, root / "teacher")
+
+
+def lm_config(tmp_path: Path, teacher: Path | str, *overrides: str) -> DictConfig:
+    return compose_config([*SMALL, "distill=kd", f"distill.teacher={teacher}", *overrides], output_dir=tmp_path / "run")
+
+
+def test_the_lm_teacher_is_frozen_and_out_of_the_state_dict(tmp_path: Path, lm_teacher: Path) -> None:
+    task = built(lm_config(tmp_path, lm_teacher), tmp_path / "run")
+    teacher = task.companions[TEACHER]
+    assert teacher.cfg.n_layers == 3 and not teacher.training
+    assert not any(p.requires_grad for p in teacher.parameters())
+    assert not any("teacher" in name for name in task.state_dict())
+    source = torch.load(lm_teacher / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, source[f"net.{name}"])
+    assert json.loads((tmp_path / "run" / TEACHER_RECORD).read_text())["task"] == "lm"
