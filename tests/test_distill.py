@@ -3,6 +3,7 @@ teacher frozen and never saved, gradient accumulation equal to one batch, and th
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,13 +12,15 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
+from trident.models import CausalLM
 from trident.objectives import ClassLabel, NextToken, Outputs, TargetSequence
 from trident.objectives.distillation import Distillation, DistillSettings, TaughtOutputs
 from trident.runs.pipeline import build_data_and_task, check_config
 from trident.tasks.base import TridentTask
 from trident.tasks.networks import companions_beside
-from trident.tasks.teacher import TEACHER, TEACHER_RECORD
+from trident.tasks.teacher import TEACHER, TEACHER_RECORD, TEACHER_WEIGHTS
 from trident.weights.teacher import stage_teacher
 
 from .conftest import SMALL, compose_config
@@ -145,3 +148,56 @@ def test_the_lm_teacher_is_frozen_and_out_of_the_state_dict(tmp_path: Path, lm_t
     for name, value in teacher.state_dict().items():
         assert torch.equal(value, source[f"net.{name}"])
     assert json.loads((tmp_path / "run" / TEACHER_RECORD).read_text())["task"] == "lm"
+
+
+# --- the teacher in training: frozen, and the loss over the optimizer step's global batch ----------------------------
+
+
+def hand_staged_teacher(folder: Path, vocab: int) -> CausalLM:
+    """A random lm teacher (2 layers, 24 wide) recorded in ``folder`` as a run stages one (trident.weights.teacher)."""
+    from safetensors.torch import save_file
+
+    from tests.test_token_loss import BACKBONE
+
+    backbone = {**BACKBONE, "d_model": 24, "n_layers": 2, "d_ff": 48}
+    torch.manual_seed(5)
+    teacher = CausalLM(TransformerConfig(**backbone), vocab, tie_embeddings=True)
+    (folder / "init").mkdir(parents=True, exist_ok=True)
+    save_file({k: v.clone().contiguous() for k, v in teacher.state_dict().items()}, str(folder / TEACHER_WEIGHTS))
+    record = {"task": "lm", "builder": "trident.tasks.lm.LanguageModelTask", "backbone": vars(TransformerConfig(**backbone)),
+              "settings": {"vocab_size": vocab, "tie_embeddings": True, "scale_embeddings": False},
+              "vocab_size": vocab, "vocabulary": None, "num_classes": None, "class_names": None}
+    (folder / TEACHER_RECORD).write_text(json.dumps(record))
+    return teacher.eval()
+
+
+def test_an_accumulated_step_is_the_mean_over_the_global_batch_and_the_teacher_never_moves(tmp_path: Path) -> None:
+    """Micro-batches of 1 and 16 trained tokens, accumulated, step as plain autograd on the mean over the 17 of
+    (1 - w) * cross entropy + w * T^2 * KL (SGD at lr 1: the step is minus the gradient); the teacher is unchanged."""
+    from tests.test_token_loss import BACKBONE, VOCAB, SGDLanguageModel, micro_batches, one_step
+
+    expected_teacher = hand_staged_teacher(tmp_path, VOCAB)
+    distill = {"name": "kd", "teacher": "a run", "temperature": 2.0, "weight": 0.25, "divergence": "forward_kl"}
+    torch.manual_seed(0)
+    with companions_beside(tmp_path):
+        task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, distill=distill)
+    teacher = task.companions[TEACHER]
+    first, second = micro_batches()
+    inputs, targets = torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]])
+    reference = copy.deepcopy(task)
+    logits, kept = reference.net(inputs), targets.ne(IGNORE)
+    with torch.no_grad():
+        teacher_logits = expected_teacher(inputs)
+    soft = (torch.softmax(teacher_logits[kept] / 2, -1) * (torch.log_softmax(teacher_logits[kept] / 2, -1)
+            - torch.log_softmax(logits[kept] / 2, -1))).sum(-1) * 4
+    (0.75 * F.cross_entropy(logits[kept], targets[kept]) + 0.25 * soft.mean()).backward()
+    stepped = one_step(task, [first, second], 2)
+    for name, param in reference.net.named_parameters():
+        expected = param.detach() - param.grad
+        torch.testing.assert_close(stepped[name], expected, rtol=1e-4, atol=1e-6 * float(param.grad.abs().max()))
+    whole = one_step(copy.deepcopy(reference), [(inputs, targets)], 1)
+    assert float(stepped["train/loss"]) == pytest.approx(float(whole["train/loss"]), rel=1e-5)
+    for name, value in expected_teacher.state_dict().items():
+        assert torch.equal(teacher.state_dict()[name], value), name
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    assert not any(name.startswith("companions") or "teacher" in name for name in task.state_dict())
