@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch import Tensor
 
 from trident.backbone import TransformerConfig
+from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
 from trident.models import CausalLM
 from trident.objectives import ClassLabel, NextToken, Outputs, TargetSequence
 from trident.objectives.distillation import Distillation, DistillSettings, TaughtOutputs
-from trident.runs.pipeline import build_data_and_task, check_config
+from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 from trident.tasks.base import TridentTask
 from trident.tasks.networks import companions_beside
 from trident.tasks.teacher import TEACHER, TEACHER_RECORD, TEACHER_WEIGHTS
@@ -113,10 +115,34 @@ def save_as_run(task: TridentTask, run_dir: Path) -> Path:
 
 def built(cfg: DictConfig, run_dir: Path) -> TridentTask:
     """The task of ``cfg`` as train.py builds it: its teacher staged into ``run_dir`` first."""
+    return built_with_data(cfg, run_dir)[1]
+
+
+def built_with_data(cfg: DictConfig, run_dir: Path) -> tuple[TridentDataModule, TridentTask]:
     backbone = check_config(cfg)
     stage_teacher(type_of(cfg), cfg, run_dir, resumed=False)
     with companions_beside(run_dir):
-        return build_data_and_task(cfg, backbone, "fit")[1]
+        return build_data_and_task(cfg, backbone, "fit")
+
+
+def train_steps(cfg: DictConfig, run_dir: Path, steps: int = 2) -> tuple[TridentTask, dict[str, float], dict[str, Tensor]]:
+    """``steps`` training steps of the distilling task of ``cfg`` (no validation, no files): the task, its logged
+    metrics and its teacher's weights before the steps."""
+    datamodule, task = built_with_data(cfg, run_dir)
+    before = {k: v.clone() for k, v in task.companions[TEACHER].state_dict().items()}
+    trainer = build_trainer(cfg.trainer, max_steps=steps, max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0,
+                            logger=False, enable_checkpointing=False, callbacks=[], enable_progress_bar=False,
+                            enable_model_summary=False)
+    trainer.fit(task, datamodule=datamodule)
+    return task, {name: float(value) for name, value in trainer.callback_metrics.items()}, before
+
+
+def assert_frozen(task: TridentTask, before: dict[str, Tensor]) -> None:
+    teacher = task.companions[TEACHER]
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert not any("teacher" in name for name in task.state_dict())
 
 
 def type_of(cfg: DictConfig) -> type[TridentTask]:
@@ -201,3 +227,112 @@ def test_an_accumulated_step_is_the_mean_over_the_global_batch_and_the_teacher_n
         assert torch.equal(teacher.state_dict()[name], value), name
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
     assert not any(name.startswith("companions") or "teacher" in name for name in task.state_dict())
+
+
+@pytest.fixture(scope="module")
+def timm_teacher(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A timm ViT file (random weights) for MNIST: 28-pixel single-channel images in 14-pixel patches (the student's
+    are 7), 10 classes, 2 heads of 32 channels (which the file does not record: distill.n_heads=2)."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=14, in_chans=1,
+                              embed_dim=64, depth=1, num_heads=2, num_classes=10).eval()
+    path = tmp_path_factory.mktemp("timm_teacher") / "vit.safetensors"
+    save_file(model.state_dict(), str(path))
+    return path, model
+
+
+def test_a_vit_distils_from_a_timm_file(tmp_path: Path, timm_teacher: tuple[Path, torch.nn.Module]) -> None:
+    path, reference = timm_teacher
+    cfg = compose_config([*VIT_SMALL, "distill=kd", f"distill.teacher={path}", "distill.n_heads=2"],
+                         output_dir=tmp_path / "run")
+    task, metrics, before = train_steps(cfg, tmp_path / "run")
+    images = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():  # the teacher is timm's network
+        torch.testing.assert_close(task.companions[TEACHER](images), reference(images), atol=1e-5, rtol=1e-5)
+    assert_frozen(task, before)
+    assert {"train/loss", "train/label_loss", "train/distill_loss"} <= metrics.keys()
+    assert metrics["train/loss"] == pytest.approx(0.5 * metrics["train/label_loss"] + 0.5 * metrics["train/distill_loss"],
+                                                  rel=1e-5)
+
+
+def test_translation_distils_from_a_trident_run(tmp_path: Path) -> None:
+    teacher_cfg = compose_config([*SMALL_MT, "model.n_layers=1"], output_dir=tmp_path / "teacher_run")
+    teacher = save_as_run(build_data_and_task(teacher_cfg, check_config(teacher_cfg), "fit")[1], tmp_path / "teacher")
+    cfg = compose_config([*SMALL_MT, "distill=kd", f"distill.teacher={teacher}", "distill.weight=0.8"],
+                         output_dir=tmp_path / "run")
+    task, metrics, before = train_steps(cfg, tmp_path / "run")
+    assert task.companions[TEACHER].cfg.n_layers == 1 and task.net.cfg.n_layers == 2
+    assert_frozen(task, before)
+    assert {"train/label_loss", "train/distill_loss", "train/nll_loss"} <= metrics.keys()
+    assert metrics["train/loss"] == pytest.approx(0.2 * metrics["train/label_loss"] + 0.8 * metrics["train/distill_loss"],
+                                                  rel=1e-5)
+
+
+# --- bad inputs, one line each -----------------------------------------------------------------------------------------
+
+
+def refused(cfg: DictConfig, tmp_path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        built(cfg, tmp_path / "run")
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_teacher_of_another_task_is_refused(tmp_path: Path, lm_teacher: Path,
+                                              timm_teacher: tuple[Path, torch.nn.Module]) -> None:
+    assert "holds a task=vit model: task=lm distils from a lm teacher only" in refused(
+        lm_config(tmp_path, timm_teacher[0]), tmp_path)
+    vit = compose_config([*VIT_SMALL, "distill=kd", f"distill.teacher={lm_teacher}"], output_dir=tmp_path / "run")
+    assert "holds a task=lm model: task=vit distils from a vit teacher only" in refused(vit, tmp_path)
+
+
+def test_a_teacher_of_another_vocabulary_is_refused(tmp_path: Path, lm_teacher: Path) -> None:
+    # The teacher reads characters; this student a byte-level BPE of 300 tokens.
+    message = refused(lm_config(tmp_path, lm_teacher, "data.tokenizer=bpe", "data.vocab_size=300"), tmp_path)
+    assert "scores" in message and "tokens, the student 300" in message and "data.tokenizer=" in message
+
+
+def test_a_teacher_of_the_same_size_but_other_tokens_is_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    from tests.test_token_loss import BACKBONE, VOCAB, SGDLanguageModel
+
+    hand_staged_teacher(tmp_path, VOCAB)
+    record = json.loads((tmp_path / TEACHER_RECORD).read_text())
+    (tmp_path / TEACHER_RECORD).write_text(json.dumps({**record, "vocabulary": "another tokenizer's"}))
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    with companions_beside(tmp_path), pytest.raises(ConfigError, match="has another tokenizer than the student's"):
+        SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, tokenizer_json=tokenizer.to_str(),
+                         distill={"name": "kd", "teacher": "a run"})
+
+
+def test_a_teacher_of_other_classes_is_refused(tmp_path: Path) -> None:
+    from trident.tasks.teacher import check_classes
+
+    with pytest.raises(ConfigError, match="scores 5 classes, the student 10"):
+        check_classes("t", {"num_classes": 5}, [str(i) for i in range(10)])
+    with pytest.raises(ConfigError, match="other classes than the student's \\(class 1: 'b', the student's 'x'\\)"):
+        check_classes("t", {"num_classes": 2, "class_names": ["a", "b"]}, ["a", "x"])
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ([*SMALL, "distill=kd"], "distill=kd needs its teacher: set distill.teacher="),
+    ([*VIT_SMALL, "distill=kd", "distill.teacher=x", "distill.divergence=reverse_kl"],
+     "distill.divergence=reverse_kl is for task=lm, not task=vit: choose forward_kl or hard"),
+    ([*SMALL, "distill=kd", "distill.teacher=x", "distill.divergence=hard"],
+     "distill.divergence=hard is for task=classify or task=vit, not task=lm: choose forward_kl or reverse_kl"),
+    ([*SMALL, "distill=kd", "distill.teacher=x", "distill.weight=1.5"], r"distill.weight=1.5 must lie in \[0, 1\]"),
+    ([*SMALL, "distill=kd", "distill.teacher=x", "distill.temperature=0"], "distill.temperature=0 must be a positive"),
+    ([*SMALL, "distill=kd", "distill.teacher=x", "+distill.alpha=1"], "distill.alpha is not a setting of distill=kd"),
+    (["task=mlm", "model=nano", "distill=kd", "distill.teacher=x"],
+     "distill=kd is for task=lm, classify, vit and translation, not task=mlm"),
+    (["model=nano", "data=preference", "objective=orpo", "distill=kd", "distill.teacher=x"],
+     "adds a teacher's term to the task's label loss, not to objective=orpo"),
+])
+def test_bad_distill_settings_are_refused_before_any_work(overrides: list[str], match: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_config(compose_config(overrides, output_dir=tmp_path / "run"))
