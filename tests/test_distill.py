@@ -23,6 +23,7 @@ from trident.runs.pipeline import build_data_and_task, build_trainer, check_conf
 from trident.tasks.base import TridentTask
 from trident.tasks.networks import companions_beside
 from trident.tasks.teacher import TEACHER, TEACHER_RECORD, TEACHER_WEIGHTS
+from trident.weights.checkpoint_files import checkpoint_of
 from trident.weights.teacher import stage_teacher
 
 from .conftest import SMALL, compose_config
@@ -336,3 +337,37 @@ def test_a_teacher_of_other_classes_is_refused(tmp_path: Path) -> None:
 def test_bad_distill_settings_are_refused_before_any_work(overrides: list[str], match: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=match):
         check_config(compose_config(overrides, output_dir=tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_train_py_distils_an_lm_from_a_trident_run(tmp_path: Path, lm_reference_run: tuple[Path, dict[str, float]]) -> None:
+    """train.py, 3 steps, from the shared reference lm run (4 heads, ALiBi) into a 1-layer RoPE student: the losses
+    logged apart, the teacher copied into the run and out of its checkpoints, and rebuilt from that copy by
+    trident.load (the source no longer needed)."""
+    import csv
+
+    import trident
+    from tests.shared_runs import assert_clean, run_script
+
+    teacher_run = lm_reference_run[0]
+    run_dir = tmp_path / "student"
+    result = run_script("train.py", *SMALL, "trainer.max_steps=3", "model.n_layers=1", "distill=kd",
+                        f"distill.teacher={teacher_run}", "distill.temperature=1.5", "logger=csv", "test=false",
+                        f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_clean(result)
+    rows = [row for path in run_dir.rglob("metrics.csv") for row in csv.DictReader(path.open()) if row.get("train/loss")]
+    assert len(rows) == 3
+    for row in rows:
+        total, label, soft = (float(row[f"train/{name}"]) for name in ("loss", "label_loss", "distill_loss"))
+        assert total == pytest.approx(0.5 * label + 0.5 * soft, rel=1e-5) and soft > 0
+    source = torch.load(checkpoint_of(teacher_run), weights_only=True)["state_dict"]
+    for checkpoint in (run_dir / "checkpoints").glob("*.ckpt"):
+        saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+        assert saved and all(name.startswith("net.") for name in saved)  # the student's network alone
+        assert sum(value.numel() for value in saved.values()) < sum(value.numel() for value in source.values())
+    loaded = trident.load(run_dir)
+    teacher = loaded.companions[TEACHER]
+    assert teacher.cfg.n_layers == 2 and loaded.net.cfg.n_layers == 1
+    for name, value in teacher.state_dict().items():
+        torch.testing.assert_close(value, source[f"net.{name}"], rtol=0, atol=0)
+    assert not any(p.requires_grad for p in teacher.parameters())
