@@ -14,10 +14,11 @@ its exports; it is sharded and moved like the student and stays in eval mode wit
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from tokenizers import Tokenizer
@@ -27,17 +28,30 @@ from trident.errors import ConfigError
 from trident.objectives import Outputs
 from trident.objectives.base import TRAIN
 from trident.objectives.distillation import LABEL_OBJECTIVES, OFF, Distillation, DistillSettings, TaughtOutputs
-from trident.tasks.network_builders import build_from_settings
+from trident.tasks.network_builders import BUILDERS, build_from_settings
 from trident.tasks.networks import companion_path
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from trident.tasks.base import TridentTask
-
 #: The companion's name, and where a run keeps its record and weights (relative to the run).
 TEACHER = "teacher"
 TEACHER_RECORD, TEACHER_WEIGHTS = "init/teacher.json", "init/teacher.safetensors"
+
+
+class TaskWithTeacher(Protocol):
+    """What the teacher's room reads of a task (trident.tasks.base.TridentTask, which imports this module)."""
+
+    NAME: ClassVar[str]
+    TRAINS_WITH: ClassVar[tuple[str, ...]]
+    tokenizer: Tokenizer | None
+    objective: Any
+    companions: dict[str, nn.Module]
+
+    def add_companion(self, name: str, network: nn.Module, source: str, initial_of: str | None = None) -> None: ...
+
+    @classmethod
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def vocabulary_fingerprint(tokenizer: Tokenizer | None) -> str | None:
@@ -54,10 +68,8 @@ def distills(cfg: DictConfig) -> bool:
     return str((cfg.get("distill") or {}).get("name", OFF)) != OFF
 
 
-def check_distill_run(task: type[TridentTask], cfg: DictConfig) -> None:
+def check_distill_run(task: type[TaskWithTeacher], cfg: DictConfig) -> None:
     """One line, before any work, for a distillation the run's task or objective cannot take, or bad settings."""
-    import inspect
-
     if not distills(cfg):
         return
     if "distill" not in inspect.signature(task).parameters:
@@ -70,7 +82,7 @@ def check_distill_run(task: type[TridentTask], cfg: DictConfig) -> None:
     DistillSettings.of(cfg.distill, task.NAME)
 
 
-def add_teacher(task: TridentTask, distill: Mapping[str, Any] | None, *, vocab_size: int | None = None,
+def add_teacher(task: TaskWithTeacher, distill: Mapping[str, Any] | None, *, vocab_size: int | None = None,
                 class_names: Sequence[str] | None = None) -> None:
     """With ``distill`` on: build ``task``'s teacher from the run's record, after checking that it speaks the student's
     vocabulary (``vocab_size`` and the tokenizer's tokens) or classes (``class_names``), hold it as the companion
@@ -131,7 +143,7 @@ def check_classes(source: str, record: Mapping[str, Any], class_names: list[str]
                           "the student's classes, in their order")
 
 
-def taught(task: TridentTask, outputs: Outputs, stage: str, run: Callable[[nn.Module], Tensor],
+def taught(task: TaskWithTeacher, outputs: Outputs, stage: str, run: Callable[[nn.Module], Tensor],
            taught_logits: Tensor | None = None) -> Outputs:
     """``outputs`` of a training batch with the teacher's scores on the same inputs (``run(teacher)``, without
     gradients), where the task has a teacher; else ``outputs`` as they are. ``taught_logits``: the student's scores
@@ -142,3 +154,66 @@ def taught(task: TridentTask, outputs: Outputs, stage: str, run: Callable[[nn.Mo
     with torch.no_grad():
         scores = run(teacher)
     return TaughtOutputs(outputs.logits, outputs.targets, teacher=scores, taught=taught_logits)
+
+
+def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, settings: Mapping[str, Any] | None = None,
+                   builder: str | None = None) -> dict[str, Any]:
+    """What ``task`` needs to build the teacher read from ``source`` (a trident.weights.pretrained.PretrainedWeights; a
+    trident run's own hyperparameters ``settings`` and task class ``builder`` beside it): the builder, the backbone and
+    builder settings, the vocabulary or classes. One line for a source of another task or geometry."""
+    name = f"distill.teacher={source.source}"
+    if source.task != task.NAME:
+        raise ConfigError(f"{name} holds a task={source.task} model: task={task.NAME} distils from a {task.NAME} "
+                          f"teacher only (the same outputs): pass a {task.NAME} run or model")
+    settings, builder = dict(settings or {}), builder or f"{task.__module__}.{task.__qualname__}"
+    data, options = {**_plain(cfg.data), **source.data_options}, {**_plain(cfg.task), **source.task_options}
+    # A trident run records its whole backbone; an outside file its model, its geometry following from its data.
+    backbone = dict(settings.get("backbone") or {}) or {
+        **source.model, "pos_encoding": source.pos_encoding, "pos_encoding_options": source.pos_encoding_options,
+        **task.backbone_geometry(data, options)}
+    check_geometry(name, task, cfg, backbone, {**data, **settings})
+    known = {**options, **data, "vocab_size": source.vocab_size, "num_classes": source.classes}
+    takes = builder_parameters(builder)
+    missing = [key for key in takes if key not in settings and known.get(key) is None]
+    if missing:
+        raise ConfigError(f"{name} does not state its {missing[0]}: pass a trident run of the teacher")
+    built = {key: settings[key] if key in settings else known[key] for key in takes}
+    class_names = settings.get("class_names")
+    return {"source": source.source, "task": source.task, "builder": builder, "backbone": backbone, "settings": built,
+            "vocab_size": built.get("vocab_size", source.vocab_size), "vocabulary": vocabulary_fingerprint(source.tokenizer),
+            "num_classes": len(class_names) if class_names else built.get("num_classes", source.classes),
+            "class_names": class_names}
+
+
+def check_geometry(name: str, task: type[TaskWithTeacher], cfg: DictConfig, backbone: Mapping[str, Any],
+                   teacher: Mapping[str, Any]) -> None:
+    """One line when the teacher cannot read the student's inputs: a context shorter than the student's sequences,
+    or a patch grid other than the one the student's images make in the teacher's patches (``teacher``: its data
+    settings)."""
+    student = task.backbone_geometry(_plain(cfg.data), _plain(cfg.task))
+    if student.get("grid") is None:
+        if int(backbone["max_seq_len"]) < int(student["max_seq_len"]):
+            raise ConfigError(f"{name} reads {backbone['max_seq_len']} positions at most, the student's sequences are "
+                              f"{student['max_seq_len']} long: lower data.max_seq_len to {backbone['max_seq_len']}")
+        return
+    patches = {**_plain(cfg.data), "patch_size": teacher.get("patch_size", cfg.data.get("patch_size"))}
+    wanted = task.backbone_geometry(patches, _plain(cfg.task))["grid"]
+    if list(backbone.get("grid") or []) != list(wanted):
+        raise ConfigError(f"{name} reads images of another size than the student's data.image_size="
+                          f"{cfg.data.get('image_size')} (its patch grid {backbone.get('grid')}, not {wanted}): pass a "
+                          "teacher trained at the student's image size")
+
+
+def builder_parameters(builder: str) -> list[str]:
+    """The settings the network builder of the task class ``builder`` takes beside the backbone."""
+    build = BUILDERS.get(builder)
+    if build is None:
+        raise ConfigError(f"distill.teacher: trident cannot build the network of {builder} alone: pass a run of "
+                          "task=lm, classify, vit or translation")
+    return list(inspect.signature(build).parameters)[1:]
+
+
+def _plain(node: DictConfig) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
