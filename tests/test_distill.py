@@ -322,6 +322,7 @@ def test_a_teacher_of_other_classes_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("overrides", "match"), [
     ([*SMALL, "distill=kd"], "distill=kd needs its teacher: set distill.teacher="),
+    ([*SMALL, "distill.teacher=x"], "distill.teacher=x is set but distillation is off: add distill=kd"),
     ([*VIT_SMALL, "distill=kd", "distill.teacher=x", "distill.divergence=reverse_kl"],
      "distill.divergence=reverse_kl is for task=lm, not task=vit: choose forward_kl or hard"),
     ([*SMALL, "distill=kd", "distill.teacher=x", "distill.divergence=hard"],

@@ -65,6 +65,8 @@ class DistillSettings:
         value."""
         options = dict(distill or {})
         if str(options.pop("name", OFF)) == OFF:
+            if options.get("teacher"):
+                raise ConfigError(f"distill.teacher={options['teacher']} is set but distillation is off: add distill=kd")
             return None
         options.pop("network", None)
         known = [name for name in cls.__dataclass_fields__]

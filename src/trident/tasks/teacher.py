@@ -71,6 +71,7 @@ def distills(cfg: DictConfig) -> bool:
 def check_distill_run(task: type[TaskWithTeacher], cfg: DictConfig) -> None:
     """One line, before any work, for a distillation the run's task or objective cannot take, or bad settings."""
     if not distills(cfg):
+        DistillSettings.of(cfg.get("distill"), task.NAME)  # a teacher named with distillation off: one line
         return
     if "distill" not in inspect.signature(task).parameters:
         raise ConfigError(f"distill={cfg.distill.name} is for task=lm, classify, vit and translation, not "
