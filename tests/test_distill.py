@@ -372,3 +372,30 @@ def test_train_py_distils_an_lm_from_a_trident_run(tmp_path: Path, lm_reference_
     for name, value in teacher.state_dict().items():
         torch.testing.assert_close(value, source[f"net.{name}"], rtol=0, atol=0)
     assert not any(p.requires_grad for p in teacher.parameters())
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_of_1_and_16_tokens_step_like_one_process_on_the_17(tmp_path: Path) -> None:
+    """2 gloo ranks, one micro-batch each (1 and 16 trained tokens): the distilled step equals one process's on both
+    as one batch (the teacher's term, like the labels', a mean over the global batch's tokens, not of rank means)."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from tests.test_token_loss import BACKBONE, VOCAB, RankBatches, SGDLanguageModel, micro_batches, one_step
+
+    hand_staged_teacher(tmp_path, VOCAB)
+    distill = {"name": "kd", "teacher": "a run", "temperature": 2.0, "weight": 0.25, "divergence": "reverse_kl"}
+    torch.manual_seed(0)
+    with companions_beside(tmp_path):
+        task = SGDLanguageModel(BACKBONE, VOCAB, {"lr": 1.0}, {"name": "constant"}, distill=distill)
+    first, second = micro_batches()
+    expected = one_step(copy.deepcopy(task), [(torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]))], 1)
+    ranks = copy.deepcopy(task)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, accelerator="cpu", devices=2,
+                        strategy="ddp_spawn", use_distributed_sampler=False)
+    trainer.fit(ranks, DataLoader(RankBatches([[first], [second]]), batch_size=None, shuffle=False))
+    start = task.net.state_dict()
+    for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
+        step = expected[name] - start[name]
+        torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
