@@ -399,3 +399,21 @@ def test_two_ddp_ranks_of_1_and_16_tokens_step_like_one_process_on_the_17(tmp_pa
     for name, value in ranks.net.state_dict().items():  # ddp_spawn hands rank 0's weights back
         step = expected[name] - start[name]
         torch.testing.assert_close(value - start[name], step, rtol=1e-4, atol=1e-6 * float(step.abs().max()) + 1e-12)
+
+
+def test_an_lm_distils_from_a_hugging_face_directory(tmp_path: Path, lm_teacher: Path) -> None:
+    """A GPT-2 directory (random weights, the students' vocabulary size, no tokenizer files: the size alone is
+    compared) read by the GPT-2 adapter into the teacher: its logits are transformers'."""
+    import transformers
+
+    vocab = int(torch.load(checkpoint_of(lm_teacher), weights_only=True)["hyper_parameters"]["vocab_size"])
+    torch.manual_seed(4)
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(tmp_path / "gpt2")
+    task, metrics, before = train_steps(lm_config(tmp_path, tmp_path / "gpt2"), tmp_path / "run", steps=1)
+    ids = torch.randint(0, vocab, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(task.companions[TEACHER](ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
+    assert_frozen(task, before)
+    assert metrics["train/distill_loss"] > 0
