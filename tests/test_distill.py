@@ -417,3 +417,18 @@ def test_an_lm_distils_from_a_hugging_face_directory(tmp_path: Path, lm_teacher:
         torch.testing.assert_close(task.companions[TEACHER](ids), reference(ids).logits, atol=1e-5, rtol=1e-5)
     assert_frozen(task, before)
     assert metrics["train/distill_loss"] > 0
+
+
+def test_classify_distils_from_a_trident_run_with_hard_labels(tmp_path: Path) -> None:
+    from tests.test_classify import CLASSIFY_SMALL
+
+    teacher_cfg = compose_config([*CLASSIFY_SMALL, "model.n_layers=1"], output_dir=tmp_path / "teacher_run")
+    teacher = save_as_run(build_data_and_task(teacher_cfg, check_config(teacher_cfg), "fit")[1], tmp_path / "teacher")
+    cfg = compose_config([*CLASSIFY_SMALL, "distill=kd", f"distill.teacher={teacher}", "distill.divergence=hard"],
+                         output_dir=tmp_path / "run")
+    task, metrics, before = train_steps(cfg, tmp_path / "run")
+    record = json.loads((tmp_path / "run" / TEACHER_RECORD).read_text())
+    assert record["class_names"] == task.class_names and record["vocabulary"] is not None
+    assert_frozen(task, before)
+    assert metrics["train/loss"] == pytest.approx(0.5 * metrics["train/label_loss"] + 0.5 * metrics["train/distill_loss"],
+                                                  rel=1e-5)
