@@ -21,6 +21,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
+from trident.tasks.teacher import add_teacher, taught
 from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -61,6 +62,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
         num_figure_images: int = 16,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, lora=lora, objective=objective)
         self.net = vision_transformer(self.backbone_config, patch_size=patch_size, in_channels=in_channels,
@@ -73,6 +75,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
+        add_teacher(self, distill, class_names=class_names)  # distill=kd: a frozen teacher of the same classes
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -114,7 +117,8 @@ class ImageClassificationTask(ClassHead, TridentTask):
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
             images, labels = self.mixup(images, labels)
-        return Outputs(self.net(images).float(), labels)
+        # distill=kd: the teacher scores the same (mixed) images.
+        return taught(self, Outputs(self.net(images).float(), labels), stage, lambda teacher: teacher(images).float())
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
