@@ -418,8 +418,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     # the advice is to shorten the blocks (it said "raise data.max_seq_len" before).
     ("init-from-llama-block-longer-than-its-context", "train.py",
      ["data=text_files", "data.files=[corpus.txt]", "init_from=llama_gqa", "data.block_size=128"],
-     ["data.block_size=128 is longer than data.max_seq_len=64", "init_from=llama_gqa fixes data.max_seq_len to the "
-      "context it states: lower data.block_size to at most 64"]),
+     ["data.block_size=128 is longer than data.max_seq_len=64", "init_from=llama_gqa fixes data.max_seq_len to the context",
+      "lower data.block_size to at most 64"]),
     ("init-from-run-other-kv-heads", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "model.n_kv_heads=2"],
      ["model.n_kv_heads=2 contradicts init_from=outputs/", "which has model.n_kv_heads=4"]),
     # Issue 40: attention shapes
