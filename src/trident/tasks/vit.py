@@ -15,7 +15,8 @@ from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.properties import CHANNELS, IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, READOUT
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
-from trident.objectives import TRAIN, Outputs
+from trident.objectives import TRAIN, Loss, Outputs
+from trident.objectives.distillation_token import hard_distillation
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
@@ -26,6 +27,8 @@ from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
 
 Batch = tuple[Tensor, Tensor]
+#: The frozen companion (distill.teacher) whose hard decisions teach a distillation token's head (DeiT).
+TEACHER = "teacher"
 
 
 class ImageClassificationTask(ClassHead, TridentTask):
@@ -83,9 +86,12 @@ class ImageClassificationTask(ClassHead, TridentTask):
         self._misclassified: list[tuple[Tensor, int, int]] = []
 
     @classmethod
-    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
-        """Grid, class-token prefix and sequence length follow from the data's image and patch size."""
-        return vit_geometry(int(data["image_size"]), int(data["patch_size"]), str(task.get("pool", "cls")))
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any],
+                          model: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Grid, prefix (class token, distillation token) and sequence length follow from the data's image and patch
+        size, the pooling and the model's distillation token."""
+        return vit_geometry(int(data["image_size"]), int(data["patch_size"]), str(task.get("pool", "cls")),
+                            bool((model or {}).get("distillation_token", False)))
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -106,18 +112,41 @@ class ImageClassificationTask(ClassHead, TridentTask):
         return vit_flops(self.net.encoder.cfg, batch=batch[0].size(0), patch_size=hp.patch_size,
                          in_channels=hp.in_channels, num_classes=hp.num_classes)
 
-    def outputs(self, batch: Batch, stage: str) -> Outputs:
-        """The class logits (B, C) of ``batch``'s images and their labels (B,); in training under Mixup / CutMix,
-        of the mixed images and their mixed (smoothed) labels, class probabilities (B, C)."""
+    def _inputs(self, batch: Batch, stage: str) -> Batch:
+        """``batch``'s images and labels (B,); in training under Mixup / CutMix, the mixed images and their mixed
+        (smoothed) labels, class probabilities (B, C)."""
         images, labels = batch
         if stage == TRAIN and self.mixup is not None:
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
             images, labels = self.mixup(images, labels)
+        return images, labels
+
+    def outputs(self, batch: Batch, stage: str) -> Outputs:
+        """The class logits (B, C) of ``batch``'s images (:meth:`_inputs`) and their labels: a distillation token's
+        network gives its two heads' average."""
+        images, labels = self._inputs(batch, stage)
         return Outputs(self.net(images).float(), labels)
+
+    def on_fit_start(self) -> None:
+        # DeiT: a teacher teaches the distillation token's head; without one, both heads learn the labels through
+        # their average (timm's training and fine-tuning of a distilled ViT), as at inference.
+        self.net.distilled_training = self.net.head_dist is not None and TEACHER in self.companions
+
+    def distilled(self, batch: Batch) -> Loss:
+        """DeiT's hard distillation of ``batch``: the class head learns the labels, the distillation head the
+        teacher's argmax on the same (mixed) images."""
+        images, labels = self._inputs(batch, TRAIN)
+        class_logits, distillation_logits = self.net(images)  # (B, C) each: distilled training
+        with torch.no_grad():
+            teacher_logits = self.companions[TEACHER](images)  # (B, C)
+        return hard_distillation(class_logits.float(), distillation_logits.float(), labels, teacher_logits.float(),
+                                 label_smoothing=self.hparams.label_smoothing)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
+        if self.net.distilled_training:
+            return self.trained(self.distilled(batch))
         return self.trained(self.objective(self, batch, TRAIN)[0])
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
