@@ -118,6 +118,32 @@ def test_hard_distillation_equals_a_hand_computation() -> None:
     assert float(soft.summed) == pytest.approx(2 * (0.5 * mixed_half + 0.5 * teacher_half), rel=1e-6)
 
 
+def test_the_tasks_distilled_loss_equals_timms_token_distillation_task(tmp_path: Path) -> None:
+    # timm's TokenDistillationTask, hard, the task's loss weighted 0.5 (then the teacher's is too): DeiT's.
+    from timm.task.token_distillation import TokenDistillationTask
+
+    shape = {"img_size": 24, "patch_size": 6, "embed_dim": 32, "num_heads": 2, "num_classes": 5}
+    student = timm_deit(depth=2, **shape)
+    teacher = randomise(timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, **shape), seed=3)
+    save_file(student.state_dict(), str(tmp_path / "student.safetensors"))
+    save_file(teacher.state_dict(), str(tmp_path / "teacher.safetensors"))
+    weights = read_pretrained(tmp_path / "student.safetensors", n_heads=2)
+    backbone = {**weights.model, "pos_encoding": "learned", "dropout": 0.0,
+                **ImageClassificationTask.backbone_geometry({"image_size": 24, "patch_size": 6}, {}, weights.model)}
+    task = ImageClassificationTask(backbone, optimizer={}, scheduler={}, num_classes=5, image_size=24, in_channels=3,
+                                   patch_size=6, class_names=list("abcde"), mean=[0.5] * 3, std=[0.5] * 3)
+    task.net.load_state_dict(weights.state_dict, strict=True)
+    task.companions[TEACHER] = net_from(read_pretrained(tmp_path / "teacher.safetensors", n_heads=2))
+    task.on_fit_start()
+    task.train()
+    images, labels = torch.randn(4, 3, 24, 24, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 4])
+    ours = task.distilled((images, labels))
+    theirs = TokenDistillationTask(student, teacher, criterion=torch.nn.CrossEntropyLoss(), distill_type="hard",
+                                   task_loss_weight=0.5, verbose=False).train()(images, labels)
+    torch.testing.assert_close(ours.summed / 4, theirs["loss"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.parts["distillation_loss"][0], theirs["distill_loss"].detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_init_from_a_timm_deit_file_fixes_the_token_and_gives_timms_logits(tmp_path: Path) -> None:
     reference = timm_deit(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=1)
     torch.save(reference.state_dict(), tmp_path / "deit.pth")  # what timm users save
