@@ -26,6 +26,7 @@ from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
 from trident.weights.adapters.timm_vit import trident_to_timm
 from trident.weights.init_from import settings_fixed_by, source_for_run
+from trident.weights.transfer import transfer_weights
 
 from .conftest import compose_config, one_step
 from .convert_helpers import net_from, randomise
@@ -163,6 +164,27 @@ def test_init_from_a_timm_deit_file_fixes_the_token_and_gives_timms_logits(tmp_p
     assert rows is not None and {row.outcome for row in rows} == {"loaded"}
     images = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
     assert_same_logits_in_training_and_at_inference(task.net, reference, images)
+
+
+def test_a_deit_of_other_classes_fine_tunes_with_both_heads_rebuilt_and_both_train_under_lora(tmp_path: Path) -> None:
+    save_file(timm_deit(img_size=24, patch_size=6, embed_dim=32, depth=1, num_heads=2, num_classes=5).state_dict(),
+              str(tmp_path / "deit.safetensors"))
+    weights = read_pretrained(tmp_path / "deit.safetensors", n_heads=2)
+    backbone = {**weights.model, "pos_encoding": "learned", "dropout": 0.0,
+                **ImageClassificationTask.backbone_geometry({"image_size": 24, "patch_size": 6}, {}, weights.model)}
+    images = {"image_size": 24, "in_channels": 3, "patch_size": 6, "mean": [0.5] * 3, "std": [0.5] * 3}
+    task = ImageClassificationTask(backbone, {}, {}, num_classes=3, class_names=list("abc"), **images)
+    rows = {row.group: (row.outcome, row.note) for row in transfer_weights(task.net, weights.state_dict, "deit")}
+    assert rows["head"] == rows["head_dist"] == ("new", "rebuilt: 5 outputs there, 3 here")
+    assert rows["dist_token"][0] == rows["cls_token"][0] == "loaded"
+    same = ImageClassificationTask(backbone, {}, {}, num_classes=5, class_names=list("abcde"), **images)
+    anew = transfer_weights(same.net, weights.state_dict, "deit", new_head=True)
+    assert {row.group for row in anew if row.outcome == "new"} == {"head", "head_dist"}
+    # finetune=lora: the adapters and the task's heads train, both of them; the rest is frozen.
+    tuned = ImageClassificationTask(backbone, {}, {}, num_classes=3, class_names=list("abc"), **images,
+                                    lora={"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["qkv_proj"]})
+    trained = {name for name, param in tuned.net.named_parameters() if param.requires_grad}
+    assert {"head.weight", "head_dist.weight"} <= trained and "dist_token" not in trained
 
 
 def test_a_source_without_the_token_refuses_it_in_one_line(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False
     READS = "images"
+    HEAD: ClassVar[tuple[str, ...]] = ("head.", "head_dist.")  # trains under finetune=lora: the class head and DeiT's distillation head
     STACK = "encoder"
     net: VisionTransformer
 
