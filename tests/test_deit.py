@@ -125,7 +125,8 @@ def test_the_tasks_distilled_loss_equals_timms_token_distillation_task(tmp_path:
 
     shape = {"img_size": 24, "patch_size": 6, "embed_dim": 32, "num_heads": 2, "num_classes": 5}
     student = timm_deit(depth=2, **shape)
-    teacher = randomise(timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, **shape), seed=3)
+    # A deit teacher: its pixel statistics are the student's, which timm's task would otherwise renormalise to.
+    teacher = randomise(timm.create_model("deit_tiny_patch16_224", pretrained=False, depth=1, **shape), seed=3)
     save_file(student.state_dict(), str(tmp_path / "student.safetensors"))
     save_file(teacher.state_dict(), str(tmp_path / "teacher.safetensors"))
     weights = read_pretrained(tmp_path / "student.safetensors", n_heads=2)
