@@ -23,6 +23,8 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             "experiment/ablation_lora_rank": ["pretrained_run=run"],
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
             "finetune/lora": ["init_from=run"],
+            # Distillation needs its teacher (checked here by name only; tests/test_distill.py reads them).
+            "distill/kd": ["distill.teacher=run"],
             # Preference pairs and the objective that trains on them go together, from trained weights.
             "data/preference": ["objective=dpo", "init_from=run"],
             "objective/dpo": ["data=preference", "init_from=run"],

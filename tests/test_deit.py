@@ -10,26 +10,27 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
 from trident.models.vit import VisionTransformer, vit_geometry
-from trident.objectives.distillation_token import hard_distillation
+from trident.objectives import TRAIN
 from trident.runs.lifecycle import prepare_networks
-from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+from trident.runs.pipeline import build_data_and_task, check_config
 from trident.tasks.networks import converting_later
-from trident.tasks.vit import TEACHER, ImageClassificationTask
+from trident.tasks.teacher import TEACHER
+from trident.tasks.vit import ImageClassificationTask
 from trident.weights import read_pretrained
 from trident.weights.adapters.hf_export import to_transformers
-from trident.weights.adapters.timm_vit import trident_to_timm
+from trident.weights.adapters.timm_vit import timm_to_trident, trident_to_timm
 from trident.weights.init_from import settings_fixed_by, source_for_run
 from trident.weights.transfer import transfer_weights
 
 from .conftest import compose_config, one_step
 from .convert_helpers import net_from, randomise
+from .test_distill import built, train_steps
 from .test_vit_pipeline import VIT_SMALL, vit_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -88,62 +89,28 @@ def test_a_trident_deit_loads_into_timm_strictly() -> None:
     assert_same_logits_in_training_and_at_inference(net, reference, torch.randn(3, 3, 24, 24))
 
 
-def cross_entropy_by_hand(logits: list[float], target: int | list[float]) -> float:
-    """-sum_c q_c log softmax(logits)_c, with q one-hot at ``target`` or the probabilities ``target``."""
-    log_z = math.log(sum(math.exp(v) for v in logits))
-    q = [float(c == target) for c in range(len(logits))] if isinstance(target, int) else target
-    return -sum(qc * (v - log_z) for qc, v in zip(q, logits, strict=True))
-
-
-def test_hard_distillation_equals_a_hand_computation() -> None:
-    cls = [[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]
-    dist = [[0.3, -0.2, 1.5], [1.0, 0.0, -0.5]]
-    teacher = [[0.1, 4.0, 0.2], [5.0, 1.0, 0.0]]  # argmax 1, 0: not the labels
-    labels = [0, 2]
-    loss = hard_distillation(torch.tensor(cls), torch.tensor(dist), torch.tensor(labels), torch.tensor(teacher))
-    class_half = (cross_entropy_by_hand(cls[0], 0) + cross_entropy_by_hand(cls[1], 2)) / 2
-    teacher_half = (cross_entropy_by_hand(dist[0], 1) + cross_entropy_by_hand(dist[1], 0)) / 2
-    assert float(loss.summed) == pytest.approx(2 * (0.5 * class_half + 0.5 * teacher_half), rel=1e-6)
-    assert int(loss.count) == 2
-    assert float(loss.parts["class_loss"][0]) == pytest.approx(class_half, rel=1e-6)
-    assert float(loss.parts["distillation_loss"][0]) == pytest.approx(teacher_half, rel=1e-6)
-    # Label smoothing (0.1 over 3 classes) smooths the labels only; Mixup's class probabilities are read as they are.
-    smoothed = hard_distillation(torch.tensor(cls), torch.tensor(dist), torch.tensor(labels), torch.tensor(teacher),
-                                 label_smoothing=0.1)
-    smooth = [[0.1 / 3 + 0.9 * (c == label) for c in range(3)] for label in labels]
-    smooth_half = (cross_entropy_by_hand(cls[0], smooth[0]) + cross_entropy_by_hand(cls[1], smooth[1])) / 2
-    assert float(smoothed.summed) == pytest.approx(2 * (0.5 * smooth_half + 0.5 * teacher_half), rel=1e-6)
-    mixed = [[0.7, 0.3, 0.0], [0.0, 0.4, 0.6]]
-    soft = hard_distillation(torch.tensor(cls), torch.tensor(dist), torch.tensor(mixed), torch.tensor(teacher))
-    mixed_half = (cross_entropy_by_hand(cls[0], mixed[0]) + cross_entropy_by_hand(cls[1], mixed[1])) / 2
-    assert float(soft.summed) == pytest.approx(2 * (0.5 * mixed_half + 0.5 * teacher_half), rel=1e-6)
-
-
-def test_the_tasks_distilled_loss_equals_timms_token_distillation_task(tmp_path: Path) -> None:
-    # timm's TokenDistillationTask, hard, the task's loss weighted 0.5 (then the teacher's is too): DeiT's.
+def test_distill_hard_through_the_token_equals_timms_token_distillation_task(tmp_path: Path) -> None:
+    # DeiT's hard distillation: distill=kd, divergence hard, weight 0.5, through the distillation token; timm's
+    # TokenDistillationTask, hard, the task's loss weighted 0.5 (then the teacher's is too).
     from timm.task.token_distillation import TokenDistillationTask
 
-    shape = {"img_size": 24, "patch_size": 6, "embed_dim": 32, "num_heads": 2, "num_classes": 5}
+    shape = {"img_size": 28, "patch_size": 7, "in_chans": 1, "embed_dim": 64, "num_heads": 1, "num_classes": 10}
     student = timm_deit(depth=2, **shape)
     # A deit teacher: its pixel statistics are the student's, which timm's task would otherwise renormalise to.
-    teacher = randomise(timm.create_model("deit_tiny_patch16_224", pretrained=False, depth=1, **shape), seed=3)
-    save_file(student.state_dict(), str(tmp_path / "student.safetensors"))
+    teacher = randomise(timm.create_model("deit_tiny_patch16_224", pretrained=False, depth=1, **shape), seed=3).eval()
     save_file(teacher.state_dict(), str(tmp_path / "teacher.safetensors"))
-    weights = read_pretrained(tmp_path / "student.safetensors", n_heads=2)
-    backbone = {**weights.model, "pos_encoding": "learned", "dropout": 0.0,
-                **ImageClassificationTask.backbone_geometry({"image_size": 24, "patch_size": 6}, {}, weights.model)}
-    task = ImageClassificationTask(backbone, optimizer={}, scheduler={}, num_classes=5, image_size=24, in_channels=3,
-                                   patch_size=6, class_names=list("abcde"), mean=[0.5] * 3, std=[0.5] * 3)
-    task.net.load_state_dict(weights.state_dict, strict=True)
-    task.companions[TEACHER] = net_from(read_pretrained(tmp_path / "teacher.safetensors", n_heads=2))
+    cfg = compose_config([*VIT_SMALL, "model.distillation_token=true", "model.n_heads=1", "augment=none", "distill=kd",
+                          f"distill.teacher={tmp_path / 'teacher.safetensors'}", "distill.n_heads=1",
+                          "distill.divergence=hard", "distill.weight=0.5"], output_dir=tmp_path / "run")
+    task = built(cfg, tmp_path / "run")
+    task.net.load_state_dict(timm_to_trident(student.state_dict()), strict=True)
     task.on_fit_start()
     task.train()
-    images, labels = torch.randn(4, 3, 24, 24, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 4])
-    ours = task.distilled((images, labels))
+    images, labels = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 9])
+    ours = task.objective(task, (images, labels), TRAIN)[0]
     theirs = TokenDistillationTask(student, teacher, criterion=torch.nn.CrossEntropyLoss(), distill_type="hard",
                                    task_loss_weight=0.5, verbose=False).train()(images, labels)
-    torch.testing.assert_close(ours.summed / 4, theirs["loss"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours.parts["distillation_loss"][0], theirs["distill_loss"].detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.summed / 4, theirs["loss"].detach(), atol=1e-5, rtol=1e-5)
 
 
 def test_init_from_a_timm_deit_file_fixes_the_token_and_gives_timms_logits(tmp_path: Path) -> None:
@@ -237,28 +204,16 @@ def test_the_token_trains_a_step_through_the_pipeline_without_a_teacher(tmp_path
 
 
 def test_a_teacher_teaches_the_distillation_head_through_the_pipeline(tmp_path: Path) -> None:
-    cfg = vit_config(tmp_path, "model.distillation_token=true", "trainer.limit_train_batches=1", "trainer.max_epochs=1")
-    datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
-    teacher = randomise(VisionTransformer(task.backbone_config, patch_size=7, in_channels=1, num_classes=10), seed=7)
-    teacher.eval().requires_grad_(False)
-    task.companions[TEACHER] = teacher  # what distill.teacher's companion holds
-    before = {name: tensor.clone() for name, tensor in teacher.state_dict().items()}
-    head_dist = task.net.head_dist.weight.detach().clone()
-    # The loss of a batch: half the class head's cross entropy on the labels, half the distillation head's on the
-    # teacher's argmax, both read off the encoder's two prefix tokens.
-    task.on_fit_start()
-    task.train()
-    images, labels = torch.randn(4, 1, 28, 28), torch.tensor([1, 2, 3, 4])
-    loss = task.distilled((images, labels))
-    features = task.net.forward_features(images)
-    taught = teacher(images).argmax(dim=-1)
-    expected = (0.5 * F.cross_entropy(task.net.head(features[:, 0]), labels, label_smoothing=0.1)
-                + 0.5 * F.cross_entropy(task.net.head_dist(features[:, 1]), taught))
-    torch.testing.assert_close(loss.summed / 4, expected)
-    trainer = build_trainer(cfg.trainer, max_steps=1, max_epochs=1, limit_val_batches=1, num_sanity_val_steps=0,
-                            logger=False, enable_checkpointing=False, callbacks=[], enable_progress_bar=False,
-                            enable_model_summary=False)
-    trainer.fit(task, datamodule=datamodule)
-    assert {"train/loss", "train/class_loss", "train/distillation_loss"} <= trainer.callback_metrics.keys()
-    assert all(torch.equal(before[name], tensor) for name, tensor in teacher.state_dict().items())
-    assert not torch.equal(task.net.head_dist.weight, head_dist), "the distillation head trained"
+    # The teacher a DeiT itself (timm's file): its two heads' average teaches.
+    teacher = timm_deit(img_size=28, patch_size=7, in_chans=1, embed_dim=64, depth=1, num_heads=1, num_classes=10)
+    save_file(teacher.state_dict(), str(tmp_path / "teacher.safetensors"))
+    cfg = vit_config(tmp_path, "model.distillation_token=true", "distill=kd", "distill.divergence=hard",
+                     f"distill.teacher={tmp_path / 'teacher.safetensors'}", "distill.n_heads=1")
+    task, metrics, before = train_steps(cfg, tmp_path / "run", steps=1)
+    assert task.net.distilled_training
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(task.companions[TEACHER](images), teacher(images), atol=1e-5, rtol=1e-5)
+    assert metrics["train/loss"] == pytest.approx(0.5 * metrics["train/label_loss"] + 0.5 * metrics["train/distill_loss"],
+                                                  rel=1e-5)
+    assert all(torch.equal(before[name], tensor) for name, tensor in task.companions[TEACHER].state_dict().items())

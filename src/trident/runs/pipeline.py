@@ -51,6 +51,7 @@ from trident.weights.checkpoints import AtomicCheckpointIO, read_checkpoint
 from trident.weights.init_from import copy_source, source_for_run
 from trident.weights.run_config import RUN_CONFIG
 from trident.weights.sources import DERIVED_SETTINGS
+from trident.weights.teacher import stage_teacher
 from trident.weights.transfer import embeddings_only_option, new_head_option, report_transfer
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,7 @@ def _train(cfg: DictConfig, run_dir: Path, preemption: PreemptionCheckpoint) -> 
     L.seed_everything(cfg.seed, workers=True)
 
     name_initial_copies(configured_task_class(cfg), cfg, run_dir, bool(resume_from))  # e.g. DPO's reference policy in full fine-tuning
+    stage_teacher(configured_task_class(cfg), cfg, run_dir, bool(resume_from))  # distill=kd: <run>/init/teacher.*
     # The lifecycle (trident.runs.lifecycle): the source's weights first, then the converters; run-relative companions.
     with converting_later(), companions_beside(run_dir):
         datamodule, task = build_data_and_task(cfg, backbone, "fit")

@@ -24,6 +24,7 @@ from trident.objectives import Loss, Objective, build_objective, objective_name
 from trident.parallel.tensor_parallel import clip_grad_norm, is_tensor_parallel
 from trident.tasks.networks import NetworkLifecycle, companion_path, shard_networks, switched_off
 from trident.tasks.task_in_checkpoint import TaskInCheckpoint
+from trident.tasks.teacher import check_distill_run
 from trident.training.optim import check_optimizer_config, optimizers_for, parameter_groups, positional_parameter_names
 from trident.training.token_loss import StepLoss, TokenMean, checked_mean_loss, data_parallel_group, perplexity
 
@@ -307,6 +308,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
             )
         if cls.TRAINS_WITH:  # the objective fits the task's outputs
             objective_name(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
+        check_distill_run(cls, cfg)  # distill=kd: a task and objective it fits, its settings
 
     @classmethod
     def stated_as_source(cls, settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

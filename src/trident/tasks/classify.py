@@ -21,6 +21,7 @@ from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import sequence_classifier
+from trident.tasks.teacher import add_teacher, taught
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
 from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
 from trident.training.optim import positional_parameter_names
@@ -53,6 +54,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         class_token_in_text: bool = False,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
@@ -62,6 +64,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
                                        stack=stack, pool=pool, scale_embeddings=scale_embeddings,
                                        class_token_in_text=class_token_in_text)
         self.objective = self.chosen_objective()
+        add_teacher(self, distill, vocab_size=vocab_size, class_names=class_names)  # distill=kd
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)
         self.freeze_backbone_steps, self.layer_decay, self.head_lr = freeze_backbone_steps, layer_decay, head_lr
         # micro accuracy: the fraction of sequences classified correctly; macro-F1 weighs classes equally.
@@ -135,7 +138,10 @@ class SequenceClassificationTask(ClassHead, TridentTask):
     def outputs(self, batch: Batch, stage: str) -> Outputs:
         """The class logits (B, C) of ``batch``'s texts and their labels (B,)."""
         ids, padding, labels = batch
-        return Outputs(self(ids, padding).float(), labels)
+        mask = padding if padding.any() else None
+        # distill=kd: the teacher scores the same texts.
+        return taught(self, Outputs(self(ids, padding).float(), labels), stage,
+                      lambda teacher: teacher(ids, key_padding_mask=mask).float())
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from trident.converters import CONVERTERS, converters_of
 from trident.data.base import TridentDataModule
@@ -21,6 +21,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import causal_lm
 from trident.tasks.networks import can_switch_off
+from trident.tasks.teacher import add_teacher, taught
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import causal_lm_flops
 
@@ -55,6 +56,7 @@ class LanguageModelTask(TridentTask):
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         reference: str | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
@@ -66,6 +68,7 @@ class LanguageModelTask(TridentTask):
             reference_net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
                                       scale_embeddings=scale_embeddings)
             self.add_companion(REFERENCE, reference_net, reference, initial_of="net")
+        add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
@@ -113,8 +116,10 @@ class LanguageModelTask(TridentTask):
         document ids (B, T), which keep each document's attention to itself -> the logits (B, T, V) and the targets
         (IGNORE_INDEX at prompt tokens of chat data and padding)."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
-        logits = self.net(inputs, documents=documents[0]) if documents else self.net(inputs)  # (B, T, V)
-        return Outputs(logits, targets)
+        def scores(net: nn.Module) -> Tensor:  # (B, T, V)
+            return net(inputs, documents=documents[0]) if documents else net(inputs)
+
+        return taught(self, Outputs(scores(self.net), targets), stage, scores)  # distill=kd: the teacher's too
 
     def _loss(self, batch: tuple[Tensor, ...], stage: str = "train") -> tuple[Tensor, Tensor]:
         """The objective's summed loss of ``batch`` and the count of its trained targets; its parts (e.g. DPO's

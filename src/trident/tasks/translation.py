@@ -25,6 +25,7 @@ from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
 from trident.tasks.network_builders import encoder_decoder
+from trident.tasks.teacher import add_teacher, taught
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import encoder_decoder_flops
 
@@ -97,12 +98,14 @@ class TranslationTask(TridentTask):
         tgt_lang: str | None = None,
         bleu_tokenize: str = "auto",
         objective: dict[str, Any] | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
+        add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -141,7 +144,9 @@ class TranslationTask(TridentTask):
         """The decoder's logits (B, T, V) under teacher forcing and the target tokens (B, T), IGNORE_INDEX at the
         target's padding."""
         logits = self.net(batch["src"], batch["tgt_in"])  # (B, T, V)
-        return Outputs(logits, batch["tgt_out"].masked_fill(batch["tgt_out"] == self.pad_id, IGNORE_INDEX))
+        targets = batch["tgt_out"].masked_fill(batch["tgt_out"] == self.pad_id, IGNORE_INDEX)
+        # distill=kd: the teacher scores the same target prefixes, teacher-forced as the student.
+        return taught(self, Outputs(logits, targets), stage, lambda teacher: teacher(batch["src"], batch["tgt_in"]))
 
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, _ = self.objective(self, batch, TRAIN)

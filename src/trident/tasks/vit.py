@@ -15,20 +15,18 @@ from trident.data.images import ImageDataModule
 from trident.errors import ConfigError
 from trident.models.properties import CHANNELS, IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, READOUT
 from trident.models.vit import VisionTransformer, attention_rollout, vit_geometry
-from trident.objectives import TRAIN, Loss, Outputs
-from trident.objectives.distillation_token import hard_distillation
+from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
+from trident.tasks.teacher import TEACHER, add_teacher, taught
 from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
 
 Batch = tuple[Tensor, Tensor]
-#: The frozen companion (distill.teacher) whose hard decisions teach a distillation token's head (DeiT).
-TEACHER = "teacher"
 
 
 class ImageClassificationTask(ClassHead, TridentTask):
@@ -65,6 +63,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
         num_figure_images: int = 16,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, lora=lora, objective=objective)
         self.net = vision_transformer(self.backbone_config, patch_size=patch_size, in_channels=in_channels,
@@ -77,6 +76,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
+        add_teacher(self, distill, class_names=class_names)  # distill=kd: a frozen teacher of the same classes
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -125,29 +125,21 @@ class ImageClassificationTask(ClassHead, TridentTask):
 
     def outputs(self, batch: Batch, stage: str) -> Outputs:
         """The class logits (B, C) of ``batch``'s images (:meth:`_inputs`) and their labels: a distillation token's
-        network gives its two heads' average."""
+        network gives its two heads' average, or in distilled training (a teacher) its class head's logits, its
+        distillation head's being what the teacher's term trains. distill=kd: the teacher scores the same images."""
         images, labels = self._inputs(batch, stage)
-        return Outputs(self.net(images).float(), labels)
+        logits = self.net(images)
+        logits, taught_logits = logits if isinstance(logits, tuple) else (logits, None)  # (B, C) each
+        return taught(self, Outputs(logits.float(), labels), stage, lambda teacher: teacher(images).float(),
+                      None if taught_logits is None else taught_logits.float())
 
     def on_fit_start(self) -> None:
         # DeiT: a teacher teaches the distillation token's head; without one, both heads learn the labels through
         # their average (timm's training and fine-tuning of a distilled ViT), as at inference.
         self.net.distilled_training = self.net.head_dist is not None and TEACHER in self.companions
 
-    def distilled(self, batch: Batch) -> Loss:
-        """DeiT's hard distillation of ``batch``: the class head learns the labels, the distillation head the
-        teacher's argmax on the same (mixed) images."""
-        images, labels = self._inputs(batch, TRAIN)
-        class_logits, distillation_logits = self.net(images)  # (B, C) each: distilled training
-        with torch.no_grad():
-            teacher_logits = self.companions[TEACHER](images)  # (B, C)
-        return hard_distillation(class_logits.float(), distillation_logits.float(), labels, teacher_logits.float(),
-                                 label_smoothing=self.hparams.label_smoothing)
-
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).
-        if self.net.distilled_training:
-            return self.trained(self.distilled(batch))
         return self.trained(self.objective(self, batch, TRAIN)[0])
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
