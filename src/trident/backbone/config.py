@@ -140,6 +140,7 @@ class TransformerConfig:
                     f"{self.grid[0]}x{self.grid[1]} patches + {self.num_prefix_tokens} prefix tokens exceed "
                     f"max_seq_len={self.max_seq_len}"
                 )
+        self._check_distillation_token()
         if self.attention_window is not None:
             if not is_int(self.attention_window) or self.attention_window <= 0:
                 raise ConfigError(
@@ -153,14 +154,6 @@ class TransformerConfig:
                 )
 
         self._check_family_switches()
-        self._check_distillation_token()
-
-    def _check_distillation_token(self) -> None:
-        if not isinstance(self.distillation_token, bool):
-            raise ConfigError(f"model.distillation_token must be true or false, got {self.distillation_token!r}")
-        if self.distillation_token and self.grid is None:
-            raise ConfigError("model.distillation_token=true is DeiT's distillation token, which only a ViT's image "
-                              "stack has: use it with task=vit, or set model.distillation_token=false")
 
     @property
     def layer_settings(self) -> list[LayerSettings]:
@@ -211,6 +204,13 @@ class TransformerConfig:
             setattr(self, name, self.bias if value is None else value)
         self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
         self.head_dim = self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+
+    def _check_distillation_token(self) -> None:
+        if not isinstance(self.distillation_token, bool):
+            raise ConfigError(f"model.distillation_token must be true or false, got {self.distillation_token!r}")
+        if self.distillation_token and self.grid is None:
+            raise ConfigError("model.distillation_token=true is DeiT's distillation token, which only a ViT's image "
+                              "stack has: use it with task=vit, or set model.distillation_token=false")
 
 
 def _divisors_hint(n: int) -> str:
