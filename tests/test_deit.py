@@ -30,7 +30,7 @@ from trident.weights.transfer import transfer_weights
 
 from .conftest import compose_config, one_step
 from .convert_helpers import net_from, randomise
-from .test_distill import built, train_steps
+from .test_distill_tasks import built, train_steps
 from .test_vit_pipeline import VIT_SMALL, vit_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
