@@ -47,7 +47,8 @@ def net_from(weights: PretrainedWeights, *, num_classes: int | None = None) -> n
                    dropout=0.0)
     if weights.task == "vit":
         data = weights.data_options
-        cfg = TransformerConfig(**options, **vit_geometry(data["image_size"], data["patch_size"], "cls"))
+        geometry = vit_geometry(data["image_size"], data["patch_size"], "cls", weights.model.get("distillation_token", False))
+        cfg = TransformerConfig(**options, **geometry)
         classes = num_classes or weights.classes or 10
         net: nn.Module = VisionTransformer(cfg, patch_size=data["patch_size"], in_channels=data["in_channels"],
                                            num_classes=classes)

@@ -65,6 +65,9 @@ class TransformerConfig:
     # Images: positions form a (rows, cols) grid after ``num_prefix_tokens`` (class token) positions.
     grid: tuple[int, int] | None = None
     num_prefix_tokens: int = 0
+    # DeiT's distillation token (task=vit only): a second learned prefix token after the class token, read by a second
+    # head (trident.models.vit); vit_geometry counts it in num_prefix_tokens.
+    distillation_token: bool = False
     # Sliding-window attention (Mistral): a causal query sees its last ``attention_window`` positions,
     # itself included; an encoder's query sees the keys less than ``attention_window`` away. None = all.
     attention_window: int | None = None
@@ -137,6 +140,7 @@ class TransformerConfig:
                     f"{self.grid[0]}x{self.grid[1]} patches + {self.num_prefix_tokens} prefix tokens exceed "
                     f"max_seq_len={self.max_seq_len}"
                 )
+        self._check_distillation_token()
         if self.attention_window is not None:
             if not is_int(self.attention_window) or self.attention_window <= 0:
                 raise ConfigError(
@@ -200,6 +204,13 @@ class TransformerConfig:
             setattr(self, name, self.bias if value is None else value)
         self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
         self.head_dim = self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+
+    def _check_distillation_token(self) -> None:
+        if not isinstance(self.distillation_token, bool):
+            raise ConfigError(f"model.distillation_token must be true or false, got {self.distillation_token!r}")
+        if self.distillation_token and self.grid is None:
+            raise ConfigError("model.distillation_token=true is DeiT's distillation token, which only a ViT's image "
+                              "stack has: use it with task=vit, or set model.distillation_token=false")
 
 
 def _divisors_hint(n: int) -> str:

@@ -98,7 +98,7 @@ def backbone_options(cfg: DictConfig) -> dict[str, Any]:
     options["pos_encoding_options"] = dict(cfg.pos_encoding.get("options") or {})
     # The sequence geometry comes with the data, not the size: data.max_seq_len, or what the task
     # derives from the data (e.g. ViT: patch grid and class token from the image size).
-    options.update(configured_task_class(cfg).backbone_geometry(_plain(cfg.data), _plain(cfg.task)))
+    options.update(configured_task_class(cfg).backbone_geometry(_plain(cfg.data), _plain(cfg.task), options))
     return options
 
 

@@ -288,9 +288,10 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         return self
 
     @classmethod
-    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
-        """Backbone settings that follow from the data (``data`` and ``task``: the groups as plain
-        dicts): by default the context length, ``data.max_seq_len``."""
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any],
+                          model: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Backbone settings that follow from the data (``data``, ``task`` and ``model``: the groups as plain
+        dicts, ``model`` None for its defaults): by default the context length, ``data.max_seq_len``."""
         return {"max_seq_len": data["max_seq_len"]}
 
     @classmethod

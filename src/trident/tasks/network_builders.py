@@ -53,9 +53,10 @@ def sequence_classifier(backbone: TransformerConfig, *, vocab_size: int, class_n
 
 
 #: What task=clip's ``task.text`` / ``task.image`` may set over the ``model`` and ``pos_encoding`` groups for one tower:
-#: every model setting but the geometry, which follows from the data (the context length, the image's patch grid).
+#: every model setting but the geometry, which follows from the data (the context length, the image's patch grid), and
+#: DeiT's distillation token (task=vit's alone).
 TOWER_SETTINGS = tuple(f.name for f in dataclasses.fields(TransformerConfig)
-                       if f.name not in ("max_seq_len", "grid", "num_prefix_tokens"))
+                       if f.name not in ("max_seq_len", "grid", "num_prefix_tokens", "distillation_token"))
 
 
 def tower_config(backbone: Mapping[str, Any], overrides: Mapping[str, Any] | None, tower: str,

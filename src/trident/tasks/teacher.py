@@ -51,7 +51,8 @@ class TaskWithTeacher(Protocol):
     def add_companion(self, name: str, network: nn.Module, source: str, initial_of: str | None = None) -> None: ...
 
     @classmethod
-    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]: ...
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any],
+                          model: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 def vocabulary_fingerprint(tokenizer: Tokenizer | None) -> str | None:
@@ -171,7 +172,7 @@ def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, se
     # A trident run records its whole backbone; an outside file its model, its geometry following from its data.
     backbone = dict(settings.get("backbone") or {}) or {
         **source.model, "pos_encoding": source.pos_encoding, "pos_encoding_options": source.pos_encoding_options,
-        **task.backbone_geometry(data, options)}
+        **task.backbone_geometry(data, options, source.model)}  # a DeiT teacher file: its distillation token
     check_geometry(name, task, cfg, backbone, {**data, **settings})
     known = {**options, **data, "vocab_size": source.vocab_size, "num_classes": source.classes}
     takes = builder_parameters(builder)

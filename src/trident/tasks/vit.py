@@ -21,7 +21,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
-from trident.tasks.teacher import add_teacher, taught
+from trident.tasks.teacher import TEACHER, add_teacher, taught
 from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -41,6 +41,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
     DATA_MODULE: ClassVar[type[TridentDataModule]] = ImageDataModule
     NEEDS_TOKENIZER = False
     READS = "images"
+    HEAD: ClassVar[tuple[str, ...]] = ("head.", "head_dist.")  # trains under finetune=lora: the class head and DeiT's distillation head
     STACK = "encoder"
     net: VisionTransformer
 
@@ -86,9 +87,12 @@ class ImageClassificationTask(ClassHead, TridentTask):
         self._misclassified: list[tuple[Tensor, int, int]] = []
 
     @classmethod
-    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
-        """Grid, class-token prefix and sequence length follow from the data's image and patch size."""
-        return vit_geometry(int(data["image_size"]), int(data["patch_size"]), str(task.get("pool", "cls")))
+    def backbone_geometry(cls, data: dict[str, Any], task: dict[str, Any],
+                          model: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Grid, prefix (class token, distillation token) and sequence length follow from the data's image and patch
+        size, the pooling and the model's distillation token."""
+        return vit_geometry(int(data["image_size"]), int(data["patch_size"]), str(task.get("pool", "cls")),
+                            bool((model or {}).get("distillation_token", False)))
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -109,16 +113,30 @@ class ImageClassificationTask(ClassHead, TridentTask):
         return vit_flops(self.net.encoder.cfg, batch=batch[0].size(0), patch_size=hp.patch_size,
                          in_channels=hp.in_channels, num_classes=hp.num_classes)
 
-    def outputs(self, batch: Batch, stage: str) -> Outputs:
-        """The class logits (B, C) of ``batch``'s images and their labels (B,); in training under Mixup / CutMix,
-        of the mixed images and their mixed (smoothed) labels, class probabilities (B, C)."""
+    def _inputs(self, batch: Batch, stage: str) -> Batch:
+        """``batch``'s images and labels (B,); in training under Mixup / CutMix, the mixed images and their mixed
+        (smoothed) labels, class probabilities (B, C)."""
         images, labels = batch
         if stage == TRAIN and self.mixup is not None:
             if images.size(0) % 2:
                 raise ConfigError("mixup/cutmix need an even data.batch_size")
             images, labels = self.mixup(images, labels)
-        # distill=kd: the teacher scores the same (mixed) images.
-        return taught(self, Outputs(self.net(images).float(), labels), stage, lambda teacher: teacher(images).float())
+        return images, labels
+
+    def outputs(self, batch: Batch, stage: str) -> Outputs:
+        """The class logits (B, C) of ``batch``'s images (:meth:`_inputs`) and their labels: a distillation token's
+        network gives its two heads' average, or in distilled training (a teacher) its class head's logits, its
+        distillation head's being what the teacher's term trains. distill=kd: the teacher scores the same images."""
+        images, labels = self._inputs(batch, stage)
+        logits = self.net(images)
+        logits, taught_logits = logits if isinstance(logits, tuple) else (logits, None)  # (B, C) each
+        return taught(self, Outputs(logits.float(), labels), stage, lambda teacher: teacher(images).float(),
+                      None if taught_logits is None else taught_logits.float())
+
+    def on_fit_start(self) -> None:
+        # DeiT: a teacher teaches the distillation token's head; without one, both heads learn the labels through
+        # their average (timm's training and fine-tuning of a distilled ViT), as at inference.
+        self.net.distilled_training = self.net.head_dist is not None and TEACHER in self.companions
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         # train/loss is logged once per optimizer step, over its global batch (TridentTask.on_before_optimizer_step).

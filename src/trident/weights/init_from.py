@@ -36,6 +36,8 @@ from trident.weights.sources import (
 # Model settings younger than some sources (issue 40): a source that does not state one (an earlier trident run,
 # GPT-2, BERT, ViT) has its default, which init_from then fixes like any setting the source states.
 ATTENTION_SHAPE_SETTINGS = ("n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "attn_out_bias", "mlp_bias")
+# The same for DeiT's distillation token (issue 54): a source that does not state it (a Hugging Face ViT) has none.
+YOUNGER_SETTINGS = (*ATTENTION_SHAPE_SETTINGS, "distillation_token")
 _ABSENT = object()
 # Config groups whose choice by name is a choice of architecture.
 ARCHITECTURE_GROUPS = ("model", "pos_encoding")
@@ -116,7 +118,7 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
     its tokenizer, its chat template); a value the user set that contradicts it is one error line naming both."""
     import hydra.utils  # here: the commands that read a run (trident-chat) import this module without Hydra
 
-    defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in ATTENTION_SHAPE_SETTINGS}
+    defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in YOUNGER_SETTINGS}
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in (defaults | source.model).items()}
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options

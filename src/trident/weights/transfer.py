@@ -42,6 +42,10 @@ class TransferRow:
     note: str
 
 
+#: The networks' output layers by module name: the classifier head, and the second head of DeiT's distillation token.
+HEADS = ("head", "head_dist")
+
+
 def group_of(name: str) -> str:
     """``encoder.blocks.3.ffn.fc_in.weight`` -> ``encoder.blocks``; ``head.weight`` -> ``head``."""
     parts = name.split(".")
@@ -68,8 +72,8 @@ def _what_shapes(name: str) -> str:
 
 
 def _is_head(name: str, here: Tensor, there: Tensor) -> bool:
-    """An output layer (``head``) that differs in its number of outputs only."""
-    return name.split(".")[0] == "head" and here.ndim == there.ndim and here.shape[1:] == there.shape[1:]
+    """An output layer (``head``, DeiT's ``head_dist``) that differs in its number of outputs only."""
+    return name.split(".")[0] in HEADS and here.ndim == there.ndim and here.shape[1:] == there.shape[1:]
 
 
 def new_head_option(value: object) -> bool:
@@ -94,9 +98,9 @@ def _embedding_tables(target: dict[str, Tensor]) -> set[str]:
 
 
 def _classifier_head(target: dict[str, Tensor]) -> set[str]:
-    """The ``head`` tensors, when they are the network's own: an LM's output layer tied to its token
-    table (tie_embeddings) is not, and cannot start anew alone."""
-    heads = {n for n in target if n.split(".")[0] == "head"}
+    """The ``head`` (and DeiT's ``head_dist``) tensors, when they are the network's own: an LM's output layer tied to
+    its token table (tie_embeddings) is not, and cannot start anew alone."""
+    heads = {n for n in target if n.split(".")[0] in HEADS}
     others = {t.data_ptr() for n, t in target.items() if n not in heads}
     return set() if any(target[n].data_ptr() in others for n in heads) else heads
 

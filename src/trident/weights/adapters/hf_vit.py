@@ -20,6 +20,7 @@ from trident.weights.adapters.common import (
     encoder_settings,
     layer_from_hf,
     layer_to_hf,
+    require_equivalent,
     require_hf_block,
     require_source,
     square_size,
@@ -92,6 +93,9 @@ def from_trident(net: VisionTransformer) -> tuple[str, dict[str, Any], dict[str,
     cfg = net.encoder.cfg
     require_property(net.pool == "cls", NETWORK, READOUT, net.pool, TARGET, "Hugging Face's ViT classifies from the class token")
     require_hf_block(cfg, TARGET, norm_first=True, embedding_norm=False)
+    require_equivalent(not cfg.distillation_token, "model.distillation_token", True, TARGET,
+                       "ViTForImageClassification has no distillation token and head (timm's deit_*_distilled has: "
+                       "trident.weights.adapters.timm_vit.trident_to_timm writes its state dict)")
     if cfg.grid is None:
         raise ValueError("a VisionTransformer always has a grid")
     _, in_channels, patch_size, _ = net.patch_embed.proj.weight.shape  # (D, C, p, p)

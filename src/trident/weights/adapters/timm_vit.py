@@ -1,7 +1,9 @@
-"""A timm ``VisionTransformer`` state dict <-> trident's ``VisionTransformer`` (an image encoder).
+"""A timm ``VisionTransformer`` state dict <-> trident's ``VisionTransformer`` (an image encoder), DeiT's distilled
+ViT (timm's ``VisionTransformerDistilled``: ``dist_token`` and ``head_dist``, named alike in both) included.
 
 timm and trident name the same tensors differently; the layouts match (fused qkv in q, k, v
-order with heads contiguous; the class token's position first in the position table). A state
+order with heads contiguous; the class token's position first in the position table, then the
+distillation token's). A state
 dict does not record the number of heads, and it changes no tensor's shape: it comes from timm's
 ``config.json`` beside the weights (``model_args``, else the architecture's own), else from the
 caller (``model.n_heads=``); only where nothing states it are 64-channel heads assumed (most timm
@@ -47,7 +49,8 @@ _LAYER = {
     "mlp.fc2.": "ffn.fc_out.",
     "ls2.": "ffn_scale.",
 }
-# Outside the blocks: timm name or prefix -> trident's (the rest, e.g. patch_embed, head, cls_token, is shared).
+# Outside the blocks: timm name or prefix -> trident's (the rest, e.g. patch_embed, head, cls_token, dist_token,
+# head_dist, is shared).
 _TOP = {"norm.": "encoder.final_norm."}
 _POSITIONS = ("pos_embed", "encoder.pos_encoding.embedding.weight")
 
@@ -183,11 +186,15 @@ def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | No
     require_source("pos_embed" in state and "patch_embed.proj.weight" in state, source,
                    "no pos_embed/patch_embed.proj.weight, so not a timm ViT; it holds something")
     require_source("cls_token" in state, source, "no class token (global average pooling with fc_norm)")
+    distilled = "dist_token" in state  # DeiT's distillation token and its head
+    require_source(distilled == ("head_dist.weight" in state) or "head.weight" not in state, source,
+                   "a distillation token without its head (head_dist), or the reverse")
     converted = timm_to_trident(state)
     d_model, in_channels, patch_size, _ = state["patch_embed.proj.weight"].shape  # (D, C, p, p)
     n_layers = 1 + max(int(m.group(1)) for name in state if (m := re.match(r"blocks\.(\d+)\.", name)))
-    side = math.isqrt(state["pos_embed"].shape[1] - 1)  # (1, 1 + side*side, D)
-    foreign = sorted(n for n in converted if not n.startswith(("encoder.", "patch_embed.", "cls_token", "head.")))
+    side = math.isqrt(state["pos_embed"].shape[1] - 1 - distilled)  # (1, prefix + side*side, D)
+    shared = ("encoder.", "patch_embed.", "cls_token", "head.", *(("dist_token", "head_dist.") if distilled else ()))
+    foreign = sorted(n for n in converted if not n.startswith(shared))
     require_source(not foreign, source, f"tensors trident's ViT has no place for ({', '.join(foreign[:3])})")
     require_source(state["blocks.0.attn.qkv.weight"].shape == (3 * d_model, d_model), source,
                    "attention of another width than the model (attn_head_dim)")
@@ -213,6 +220,7 @@ def from_timm(state: dict[str, Tensor], source: str, config: dict[str, Any] | No
             "embedding_norm": False,
             # Only whether the scale exists matters: its loaded values replace the initial ones.
             "layer_scale_init": 1e-5 if layer_scale else None,
+            "distillation_token": distilled,
         },
         pos_encoding="learned",
         properties=properties,
