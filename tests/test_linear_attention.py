@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from trident.backbone import Decoder, Encoder
+from trident.backbone import Decoder, Encoder, TransformerConfig
 from trident.backbone.linear_attention import (
     CHUNK,
     PerformerFeatures,
@@ -23,7 +23,9 @@ from trident.backbone.linear_attention import (
     redraw_features,
 )
 from trident.errors import ConfigError
+from trident.models import CausalLM, MaskedLM
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
+from trident.weights.adapters.hf_export import to_transformers
 
 from .backbone_helpers import D_MODEL, make_cfg, perturb_
 from .conftest import SMALL, compose_config, one_step
@@ -237,6 +239,20 @@ def test_performer_refuses_packed_documents() -> None:
     decoder = build(Decoder, attention="performer")
     with pytest.raises(ConfigError, match="cannot keep the documents of packed rows apart"):
         decoder(torch.randn(1, 6, D_MODEL), documents=torch.tensor([[0, 0, 0, 1, 1, 1]]))
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_the_hf_export_refuses_what_transformers_would_run_as_softmax(family: str) -> None:
+    if family == "bert":
+        net: torch.nn.Module = MaskedLM(TransformerConfig(
+            d_model=32, n_heads=4, n_layers=1, d_ff=40, norm_first=False, embedding_norm=True, pos_encoding="learned",
+            max_seq_len=20, attention="linformer"), 50)
+    else:
+        net = CausalLM(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=48, activation="swiglu",
+                                         norm="rmsnorm", bias=False, pos_encoding="rope", max_seq_len=32,
+                                         attention="performer", family=family), 50, tie_embeddings=False)
+    with pytest.raises(ConfigError, match=r"^model.attention=.* has no .* equivalent: it computes softmax attention"):
+        to_transformers(net)
 
 
 def test_the_architecture_defaults_are_softmax(tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.optim import Optimizer
 
-from trident.backbone import TransformerConfig
-from trident.backbone.linear_attention import redraw_features
+from trident.backbone import TransformerConfig, redraw_features
 from trident.converters import Converter
 from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
