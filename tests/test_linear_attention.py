@@ -133,6 +133,8 @@ def test_performer_under_bf16_autocast_stays_close_to_fp32() -> None:
         low = encoder(x)
     assert torch.isfinite(low).all()
     assert (low.float() - reference).abs().mean() < 0.05 * reference.abs().mean()
+    whole = encoder.to(torch.bfloat16)(x.to(torch.bfloat16))  # precision=bf16-true: the directions cast too
+    assert (whole.float() - reference).abs().mean() < 0.05 * reference.abs().mean()
 
 
 def test_linformer_attends_through_k_projected_rows() -> None:
@@ -202,6 +204,34 @@ def test_training_redraws_the_features_at_each_interval(make_config: Callable[..
     trainer.fit(task, datamodule=datamodule)
     layers = [m for m in task.modules() if isinstance(m, PerformerFeatures)]
     assert layers and all(int(layer.draw) == 2 for layer in layers)  # the third step, global_step 2
+
+
+def test_a_resumed_run_draws_the_features_of_the_straight_run(make_config: Callable[..., DictConfig],
+                                                              tmp_path: Path) -> None:
+    """4 steps straight, or 2 steps, a checkpoint, and 2 more in a task built from another RNG state: the same
+    directions in every layer at the end (redrawn at every step)."""
+    cfg = make_config("model.attention=performer", "model.performer.redraw_interval=1")
+
+    def fit(max_steps: int, seed: int, ckpt_path: Path | None = None) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
+        trainer = build_trainer(cfg.trainer, max_steps=max_steps, max_epochs=-1, limit_val_batches=0,
+                                num_sanity_val_steps=0, logger=False, enable_checkpointing=False, callbacks=[],
+                                enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path)
+        if ckpt_path is None and max_steps == 2:
+            trainer.save_checkpoint(tmp_path / "two.ckpt")
+        return task
+
+    def directions(task: torch.nn.Module) -> list[torch.Tensor]:
+        return [m.projection for m in task.modules() if isinstance(m, PerformerFeatures)]
+
+    straight = directions(fit(4, seed=0))
+    fit(2, seed=0)
+    resumed = directions(fit(4, seed=123, ckpt_path=tmp_path / "two.ckpt"))
+    assert len(resumed) == len(straight) == 2
+    for ours, theirs in zip(resumed, straight, strict=True):
+        torch.testing.assert_close(ours, theirs, **UNCHANGED)
 
 
 # --------------------------------------------------------------------------------------------

@@ -178,7 +178,8 @@ class PerformerFeatures(nn.Module):
         positions); ``keep``: (B or 1, 1, Tk) True at the keys that may be seen (not padding), or None. -> (B, nh, Tq, hs)
         in q's dtype. Under autocast too the features and the sums are fp32: exp of the logits is no bf16 business."""
         with torch.autocast(q.device.type, enabled=False):
-            y = favor(q.float(), k.float(), v.float(), self.projection, keep, causal=self.causal,
+            # .float(): a network cast to bf16 as a whole (precision=bf16-true) casts the directions too.
+            y = favor(q.float(), k.float(), v.float(), self.projection.float(), keep, causal=self.causal,
                       scale_dim=self.scale_dim)
         return y.to(q.dtype)
 
