@@ -222,12 +222,14 @@ def favor(q: Tensor, k: Tensor, v: Tensor, projection: Tensor, keep: Tensor | No
 
 def _causal_favor(phi_q: Tensor, a_k: Tensor, values: Tensor, keep_k: Tensor | None) -> Tensor:
     """Causal FAVOR+ by prefix sums, chunk by chunk. ``phi_q``: (B, nh, Tq, m) for the last Tq of the Tk keys;
-    ``a_k``: (B, nh, Tk, m) key logits; ``values``: (B, nh, Tk, hs + 1). -> (B, nh, Tq, hs + 1).
+    ``a_k``: (B, nh, Tk, m) key logits; ``values``: (B, nh, Tk, e) (e = hs + 1). -> (B, nh, Tq, e).
 
     With r_j the running maximum of the key logits up to j, key j enters query t (j <= t) as
-    exp(a_j - r_j) exp(r_j - r_t): both factors at most 1, and r_t depends on keys up to t only. The state carried
-    between chunks, sum_j exp(a_j - r) v_j^T, is kept relative to the running maximum r at its last key."""
-    length, keys = phi_q.size(-2), a_k.size(-2)
+    exp(a_j - r_j) exp(r_j - r_t): both factors at most 1, and r_t depends on keys up to t only. Inside a chunk the
+    masked (C, C) block; across chunks the state sum_j exp(a_j - r) v_j^T of the chunks before, kept relative to the
+    running maximum r at its last key. Every chunk's block and state contribution in one batched product; only the
+    states' rescaled sum runs chunk after chunk."""
+    length, keys, width = phi_q.size(-2), a_k.size(-2), values.size(-1)
     running = torch.cummax(a_k.amax(dim=-1), dim=-1).values.detach()  # (B, nh, Tk)
     phi_k = torch.exp(a_k - running[..., None])  # (B, nh, Tk, m), each at most 1
     if keep_k is not None:
@@ -236,23 +238,30 @@ def _causal_favor(phi_q: Tensor, a_k: Tensor, values: Tensor, keep_k: Tensor | N
     # The state of the keys before the first query, relative to the running maximum at the last of them.
     reference = running[..., max(past - 1, 0)]  # (B, nh)
     state = (phi_k[..., :past, :] * torch.exp(running[..., :past] - reference[..., None])[..., None]).transpose(-2, -1) \
-        @ values[..., :past, :]  # (B, nh, m, hs + 1)
-    outputs = []
-    for start in range(0, length, CHUNK):
-        stop = min(start + CHUNK, length)
-        keys_at = slice(past + start, past + stop)
-        q_c, k_c, v_c, r_c = phi_q[..., start:stop, :], phi_k[..., keys_at, :], values[..., keys_at, :], running[..., keys_at]
-        size = stop - start
-        lower = torch.ones(size, size, dtype=torch.bool, device=q_c.device).tril()  # (C, C): key j <= query t
-        decay = (r_c[..., None, :] - r_c[..., :, None]).masked_fill(~lower, 0.0)  # (B, nh, C, C): r_j - r_t <= 0
-        scores = torch.where(lower, (q_c @ k_c.transpose(-2, -1)) * torch.exp(decay), 0.0)  # (B, nh, C, C)
-        carried = torch.exp(reference[..., None] - r_c)[..., None] * (q_c @ state)  # (B, nh, C, hs + 1)
-        outputs.append(scores @ v_c + carried)
-        last = r_c[..., -1]  # (B, nh): the new reference
-        state = torch.exp(reference - last)[..., None, None] * state + \
-            (k_c * torch.exp(r_c - last[..., None])[..., None]).transpose(-2, -1) @ v_c
-        reference = last
-    return torch.cat(outputs, dim=-2)
+        @ values[..., :past, :]  # (B, nh, m, e)
+    phi_k, values, running = phi_k[..., past:, :], values[..., past:, :], running[..., past:]
+    chunks = -(-length // CHUNK)
+    pad = chunks * CHUNK - length  # after the last query: no query before it sees the padding
+    if pad:
+        phi_q, phi_k, values = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, values))
+        running = torch.cat((running, running[..., -1:].expand(*running.shape[:-1], pad)), dim=-1)
+    lead = phi_q.shape[:-2]
+    q, k = phi_q.reshape(*lead, chunks, CHUNK, -1), phi_k.reshape(*lead, chunks, CHUNK, -1)  # (B, nh, n, C, m)
+    v, r = values.reshape(*lead, chunks, CHUNK, width), running.reshape(*lead, chunks, CHUNK)
+    lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()  # (C, C): key j <= query t
+    decay = (r[..., None, :] - r[..., :, None]).masked_fill(~lower, 0.0)  # (B, nh, n, C, C): r_j - r_t <= 0
+    scores = torch.where(lower, (q @ k.transpose(-2, -1)) * torch.exp(decay), 0.0)  # (B, nh, n, C, C)
+    last = r[..., -1]  # (B, nh, n): each chunk's running maximum at its last key
+    own = (k * torch.exp(r - last[..., None])[..., None]).transpose(-2, -1) @ v  # (B, nh, n, m, e)
+    before, references = [], []
+    for chunk in range(chunks):
+        before.append(state)
+        references.append(reference)
+        state = torch.exp(reference - last[..., chunk])[..., None, None] * state + own[..., chunk, :, :]
+        reference = last[..., chunk]
+    carried = torch.exp(torch.stack(references, dim=-1)[..., None] - r)[..., None] \
+        * (q @ torch.stack(before, dim=-3))  # (B, nh, n, C, e)
+    return (scores @ v + carried).reshape(*lead, chunks * CHUNK, width)[..., :length, :]
 
 
 class LinformerProjection(nn.Module):
