@@ -505,6 +505,11 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("fsdp-sharded-with-tensor-parallel", "train.py", ["trainer=fsdp_cpu", "trainer.strategy.save_distributed_checkpoint=true",
                                                        "trainer.strategy.tensor_parallel_size=2"],
      ["trainer.strategy.save_distributed_checkpoint=true does not work with tensor parallelism"]),
+    # Issue 55: model.attention
+    ("linformer-for-a-causal-lm", "train.py", ["model=nano", "model.attention=linformer"],
+     ["model.attention=linformer", "serves encoders only", "use model.attention=softmax or performer"]),
+    ("performer-with-alibi", "train.py", ["model=nano", "model.attention=performer", "pos_encoding=alibi"],
+     ["model.attention=performer forms no attention scores for pos_encoding=alibi", "use pos_encoding=rope"]),
     # Issue 42: fsdp options (the rest work under trainer=fsdp_cpu: docs/scaling.md's table, tests/test_fsdp.py)
     ("fsdp-with-fp16", "train.py", ["trainer=fsdp_cpu", "precision=fp16"],
      ["precision=fp16 (trainer.precision=16-mixed) does not work with trainer=fsdp", "use precision=bf16"]),

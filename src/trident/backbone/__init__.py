@@ -14,6 +14,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
+from trident.backbone.linear_attention import ATTENTIONS, redraw_features
 from trident.backbone.lora import (
     LORA_TARGETS,
     LoRALinear,
@@ -36,6 +37,7 @@ from trident.backbone.stack import Decoder, Encoder, TransformerStack
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTIONS",
     "ATTENTION_IMPLS",
     "GATED_ACTIVATIONS",
     "LORA_TARGETS",
@@ -70,5 +72,6 @@ __all__ = [
     "make_norm",
     "merge_lora",
     "pos_encoding_class",
+    "redraw_features",
     "register_pos_encoding",
 ]

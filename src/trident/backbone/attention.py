@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trident.backbone.kv_cache import LayerKVCache
+from trident.backbone.linear_attention import LinformerProjection, PerformerFeatures
 from trident.backbone.masks import causal_mask
 from trident.backbone.parallel_plan import Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import apply_rotary
@@ -58,6 +59,8 @@ class MultiHeadAttention(nn.Module):
     ``scale_dim`` divides the scores by its square root instead of the head width's (Gemma's
     query_pre_attn_scalar); ``softcap`` caps them smoothly, cap * tanh(scores / cap), before the mask
     (Gemma 2), which SDPA cannot: a capped layer computes its attention on the explicit path.
+    ``mixer`` (self-attention only, ``model.attention``): a :class:`PerformerFeatures` computes FAVOR+ instead of
+    softmax; a :class:`LinformerProjection` projects the keys and values along the sequence before softmax attention.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class MultiHeadAttention(nn.Module):
         sdpa_backend: str = "auto",
         scale_dim: float | None = None,
         softcap: float | None = None,
+        mixer: nn.Module | None = None,
     ) -> None:
         super().__init__()
         # All the heads, as configured: a tensor-parallel plan leaves them as built (n_heads: this rank's share).
@@ -108,6 +112,7 @@ class MultiHeadAttention(nn.Module):
         # QK-norm over each head's width: before rope, as Qwen3 and OLMo 2 do.
         self.q_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
         self.k_norm = qk_norm(self.head_dim) if qk_norm is not None else nn.Identity()
+        self.mixer = mixer
 
     def parallel_plan(self) -> ParallelPlan:
         """Megatron-LM's: the query, key and value projections split by heads ([q; k; v] and cross-attention's
@@ -183,6 +188,17 @@ class MultiHeadAttention(nn.Module):
         to (B, nh, Tq, Tk). Returns the output (B, T, D) and, on the explicit path, the weights."""
         batch, length, _ = x.shape
         q, k, v = self._project(x, context, cache, rope)  # (B, nh, T, hs); k, v: (B, n_kv_heads, T, hs)
+        if isinstance(self.mixer, PerformerFeatures):
+            if need_weights:
+                raise ConfigError("model.attention=performer forms no attention weights to return: use "
+                                  "model.attention=softmax to look at them")
+            if self.kv_group > 1:
+                k, v = k.repeat_interleave(self.kv_group, dim=1), v.repeat_interleave(self.kv_group, dim=1)
+            y = self.mixer(q, k, v, _keys_seen(attn_mask))  # (B, nh, Tq, hs)
+            return self.out_proj(y.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)), None
+        if isinstance(self.mixer, LinformerProjection):
+            k, v = self.mixer(k, v, _keys_seen(attn_mask))  # (B, n_kv_heads, linformer.k, hs): padding projected out
+            attn_mask = None
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(q.dtype)  # SDPA wants the float mask in the query's dtype
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -253,6 +269,14 @@ class MultiHeadAttention(nn.Module):
 
 # model.attn_impl: name -> how the attention is computed (both return (output, weights or None)).
 ATTENTION_IMPLS = {"sdpa": MultiHeadAttention._sdpa, "explicit": MultiHeadAttention._explicit}
+
+
+def _keys_seen(attn_mask: Tensor | None) -> Tensor | None:
+    """The keys (not padding) of a boolean allowed mask (…, Tq, Tk) of a stack without windows, biases or packed
+    documents, as (B or 1, 1, Tk): the last query's row, which causality leaves whole (it is the last position)."""
+    if attn_mask is None:
+        return None
+    return attn_mask[..., -1, :].reshape(-1, 1, attn_mask.size(-1))
 
 
 def _mask_kind(attn_mask: Tensor | None, is_causal: bool) -> str:

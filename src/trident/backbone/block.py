@@ -11,6 +11,7 @@ from trident.backbone.attention import MultiHeadAttention
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import LayerKVCache
 from trident.backbone.layers import FeedForward, make_norm
+from trident.backbone.linear_attention import build_mixer
 from trident.backbone.residual import DropPath, LayerScale
 
 
@@ -20,7 +21,8 @@ class TransformerBlock(nn.Module):
     without warmup and needs a final norm after the stack. ``sandwich_norm`` (Gemma) adds a norm on each
     sub-layer's output: x = x + Dropout(PostNorm(Sublayer(Norm(x))))."""
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False, drop_path: float = 0.0) -> None:
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = False, drop_path: float = 0.0,
+                 causal: bool = False) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
 
@@ -39,6 +41,11 @@ class TransformerBlock(nn.Module):
                 sdpa_backend=cfg.sdpa_backend,
                 scale_dim=cfg.attn_scale_dim,
                 softcap=cfg.attn_softcap,
+                # model.attention replaces self-attention's softmax; cross-attention keeps it (docs/architecture.md).
+                mixer=None if cross else build_mixer(
+                    cfg.attention, cfg.performer if cfg.attention == "performer" else cfg.linformer,
+                    head_dim=cfg.head_dim, scale_dim=cfg.attn_scale_dim or cfg.head_dim, max_seq_len=cfg.max_seq_len,
+                    causal=causal),
             )
 
         def norm() -> nn.Module:

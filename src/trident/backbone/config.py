@@ -8,6 +8,7 @@ from typing import Any
 from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS
 from trident.backbone.layer_settings import LayerSettings, layer_settings
 from trident.backbone.layers import ACTIVATIONS, NORMS
+from trident.backbone.linear_attention import check_attention
 from trident.backbone.positional import pos_encoding_class
 from trident.errors import ConfigError, choose, is_int, is_number
 
@@ -84,6 +85,11 @@ class TransformerConfig:
     # Gemma's "sandwich" norms: a norm also on each sub-layer's output, before it joins the residual (pre-norm only).
     sandwich_norm: bool = False
     family: str | None = None  # the outside family the stack is declared as (FAMILIES), which export writes
+    # How self-attention mixes the positions (trident.backbone.linear_attention.ATTENTIONS): softmax | performer |
+    # linformer, with the options of the chosen one (None: their defaults); resolved to full mappings when built.
+    attention: str = "softmax"
+    performer: dict[str, Any] | None = None  # features (None: head_dim * ln head_dim), redraw_interval (steps)
+    linformer: dict[str, Any] | None = None  # k (projected length), sharing (headwise | kv)
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -154,6 +160,7 @@ class TransformerConfig:
                 )
 
         self._check_family_switches()
+        self.performer, self.linformer = check_attention(self, pos_encoding_class(self.pos_encoding))
 
     @property
     def layer_settings(self) -> list[LayerSettings]:

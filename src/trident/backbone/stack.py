@@ -17,6 +17,7 @@ from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
 from trident.backbone.masks import build_attention_mask, document_positions, padding_allowed, window_band
 from trident.backbone.positional import PositionalEncoding, build_pos_encoding, positions_from
+from trident.errors import ConfigError
 
 
 class StackInputs(TypedDict, total=False):
@@ -50,6 +51,10 @@ class TransformerStack(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.causal = causal
+        if causal and cfg.attention == "linformer":
+            raise ConfigError("model.attention=linformer projects keys from the whole sequence, later positions "
+                              "included, and serves encoders only (task=mlm, classify, vit): use model.attention=softmax "
+                              "or performer for a causal stack (task=lm, the translation decoder)")
         self.pos_encoding = build_pos_encoding(cfg, causal=causal)
         # model.layers: each layer's window, and which rope rotates it (None: none), as indices into
         # [pos_encoding, *layer_encodings]: one rope per distinct set of options (Gemma 3's local and global bases).
@@ -77,7 +82,7 @@ class TransformerStack(nn.Module):
         # Stochastic depth rises linearly with depth, from 0 to cfg.drop_path at the last block.
         rates = [cfg.drop_path * i / max(1, cfg.n_layers - 1) for i in range(cfg.n_layers)]
         self.blocks = nn.ModuleList(
-            TransformerBlock(cfg, cross_attention=cross_attention, drop_path=rate) for rate in rates
+            TransformerBlock(cfg, cross_attention=cross_attention, drop_path=rate, causal=causal) for rate in rates
         )
         # Post-norm blocks end in a norm already; pre-norm stacks need one after the last residual.
         self.final_norm = (
@@ -127,6 +132,9 @@ class TransformerStack(nn.Module):
         documents, positions = inputs.get("documents"), inputs.get("positions")
         memory, memory_padding_mask = inputs.get("memory"), inputs.get("memory_padding_mask")
         length = x.size(1)
+        if documents is not None and self.cfg.attention != "softmax":
+            raise ConfigError(f"model.attention={self.cfg.attention} cannot keep the documents of packed rows apart "
+                              "(data=chat): use model.attention=softmax for packed documents")
         offset = cache.length if cache is not None else 0
         # The slots' positions: the masks, the cache and the distance biases (alibi, relative) follow them. Per-row
         # positions of left-padded rows differ from them by the row's padding, the same for a query and its keys.

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 from torch.optim import Optimizer
 
-from trident.backbone import TransformerConfig
+from trident.backbone import TransformerConfig, redraw_features
 from trident.converters import Converter
 from trident.data.base import TridentDataModule, WeightsSource
 from trident.errors import ConfigError
@@ -204,6 +204,10 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         """Log training metric ``name`` of the optimizer step: ``total`` over ``weight`` items of this micro-batch,
         summed with the step's other micro-batches and ranks (logged at the step's end, as ``train/loss`` is)."""
         self.step_loss.add(name, total, weight)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Performer layers (model.attention=performer) redraw their random features by the optimizer step."""
+        redraw_features(self, self.global_step)
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """After the step's last backward (and fp16 unscaling), before clipping: the gradients become the global

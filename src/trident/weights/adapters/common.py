@@ -130,3 +130,4 @@ def require_hf_block(cfg: TransformerConfig, target: str, *, norm_first: bool, e
                        else "it does not normalise its embeddings")
     require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, target,
                        "it has no layer scale")
+    require_equivalent(cfg.attention == "softmax", "model.attention", cfg.attention, target, "it computes softmax attention")

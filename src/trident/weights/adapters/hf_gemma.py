@@ -181,6 +181,7 @@ def _require_family(family: GemmaFamily, cfg: TransformerConfig, net: CausalLM) 
         (cfg.norm_first and cfg.sandwich_norm, "model.sandwich_norm", cfg.sandwich_norm, "it norms before and after each sub-layer"),
         (not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, "it does not normalise its embeddings"),
         (cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, "it has no layer scale"),
+        (cfg.attention == "softmax", "model.attention", cfg.attention, "it computes softmax attention"),
     ):
         require_equivalent(ok, setting, value, target, fix)
     require_property(net.embed.scale != 1.0, CausalLM, SCALED_EMBEDDING, False, target,
