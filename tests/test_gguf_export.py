@@ -1,0 +1,212 @@
+"""trident-export --format gguf (issue 56, item 3): a GGUF file that transformers' GGUF reader
+(``from_pretrained(dir, gguf_file=...)``) loads with the logits of the trident model and whose tokenizer gives the
+run's ids, for models initialised from random-weight Hugging Face GPT-2, Llama, Qwen2 and Qwen3 directories (every
+parameter randomised); bad inputs in one line.
+
+Tolerances: f32 stores the weights as they are (1e-4 on logits of order 1-10, summed in another order by transformers).
+f16, bf16 and q8_0 round the matrices: the logits are compared, within the same 1e-4, with the trident model whose
+matrices were rounded the same way (``gguf.quants`` quantize then dequantize, the reader's own dequantization), and,
+for q8_0, with the unrounded model within 5% of the logits' spread: a q8_0 weight is off by at most half a step of
+its block's largest weight / 127 (0.4%), and a logit sums many such errors of both signs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from tests.convert_helpers import randomise
+from trident.commands.export import main
+from trident.data.tokenization import END_OF_TEXT, train_tokenizer
+from trident.tasks.lm import LanguageModelTask
+from trident.weights import read_pretrained
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+CORPUS = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(200))
+SAMPLE = "The quick brown fox? It jumps over 12 lazy dogs, and then it rests.\n\nLine 7: the end."
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Llama 3's split (and Qwen2's, which takes digits one at a time), as their tokenizer.json state it.
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                r"\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+TRAINING = {"optimizer": {"name": "adamw", "lr": 1.0e-3}, "scheduler": {"name": "constant"}}
+
+
+def byte_level_bpe(split: str | None, specials: list[str], bos: str | None = None) -> Tokenizer:
+    """A byte-level BPE of 300 tokens trained on CORPUS: GPT-2's split (None) or a Split regex's; ``bos``: a token its
+    post-processor puts first (Llama 3's <|begin_of_text|>)."""
+    tokenizer = Tokenizer(models.BPE())
+    if split is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([CORPUS], trainer=trainer)
+    if bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
+    return tokenizer
+
+
+def hf_directory(directory: Path, family: str) -> Path:
+    """A random-weight transformers model of ``family`` with a byte-level BPE tokenizer (and, for the Llama and Qwen
+    families, a chat template and special tokens in tokenizer_config.json), saved as the Hub's directories are."""
+    torch.manual_seed(0)
+    vocab = 320  # more rows than tokens: the ids past the tokenizer are listed as unused
+    if family == "gpt2":
+        # transformers' GGUF reader takes GPT-2's 1,024 positions and 4 x width feed-forward from GPT2Config.
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=1024, vocab_size=vocab)
+        model = transformers.GPT2LMHeadModel(config)
+        tokenizer = byte_level_bpe(None, [END_OF_TEXT])
+        settings: dict[str, Any] = {}
+    else:
+        shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "vocab_size": vocab, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+                 "rope_theta": 5e5}
+        specials = [END_OF_TEXT, "<|begin_of_text|>", "<|im_start|>", "<|im_end|>"]
+        if family == "llama":
+            config = transformers.LlamaConfig(**shape, head_dim=16, tie_word_embeddings=False)
+            tokenizer = byte_level_bpe(LLAMA3_SPLIT, specials, bos="<|begin_of_text|>")
+        elif family == "qwen2":
+            config = transformers.Qwen2Config(**shape, tie_word_embeddings=True)
+            tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
+        else:  # Qwen3's reader takes the head width as Qwen3Config's 128
+            config = transformers.Qwen3Config(**shape, head_dim=128, tie_word_embeddings=False)
+            tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
+        model = getattr(transformers, config.architectures[0] if config.architectures else
+                        {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family])(config)
+        settings = {"chat_template": CHATML, "bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
+    randomise(model, seed=1)
+    model.save_pretrained(directory)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    if settings:
+        import json
+
+        (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    return directory
+
+
+def checkpoint_from(source: Path, path: Path) -> LanguageModelTask:
+    """The task=lm model init_from=``source`` builds, with its weights, tokenizer and tokenizer settings, saved as a
+    checkpoint at ``path`` the way Lightning writes one."""
+    weights = read_pretrained(source)
+    backbone = dict(weights.model, pos_encoding=weights.pos_encoding, pos_encoding_options=weights.pos_encoding_options,
+                    dropout=0.0, max_seq_len=weights.data_options["max_seq_len"])
+    assert weights.tokenizer is not None and weights.vocab_size is not None
+    task = LanguageModelTask(backbone, weights.vocab_size, **TRAINING, tokenizer_json=weights.tokenizer.to_str(),
+                             **weights.task_options)
+    task.net.load_state_dict(weights.state_dict, strict=True)
+    task.tokenizer_settings = dict(weights.tokenizer_settings)
+    checkpoint: dict[str, Any] = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                                  "pytorch-lightning_version": L.__version__}
+    task.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return task.eval()
+
+
+def rounded(task: LanguageModelTask, gguf_type: str) -> torch.nn.Module:
+    """``task.net`` with its matrices stored as ``gguf_type`` stores them and read back (gguf's own quantize and
+    dequantize); vectors (norms, biases) and the position table stay float32, as the export keeps them."""
+    import copy
+
+    net = copy.deepcopy(task.net)
+    kind = gguf.GGMLQuantizationType[gguf_type.upper()]
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if parameter.ndim >= 2 and "pos" not in name:
+                packed = gguf.quants.quantize(parameter.numpy(), kind)
+                parameter.copy_(torch.from_numpy(gguf.quants.dequantize(packed, kind).reshape(parameter.shape)))
+    return net.eval()
+
+
+def exported(family: str, tmp_path: Path, gguf_type: str | None) -> tuple[LanguageModelTask, Path]:
+    task = checkpoint_from(hf_directory(tmp_path / family, family), tmp_path / "model.ckpt")
+    out = tmp_path / "out"
+    main([str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(out),
+          *(["--gguf-type", gguf_type] if gguf_type else [])])
+    return task, out
+
+
+@pytest.mark.parametrize(("family", "gguf_type"), [("gpt2", "f32"), ("gpt2", None), ("llama", "f32"),
+                                                   ("llama", "bf16"), ("llama", "q8_0"), ("qwen2", "f16"),
+                                                   ("qwen3", "f16"), ("gpt2", "q8_0")])
+def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_token_ids(
+        family: str, gguf_type: str | None, tmp_path: Path) -> None:
+    task, out = exported(family, tmp_path, gguf_type)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf").eval()
+    ids = torch.randint(0, task.hparams.vocab_size, (2, 17), generator=torch.Generator().manual_seed(2))
+    reference = rounded(task, gguf_type or "f16")
+    with torch.no_grad():
+        logits = model(ids).logits
+        torch.testing.assert_close(logits, reference(ids), atol=1e-4, rtol=1e-4)
+        if gguf_type == "q8_0":
+            exact = task.net(ids)
+            assert (logits - exact).abs().max() < 0.05 * (exact.max() - exact.min())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, gguf_file="model.gguf")
+    assert tokenizer(SAMPLE)["input_ids"] == task.tokenizer.encode(SAMPLE).ids
+    if family != "gpt2":
+        assert tokenizer.chat_template == CHATML
+        assert tokenizer.eos_token == "<|im_end|>" and tokenizer.bos_token == "<|begin_of_text|>"
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()  # what building the inputs printed (transformers' save_pretrained)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_bad_gguf_exports_are_one_line_and_write_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    hf_directory(tmp_path / "gpt2", "gpt2")
+    checkpoint_from(tmp_path / "gpt2", tmp_path / "gpt2.ckpt")
+    out = tmp_path / "out"
+    assert "--gguf-type='q4_k' is not supported: choose one of f16, bf16, f32, q8_0" in refused(
+        [str(tmp_path / "gpt2.ckpt"), "--format", "gguf", "--gguf-type", "q4_k", "--out", str(out)], capsys)
+    with monkeypatch.context() as hidden:
+        hidden.setitem(sys.modules, "gguf", None)  # how importlib sees a package that is not installed
+        assert "the GGUF export (trident-export --format gguf) needs trident's [gguf] extra" in refused(
+            [str(tmp_path / "gpt2.ckpt"), "--format", "gguf", "--out", str(out)], capsys)
+    tokenizer = train_tokenizer("char", [CORPUS])
+    char = LanguageModelTask({"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 128, "max_seq_len": 1024,
+                              "pos_encoding": "learned", "activation": "gelu_tanh"}, tokenizer.get_vocab_size(),
+                             **TRAINING, tokenizer_json=tokenizer.to_str())
+    assert "the run's tokenizer is a character-level (data.tokenizer=char) tokenizer" in refused(
+        [str(saved(char, tmp_path / "char.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    short = LanguageModelTask({"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 128, "max_seq_len": 64,
+                               "pos_encoding": "learned", "activation": "gelu_tanh"}, 300, **TRAINING,
+                              tokenizer_json=byte_level_bpe(None, [END_OF_TEXT]).to_str())
+    assert "data.max_seq_len=64 has no GGUF (gpt2) equivalent" in refused(
+        [str(saved(short, tmp_path / "short.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    from trident.tasks.mlm import MaskedLanguageModelTask
+
+    bert = MaskedLanguageModelTask({"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_seq_len": 16,
+                                    "pos_encoding": "learned", "activation": "gelu", "norm_first": False,
+                                    "embedding_norm": True}, tokenizer.get_vocab_size(), **TRAINING, mask_id=1,
+                                   pad_id=2, num_regular_tokens=3, tokenizer_json=tokenizer.to_str())
+    assert "a MaskedLM has no GGUF export: it writes GPT-2, Llama, Mistral, Qwen2 and Qwen3" in refused(
+        [str(saved(bert, tmp_path / "bert.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    assert list(tmp_path.glob("*out*")) == []  # no output, no temporary directory left behind
+
+
+def saved(task: Any, path: Path) -> Path:
+    checkpoint: dict[str, Any] = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                                  "pytorch-lightning_version": L.__version__}
+    task.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path
