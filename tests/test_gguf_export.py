@@ -12,6 +12,8 @@ its block's largest weight / 127 (0.4%), and a logit sums many such errors of bo
 
 from __future__ import annotations
 
+import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,21 +81,21 @@ def hf_directory(directory: Path, family: str) -> Path:
         if family == "llama":
             config = transformers.LlamaConfig(**shape, head_dim=16, tie_word_embeddings=False)
             tokenizer = byte_level_bpe(LLAMA3_SPLIT, specials, bos="<|begin_of_text|>")
+        elif family == "mistral":  # its 4,096-token window is longer than the context: none (written as llama)
+            config = transformers.MistralConfig(**shape, tie_word_embeddings=True)
+            tokenizer = byte_level_bpe(LLAMA3_SPLIT, specials, bos="<|begin_of_text|>")
         elif family == "qwen2":
             config = transformers.Qwen2Config(**shape, tie_word_embeddings=True)
             tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
         else:  # Qwen3's reader takes the head width as Qwen3Config's 128
             config = transformers.Qwen3Config(**shape, head_dim=128, tie_word_embeddings=False)
             tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
-        model = getattr(transformers, config.architectures[0] if config.architectures else
-                        {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family])(config)
+        model = transformers.AutoModelForCausalLM.from_config(config)
         settings = {"chat_template": CHATML, "bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
     randomise(model, seed=1)
     model.save_pretrained(directory)
     tokenizer.save(str(directory / "tokenizer.json"))
     if settings:
-        import json
-
         (directory / "tokenizer_config.json").write_text(json.dumps(settings))
     return directory
 
@@ -119,8 +121,6 @@ def checkpoint_from(source: Path, path: Path) -> LanguageModelTask:
 def rounded(task: LanguageModelTask, gguf_type: str) -> torch.nn.Module:
     """``task.net`` with its matrices stored as ``gguf_type`` stores them and read back (gguf's own quantize and
     dequantize); vectors (norms, biases) and the position table stay float32, as the export keeps them."""
-    import copy
-
     net = copy.deepcopy(task.net)
     kind = gguf.GGMLQuantizationType[gguf_type.upper()]
     with torch.no_grad():
@@ -141,7 +141,7 @@ def exported(family: str, tmp_path: Path, gguf_type: str | None) -> tuple[Langua
 
 @pytest.mark.parametrize(("family", "gguf_type"), [("gpt2", "f32"), ("gpt2", None), ("llama", "f32"),
                                                    ("llama", "bf16"), ("llama", "q8_0"), ("qwen2", "f16"),
-                                                   ("qwen3", "f16"), ("gpt2", "q8_0")])
+                                                   ("qwen3", "f16"), ("gpt2", "q8_0"), ("mistral", "f32")])
 def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_token_ids(
         family: str, gguf_type: str | None, tmp_path: Path) -> None:
     task, out = exported(family, tmp_path, gguf_type)
