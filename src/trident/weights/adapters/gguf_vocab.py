@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from torch import nn
 
+from trident.data.special_tokens import SEQ_PAD_TOKEN
 from trident.errors import ConfigError
 from trident.weights.adapters.hf_export import export_specials, run_settings
 from trident.weights.adapters.hf_writing import write_json, write_tokenizer
@@ -80,7 +81,7 @@ def require_byte_level(tokenizer: Tokenizer) -> str:
 
 def looks_special(token: str) -> bool:
     """llama.cpp's ``does_token_look_special``: added tokens it makes control tokens though they are not special."""
-    return token in ("<pad>", "<mask>") or (token.startswith("<|") and token.endswith("|>")) \
+    return token in (SEQ_PAD_TOKEN, "<mask>") or (token.startswith("<|") and token.endswith("|>")) \
         or (token.startswith("<unused") and token.endswith(">"))
 
 
