@@ -25,8 +25,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from tests.convert_helpers import randomise
 from trident.commands.export import main
+from trident.converters import converters_of
 from trident.data.tokenization import END_OF_TEXT, train_tokenizer
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.networks import merge_network
 from trident.weights import read_pretrained
 
 transformers = pytest.importorskip("transformers")
@@ -68,8 +70,9 @@ def hf_directory(directory: Path, family: str) -> Path:
     torch.manual_seed(0)
     vocab = 320  # more rows than tokens: the ids past the tokenizer are listed as unused
     if family == "gpt2":
-        # transformers' GGUF reader takes GPT-2's 1,024 positions and 4 x width feed-forward from GPT2Config.
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=1024, vocab_size=vocab)
+        # transformers' GGUF reader takes GPT-2's 1,024 positions and 4 x width feed-forward from GPT2Config. A width
+        # of 48: q8_0 stores rows of 48 (c_attn, c_fc, the embedding) as f16, the MLP's c_proj rows of 192 as q8_0.
+        config = transformers.GPT2Config(n_layer=2, n_embd=48, n_head=2, n_positions=1024, vocab_size=vocab)
         model = transformers.GPT2LMHeadModel(config)
         tokenizer = byte_level_bpe(None, [END_OF_TEXT])
         settings: dict[str, Any] = {}
@@ -100,16 +103,18 @@ def hf_directory(directory: Path, family: str) -> Path:
     return directory
 
 
-def checkpoint_from(source: Path, path: Path) -> LanguageModelTask:
-    """The task=lm model init_from=``source`` builds, with its weights, tokenizer and tokenizer settings, saved as a
-    checkpoint at ``path`` the way Lightning writes one."""
+def checkpoint_from(source: Path, path: Path, lora: dict[str, Any] | None = None) -> LanguageModelTask:
+    """The task=lm model init_from=``source`` builds (``lora``: under finetune=lora, its adapters randomised too), with
+    its weights, tokenizer and tokenizer settings, saved as a checkpoint at ``path`` the way Lightning writes one."""
     weights = read_pretrained(source)
     backbone = dict(weights.model, pos_encoding=weights.pos_encoding, pos_encoding_options=weights.pos_encoding_options,
                     dropout=0.0, max_seq_len=weights.data_options["max_seq_len"])
     assert weights.tokenizer is not None and weights.vocab_size is not None
     task = LanguageModelTask(backbone, weights.vocab_size, **TRAINING, tokenizer_json=weights.tokenizer.to_str(),
-                             **weights.task_options)
-    task.net.load_state_dict(weights.state_dict, strict=True)
+                             **weights.task_options, lora=lora)
+    task.net.load_state_dict(weights.state_dict, strict=lora is None)
+    if lora is not None:
+        randomise(task.net, seed=3)
     task.tokenizer_settings = dict(weights.tokenizer_settings)
     checkpoint: dict[str, Any] = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
                                   "pytorch-lightning_version": L.__version__}
@@ -118,21 +123,33 @@ def checkpoint_from(source: Path, path: Path) -> LanguageModelTask:
     return task.eval()
 
 
+def stored_type(shape: tuple[int, ...], gguf_type: str, vector: bool) -> Any:
+    """How llama.cpp stores a tensor of ``shape``: float32 for vectors, norms and the position table (``vector``),
+    q8_0 where 32 divides a row (else f16), the other types as they are."""
+    if vector or len(shape) < 2:
+        return gguf.GGMLQuantizationType.F32
+    if gguf_type == "q8_0" and shape[-1] % 32:
+        return gguf.GGMLQuantizationType.F16
+    return gguf.GGMLQuantizationType[gguf_type.upper()]
+
+
 def rounded(task: LanguageModelTask, gguf_type: str) -> torch.nn.Module:
-    """``task.net`` with its matrices stored as ``gguf_type`` stores them and read back (gguf's own quantize and
-    dequantize); vectors (norms, biases) and the position table stay float32, as the export keeps them."""
+    """``task.net`` (its LoRA merged) with its matrices stored as ``gguf_type`` stores them and read back (gguf's own
+    quantize and dequantize); vectors (norms, biases) and the position table stay float32, as the export keeps them."""
     net = copy.deepcopy(task.net)
-    kind = gguf.GGMLQuantizationType[gguf_type.upper()]
+    merge_network(net, converters_of(task.hparams))
     with torch.no_grad():
         for name, parameter in net.named_parameters():
-            if parameter.ndim >= 2 and "pos" not in name:
+            kind = stored_type(tuple(parameter.shape), gguf_type, "pos" in name)
+            if kind != gguf.GGMLQuantizationType.F32:
                 packed = gguf.quants.quantize(parameter.numpy(), kind)
                 parameter.copy_(torch.from_numpy(gguf.quants.dequantize(packed, kind).reshape(parameter.shape)))
     return net.eval()
 
 
-def exported(family: str, tmp_path: Path, gguf_type: str | None) -> tuple[LanguageModelTask, Path]:
-    task = checkpoint_from(hf_directory(tmp_path / family, family), tmp_path / "model.ckpt")
+def exported(family: str, tmp_path: Path, gguf_type: str | None,
+             lora: dict[str, Any] | None = None) -> tuple[LanguageModelTask, Path]:
+    task = checkpoint_from(hf_directory(tmp_path / family, family), tmp_path / "model.ckpt", lora)
     out = tmp_path / "out"
     main([str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(out),
           *(["--gguf-type", gguf_type] if gguf_type else [])])
@@ -145,6 +162,7 @@ def exported(family: str, tmp_path: Path, gguf_type: str | None) -> tuple[Langua
 def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_token_ids(
         family: str, gguf_type: str | None, tmp_path: Path) -> None:
     task, out = exported(family, tmp_path, gguf_type)
+    assert_stored_as_llama_cpp_stores(out / "model.gguf", gguf_type or "f16", task)
     model = transformers.AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf").eval()
     ids = torch.randint(0, task.hparams.vocab_size, (2, 17), generator=torch.Generator().manual_seed(2))
     reference = rounded(task, gguf_type or "f16")
@@ -159,6 +177,25 @@ def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_to
     if family != "gpt2":
         assert tokenizer.chat_template == CHATML
         assert tokenizer.eos_token == "<|im_end|>" and tokenizer.bos_token == "<|begin_of_text|>"
+
+
+def assert_stored_as_llama_cpp_stores(path: Path, gguf_type: str, task: LanguageModelTask) -> None:
+    """Each tensor of the file in the type llama.cpp's converter stores it in, a tied head not written."""
+    reader = gguf.GGUFReader(path)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists a shape innermost first
+        vector = tensor.name.endswith("_norm.weight") or tensor.name.startswith("position_embd.")
+        assert tensor.tensor_type == stored_type(shape, gguf_type, vector), tensor.name
+    tied = task.net.head.weight is task.net.embed.weight
+    assert ("output.weight" in {tensor.name for tensor in reader.tensors}) is not tied
+
+
+def test_a_lora_run_is_exported_merged(tmp_path: Path) -> None:
+    task, out = exported("llama", tmp_path, "f32", lora={"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": ["q", "v"]})
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf").eval()
+    ids = torch.randint(0, task.hparams.vocab_size, (2, 17), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, task.net(ids), atol=1e-4, rtol=1e-4)  # the adapters applied
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
