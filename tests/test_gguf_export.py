@@ -42,6 +42,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
                 r"\s+(?!\S)|\s+")
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+GPT2_SPLIT = None  # GPT-2's own: a ByteLevel pre-tokenizer with its built-in regex
 TRAINING = {"optimizer": {"name": "adamw", "lr": 1.0e-3}, "scheduler": {"name": "constant"}}
 
 
@@ -74,7 +75,7 @@ def hf_directory(directory: Path, family: str) -> Path:
         # of 48: q8_0 stores rows of 48 (c_attn, c_fc, the embedding) as f16, the MLP's c_proj rows of 192 as q8_0.
         config = transformers.GPT2Config(n_layer=2, n_embd=48, n_head=2, n_positions=1024, vocab_size=vocab)
         model = transformers.GPT2LMHeadModel(config)
-        tokenizer = byte_level_bpe(None, [END_OF_TEXT])
+        tokenizer = byte_level_bpe(GPT2_SPLIT, [END_OF_TEXT])
         settings: dict[str, Any] = {}
     else:
         shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -90,9 +91,15 @@ def hf_directory(directory: Path, family: str) -> Path:
         elif family == "qwen2":
             config = transformers.Qwen2Config(**shape, tie_word_embeddings=True)
             tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
-        else:  # Qwen3's reader takes the head width as Qwen3Config's 128
+        elif family == "qwen3":  # Qwen3's reader takes the head width as Qwen3Config's 128
             config = transformers.Qwen3Config(**shape, head_dim=128, tie_word_embeddings=False)
             tokenizer = byte_level_bpe(QWEN2_SPLIT, specials)
+        else:  # Gemma's head width is Gemma2Config's 256; a window of 8 in the sliding layers (every other / all but
+            # each 6th), shorter than the texts; Gemma 2's soft-caps its config's
+            gemma = {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 8}
+            config = (transformers.Gemma2Config(**shape, **gemma) if family == "gemma2" else
+                      transformers.Gemma3TextConfig(**{**shape, "num_hidden_layers": 7}, **gemma))
+            tokenizer = byte_level_bpe(GPT2_SPLIT, specials)
         model = transformers.AutoModelForCausalLM.from_config(config)
         settings = {"chat_template": CHATML, "bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}
     randomise(model, seed=1)
@@ -158,7 +165,8 @@ def exported(family: str, tmp_path: Path, gguf_type: str | None,
 
 @pytest.mark.parametrize(("family", "gguf_type"), [("gpt2", "f32"), ("gpt2", None), ("llama", "f32"),
                                                    ("llama", "bf16"), ("llama", "q8_0"), ("qwen2", "f16"),
-                                                   ("qwen3", "f16"), ("gpt2", "q8_0"), ("mistral", "f32")])
+                                                   ("qwen3", "f16"), ("gpt2", "q8_0"), ("mistral", "f32"),
+                                                   ("gemma2", "f32"), ("gemma3", "q8_0")])
 def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_token_ids(
         family: str, gguf_type: str | None, tmp_path: Path) -> None:
     task, out = exported(family, tmp_path, gguf_type)
@@ -225,9 +233,10 @@ def test_bad_gguf_exports_are_one_line_and_write_nothing(tmp_path: Path, monkeyp
                              **TRAINING, tokenizer_json=tokenizer.to_str())
     assert "the run's tokenizer is a character-level (data.tokenizer=char) tokenizer" in refused(
         [str(saved(char, tmp_path / "char.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    bpe = byte_level_bpe(GPT2_SPLIT, [END_OF_TEXT])
     short = LanguageModelTask({"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 128, "max_seq_len": 64,
                                "pos_encoding": "learned", "activation": "gelu_tanh"}, 300, **TRAINING,
-                              tokenizer_json=byte_level_bpe(None, [END_OF_TEXT]).to_str())
+                              tokenizer_json=bpe.to_str())
     assert "data.max_seq_len=64 has no GGUF (gpt2) equivalent" in refused(
         [str(saved(short, tmp_path / "short.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
     from trident.tasks.mlm import MaskedLanguageModelTask
@@ -236,8 +245,16 @@ def test_bad_gguf_exports_are_one_line_and_write_nothing(tmp_path: Path, monkeyp
                                     "pos_encoding": "learned", "activation": "gelu", "norm_first": False,
                                     "embedding_norm": True}, tokenizer.get_vocab_size(), **TRAINING, mask_id=1,
                                    pad_id=2, num_regular_tokens=3, tokenizer_json=tokenizer.to_str())
-    assert "a MaskedLM has no GGUF export: it writes GPT-2, Llama, Mistral, Qwen2 and Qwen3" in refused(
+    assert "a MaskedLM has no GGUF export: it writes GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3" in refused(
         [str(saved(bert, tmp_path / "bert.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    rope = {"d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64, "max_seq_len": 64, "pos_encoding": "rope",
+            "norm": "rmsnorm", "activation": "swiglu"}
+    biased = LanguageModelTask({**rope, "bias": True}, 300, **TRAINING, tokenizer_json=bpe.to_str())
+    assert "model.bias=True has no GGUF (llama) equivalent: transformers' GGUF reader reads biases on Qwen2's" in refused(
+        [str(saved(biased, tmp_path / "biased.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
+    qwen3 = LanguageModelTask({**rope, "bias": False, "qk_norm": True}, 300, **TRAINING, tokenizer_json=bpe.to_str())
+    assert "model.head_dim=16 has no GGUF (qwen3) equivalent: transformers' GGUF reader takes Qwen3's head width as 128" \
+        in refused([str(saved(qwen3, tmp_path / "qwen3.ckpt")), "--format", "gguf", "--out", str(out)], capsys)
     assert list(tmp_path.glob("*out*")) == []  # no output, no temporary directory left behind
 
 

@@ -38,14 +38,21 @@ from trident.weights.adapters.gguf_vocab import add_vocabulary
 from trident.weights.adapters.registry import adapter_for_network
 
 # The hf adapter's model_type -> llama.cpp's architecture (convert_hf_to_gguf.py writes Mistral as llama).
-ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-FAMILIES = "GPT-2, Llama, Mistral, Qwen2 and Qwen3 language models (task=lm)"
+ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                 "gemma2": "gemma2", "gemma3_text": "gemma3"}
+FAMILIES = "GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 language models (task=lm)"
 # The architectures whose rope llama.cpp applies to interleaved pairs: q and k rows permuted (LlamaModel.permute).
 INTERLEAVED_ROPE = ("llama",)
 # GPT-2's Conv1D weights, (in, out) in Hugging Face's files and (out, in) in GGUF's.
 CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 # Settings transformers' GGUF reader takes from its config classes, not from the file.
 GPT2_POSITIONS, QWEN3_HEAD_DIM = 1024, 128
+# Gemma's, which llama.cpp also fixes: every n-th layer global, the others sliding (llama.cpp's swa pattern); the
+# attention soft-caps (Gemma 2's written, but read by transformers from Gemma2Config); the head width the scores are
+# scaled by (query_pre_attn_scalar in transformers, the head width in llama.cpp); Gemma 3's sliding layers' rope base.
+GEMMA = {"gemma2": {"every": 2, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+         "gemma3": {"every": 6, "attn_logit_softcapping": None, "final_logit_softcapping": None}}
+GEMMA_HEAD_DIM, GEMMA3_LOCAL_BASE = 256, 10000.0
 # The file in the --out directory.
 GGUF_FILE = "model.gguf"
 
@@ -61,9 +68,39 @@ def architecture_of(net: Any) -> tuple[str, Any]:
     return ARCHITECTURES[adapter.MODEL_TYPE], adapter
 
 
-def require_readable(arch: str, net: CausalLM, model_type: str) -> None:
+def require_gemma(arch: str, net: CausalLM, settings: Mapping[str, Any]) -> None:
+    """One line for each setting of a Gemma that transformers' GGUF reader or llama.cpp would read otherwise."""
+    cfg, target, fixed = net.cfg, f"GGUF ({arch})", GEMMA[arch]
+    pattern = ["sliding_attention" if (i + 1) % fixed["every"] else "full_attention" for i in range(cfg.n_layers)]
+    kinds = settings["layer_types"]
+    # A Gemma 2 with no sliding layer reads right: its window is written as the context, which slides nothing.
+    require_equivalent(kinds == pattern or (arch == "gemma2" and "sliding_attention" not in kinds), "model.layers",
+                       cfg.layers, target, f"llama.cpp and transformers' GGUF reader slide every layer but each "
+                       f"{fixed['every']}th (layer_types {pattern})")
+    for name, setting in (("attn_logit_softcapping", "model.attn_softcap"),
+                          ("final_logit_softcapping", "model.final_logit_softcap")):
+        require_equivalent(settings[name] == fixed[name], setting, settings[name], target,
+                           f"transformers' GGUF reader takes it as {fixed[name]}, its config default")
+    require_equivalent(cfg.head_dim == GEMMA_HEAD_DIM == settings["query_pre_attn_scalar"], "model.head_dim",
+                       f"{cfg.head_dim} (attn_scale_dim {settings['query_pre_attn_scalar']})", target,
+                       f"transformers' GGUF reader scales scores by {GEMMA_HEAD_DIM}, llama.cpp by the head width")
+    require_equivalent(not cfg.qkv_bias, "model.qkv_bias", cfg.qkv_bias, target,
+                       "transformers' GGUF reader reads no attention biases")
+    ropes = settings["rope_parameters"]
+    full, local = (ropes["full_attention"], ropes["sliding_attention"]) if arch == "gemma3" else (ropes, ropes)
+    require_equivalent(full["rope_type"] == local["rope_type"] == "default", "pos_encoding.options.scaling",
+                       full.get("factor"), target, "transformers' GGUF reader reads no rope scaling for it")
+    if arch == "gemma3":
+        require_equivalent(local["rope_theta"] == GEMMA3_LOCAL_BASE, "model.layers", cfg.layers, target,
+                           f"its sliding layers' rope base is {GEMMA3_LOCAL_BASE:g} in llama.cpp and transformers")
+
+
+def require_readable(arch: str, net: CausalLM, model_type: str, settings: Mapping[str, Any]) -> None:
     """One line for each setting transformers' GGUF reader of ``arch`` would read otherwise than the run has it."""
     cfg, target = net.cfg, f"GGUF ({arch})"
+    if arch in GEMMA:
+        require_gemma(arch, net, settings)
+        return
     if arch == "gpt2":
         require_equivalent(cfg.d_ff == 4 * cfg.d_model, "model.d_ff", cfg.d_ff, target,
                            "transformers' GGUF reader takes GPT-2's feed-forward width as 4 * model.d_model")
@@ -101,13 +138,19 @@ def add_settings(writer: Any, arch: str, settings: Mapping[str, Any], net: Causa
         writer.add_layer_norm_eps(cfg.norm_eps)
         return
     writer.add_head_count_kv(cfg.n_kv_heads)
-    writer.add_rope_freq_base(float(settings["rope_parameters"]["rope_theta"]))
+    rope = settings["rope_parameters"]
+    writer.add_rope_freq_base(float((rope["full_attention"] if arch == "gemma3" else rope)["rope_theta"]))
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
     if arch == "llama":
         writer.add_vocab_size(net.vocab_size)
         writer.add_rope_dimension_count(cfg.head_dim)
+    if arch in GEMMA:
+        writer.add_sliding_window(int(settings["sliding_window"]))
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if settings[name] is not None:
+                getattr(writer, f"add_{name}")(float(settings[name]))
 
 
 def permute(weights: Tensor, n_heads: int) -> Tensor:
@@ -134,6 +177,8 @@ def gguf_tensors(arch: str, settings: Mapping[str, Any], state: Mapping[str, Ten
             raise RuntimeError(f"gguf {gguf.__version__} has no llama.cpp name for {name} ({arch})")
         if arch == "gpt2" and name.endswith(CONV1D):
             tensor = tensor.T  # (in, out) -> (out, in)
+        if arch in GEMMA and name.endswith("norm.weight"):
+            tensor = tensor + 1  # Gemma's RMSNorm gain is 1 + weight; llama.cpp's norms multiply by the gain itself
         if arch in INTERLEAVED_ROPE and stem.endswith(("q_proj", "k_proj")):
             tensor = permute(tensor, net.cfg.n_heads if stem.endswith("q_proj") else net.cfg.n_kv_heads)
         out[f"{new_name}.{suffix}"] = tensor
@@ -176,7 +221,7 @@ def write_gguf(net: Any, tokenizer: Tokenizer | None, tokenizer_settings: Mappin
     """``net`` (a task=lm network) and its tokenizer as ``directory/model.gguf`` in ``gguf_type``; returns its path."""
     arch, adapter = architecture_of(net)
     _, settings, state = adapter.from_trident(net)  # refuses what the family's config cannot state
-    require_readable(arch, net, adapter.MODEL_TYPE)
+    require_readable(arch, net, adapter.MODEL_TYPE, settings)
     if tokenizer is None:
         raise ConfigError("the run has no tokenizer to write into the GGUF file: export a task=lm run")
     import gguf
