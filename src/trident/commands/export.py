@@ -16,9 +16,9 @@
   ``target_ids``; vit ``pixel_values``), batch and text lengths dynamic.
 - ``peft``: a ``finetune=lora`` run's adapters alone as a peft LoRA directory (``adapter_config.json``,
   ``adapter_model.safetensors``) for the hf export of its base (``adapters.peft_export``).
-- ``gguf``: ``model.gguf``, the file llama.cpp, Ollama and LM Studio run (GPT-2, Llama, Mistral, Qwen2, Qwen3 and the
-  run's byte-level BPE tokenizer with its chat template), in ``--gguf-type`` f16 (the default), bf16, f32 or q8_0
-  (``adapters.gguf_export``; the ``[gguf]`` extra).
+- ``gguf``: ``model.gguf``, the file llama.cpp, Ollama and LM Studio run (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2
+  and 3, with the run's byte-level BPE tokenizer and chat template), in ``--gguf-type`` f16 (the default), bf16, f32
+  or q8_0 (``adapters.gguf_export``; the ``[gguf]`` extra).
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
 existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and

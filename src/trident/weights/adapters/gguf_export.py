@@ -7,7 +7,8 @@ LM Studio run, written with llama.cpp's own writer (the ``gguf`` package, triden
 - GPT-2's Conv1D weights (``c_attn``, ``c_proj``, ``c_fc``: stored ``(in, out)``) transposed to ``(out, in)``;
   llama.cpp's ``llama`` architecture (Llama, Mistral) rotates interleaved pairs where transformers rotates halves, so
   the rows of ``q_proj`` and ``k_proj`` (weights and biases) are permuted per head (``LlamaModel.permute``); Qwen2's
-  and Qwen3's rope rotates halves in llama.cpp too (NEOX): no permutation;
+  and Qwen3's rope rotates halves in llama.cpp too (NEOX): no permutation; Gemma's norm gains are 1 + weight in
+  transformers, the gain itself in llama.cpp: written + 1;
 - a tied head is not written (llama.cpp and transformers' reader tie ``output`` to ``token_embd`` when it is absent);
 - norms, biases and GPT-2's position table stay float32 whatever the type (llama.cpp keeps them so); the other matrices
   are ``--gguf-type`` (f16, bf16, f32 or q8_0: blocks of 32 along a row, one f16 scale each; a row whose length 32
@@ -17,8 +18,9 @@ LM Studio run, written with llama.cpp's own writer (the ``gguf`` package, triden
 
 Only what transformers' GGUF reader (``from_pretrained(dir, gguf_file=...)``) reads back into the same model is
 written: it takes some settings from its config classes' defaults instead of the file (GPT-2's 1,024 positions and
-4 x width feed-forward, Qwen3's head width of 128), and no biases, sliding windows or rope scaling for these
-architectures; a run that differs is refused in one line (:func:`require_readable`).
+4 x width feed-forward, Qwen3's head width of 128, Gemma's soft-caps and score scale), and no biases or rope scaling
+for these architectures, no sliding window but Gemma's (whose pattern llama.cpp fixes); a run that differs is refused
+in one line (:func:`require_readable`, :func:`require_gemma`).
 """
 
 from __future__ import annotations
