@@ -9,7 +9,8 @@ LM Studio run, written with llama.cpp's own writer (the ``gguf`` package, triden
   the rows of ``q_proj`` and ``k_proj`` (weights and biases) are permuted per head (``LlamaModel.permute``); Qwen2's
   and Qwen3's rope rotates halves in llama.cpp too (NEOX): no permutation; Gemma's norm gains are 1 + weight in
   transformers, the gain itself in llama.cpp: written + 1;
-- a tied head is not written (llama.cpp and transformers' reader tie ``output`` to ``token_embd`` when it is absent);
+- a tied head is not written (llama.cpp and transformers' reader tie ``output`` to ``token_embd`` when it is absent),
+  but GPT-2's: llama.cpp builds before 2025 refuse a GPT-2 without ``output`` (its converter wrote a copy until then);
 - norms, biases and GPT-2's position table stay float32 whatever the type (llama.cpp keeps them so); the other matrices
   are ``--gguf-type`` (f16, bf16, f32 or q8_0: blocks of 32 along a row, one f16 scale each; a row whose length 32
   does not divide falls back to f16, as in llama.cpp);
@@ -163,15 +164,16 @@ def permute(weights: Tensor, n_heads: int) -> Tensor:
 
 
 def gguf_tensors(arch: str, settings: Mapping[str, Any], state: Mapping[str, Tensor], net: CausalLM) -> dict[str, Tensor]:
-    """The state dict (Hugging Face's names) in llama.cpp's names and layouts, without a tied head."""
+    """The state dict (Hugging Face's names) in llama.cpp's names and layouts, without a tied head (but GPT-2's)."""
     import gguf
 
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(arch_id, net.cfg.n_layers)
-    tied = net.head.weight is net.embed.weight
+    # GPT-2's head is written tied or not: older llama.cpp builds require it (transformers then reads it untied).
+    skip_head = net.head.weight is net.embed.weight and arch != "gpt2"
     out = {}
     for name, tensor in state.items():
-        if tied and name == "lm_head.weight":
+        if skip_head and name == "lm_head.weight":
             continue
         stem, suffix = name.rsplit(".", 1)
         new_name = names.get_name(stem)
