@@ -23,10 +23,13 @@ import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+import trident
+from tests.conftest import SMALL, compose_config
 from tests.convert_helpers import randomise
 from trident.commands.export import main
 from trident.converters import converters_of
 from trident.data.tokenization import END_OF_TEXT, train_tokenizer
+from trident.runs.pipeline import train
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.networks import merge_network
 from trident.weights import read_pretrained
@@ -65,11 +68,11 @@ def byte_level_bpe(split: str | None, specials: list[str], bos: str | None = Non
     return tokenizer
 
 
-def hf_directory(directory: Path, family: str) -> Path:
-    """A random-weight transformers model of ``family`` with a byte-level BPE tokenizer (and, for the Llama and Qwen
-    families, a chat template and special tokens in tokenizer_config.json), saved as the Hub's directories are."""
+def hf_directory(directory: Path, family: str, vocab: int = 320) -> Path:
+    """A random-weight transformers model of ``family`` with a byte-level BPE tokenizer (and, but for GPT-2, a chat
+    template and special tokens in tokenizer_config.json), saved as the Hub's directories are; its
+    ``vocab`` rows more than the tokenizer's 300 tokens by default: the ids past the tokenizer are listed unused."""
     torch.manual_seed(0)
-    vocab = 320  # more rows than tokens: the ids past the tokenizer are listed as unused
     if family == "gpt2":
         # transformers' GGUF reader takes GPT-2's 1,024 positions and 4 x width feed-forward from GPT2Config. A width
         # of 48: q8_0 stores rows of 48 (c_attn, c_fc, the embedding) as f16, the MLP's c_proj rows of 192 as q8_0.
@@ -206,6 +209,26 @@ def test_a_lora_run_is_exported_merged(tmp_path: Path) -> None:
     ids = torch.randint(0, task.hparams.vocab_size, (2, 17), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, task.net(ids), atol=1e-4, rtol=1e-4)  # the adapters applied
+
+
+@pytest.mark.slow
+def test_a_run_initialised_from_a_llama_directory_exports_what_it_trained(tmp_path: Path) -> None:
+    """Through train.py's pipeline: init_from a Llama directory, two steps on text files, trident-export of the run
+    directory: transformers reads the trained weights (trident.load's logits), the tokenizer and the template."""
+    hf_directory(tmp_path / "llama", "llama", vocab=300)  # train.py takes a tokenizer as long as the embedding
+    (tmp_path / "corpus.txt").write_text(CORPUS)
+    run = tmp_path / "run"
+    train(compose_config([*(o for o in SMALL if o != "model=nano"), "logger=none", "test=false", "trainer.max_steps=2",
+                          f"init_from={tmp_path / 'llama'}", "data=text_files", f"data.files=[{tmp_path / 'corpus.txt'}]"],
+                         output_dir=run))
+    main([str(run), "--format", "gguf", "--out", str(tmp_path / "out")])
+    task = trident.load(run)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", gguf_file="model.gguf").eval()
+    ids = torch.tensor([task.tokenizer.encode(SAMPLE).ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, rounded(task, "f16")(ids), atol=1e-4, rtol=1e-4)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out", gguf_file="model.gguf")
+    assert tokenizer(SAMPLE)["input_ids"] == ids[0].tolist() and tokenizer.chat_template == CHATML
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
