@@ -185,6 +185,9 @@ def test_transformers_reads_the_gguf_file_with_the_models_logits_and_the_runs_to
             assert (logits - exact).abs().max() < 0.05 * (exact.max() - exact.min())
     tokenizer = transformers.AutoTokenizer.from_pretrained(out, gguf_file="model.gguf")
     assert tokenizer(SAMPLE)["input_ids"] == task.tokenizer.encode(SAMPLE).ids
+    # Stated either way, for llama.cpp, whose default for Llama 3's split adds a bos.
+    adds_bos = task.tokenizer.encode("a").ids != task.tokenizer.encode("a", add_special_tokens=False).ids
+    assert gguf.GGUFReader(out / "model.gguf").fields["tokenizer.ggml.add_bos_token"].contents() is adds_bos
     if family != "gpt2":
         assert tokenizer.chat_template == CHATML
         assert tokenizer.eos_token == "<|im_end|>" and tokenizer.bos_token == "<|begin_of_text|>"

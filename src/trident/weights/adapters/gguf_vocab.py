@@ -123,6 +123,10 @@ def add_vocabulary(writer: Any, net: nn.Module, tokenizer: Tokenizer, tokenizer_
         write_json(directory / "config.json", run_settings(net, tokenizer, None, tokenizer_settings))
         written = Tokenizer.from_file(str(directory / "tokenizer.json"))
         special = gguf.SpecialVocab(directory, load_merges=True, n_vocab=vocab_size)
+    # Stated where the post-processor adds neither (SpecialVocab then says nothing): llama.cpp's default for some
+    # splits (llama-bpe) adds a bos the run's tokenizer does not.
+    for kind in ("bos", "eos"):
+        special.add_special_token.setdefault(kind, False)
     tokens, types = token_table(written, vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
