@@ -251,6 +251,8 @@ def test_bad_gguf_exports_are_one_line_and_write_nothing(tmp_path: Path, monkeyp
     out = tmp_path / "out"
     assert "--gguf-type='q4_k' is not supported: choose one of f16, bf16, f32, q8_0" in refused(
         [str(tmp_path / "gpt2.ckpt"), "--format", "gguf", "--gguf-type", "q4_k", "--out", str(out)], capsys)
+    assert "--gguf-type=q8_0 applies to --format gguf only" in refused(
+        [str(tmp_path / "gpt2.ckpt"), "--format", "hf", "--gguf-type", "q8_0", "--out", str(out)], capsys)
     with monkeypatch.context() as hidden:
         hidden.setitem(sys.modules, "gguf", None)  # how importlib sees a package that is not installed
         assert "the GGUF export (trident-export --format gguf) needs trident's [gguf] extra" in refused(

@@ -58,7 +58,14 @@ def export_hf(subject: TrainedNetwork | TridentTask, directory: Path) -> None:
     write_hf(network.net, network.tokenizer, network.settings.get("class_names"), directory, network.tokenizer_settings)
 
 
-def export_gguf(subject: TrainedNetwork | TridentTask, directory: Path, gguf_type: str = "f16") -> None:
+# --gguf-type: how the gguf export stores the matrices (norms, biases and position tables stay float32); the first is
+# the default. Each is llama.cpp's GGMLQuantizationType of the same name.
+GGUF_TYPES = {"f16": "half precision (the default, as llama.cpp's converter's)", "bf16": "bfloat16",
+              "f32": "single precision, exact", "q8_0": "8-bit blocks of 32 weights with one f16 scale each"}
+DEFAULT_GGUF_TYPE = next(iter(GGUF_TYPES))
+
+
+def export_gguf(subject: TrainedNetwork | TridentTask, directory: Path, gguf_type: str = DEFAULT_GGUF_TYPE) -> None:
     """``model.gguf`` of a network read without its task, or of a task's ``net``; a finetune=lora run merged."""
     require_package("gguf")
     from trident.weights.adapters.gguf_export import write_gguf
@@ -110,10 +117,6 @@ TASK_FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "peft": export_peft,
 }
 FORMATS: dict[str, Callable[[Any, Path], None]] = NETWORK_FORMATS | TASK_FORMATS
-# --gguf-type: how the gguf export stores the matrices (norms, biases and position tables stay float32); the first is
-# the default. Each is llama.cpp's GGMLQuantizationType of the same name.
-GGUF_TYPES = {"f16": "half precision", "bf16": "bfloat16", "f32": "single precision, exact",
-              "q8_0": "8-bit blocks of 32 weights with one f16 scale each"}
 
 
 def check_out(out: Path) -> None:
@@ -135,13 +138,16 @@ def give_user_permissions(directory: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def export(checkpoint: Path, fmt: str, out: Path, gguf_type: str = next(iter(GGUF_TYPES))) -> None:
+def export(checkpoint: Path, fmt: str, out: Path, gguf_type: str | None = None) -> None:
     """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically); ``gguf_type``: the
-    gguf format's storage of the matrices."""
+    gguf format's storage of the matrices (None: the default)."""
     writer = choose(FORMATS, fmt, "--format")
-    choose(GGUF_TYPES, gguf_type, "--gguf-type")
+    if gguf_type is not None and fmt != "gguf":
+        raise ConfigError(f"--gguf-type={gguf_type} applies to --format gguf only: leave it out, or export as gguf")
     if fmt == "gguf":
-        writer = partial(export_gguf, gguf_type=gguf_type)
+        chosen = gguf_type or DEFAULT_GGUF_TYPE
+        choose(GGUF_TYPES, chosen, "--gguf-type")
+        writer = partial(export_gguf, gguf_type=chosen)
     check_out(out)
     import torch
 
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="a trident checkpoint (.ckpt) or train.py run directory")
     parser.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
     parser.add_argument("--out", type=Path, required=True, help="the directory to write (new or empty)")
-    parser.add_argument("--gguf-type", default=next(iter(GGUF_TYPES)),
+    parser.add_argument("--gguf-type",
                         help="--format gguf: " + "; ".join(f"{name}: {what}" for name, what in GGUF_TYPES.items()))
     args = parser.parse_args(argv)
 
