@@ -156,8 +156,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_bad_exports_are_one_line_and_write_nothing(runs: Runs, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    assert "--format='gguf' is not supported: choose one of hf, safetensors, onnx" in refused(
-        [str(runs["gpt2"]), "--format", "gguf", "--out", str(out)], capsys)
+    assert "--format='tflite' is not supported: choose one of hf, gguf, safetensors, onnx, peft" in refused(
+        [str(runs["gpt2"]), "--format", "tflite", "--out", str(out)], capsys)
     assert "not found" in refused([str(tmp_path / "missing.ckpt"), "--format", "hf", "--out", str(out)], capsys)
     err = refused([str(runs["rope"]), "--format", "hf", "--out", str(out)], capsys)
     assert "model.norm=layernorm has no Llama (hf export) equivalent: it uses RMSNorm" in err

@@ -23,6 +23,7 @@ PACKAGE_EXTRAS = {
     "mlflow": ("logger=mlflow", "mlflow"),
     "transformers": ("the Hugging Face export (trident-export --format hf)", "hf"),
     "onnxscript": ("the ONNX export (trident-export --format onnx)", "export"),
+    "gguf": ("the GGUF export (trident-export --format gguf)", "gguf"),
     "lm_eval": ("EleutherAI's evaluation harness (trident-harness)", "eval"),
 }
 

@@ -1,4 +1,4 @@
-"""Export a trained trident model: ``trident-export CKPT --format hf|safetensors|onnx|peft --out DIR``.
+"""Export a trained trident model: ``trident-export CKPT --format hf|safetensors|onnx|peft|gguf --out DIR``.
 
 ``CKPT`` is a checkpoint or a run directory (its best, else last checkpoint; ``trident.load``).
 
@@ -16,6 +16,9 @@
   ``target_ids``; vit ``pixel_values``), batch and text lengths dynamic.
 - ``peft``: a ``finetune=lora`` run's adapters alone as a peft LoRA directory (``adapter_config.json``,
   ``adapter_model.safetensors``) for the hf export of its base (``adapters.peft_export``).
+- ``gguf``: ``model.gguf``, the file llama.cpp, Ollama and LM Studio run (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2
+  and 3, with the run's byte-level BPE tokenizer and chat template), in ``--gguf-type`` f16 (the default), bf16, f32
+  or q8_0 (``adapters.gguf_export``; the ``[gguf]`` extra).
 
 The output is written into a temporary directory beside ``--out`` and renamed at the end; an
 existing non-empty ``--out`` is refused, so earlier outputs are never damaged. Its files and
@@ -30,6 +33,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +56,24 @@ def export_hf(subject: TrainedNetwork | TridentTask, directory: Path) -> None:
     network = subject if isinstance(subject, TrainedNetwork) else network_of(subject)
     network.merge_converters()  # a finetune=lora run: its adapters folded into the weights Hugging Face reads
     write_hf(network.net, network.tokenizer, network.settings.get("class_names"), directory, network.tokenizer_settings)
+
+
+# --gguf-type: how the gguf export stores the matrices (norms, biases and position tables stay float32); the first is
+# the default. Each is llama.cpp's GGMLQuantizationType of the same name.
+GGUF_TYPES = {"f16": "half precision (the default, as llama.cpp's converter's)", "bf16": "bfloat16",
+              "f32": "single precision, exact", "q8_0": "8-bit blocks of 32 weights with one f16 scale each"}
+DEFAULT_GGUF_TYPE = next(iter(GGUF_TYPES))
+
+
+def export_gguf(subject: TrainedNetwork | TridentTask, directory: Path, gguf_type: str = DEFAULT_GGUF_TYPE) -> None:
+    """``model.gguf`` of a network read without its task, or of a task's ``net``; a finetune=lora run merged."""
+    require_package("gguf")
+    from trident.weights.adapters.gguf_export import write_gguf
+    from trident.weights.network import TrainedNetwork, network_of
+
+    network = subject if isinstance(subject, TrainedNetwork) else network_of(subject)
+    network.merge_converters()
+    write_gguf(network.net, network.tokenizer, network.tokenizer_settings, directory, gguf_type)
 
 
 def export_safetensors(task: TridentTask, directory: Path) -> None:
@@ -88,7 +110,7 @@ def export_peft(task: TridentTask, directory: Path) -> None:
 
 # The formats that write the network alone, read without its task (trident.weights.network: no Lightning to import),
 # and those that write what the task knows of it (its name and settings, its example inputs, its converters' files).
-NETWORK_FORMATS: dict[str, Callable[[TrainedNetwork | TridentTask, Path], None]] = {"hf": export_hf}
+NETWORK_FORMATS: dict[str, Callable[[TrainedNetwork | TridentTask, Path], None]] = {"hf": export_hf, "gguf": export_gguf}
 TASK_FORMATS: dict[str, Callable[[TridentTask, Path], None]] = {
     "safetensors": export_safetensors,
     "onnx": export_onnx,
@@ -116,9 +138,16 @@ def give_user_permissions(directory: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def export(checkpoint: Path, fmt: str, out: Path) -> None:
-    """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically)."""
+def export(checkpoint: Path, fmt: str, out: Path, gguf_type: str | None = None) -> None:
+    """Write ``checkpoint``'s model in format ``fmt`` to the directory ``out`` (atomically); ``gguf_type``: the
+    gguf format's storage of the matrices (None: the default)."""
     writer = choose(FORMATS, fmt, "--format")
+    if gguf_type is not None and fmt != "gguf":
+        raise ConfigError(f"--gguf-type={gguf_type} applies to --format gguf only: leave it out, or export as gguf")
+    if fmt == "gguf":
+        chosen = gguf_type or DEFAULT_GGUF_TYPE
+        choose(GGUF_TYPES, chosen, "--gguf-type")
+        writer = partial(export_gguf, gguf_type=chosen)
     check_out(out)
     import torch
 
@@ -149,10 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="a trident checkpoint (.ckpt) or train.py run directory")
     parser.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
     parser.add_argument("--out", type=Path, required=True, help="the directory to write (new or empty)")
+    parser.add_argument("--gguf-type",
+                        help="--format gguf: " + "; ".join(f"{name}: {what}" for name, what in GGUF_TYPES.items()))
     args = parser.parse_args(argv)
 
     def run() -> None:
-        export(args.checkpoint, args.format, args.out)
+        export(args.checkpoint, args.format, args.out, args.gguf_type)
         print(f"exported {args.checkpoint} as {args.format} -> {args.out}")
 
     run_with_clear_errors(run)

@@ -113,8 +113,15 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
         # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every
         # generate call without tokenizer= (pipeline("text-generation") too) raises, and generate(tokenizer=...) raises
         # for a vocabulary without "abcdef" (transformers' StopStringCriteria). The user passes it (docs/weights.md).
-        turn = end_of_turn_id(tokenizer, tokenizer_settings)
-        specials = special_tokens(net, tokenizer, tokenizer_settings)
-        if turn is not None and turn in tokenizer.get_added_tokens_decoder():  # a special token (<|im_end|>): the eos
-            specials["eos_token"] = tokenizer.id_to_token(turn)
-        write_tokenizer(directory, tokenizer, specials, tokenizer_settings.get("chat_template"))
+        write_tokenizer(directory, tokenizer, export_specials(net, tokenizer, tokenizer_settings),
+                        tokenizer_settings.get("chat_template"))
+
+
+def export_specials(net: nn.Module, tokenizer: Tokenizer, tokenizer_settings: Mapping[str, str]) -> dict[str, str]:
+    """The named tokens an export's tokenizer gets (:func:`special_tokens`), a chat run's end of turn its eos where
+    that is an added token (<|im_end|>): the hf and gguf exports name the same."""
+    turn = end_of_turn_id(tokenizer, tokenizer_settings)
+    specials = special_tokens(net, tokenizer, tokenizer_settings)
+    if turn is not None and turn in tokenizer.get_added_tokens_decoder():  # a special token (<|im_end|>): the eos
+        specials["eos_token"] = tokenizer.id_to_token(turn)
+    return specials
