@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from tests.test_albert import trident_albert
 from tests.test_convert_bert import trident_bert
 from tests.test_convert_gemma import WRITE_CASES as GEMMA_CASES
 from tests.test_convert_gemma import gemma_lm
@@ -99,6 +100,7 @@ CASES: dict[str, Case] = {
     # A named token the tokenizer holds as an ordinary one ("a"): transformers makes it special.
     "gpt2-named": (gpt2_lm, char_tokenizer, None, {"bos_token": "a", "pad_token": "<unk>"}),
     "bert": (trident_bert, wordpiece_tokenizer, None, {}),
+    "albert": (trident_albert, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
     "llama-chatml": (lambda: llama_lm({}), lambda _: chatml_tokenizer(), None,
@@ -132,7 +134,7 @@ def test_the_hf_export_writes_what_transformers_writes(name: str, tmp_path: Path
         assert ours == theirs, file
 
 
-@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "vit-named", "llama-chatml", "qwen2-9",
+@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "albert", "vit-named", "llama-chatml", "qwen2-9",
                                   "qwen3-11", "mistral-14", "gemma2-0", "gemma3-2"])
 def test_the_written_directory_reads_in_transformers_with_the_networks_logits(name: str, tmp_path: Path) -> None:
     build, tokenize, class_names, settings = CASES[name]

@@ -27,14 +27,15 @@ class SequenceClassifier(nn.Module):
         if pool not in POOLS.get(stack, ()):
             raise ValueError(f"pool={pool!r} does not fit stack={stack!r}")
         self.cfg, self.stack_kind, self.pool = cfg, stack, pool
-        self.embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        width = cfg.embedding_width  # E: model.embedding_dim (ALBERT's factorised embedding), else D
+        self.embed = TokenEmbedding(vocab_size, width, scale=scale_embeddings)
         if stack == "encoder":
             self.encoder = Encoder(cfg)
         else:
             self.decoder = Decoder(cfg)
         self.prepends_cls = pool == "cls" and not class_token_in_text
         if self.prepends_cls:
-            self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
             nn.init.normal_(self.cls_token, std=0.02)
         self.head = nn.Linear(cfg.d_model, num_classes)
         nn.init.normal_(self.head.weight, std=0.02)

@@ -10,6 +10,7 @@ from torch import nn
 
 from trident.errors import ConfigError
 from trident.weights.adapters import (
+    hf_albert,
     hf_bert,
     hf_gemma,
     hf_gpt2,
@@ -24,7 +25,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
-    hf_gemma.GEMMA2, hf_gemma.GEMMA3,
+    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
 
