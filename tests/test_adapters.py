@@ -40,6 +40,7 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     # A MaskedLM is ALBERT where it has ALBERT's switches, else BERT.
     "hf-albert": {"embedding_dim": 16},
     "hf-albert-shared": {"share_layers": True},
+    "hf-roberta": {"family": "roberta"},  # declared only: an undeclared MaskedLM is BERT
 }
 
 

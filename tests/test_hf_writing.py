@@ -25,6 +25,7 @@ from tests.test_convert_llama_family import WRITE_CASES as LLAMA_CASES
 from tests.test_convert_llama_family import trident_lm as llama_lm
 from tests.test_convert_vit import trident_vit
 from tests.test_export_chat import CHATML, chatml_tokenizer, llama3_style_tokenizer
+from tests.test_roberta import trident_roberta
 from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from trident.data.tokenization import train_tokenizer
 from trident.models import CausalLM
@@ -101,6 +102,7 @@ CASES: dict[str, Case] = {
     "gpt2-named": (gpt2_lm, char_tokenizer, None, {"bos_token": "a", "pad_token": "<unk>"}),
     "bert": (trident_bert, wordpiece_tokenizer, None, {}),
     "albert": (trident_albert, wordpiece_tokenizer, None, {}),
+    "roberta": (trident_roberta, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
     "llama-chatml": (lambda: llama_lm({}), lambda _: chatml_tokenizer(), None,

@@ -18,6 +18,7 @@ from trident.weights.adapters import (
     hf_mistral,
     hf_qwen2,
     hf_qwen3,
+    hf_roberta,
     hf_vit,
     timm_vit,
 )
@@ -25,7 +26,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
-    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert,
+    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert, hf_roberta,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit,)
 
