@@ -179,3 +179,46 @@ def test_albert_tokenizer_reads_as_transformers_reads_it(tmp_path: Path) -> None
     for text in ("The cats sat on the MAT, dog!", "a cat", "Ünïcode mät"):
         assert tokenizer.encode(text).ids == reference(text)["input_ids"], text
     assert tokenizer.encode("The cats!").tokens[:2] == ["[CLS]", "▁the"]
+
+
+def classifier_from(weights: object, classes: int) -> torch.nn.Module:
+    """The trident classifier the weights of a Hugging Face sequence classifier fit, loaded strictly."""
+    from trident.models import SequenceClassifier
+
+    assert weights.task_options["pooler"] is True and weights.task_options["pool"] == "cls"  # type: ignore[attr-defined]
+    cfg = TransformerConfig(**weights.model, pos_encoding="learned", dropout=0.0,  # type: ignore[attr-defined]
+                            max_seq_len=weights.data_options["max_seq_len"])  # type: ignore[attr-defined]
+    net = SequenceClassifier(cfg, VOCAB, classes, pool="cls", class_token_in_text=True, pooler=True)
+    net.load_state_dict(weights.state_dict, strict=True)  # type: ignore[attr-defined]
+    return net.eval()
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_albert_classifier_logits_equal_those_of_transformers_and_export_back(tmp_path: Path, groups: int) -> None:
+    reference = save_albert(tmp_path / "hf", "AlbertForSequenceClassification", num_labels=3, num_hidden_groups=groups)
+    weights = read_pretrained(tmp_path / "hf")
+    assert (weights.format, weights.task, weights.classes) == ("hf-albert", "classify", 3)
+    net = classifier_from(weights, 3)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(net(ids, key_padding_mask=~mask), expected, atol=1e-5, rtol=1e-5)
+        hf = to_transformers(net)
+        assert type(hf).__name__ == "AlbertForSequenceClassification"
+        torch.testing.assert_close(hf(ids, attention_mask=mask.long()).logits, expected, atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path / "back")
+    back = read_pretrained(tmp_path / "back")
+    own = net.state_dict()
+    assert back.state_dict.keys() == own.keys()
+    assert all(torch.equal(back.state_dict[name], tensor) for name, tensor in own.items())
+
+
+def test_a_classifier_albert_cannot_write_is_one_line() -> None:
+    from trident.models import SequenceClassifier
+
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=40, norm_first=False, embedding_norm=True,
+                            pos_encoding="learned", max_seq_len=20, embedding_dim=8, family="albert")
+    with pytest.raises(ConfigError, match=r"^task.pooler=False has no ALBERT sequence classifier \(hf export\) "):
+        to_transformers(SequenceClassifier(cfg, VOCAB, 3, class_token_in_text=True))
+    with pytest.raises(ConfigError, match=r"^a learned class vector=before the text has no ALBERT sequence classifier"):
+        to_transformers(SequenceClassifier(cfg, VOCAB, 3, pooler=True))

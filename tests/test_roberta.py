@@ -106,3 +106,25 @@ def test_a_run_without_a_padding_token_is_not_exported_as_roberta(tmp_path: Path
     with pytest.raises(ConfigError, match=r"^the run's tokenizer=without a padding token has no RoBERTa \(hf export\) "
                                           r"equivalent: RoBERTa numbers its positions past the padding id"):
         write_hf(trident_roberta(), tokenizer, None, tmp_path / "hf")
+
+
+@pytest.mark.parametrize("pad_id", [1, 5])
+def test_roberta_classifier_logits_equal_those_of_transformers_and_export_back(tmp_path: Path, pad_id: int) -> None:
+    """The classification head (dense -> tanh -> out_proj on <s>) is trident's pooled head; right-padded rows."""
+    from tests.test_albert import classifier_from
+
+    reference = save_roberta(tmp_path / "hf", "RobertaForSequenceClassification", num_labels=4, pad_token_id=pad_id)
+    weights = read_pretrained(tmp_path / "hf")
+    assert (weights.format, weights.task, weights.classes) == ("hf-roberta", "classify", 4)
+    net = classifier_from(weights, 4)
+    ids, mask = padded_batch(pad_id)
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(net(ids, key_padding_mask=~mask), expected, atol=1e-5, rtol=1e-5)
+        hf = to_transformers(net, {"pad_token_id": pad_id})
+        assert type(hf).__name__ == "RobertaForSequenceClassification"
+        torch.testing.assert_close(hf(ids, attention_mask=mask.long()).logits, expected, atol=1e-5, rtol=1e-5)
+    hf.save_pretrained(tmp_path / "back")
+    back = read_pretrained(tmp_path / "back")
+    assert all(torch.equal(back.state_dict[name], tensor) for name, tensor in net.state_dict().items())
+    assert back.state_dict.keys() == net.state_dict().keys()

@@ -14,12 +14,14 @@ type vectors are written back.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, SEP_TOKEN, SEQ_PAD_TOKEN
 from trident.models import MaskedLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.weights.adapters.common import (
@@ -33,18 +35,19 @@ from trident.weights.adapters.common import (
     require_source,
     strip_prefix,
 )
+from trident.weights.adapters.hf_classifier import ClassifierAdapter
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-albert"
 MODEL_TYPE = "albert"
 FAMILY = "albert"  # model.family of the stacks it reads and writes
-ARCHITECTURES = ("AlbertForMaskedLM", "AlbertModel", "AlbertForPreTraining")
+ARCHITECTURES = ("AlbertForMaskedLM", "AlbertModel", "AlbertForPreTraining", "AlbertForSequenceClassification")
 NETWORK = MaskedLM
 TARGET = "ALBERT (hf export)"
 TOKEN_TYPES = 2  # ALBERT's sentence A / sentence B
 # Tokenizer attribute -> token, where the run's vocabulary has it (AlbertTokenizer's defaults).
-SPECIAL_TOKENS = {"unk_token": "<unk>", "pad_token": "<pad>", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                  "mask_token": "[MASK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
+SPECIAL_TOKENS = {"unk_token": "<unk>", "pad_token": SEQ_PAD_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN,
+                  "mask_token": MASK_TOKEN, "bos_token": CLS_TOKEN, "eos_token": SEP_TOKEN}
 
 # Inside ``albert_layer_groups.<g>.albert_layers.0.`` -> inside ``encoder.blocks.<g>.``.
 _LAYER = {
@@ -89,8 +92,9 @@ def share_layers_of(config: dict[str, Any], source: str) -> bool | int:
     return True if groups == 1 else False if groups == layers else groups
 
 
-def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """The ``model`` settings and the embedding and encoder tensors (trident's names) of an ``AlbertModel`` state."""
+def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source: str) -> tuple[dict[str, Any], dict[str, Tensor], int]:
+    """The ``model`` settings, the embedding and encoder tensors (trident's names) of an ``AlbertModel`` state, and its
+    context (the rows of its position table)."""
     require_source(config.get("position_embedding_type", "absolute") == "absolute", source,
                    f"position_embedding_type={config.get('position_embedding_type')}")
     share = share_layers_of(config, source)
@@ -101,11 +105,14 @@ def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source
         out |= layer_from_hf(backbone, _group(g), f"encoder.blocks.{g}", _LAYER, "attention")
     model = encoder_settings(config, activation=activation_from_hf(config.get("hidden_act", "gelu_new"), source),
                              norm_first=False, embedding_norm=True)
-    return model | {"share_layers": share, "embedding_dim": int(config.get("embedding_size", 128))}, out
+    settings = model | {"share_layers": share, "embedding_dim": int(config.get("embedding_size", 128))}
+    return settings, out, int(config["max_position_embeddings"])
 
 
 def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
-    model, out = backbone_from_hf(config, strip_prefix(state, "albert."), source)
+    if "classifier.weight" in state:  # AlbertForSequenceClassification
+        return CLASSIFIER.to_trident(config, state, tokenizer, source)
+    model, out, context = backbone_from_hf(config, strip_prefix(state, "albert."), source)
     if "predictions.bias" in state:
         out |= {target: state[name] for name, target in _HEAD.items()}
         decoder = state.get("predictions.decoder.weight", out["embed.weight"])
@@ -117,7 +124,7 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
         network=NETWORK,
         model=model,
         pos_encoding="learned",
-        properties={SCALED_EMBEDDING: False, MAX_SEQ_LEN: int(config["max_position_embeddings"])},
+        properties={SCALED_EMBEDDING: False, MAX_SEQ_LEN: context},
         state_dict=out,
         tokenizer=tokenizer,
         vocab_size=int(config["vocab_size"]),
@@ -173,3 +180,8 @@ def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
 def writes(net: MaskedLM) -> bool:
     """A MaskedLM whose stack declares no family is ALBERT where it has ALBERT's switches (else BERT)."""
     return net.cfg.embedding_dim is not None or net.cfg.share_layers not in (False, None)
+
+
+# AlbertForSequenceClassification: the pooler (dense + tanh on [CLS]) and the classifier.
+CLASSIFIER = ClassifierAdapter(sys.modules[__name__], "AlbertForSequenceClassification", "albert.pooler", "classifier",
+                               backbone_from_hf, backbone_to_hf, config_from_trident)

@@ -13,6 +13,7 @@ The MLM head (``lm_head``: dense -> GELU -> LayerNorm -> decoder tied to the emb
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -32,12 +33,13 @@ from trident.weights.adapters.common import (
     strip_prefix,
 )
 from trident.weights.adapters.hf_bert import _LAYER
+from trident.weights.adapters.hf_classifier import ClassifierAdapter
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-roberta"
 MODEL_TYPE = "roberta"
 FAMILY = "roberta"  # model.family of the stacks it reads and writes
-ARCHITECTURES = ("RobertaForMaskedLM", "RobertaModel")
+ARCHITECTURES = ("RobertaForMaskedLM", "RobertaModel", "RobertaForSequenceClassification")
 NETWORK = MaskedLM
 TARGET = "RoBERTa (hf export)"
 PAD_ID = 1  # RobertaConfig's pad_token_id: <pad> of its byte-level BPE (<s>=0, <pad>=1, </s>=2)
@@ -80,6 +82,8 @@ def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source
 
 
 def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
+    if "classifier.out_proj.weight" in state:  # RobertaForSequenceClassification
+        return CLASSIFIER.to_trident(config, state, tokenizer, source)
     model, out, context = backbone_from_hf(config, strip_prefix(state, "roberta."), source)
     if "lm_head.bias" in state:
         out |= {target: state[name] for name, target in _HEAD.items()}
@@ -142,7 +146,7 @@ def with_run(settings: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict[s
     pad_id = settings["pad_token_id"]
     require_equivalent(pad_id is not None, "the run's tokenizer", "without a padding token", TARGET,
                        f"RoBERTa numbers its positions past the padding id: train with a tokenizer that has "
-                       f"{SPECIAL_TOKENS['pad_token']} (task=mlm adds one), or export as BERT (model.family=bert)")
+                       f"{SPECIAL_TOKENS['pad_token']} (a masked LM's own tokenizer has one), or export as BERT (model.family=bert)")
     pad_id = int(pad_id)
     name = next(name for name in state if name.endswith(_POSITIONS))
     table = state[name][PAD_ID + 1:]  # (T, D)
@@ -166,3 +170,8 @@ def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
 def writes(net: MaskedLM) -> bool:
     """A MaskedLM that declares no family is BERT's (hf_bert.writes): RoBERTa is written where declared only."""
     return False
+
+
+# RobertaForSequenceClassification: its classification head (dense + tanh on <s>, then out_proj).
+CLASSIFIER = ClassifierAdapter(sys.modules[__name__], "RobertaForSequenceClassification", "classifier.dense",
+                               "classifier.out_proj", backbone_from_hf, backbone_to_hf, config_from_trident)

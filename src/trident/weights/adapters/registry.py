@@ -54,6 +54,7 @@ def adapter_for_network(net: nn.Module) -> Adapter:
     family = declared_family(net)
     if family is not None:
         adapter = next(adapter for adapter in ADAPTERS if adapter.FAMILY == family)
+        adapter = getattr(adapter, "CLASSIFIER", adapter) if type(net) is not adapter.NETWORK else adapter
         if type(net) is not adapter.NETWORK:
             raise ConfigError(f"model.family={family} is a {adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]}), not a "
                               f"{type(net).__name__}: set model.family=null, or the family of a {type(net).__name__}")
