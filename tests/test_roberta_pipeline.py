@@ -1,0 +1,71 @@
+"""task=classify from a Hugging Face ALBERT or RoBERTa sequence classifier through the public entry points: ``train``
+with ``init_from=<directory>`` (its pooler, context and tokenizer come with it), one step at a learning rate that moves
+nothing, then ``trident-export --format hf``: the exported classifier loads in transformers and gives the source's
+logits on the run's own right-padded batch (RoBERTa's positions counted past its padding id)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import trident
+from trident.commands.export import main as export_main
+from trident.runs.pipeline import train
+
+from .conftest import compose_config
+from .convert_helpers import randomise
+from .test_classify_class_token import MAX_LENGTH, WORDS, classify_from, roberta_tokenizer, texts_of, write_splits
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def save_roberta_classifier(folder: Path) -> torch.nn.Module:
+    tokenizer = roberta_tokenizer()
+    config = transformers.RobertaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=48, max_position_embeddings=40,
+                                        type_vocab_size=1, num_labels=3)
+    model = randomise(transformers.RobertaForSequenceClassification(config), seed=3, std=0.3).eval()
+    model.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                         pad_token="<pad>", cls_token="<s>", sep_token="</s>").save_pretrained(folder)
+    return model
+
+
+def save_albert_classifier(folder: Path) -> torch.nn.Module:
+    pieces = [f"▁{word}" for word in WORDS] + list("abcdefghijklmnopqrstuvwxyz")
+    vocab = [("<pad>", 0.0), ("<unk>", 0.0), ("[CLS]", 0.0), ("[SEP]", 0.0), ("[MASK]", 0.0),
+             *((piece, -1.0 - i / 10) for i, piece in enumerate(pieces))]
+    transformers.AlbertTokenizer(vocab=vocab).save_pretrained(folder)
+    config = transformers.AlbertConfig(vocab_size=len(vocab), embedding_size=12, hidden_size=32, num_hidden_layers=3,
+                                       num_attention_heads=4, intermediate_size=48, max_position_embeddings=40,
+                                       num_labels=3)
+    model = randomise(transformers.AlbertForSequenceClassification(config), seed=3, std=0.3).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert"])
+def test_a_classifier_read_trained_and_exported_keeps_the_sources_logits(tmp_path: Path, family: str) -> None:
+    save = save_roberta_classifier if family == "roberta" else save_albert_classifier
+    reference = save(tmp_path / "source")
+    run = tmp_path / "run"
+    # lr 1e-30: the weights cannot move, so the exported classifier is the source's.
+    train(compose_config([*classify_from(tmp_path / "source", write_splits(tmp_path)), "trainer.max_steps=1",
+                          "optimizer.lr=1e-30", "scheduler=constant", "test=false"], output_dir=run))
+    task = trident.load(run)
+    assert task.hparams.pooler is True and task.net.cfg.family == family
+    export_main([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    exported = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported) is type(reference)
+    texts = texts_of("validation")
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "source")
+    inputs = hf_tokenizer(texts, truncation=True, max_length=MAX_LENGTH, padding=True, return_tensors="pt")
+    ids, padding = inputs["input_ids"], inputs["attention_mask"] == 0
+    assert padding.any(), "right-padded rows in the batch"
+    with torch.no_grad():
+        expected = reference(**inputs).logits
+        torch.testing.assert_close(task.net(ids, key_padding_mask=padding), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(exported(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
