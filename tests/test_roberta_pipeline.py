@@ -1,7 +1,8 @@
-"""task=classify from a Hugging Face ALBERT or RoBERTa sequence classifier through the public entry points: ``train``
+"""ALBERT and RoBERTa through the public entry points. task=classify from a Hugging Face sequence classifier: ``train``
 with ``init_from=<directory>`` (its pooler, context and tokenizer come with it), one step at a learning rate that moves
 nothing, then ``trident-export --format hf``: the exported classifier loads in transformers and gives the source's
-logits on the run's own right-padded batch (RoBERTa's positions counted past its padding id)."""
+logits on the run's own right-padded batch (RoBERTa's positions counted past its padding id). task=mlm from a masked
+LM: its tokenizer's own mask and padding tokens, and transformers' loss on the run's first masked batch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import trident
 from trident.commands.export import main as export_main
@@ -17,6 +19,7 @@ from trident.runs.pipeline import train
 from .conftest import compose_config
 from .convert_helpers import randomise
 from .test_classify_class_token import MAX_LENGTH, WORDS, classify_from, roberta_tokenizer, texts_of, write_splits
+from .test_init_from import FROZEN, NEW_TEXT, SMALL_MLM, _first_val_batch, _history
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -69,3 +72,59 @@ def test_a_classifier_read_trained_and_exported_keeps_the_sources_logits(tmp_pat
         expected = reference(**inputs).logits
         torch.testing.assert_close(task.net(ids, key_padding_mask=padding), expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(exported(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def albert_mlm(folder: Path) -> torch.nn.Module:
+    """A random AlbertForMaskedLM whose AlbertTokenizer (Unigram) covers NEW_TEXT: <pad> (not [PAD]) and [MASK]."""
+    words = sorted({word.strip(",.:").lower() for word in NEW_TEXT.split()} - {""})
+    pieces = [*(f"▁{word}" for word in words), "▁", *"0123456789,.:"]
+    vocab = [("<pad>", 0.0), ("<unk>", 0.0), ("[CLS]", 0.0), ("[SEP]", 0.0), ("[MASK]", 0.0),
+             *((piece, -1.0 - i / 100) for i, piece in enumerate(pieces))]
+    transformers.AlbertTokenizer(vocab=vocab).save_pretrained(folder)
+    config = transformers.AlbertConfig(vocab_size=len(vocab), embedding_size=12, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
+    model = randomise(transformers.AlbertForMaskedLM(config), seed=0, std=0.3).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def roberta_mlm(folder: Path) -> torch.nn.Module:
+    """A random RobertaForMaskedLM whose byte-level BPE has RoBERTa's <s> <pad> </s> <unk> <mask>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator([NEW_TEXT], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                         pad_token="<pad>", mask_token="<mask>").save_pretrained(folder)
+    config = transformers.RobertaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=48, max_position_embeddings=66,
+                                        type_vocab_size=1)
+    model = randomise(transformers.RobertaForMaskedLM(config), seed=0, std=0.3).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize(("family", "mask"), [("albert", "[MASK]"), ("roberta", "<mask>")])
+def test_a_masked_lm_read_fine_tunes_from_its_own_loss_with_its_own_tokens(tmp_path: Path, family: str, mask: str) -> None:
+    """task=mlm from the directory: its tokenizer's <pad> and mask are used (none added: the vocabulary is the
+    embedding's), and the first validation loss is transformers' on the run's masked batch."""
+    reference = (albert_mlm if family == "albert" else roberta_mlm)(tmp_path / "hf")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(NEW_TEXT)
+    run = tmp_path / "run"
+    overrides = [o for o in SMALL_MLM if o != "model=nano"]  # the sizes come from config.json
+    train(compose_config([*overrides, *FROZEN, f"init_from={tmp_path / 'hf'}", "data=text_files",
+                          f"data.files=[{corpus}]"], output_dir=run))
+    task = trident.load(run)
+    source = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert task.tokenizer.get_vocab_size() == reference.config.vocab_size, "nothing added"
+    assert (task.mask_id, task.hparams.pad_id) == (source.convert_tokens_to_ids(mask), source.pad_token_id)
+    inputs, targets = task.mask(_first_val_batch(run), "val", 0)  # the run's masks of its first validation batch
+    select = targets != -100
+    with torch.no_grad():
+        expected = F.cross_entropy(reference(inputs).logits[select], targets[select]).item()
+    assert next(r["val/loss"] for r in _history(run) if "val/loss" in r) == pytest.approx(expected, rel=1e-5)
