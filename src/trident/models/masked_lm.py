@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from trident.backbone import VOCABULARY_PLAN, Encoder, ParallelPlan, TokenEmbedding, TransformerConfig, make_norm
-from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS
+from trident.backbone import (
+    ACTIVATIONS,
+    GATED_ACTIVATIONS,
+    VOCABULARY_PLAN,
+    Encoder,
+    ParallelPlan,
+    TokenEmbedding,
+    TransformerConfig,
+    make_norm,
+)
 from trident.errors import ConfigError
 
 
