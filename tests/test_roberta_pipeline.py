@@ -128,3 +128,23 @@ def test_a_masked_lm_read_fine_tunes_from_its_own_loss_with_its_own_tokens(tmp_p
     with torch.no_grad():
         expected = F.cross_entropy(reference(inputs).logits[select], targets[select]).item()
     assert next(r["val/loss"] for r in _history(run) if "val/loss" in r) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["albert", "roberta"])
+def test_a_masked_lm_of_the_family_trained_here_exports_with_its_logits(tmp_path: Path, family: str) -> None:
+    """architecture=<family> task=mlm (ALBERT: shared layers, a 128-wide embedding under the nano width 64), then
+    trident-export --format hf: AutoModelForMaskedLM reads the family's class with the run's logits, its padding id
+    the run's [PAD] (RoBERTa's positions are counted past it)."""
+    run = tmp_path / "run"
+    train(compose_config([*SMALL_MLM, *FROZEN, f"architecture={family}"], output_dir=run))
+    task = trident.load(run)
+    export_main([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    exported = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported).__name__ == f"{family.capitalize()}ForMaskedLM"
+    assert exported.config.pad_token_id == task.hparams.pad_id
+    ids = torch.randint(0, task.hparams.pad_id, (3, 16), generator=torch.Generator().manual_seed(0))
+    mask = torch.arange(16)[None, :] < torch.tensor([16, 9, 3])[:, None]
+    ids = ids.masked_fill(~mask, task.hparams.pad_id)
+    with torch.no_grad():
+        theirs = exported(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(task.net(ids, key_padding_mask=~mask)[mask], theirs[mask], atol=1e-5, rtol=1e-5)

@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, SEP_TOKEN, SEQ_PAD_TOKEN
+from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, PAD_TOKEN, SEP_TOKEN, UNK_TOKEN
 from trident.models import MaskedLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.weights.adapters.common import (
@@ -45,9 +45,10 @@ ARCHITECTURES = ("AlbertForMaskedLM", "AlbertModel", "AlbertForPreTraining", "Al
 NETWORK = MaskedLM
 TARGET = "ALBERT (hf export)"
 TOKEN_TYPES = 2  # ALBERT's sentence A / sentence B
-# Tokenizer attribute -> token, where the run's vocabulary has it (AlbertTokenizer's defaults).
-SPECIAL_TOKENS = {"unk_token": "<unk>", "pad_token": SEQ_PAD_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN,
-                  "mask_token": MASK_TOKEN, "bos_token": CLS_TOKEN, "eos_token": SEP_TOKEN}
+# Tokenizer attribute -> token, where the run's vocabulary has it: trident's MLM tokens (a run read from ALBERT names
+# its own, <pad> and <unk>, in tokenizer_settings, which take precedence).
+SPECIAL_TOKENS = {"unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN,
+                  "mask_token": MASK_TOKEN}
 
 # Inside ``albert_layer_groups.<g>.albert_layers.0.`` -> inside ``encoder.blocks.<g>.``.
 _LAYER = {
