@@ -118,8 +118,8 @@ class TransformerStack(nn.Module):
         documents: Tensor | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
-        """``x``: (B, T, E) embeddings (E: model.embedding_dim, else D). ``key_padding_mask``: (B, T_total) True at padding, covering
-        cached positions too. ``memory``: (B, S, D) for cross-attention. ``documents``: (B, T) document
+        """``x``: (B, T, E) embeddings (E: model.embedding_dim, else D). ``key_padding_mask``: (B, T_total) True
+        at padding, covering cached positions too. ``memory``: (B, S, D) for cross-attention. ``documents``: (B, T) document
         id of each token of rows packed with several documents (training, no cache): a token attends to
         its own document only, and its absolute position restarts at 0 where its document starts
         (distance-only encodings, rope, alibi and relative, see the same distances as for the document

@@ -61,6 +61,9 @@ class _Activation(nn.Module):
         self.name = name
         self.act = ACTIVATIONS[name]
 
+    def extra_repr(self) -> str:
+        return self.name
+
     def forward(self, x: Tensor) -> Tensor:
         return self.act(x)
 
