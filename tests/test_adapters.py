@@ -38,6 +38,10 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-gemma3": {"pos_encoding": "rope", "sandwich_norm": True, "qk_norm": True},
     # A declared family is written as itself, whatever its settings suggest (issue 51).
     "hf-mistral-declared": {"pos_encoding": "rope", "family": "mistral"},
+    # A MaskedLM is ALBERT where it has ALBERT's switches, else BERT.
+    "hf-albert": {"embedding_dim": 16},
+    "hf-albert-shared": {"share_layers": True},
+    "hf-roberta": {"family": "roberta"},  # declared only: an undeclared MaskedLM is BERT
 }
 
 

@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from tests.test_albert import trident_albert
 from tests.test_convert_bert import trident_bert
 from tests.test_convert_clip import trident_clip
 from tests.test_convert_gemma import WRITE_CASES as GEMMA_CASES
@@ -25,6 +26,7 @@ from tests.test_convert_llama_family import WRITE_CASES as LLAMA_CASES
 from tests.test_convert_llama_family import trident_lm as llama_lm
 from tests.test_convert_vit import trident_vit
 from tests.test_export_chat import CHATML, chatml_tokenizer, llama3_style_tokenizer
+from tests.test_roberta import trident_roberta
 from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from trident.data.image_text import word_tokenizer
 from trident.data.tokenization import train_tokenizer
@@ -101,6 +103,8 @@ CASES: dict[str, Case] = {
     # A named token the tokenizer holds as an ordinary one ("a"): transformers makes it special.
     "gpt2-named": (gpt2_lm, char_tokenizer, None, {"bos_token": "a", "pad_token": "<unk>"}),
     "bert": (trident_bert, wordpiece_tokenizer, None, {}),
+    "albert": (trident_albert, wordpiece_tokenizer, None, {}),
+    "roberta": (trident_roberta, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
     # task=clip's own word-level tokenizer (ends each text in <|endoftext|>), its zero-shot class names.
@@ -136,7 +140,7 @@ def test_the_hf_export_writes_what_transformers_writes(name: str, tmp_path: Path
         assert ours == theirs, file
 
 
-@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "vit-named", "llama-chatml", "qwen2-9",
+@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "albert", "vit-named", "llama-chatml", "qwen2-9",
                                   "qwen3-11", "mistral-14", "gemma2-0", "gemma3-2"])
 def test_the_written_directory_reads_in_transformers_with_the_networks_logits(name: str, tmp_path: Path) -> None:
     build, tokenize, class_names, settings = CASES[name]

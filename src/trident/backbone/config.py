@@ -15,7 +15,7 @@ from trident.errors import ConfigError, choose, is_int, is_number
 # model.family: the outside families a stack can be declared as, each read and written by the adapter of that name
 # (trident.weights.adapters.registry; conf/architecture/<family>.yaml sets the switches and this name). null: a
 # stack of trident's own, which the hf export writes as the family whose settings it has.
-FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "clip")
+FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "clip", "albert", "roberta")
 
 
 @dataclass
@@ -90,6 +90,13 @@ class TransformerConfig:
     attention: str = "softmax"
     performer: dict[str, Any] | None = None  # features (None: head_dim * ln head_dim), redraw_interval (steps)
     linformer: dict[str, Any] | None = None  # k (projected length), sharing (headwise | kv)
+    # Cross-layer parameter sharing (ALBERT, Lan et al. 2020): false = every layer its own weights; true = all layers
+    # one set; an integer G = G groups of n_layers / G consecutive layers, each group one set (transformers'
+    # num_hidden_groups). Read resolved through :attr:`block_of_layer`.
+    share_layers: bool | int = False
+    # Factorised embedding (ALBERT): tokens (and added positions, the embedding norm) of this width E, projected to
+    # d_model before the first block; the MLM head projects back to E. None = d_model, no projection.
+    embedding_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -187,6 +194,39 @@ class TransformerConfig:
                               "in a norm): set one of them")
         if self.family is not None:
             choose(dict.fromkeys(FAMILIES), self.family, "model.family")
+        self._check_sharing()
+
+    def _check_sharing(self) -> None:
+        """ALBERT's switches, model.share_layers and model.embedding_dim: one line each for a bad value."""
+        groups = self._weight_groups()
+        if not is_int(groups) or groups <= 0 or self.n_layers % groups != 0:
+            raise ConfigError(
+                f"model.share_layers must be true, false or a number of groups dividing model.n_layers={self.n_layers}, "
+                f"got {self.share_layers!r}: set e.g. model.share_layers=true (one set of weights for every layer)"
+            )
+        if self.embedding_dim is not None and (not is_int(self.embedding_dim) or self.embedding_dim <= 0):
+            raise ConfigError(f"model.embedding_dim must be a positive integer or null (the width, no projection), got "
+                              f"{self.embedding_dim!r}: set e.g. model.embedding_dim=128")
+        if self.embedding_dim is not None and self.grid is not None:
+            raise ConfigError("model.embedding_dim factorises a token embedding; image patches are projected to the width "
+                              "directly: set model.embedding_dim=null")
+
+    def _weight_groups(self) -> Any:
+        """How many sets of weights model.share_layers asks for (unchecked): true 1, false (or null) n_layers."""
+        if isinstance(self.share_layers, bool) or self.share_layers is None:
+            return 1 if self.share_layers else self.n_layers
+        return self.share_layers
+
+    @property
+    def block_of_layer(self) -> list[int]:
+        """Which set of weights (block) each layer runs (model.share_layers): [0, 1, ..., n_layers - 1] without sharing."""
+        per_group = self.n_layers // self._weight_groups()
+        return [i // per_group for i in range(self.n_layers)]
+
+    @property
+    def embedding_width(self) -> int:
+        """The width of the token embedding the stack takes (model.embedding_dim, else d_model)."""
+        return self.d_model if self.embedding_dim is None else int(self.embedding_dim)
 
     def _resolve_attention_shape(self) -> None:
         """Check the attention-shape keys and replace their None defaults by what they stand for."""

@@ -55,7 +55,14 @@ class TransformerStack(nn.Module):
             raise ConfigError("model.attention=linformer projects keys from the whole sequence, later positions "
                               "included, and serves encoders only (task=mlm, classify, vit): use model.attention=softmax "
                               "or performer for a causal stack (task=lm, the translation decoder)")
-        self.pos_encoding = build_pos_encoding(cfg, causal=causal)
+        if cfg.embedding_dim is not None and causal:
+            raise ConfigError("model.embedding_dim (ALBERT's factorised embedding) is for an encoder's tokens (task=mlm, "
+                              "task=classify with task.stack=encoder): set model.embedding_dim=null")
+        # A factorised embedding (ALBERT) adds its positions and takes its norm at its own width E, projected to
+        # d_model after (transformers' embedding_hidden_mapping_in).
+        embedded = copy.copy(cfg)
+        embedded.d_model = cfg.embedding_width
+        self.pos_encoding = build_pos_encoding(embedded, causal=causal)
         # model.layers: each layer's window, and which rope rotates it (None: none), as indices into
         # [pos_encoding, *layer_encodings]: one rope per distinct set of options (Gemma 3's local and global bases).
         layers = cfg.layer_settings
@@ -76,11 +83,17 @@ class TransformerStack(nn.Module):
         self.layer_encodings = nn.ModuleList(encodings)
         # BERT normalises the summed embeddings before the first block; no other model here does.
         self.embedding_norm = (
-            make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps) if cfg.embedding_norm else nn.Identity()
+            make_norm(cfg.norm, cfg.embedding_width, bias=cfg.bias, eps=cfg.norm_eps) if cfg.embedding_norm
+            else nn.Identity()
         )
         self.dropout = nn.Dropout(cfg.dropout)
-        # Stochastic depth rises linearly with depth, from 0 to cfg.drop_path at the last block.
-        rates = [cfg.drop_path * i / max(1, cfg.n_layers - 1) for i in range(cfg.n_layers)]
+        self.embedding_projection = (nn.Linear(cfg.embedding_width, cfg.d_model, bias=cfg.bias)
+                                     if cfg.embedding_dim is not None else nn.Identity())
+        # model.share_layers: layer i runs blocks[block_of_layer[i]]; without sharing, block i. Stochastic depth
+        # rises linearly with depth, from 0 to cfg.drop_path at the last block (a shared block: its first layer's).
+        self.block_of_layer = cfg.block_of_layer
+        first_layers = [self.block_of_layer.index(b) for b in range(self.block_of_layer[-1] + 1)]
+        rates = [cfg.drop_path * i / max(1, cfg.n_layers - 1) for i in first_layers]
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg, cross_attention=cross_attention, drop_path=rate, causal=causal) for rate in rates
         )
@@ -100,11 +113,15 @@ class TransformerStack(nn.Module):
                 nn.init.normal_(module.weight, std=residual_std if is_residual_out else 0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if isinstance(self.embedding_projection, nn.Linear):
+            nn.init.normal_(self.embedding_projection.weight, std=0.02)
+            if self.embedding_projection.bias is not None:
+                nn.init.zeros_(self.embedding_projection.bias)
 
     def new_cache(self, max_len: int) -> KVCache:
         """An empty KV cache for incremental decoding of up to ``max_len`` positions; with
         ``attention_window`` <= ``max_len`` it stores the last ``attention_window`` and rolls on forever."""
-        return KVCache(len(self.blocks), max_len, list(self.windows))
+        return KVCache(self.cfg.n_layers, max_len, list(self.windows))
 
     @property
     def context_length(self) -> int | None:
@@ -116,7 +133,7 @@ class TransformerStack(nn.Module):
         return self.cfg.max_seq_len
 
     def forward(self, x: Tensor, **inputs: Unpack[StackInputs]) -> Tensor:
-        """``x``: (B, T, D) embeddings, read with ``inputs`` (see :class:`StackInputs`). Returns (B, T, D)."""
+        """``x``: (B, T, E) embeddings (E: model.embedding_dim, else D), read with ``inputs`` (see :class:`StackInputs`). Returns (B, T, D)."""
         return self._run(x, inputs, need_weights=False)[0]
 
     def forward_with_attention(self, x: Tensor, **inputs: Unpack[StackInputs]) -> tuple[Tensor, list[Tensor]]:
@@ -154,13 +171,15 @@ class TransformerStack(nn.Module):
         masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents)
                  for window in dict.fromkeys(self.windows)}
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
-        h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))
+        h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))  # (B, T, E)
         if self.training:  # dropout returns its input otherwise: one call less per decoding step
             h = self.dropout(h)
+        h = self.embedding_projection(h)  # (B, T, E) -> (B, T, D); the identity without a factorised embedding
         all_weights: list[Tensor | None] = []
         # Checkpointing only pays off when a backward pass follows (and a KV cache is never trained).
         recompute = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled() and cache is None
-        for i, block in enumerate(self.blocks):
+        for i, index in enumerate(self.block_of_layer):
+            block = self.blocks[index]
             # Non-reentrant checkpointing keeps keyword arguments and restores the RNG state, so the
             # recomputed forward draws the same dropout masks as the first one.
             run_block = partial(checkpoint, block, use_reentrant=False) if recompute else block

@@ -18,7 +18,11 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from trident.data.lm import LMDataModule
-from trident.data.special_tokens import MASK_TOKEN, PAD_TOKEN
+from trident.data.special_tokens import MASK_TOKEN, PAD_TOKEN, SEQ_MASK_TOKEN
+from trident.data.token_files import PAD_NAMES
+
+# The mask token: trident's, or RoBERTa's where a tokenizer that came with its weights holds it (the padding: PAD_NAMES).
+MASK_NAMES = (MASK_TOKEN, SEQ_MASK_TOKEN)
 
 
 class TokenBlocks(Dataset[Tensor]):
@@ -42,6 +46,7 @@ class MLMDataModule(LMDataModule):
     ``bible_kjv``, ``text_files``, hub corpora; ``data.tokenizer=char`` or ``bpe``)."""
 
     num_regular_tokens: int = 0  # the corpus vocabulary, before the special tokens
+    mask_token, pad_token = MASK_TOKEN, PAD_TOKEN  # the tokenizer's (load_splits)
 
     def load_splits(self, meta: dict[str, Any]) -> dict[str, str]:
         sizes = super().load_splits(meta)
@@ -51,8 +56,13 @@ class MLMDataModule(LMDataModule):
         # Byte-level BPE carries a word's leading space inside its token ("Ġbe"): "[MASK]" absorbs the
         # space before it (lstrip, as RoBERTa's), so "to [MASK]" stands for "to" + "Ġbe", not "Ġ" + "be".
         # A character tokenizer keeps the space as a token of its own.
-        mask = AddedToken(MASK_TOKEN, lstrip=self.tokenizer_kind == "bpe", special=True)
-        self.tokenizer.add_special_tokens([mask, AddedToken(PAD_TOKEN, special=True)])
+        # A tokenizer that came with ALBERT's or RoBERTa's weights names them <pad> (and <mask>): those are used.
+        self.mask_token, self.pad_token = (next((name for name in names if self.tokenizer.token_to_id(name) is not None),
+                                                names[0]) for names in (MASK_NAMES, PAD_NAMES))
+        held = {token.content for token in self.tokenizer.get_added_tokens_decoder().values()}
+        mask = AddedToken(self.mask_token, lstrip=self.tokenizer_kind == "bpe", special=True)
+        self.tokenizer.add_special_tokens([token for token in (mask, AddedToken(self.pad_token, special=True))
+                                           if token.content not in held or token.content in (MASK_TOKEN, PAD_TOKEN)])
         return sizes
 
     def blocks(self, split: str) -> Dataset:
@@ -64,7 +74,7 @@ class MLMDataModule(LMDataModule):
         assert self.tokenizer is not None
         return {
             **inputs,
-            "mask_id": self.tokenizer.token_to_id(MASK_TOKEN),
-            "pad_id": self.tokenizer.token_to_id(PAD_TOKEN),
+            "mask_id": self.tokenizer.token_to_id(self.mask_token),
+            "pad_id": self.tokenizer.token_to_id(self.pad_token),
             "num_regular_tokens": self.num_regular_tokens,
         }

@@ -16,3 +16,4 @@ PAD_TOKEN = "[PAD]"
 SEQ_PAD_TOKEN = "<pad>"
 SEQ_START_TOKEN = "<s>"
 SEQ_END_TOKEN = "</s>"
+SEQ_MASK_TOKEN = "<mask>"  # RoBERTa's mask

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from trident.backbone import VOCABULARY_PLAN, Encoder, ParallelPlan, TokenEmbedding, TransformerConfig, make_norm
+from trident.backbone import (
+    ACTIVATIONS,
+    GATED_ACTIVATIONS,
+    VOCABULARY_PLAN,
+    Encoder,
+    ParallelPlan,
+    TokenEmbedding,
+    TransformerConfig,
+    make_norm,
+)
+from trident.errors import ConfigError
 
 
 class MaskedLM(nn.Module):
@@ -16,15 +26,16 @@ class MaskedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
-        self.embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        width = cfg.embedding_width  # E: model.embedding_dim (ALBERT's factorised embedding), else D
+        self.embed = TokenEmbedding(vocab_size, width, scale=scale_embeddings)
         self.encoder = Encoder(cfg)
         self.transform = nn.Sequential(
-            nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias),
-            nn.GELU(),
-            make_norm(cfg.norm, cfg.d_model, bias=cfg.bias, eps=cfg.norm_eps),
+            nn.Linear(cfg.d_model, width, bias=cfg.bias),  # ALBERT's head projects D back to E here
+            _head_activation(cfg),
+            make_norm(cfg.norm, width, bias=cfg.bias, eps=cfg.norm_eps),
         )
         nn.init.normal_(self.transform[0].weight, std=0.02)
-        self.head = nn.Linear(cfg.d_model, vocab_size)
+        self.head = nn.Linear(width, vocab_size)
         self.head.weight = self.embed.weight
         nn.init.zeros_(self.head.bias)
 
@@ -40,3 +51,30 @@ class MaskedLM(nn.Module):
         if select is not None:
             hidden = hidden[select]  # (N, D)
         return self.head(self.transform(hidden))
+
+
+class _Activation(nn.Module):
+    """One of the blocks' activations (model.activation) as a module of the head's transform."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.act = ACTIVATIONS[name]
+
+    def extra_repr(self) -> str:
+        return self.name
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(x)
+
+
+def _head_activation(cfg: TransformerConfig) -> nn.Module:
+    """BERT's transform is GELU whatever its blocks use; ALBERT's (a factorised embedding, model.embedding_dim) uses
+    its blocks' activation (transformers' AlbertMLMHead takes hidden_act), which must then not be gated."""
+    if cfg.embedding_dim is None:
+        return nn.GELU()
+    if cfg.activation in GATED_ACTIVATIONS:
+        raise ConfigError(f"model.activation={cfg.activation} is gated, which the MLM head of a factorised embedding "
+                          "(model.embedding_dim, ALBERT's: the blocks' activation) cannot use: set model.activation=gelu "
+                          "or gelu_tanh, or model.embedding_dim=null")
+    return _Activation(cfg.activation)

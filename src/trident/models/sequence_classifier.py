@@ -22,23 +22,30 @@ class SequenceClassifier(nn.Module):
     stack is named ``encoder`` or ``decoder`` as in the MLM and LM models, so their weights load by name."""
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, num_classes: int, *, stack: str = "encoder",
-                 pool: str = "cls", scale_embeddings: bool = False, class_token_in_text: bool = False) -> None:
+                 pool: str = "cls", scale_embeddings: bool = False, class_token_in_text: bool = False,
+                 pooler: bool = False) -> None:
         super().__init__()
         if pool not in POOLS.get(stack, ()):
             raise ValueError(f"pool={pool!r} does not fit stack={stack!r}")
         self.cfg, self.stack_kind, self.pool = cfg, stack, pool
-        self.embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
+        width = cfg.embedding_width  # E: model.embedding_dim (ALBERT's factorised embedding), else D
+        self.embed = TokenEmbedding(vocab_size, width, scale=scale_embeddings)
         if stack == "encoder":
             self.encoder = Encoder(cfg)
         else:
             self.decoder = Decoder(cfg)
         self.prepends_cls = pool == "cls" and not class_token_in_text
         if self.prepends_cls:
-            self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
             nn.init.normal_(self.cls_token, std=0.02)
-        self.head = nn.Linear(cfg.d_model, num_classes)
-        nn.init.normal_(self.head.weight, std=0.02)
-        nn.init.zeros_(self.head.bias)
+        # ``pooler``: a dense layer and tanh before the class projection (BERT's and ALBERT's pooler, RoBERTa's
+        # classification head), part of the head: it trains with it, under a frozen backbone or LoRA.
+        out = nn.Linear(cfg.d_model, num_classes)
+        self.head: nn.Module = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(), out) if pooler else out
+        for layer in self.head.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
 
     @property
     def stack(self) -> Encoder | Decoder:

@@ -16,6 +16,7 @@ from trident.data.base import TridentDataModule
 from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
+from trident.models.properties import MAX_SEQ_LEN, POOLER, READOUT, SCALED_EMBEDDING
 from trident.objectives import Outputs
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
@@ -31,7 +32,10 @@ Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels
 
 class SequenceClassificationTask(ClassHead, TridentTask):
     NAME = "classify"
-    SOURCE_SETTINGS = ("stack", "pool", "scale_embeddings")  # what its checkpoint fixes as init_from
+    SOURCE_SETTINGS = ("stack", "pool", "scale_embeddings", "pooler")  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = SequenceClassifier  # ALBERT's and RoBERTa's sequence classifiers
+    FROM_NETWORK: ClassVar[dict[str, str]] = {SCALED_EMBEDDING: "task.scale_embeddings", POOLER: "task.pooler",
+                                              READOUT: "task.pool", MAX_SEQ_LEN: "data.max_seq_len"}
     VALIDATION_METRICS = ("val/loss", "val/acc", "val/macro_f1", "val/majority_acc")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TextClassificationDataModule
     net: SequenceClassifier
@@ -52,6 +56,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         head_lr: float | None = None,
         tokenizer_json: str | None = None,
         class_token_in_text: bool = False,
+        pooler: bool = False,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
@@ -62,7 +67,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         num_classes = len(class_names)
         self.net = sequence_classifier(self.backbone_config, vocab_size=vocab_size, class_names=class_names,
                                        stack=stack, pool=pool, scale_embeddings=scale_embeddings,
-                                       class_token_in_text=class_token_in_text)
+                                       class_token_in_text=class_token_in_text, pooler=pooler)
         self.objective = self.chosen_objective()
         add_teacher(self, distill, vocab_size=vocab_size, class_names=class_names)  # distill=kd
         self.class_names, self.majority_accuracy = list(class_names), dict(majority_accuracy)

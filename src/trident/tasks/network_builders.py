@@ -47,9 +47,9 @@ def vision_transformer(backbone: TransformerConfig, *, patch_size: int, in_chann
 
 
 def sequence_classifier(backbone: TransformerConfig, *, vocab_size: int, class_names: list[str], stack: str,
-                        pool: str, scale_embeddings: bool, class_token_in_text: bool) -> SequenceClassifier:
+                        pool: str, scale_embeddings: bool, class_token_in_text: bool, pooler: bool) -> SequenceClassifier:
     return SequenceClassifier(backbone, vocab_size, len(class_names), stack=stack, pool=pool,
-                              scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text)
+                              scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text, pooler=pooler)
 
 
 #: What task=clip's ``task.text`` / ``task.image`` may set over the ``model`` and ``pos_encoding`` groups for one tower:

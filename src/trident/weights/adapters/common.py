@@ -108,9 +108,21 @@ def hf_model_settings(
             "embedding_norm": embedding_norm}
 
 
-def require_hf_block(cfg: TransformerConfig, target: str, *, norm_first: bool, embedding_norm: bool) -> None:
+def require_unshared(cfg: TransformerConfig, target: str) -> None:
+    """What every family but ALBERT lacks: cross-layer sharing and a factorised embedding (one line each)."""
+    require_equivalent(cfg.share_layers in (False, None), "model.share_layers", cfg.share_layers, target,
+                       "each of its layers has weights of its own (train with model.share_layers=false)")
+    require_equivalent(cfg.embedding_dim is None, "model.embedding_dim", cfg.embedding_dim, target,
+                       "its embedding is as wide as its layers (train with model.embedding_dim=null)")
+
+
+def require_hf_block(cfg: TransformerConfig, target: str, *, norm_first: bool, embedding_norm: bool,
+                     shared: bool = False) -> None:
     """What the Hugging Face models here share (learned positions, LayerNorm, biases, no layer scale),
-    with ``norm_first`` and ``embedding_norm`` as ``target`` has them."""
+    with ``norm_first`` and ``embedding_norm`` as ``target`` has them; ``shared``: ``target`` is ALBERT, whose
+    layers may share weights and whose embedding is factorised (else :func:`require_unshared`)."""
+    if not shared:
+        require_unshared(cfg, target)
     require_equivalent(cfg.pos_encoding == "learned", "pos_encoding", cfg.pos_encoding, target,
                        "it has learned positions only (train with pos_encoding=learned)")
     require_equivalent(cfg.norm_first == norm_first, "model.norm_first", cfg.norm_first, target,

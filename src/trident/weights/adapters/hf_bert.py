@@ -131,5 +131,6 @@ def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]
 
 
 def writes(net: MaskedLM) -> bool:
-    """Every MaskedLM is written as BERT (its refusals name what BERT lacks)."""
-    return True
+    """Every MaskedLM without ALBERT's switches (hf_albert.writes) is written as BERT (its refusals name what BERT
+    lacks)."""
+    return net.cfg.embedding_dim is None and net.cfg.share_layers in (False, None)

@@ -73,14 +73,23 @@ def run_settings(net: nn.Module, tokenizer: Tokenizer | None, class_names: Seque
     return settings
 
 
+def fitted(adapter: Any, net: nn.Module, run: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The adapter's architecture, config and state dict of ``net`` with the ``run``'s entries in the config, and what
+    follows from them in the weights (an adapter's ``with_run``: RoBERTa's positions start past the run's padding id)."""
+    architecture, settings, state = adapter.from_trident(net)
+    settings |= run
+    if (with_run := getattr(adapter, "with_run", None)) is not None:
+        settings, state = with_run(settings, state)
+    return architecture, settings, state
+
+
 def to_transformers(net: nn.Module, run: dict[str, Any] | None = None) -> Any:
     """``net`` as the ``transformers`` model of :data:`~trident.weights.adapters.registry.ADAPTERS` (eval mode), with the same weights;
     ``run``: further config entries (:func:`run_settings`)."""
     require_package("transformers")
     import transformers
 
-    architecture, settings, state = adapter_for_network(net).from_trident(net)
-    settings |= run or {}
+    architecture, settings, state = fitted(adapter_for_network(net), net, run or {})
     model_class = getattr(transformers, architecture)
     # The adapters write the checkpoint names Hugging Face publishes; transformers renames them to its
     # modules' (which change between versions) in from_pretrained, so the model is read from a directory.
@@ -103,8 +112,9 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     ``save_pretrained`` of the installed transformers writes it, without importing transformers (``hf_writing``)."""
     require_package("transformers")  # the version the files name is the installed one's, which reads them
     adapter = adapter_for_network(net)
-    architecture, settings, state = adapter.from_trident(net)
     run = run_settings(net, tokenizer, class_names, tokenizer_settings)
+    architecture, settings, state = fitted(adapter, net, run)
+    run = {key: settings[key] for key in run}  # as the adapter fitted them (RoBERTa's padding id)
     directory.mkdir(parents=True, exist_ok=True)
     # transformers writes generation_config.json for the classes that generate (its GenerationMixin): the causal LM heads.
     generates = architecture.endswith(("ForCausalLM", "LMHeadModel"))

@@ -23,7 +23,7 @@ from torch import Tensor
 from trident.backbone import TransformerConfig
 from trident.models import CausalLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
-from trident.weights.adapters.common import require_equivalent, require_source
+from trident.weights.adapters.common import require_equivalent, require_source, require_unshared
 from trident.weights.adapters.llama_style import (
     DecoderNames,
     context_length,
@@ -174,6 +174,7 @@ def model_settings(family: GemmaFamily, config: dict[str, Any], source: str) -> 
 def _require_family(family: GemmaFamily, cfg: TransformerConfig, net: CausalLM) -> None:
     """One line for each setting the family's config cannot state."""
     target = family.target
+    require_unshared(cfg, target)
     for ok, setting, value, fix in (
         (cfg.pos_encoding == "rope", "pos_encoding", cfg.pos_encoding, "it has rope positions only"),
         (cfg.norm == "rmsnorm_offset", "model.norm", cfg.norm, "its RMSNorm's gain is 1 + weight (rmsnorm_offset)"),

@@ -50,6 +50,10 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"bos_token_id": 2, "eos_token_id": 1, "initializer_range": 0.02, "pad_token_id": 0,
                     "use_bidirectional_attention": False, "use_cache": True},
     "clip": {"initializer_factor": 1.0},
+    "roberta": {"add_cross_attention": False, "bos_token_id": 0, "classifier_dropout": None, "eos_token_id": 2,
+                "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 1, "use_cache": True},
+    "albert": {"bos_token_id": 2, "classifier_dropout_prob": 0.1, "eos_token_id": 3, "initializer_range": 0.02,
+               "pad_token_id": 0},
 }
 # model_type -> its sub-configs (CLIP's towers) -> the entries each one's config class writes beyond the adapter's
 # settings; save_pretrained stamps each with the weights' dtype too.

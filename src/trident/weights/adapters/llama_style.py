@@ -21,7 +21,7 @@ from trident.backbone import TransformerConfig
 from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
-from trident.weights.adapters.common import require_equivalent, require_source, strip_prefix
+from trident.weights.adapters.common import require_equivalent, require_source, require_unshared, strip_prefix
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 # Tokenizer attribute -> token in trident's own vocabularies; a tokenizer read with the weights brings its own
@@ -239,6 +239,7 @@ def writes(family: Family, net: CausalLM) -> bool:
 def _require_family(family: Family, cfg: TransformerConfig, net: CausalLM) -> None:
     """One line for each setting the family's config cannot state."""
     target = family.target
+    require_unshared(cfg, target)
     require_equivalent(cfg.pos_encoding == "rope", "pos_encoding", cfg.pos_encoding, target, "it has rope positions only")
     require_equivalent(cfg.norm == "rmsnorm", "model.norm", cfg.norm, target, "it uses RMSNorm")
     require_equivalent(cfg.activation == "swiglu", "model.activation", cfg.activation, target, "its MLP is SwiGLU")

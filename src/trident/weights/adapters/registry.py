@@ -10,6 +10,7 @@ from torch import nn
 
 from trident.errors import ConfigError
 from trident.weights.adapters import (
+    hf_albert,
     hf_bert,
     hf_clip,
     hf_gemma,
@@ -18,6 +19,7 @@ from trident.weights.adapters import (
     hf_mistral,
     hf_qwen2,
     hf_qwen3,
+    hf_roberta,
     hf_vit,
     open_clip_files,
     timm_vit,
@@ -26,7 +28,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
-    hf_gemma.GEMMA2, hf_gemma.GEMMA3,
+    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert, hf_roberta,
     hf_clip,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit, open_clip_files)
@@ -55,6 +57,7 @@ def adapter_for_network(net: nn.Module) -> Adapter:
     family = declared_family(net)
     if family is not None:
         adapter = next(adapter for adapter in ADAPTERS if adapter.FAMILY == family)
+        adapter = getattr(adapter, "CLASSIFIER", adapter) if type(net) is not adapter.NETWORK else adapter
         if type(net) is not adapter.NETWORK:
             raise ConfigError(f"model.family={family} is a {adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]}), not a "
                               f"{type(net).__name__}: set model.family=null, or the family of a {type(net).__name__}")
