@@ -21,6 +21,9 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             "experiment/pretrain_pays_vision": ["pretrained_run=run"],
             "experiment/pretrain_pays_text": ["pretrained_run=run", "data.tokenizer=char"],
             "experiment/ablation_lora_rank": ["pretrained_run=run"],
+            # The teacher's run (text: and its tokenizer file).
+            "experiment/distill_pays_vision": ["teacher_run=run"],
+            "experiment/distill_pays_text": ["teacher_run=run", "data.tokenizer=char"],
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
             "finetune/lora": ["init_from=run"],
             # Distillation needs its teacher (checked here by name only; tests/test_distill.py reads them).
