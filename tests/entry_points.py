@@ -37,12 +37,14 @@ def command(entry: str) -> list[str]:
     return [sys.executable, "-m", entry] if entry.startswith("trident.") else [sys.executable, str(ROOT / entry)]
 
 
-def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
-    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.commands.sample``)."""
+def run_in_process(entry: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch,
+                   wandb_mode: str = "disabled") -> Result:
+    """``python <entry> <args>`` run in this process (``entry``: a script or a module such as ``trident.commands.sample``);
+    W&B disabled unless ``wandb_mode`` says otherwise (``offline``: the default logger's runs, for the tests that read them)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [str(ROOT / entry), *args])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_MODE", wandb_mode)
     GlobalHydra.instance().clear()  # a fresh process would start without it
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0

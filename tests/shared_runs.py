@@ -3,8 +3,9 @@ computed once per test session, by the first worker that asks, under a file lock
 that the workers' temporary directories have in common.
 
 Today: each task's 2-process DDP run on one machine (``trainer=ddp_cpu``), which
-tests/test_ddp_matrix.py checks as a run of its own and tests/test_slurm.py compares step for step
-with the same job on two SLURM nodes."""
+tests/test_ddp_matrix.py checks as a run of its own (the LM's is also the run that its SIGTERM/SIGKILL chain must
+end like) and tests/test_slurm.py compares step for step with the same job on two SLURM nodes (the LM's, with
+the jobs that SLURM interrupts, with the 2 nodes started by hand)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,24 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from .conftest import ROOT
+from .conftest import ROOT, SMALL
 from .test_translation_train import SMALL_MT
 from .test_vit_pipeline import VIT_SMALL
 
 QUIET = ["callbacks.progress_bar=null", "callbacks.model_summary=null", "callbacks.throughput=null"]
+# The LM run, one for the DDP matrix and the SLURM tests (one run of 2 processes fewer than a config each):
+# 24 steps, a validation every 8 (a job interrupted soon after a checkpoint is well before the last);
+# dropout on (the RNG state matters), epochs of 4 steps per rank, last.ckpt every 2 steps (the one that a
+# SIGKILL during step 7 leaves is mid-epoch), and an EMA of the weights (decay far from 1, so that the
+# average is far from the raw weights): resume under DDP and SLURM restores the average too.
+LM_RUN = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.val_check_interval", "callbacks."))] + [
+    *QUIET, "model.dropout=0.1", "trainer.max_steps=24", "trainer.limit_train_batches=4", "trainer.val_check_interval=8",
+    "trainer.check_val_every_n_epoch=null", "callbacks=ema", "callbacks.ema.decay=0.5",
+    "callbacks.last_checkpoint.every_n_train_steps=2", "callbacks.lr_monitor=null",
+]
 # Each task's small run, as the SLURM tests launch it too (there: trainer.num_nodes=2, one rank a node).
 TASK_RUNS = {
+    "lm": LM_RUN,
     "translation": [o for o in SMALL_MT if not o.startswith("callbacks.")] + QUIET,
     "vit": [o for o in VIT_SMALL if not o.startswith("callbacks.")] + QUIET,
 }

@@ -26,19 +26,14 @@ from trident.tracking.wandb_files import OfflineRun, read_offline_run, wait_for_
 
 from .conftest import SMALL, compose_config
 from .entry_points import run_in_process
-from .shared_runs import assert_clean, one_node_run, run_script
+from .shared_runs import ONE_NODE, TASK_RUNS, assert_clean, one_node_run, run_script
 
 pytestmark = pytest.mark.slow
 
 DDP = ["trainer=ddp_cpu", "trainer.limit_test_batches=1"]
-# The LM run that the interrupted runs repeat: dropout on (the RNG state matters), epochs of 4
-# steps per rank, `last.ckpt` every 3 steps (the one a kill during step 7 leaves is mid-epoch), and
-# an EMA of the weights (decay far from 1, so that the average is far from the raw weights).
-LM = [
-    *SMALL, *DDP, "model.dropout=0.1", "trainer.max_steps=8", "trainer.limit_train_batches=4",
-    "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null", "callbacks=ema", "callbacks.ema.decay=0.5",
-    "callbacks.last_checkpoint.every_n_train_steps=3", "callbacks.lr_monitor=null",
-]
+# The LM run that the interrupted runs repeat (tests/shared_runs.py's, shared with tests/test_slurm.py): dropout
+# on, epochs of 4 steps per rank, last.ckpt every 2 steps, 24 steps with a validation every 8, an EMA of the weights.
+LM = [*ONE_NODE, *TASK_RUNS["lm"]]
 
 
 def signal_at(step: int, name: str, rank: int | None = None) -> list[str]:
@@ -73,12 +68,12 @@ def ddp_run(root: Path, *overrides: str) -> Path:
     return one_run_dir(root)
 
 
+# Each task's run is the one that tests/test_slurm.py compares with its 2-node jobs (shared_runs).
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -> Path:
-    return ddp_run(tmp_path_factory.mktemp("lm"), *LM)
+    return one_node_run(tmp_path_factory, "lm")
 
 
-# The other tasks' runs are those that tests/test_slurm.py compares with its 2-node jobs (shared_runs).
 @pytest.fixture(scope="module")
 def translation_run(tmp_path_factory: pytest.TempPathFactory, _shared_data_cache: None) -> Path:
     return one_node_run(tmp_path_factory, "translation")
@@ -109,14 +104,14 @@ def test_each_task_runs_under_ddp_with_the_default_logger(run: str, test_metrics
 def test_lm_summary_keeps_the_best_validation_value(lm_run: Path) -> None:
     wandb_run = one_wandb_run(lm_run)
     val_losses = wandb_run.metric("val/loss")
-    assert len(val_losses) == 2
+    assert len(val_losses) == 3
     assert wandb_run.summary["best/val/loss"] == pytest.approx(min(val_losses))
     assert wandb_run.summary["val/loss"] == {"min": pytest.approx(min(val_losses)), "last": pytest.approx(val_losses[-1])}
 
 
 def test_ema_under_ddp_averages_every_step_and_rank_zero_saves_both_weights(lm_run: Path) -> None:
     last = torch.load(lm_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert int(last["averaging_state"]["n_averaged"]) == 8
+    assert int(last["averaging_state"]["n_averaged"]) == 24
     gap = max((last["state_dict"][k] - w).abs().max().item()
               for k, w in last["current_model_state"].items() if w.is_floating_point())
     assert gap > 1e-4, "state_dict holds the average, current_model_state the raw weights"
@@ -125,10 +120,10 @@ def test_ema_under_ddp_averages_every_step_and_rank_zero_saves_both_weights(lm_r
 def test_ddp_run_stopped_by_sigterm_then_sigkilled_resumes_exactly_each_time(lm_run: Path, tmp_path: Path) -> None:
     """SIGTERM to every rank during step 1, as SLURM sends it: the run saves the step it was on and
     exits 0. Resumed, it is SIGKILLed during step 7, so its newest checkpoint is the mid-epoch one of
-    step 6. Resumed again, it ends like the uninterrupted run (lm_run): each step's loss, the raw
+    step 6. Resumed again, it ends like the uninterrupted run (lm_run, 24 steps): each step's loss, the raw
     weights and their average, and one W&B run whose last segment holds the whole history."""
     expected = train_losses(lm_run)
-    assert sorted(expected) == list(range(8))
+    assert sorted(expected) == list(range(24))
     result = run_script("train.py", *LM, *signal_at(1, "SIGTERM"), f"paths.output_root={tmp_path / 'outputs'}",
                         cwd=tmp_path)
     assert_clean(result)
@@ -142,7 +137,7 @@ def test_ddp_run_stopped_by_sigterm_then_sigkilled_resumes_exactly_each_time(lm_
     assert checkpoint_step(last) == 6, "killed during step 7: the newest checkpoint is the mid-epoch one of step 6"
 
     assert_clean(run_script("train.py", f"resume={run_dir}", "++callbacks.signal=null", cwd=tmp_path))
-    assert one_run_dir(tmp_path) == run_dir and checkpoint_step(last) == 8
+    assert one_run_dir(tmp_path) == run_dir and checkpoint_step(last) == 24
     finished, straight = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
                           for d in (run_dir, lm_run))
     for key in ("state_dict", "current_model_state", "averaging_state"):
@@ -156,7 +151,7 @@ def test_ddp_run_stopped_by_sigterm_then_sigkilled_resumes_exactly_each_time(lm_
     last_segment = read_offline_run(last_file)
     assert last_segment.run_id == run_id and {"test/loss", "test/ppl"} <= set(last_segment.summary)
     steps = [int(row["trainer/global_step"]) for row in last_segment.history if "train/loss" in row]
-    assert steps == list(range(8)), "every step once, in order"
+    assert steps == list(range(24)), "every step once, in order"
     resumed = {int(row["trainer/global_step"]): row["train/loss"] for row in last_segment.history if "train/loss" in row}
     torch.testing.assert_close(resumed, expected, rtol=0, atol=1e-6)
 

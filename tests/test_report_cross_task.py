@@ -4,10 +4,7 @@ x ``pos_encoding=`` (rope, alibi) x seeds 1, 2 with mlm + alibi excluded, checke
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from scipy import stats as scipy_stats
 from hydra_plugins.trident_sweeper import register_sweeper
 from trident.report import cross_task_table, load_jobs_csv, load_sweep, main
 
-from .conftest import ROOT
+from .entry_points import run_in_process
 
 # Keys every task has (no data.* or task.* of one task alone): two steps, a validation after each.
 TINY_ANY_TASK = ["model=nano", "data.block_size=32", "data.batch_size=4", "trainer.max_steps=2",
@@ -59,13 +56,12 @@ def test_an_exclusion_outside_a_narrower_sweep_is_logged(caplog: pytest.LogCaptu
 @pytest.fixture(scope="module")
 def cross_task_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep_dir = tmp_path_factory.mktemp("cross_task") / "sweep"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", *TINY_ANY_TASK, "task=lm,mlm", "pos_encoding=rope,alibi",
-         "seed=1,2", "hydra/sweeper=excluding", "hydra.sweeper.exclude=[['task=mlm','pos_encoding=alibi']]",
-         f"paths.output_root={sweep_dir.parent}", f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True, text=True, cwd=sweep_dir.parent, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=600, check=False,
-    )
+    # In this process (its jobs run one after another in it, as in `python train.py -m`): a fresh one only adds imports.
+    with pytest.MonkeyPatch.context() as here:
+        result = run_in_process(
+            "train.py", ["-m", *TINY_ANY_TASK, "task=lm,mlm", "pos_encoding=rope,alibi", "seed=1,2", "hydra/sweeper=excluding",
+                         "hydra.sweeper.exclude=[['task=mlm','pos_encoding=alibi']]", f"paths.output_root={sweep_dir.parent}",
+                         f"hydra.sweep.dir={sweep_dir}"], sweep_dir.parent, here)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "All 6 jobs of the sweep completed" in result.stderr, "mlm + alibi is left out, not failed"
     return sweep_dir

@@ -29,6 +29,7 @@ from trident.tracking.wandb_files import find_offline_runs, offline_runs_to_sync
 from trident.weights.checkpoints import AtomicCheckpointIO
 
 from .conftest import CONF_DIR, ROOT, SMALL, compose_config
+from .entry_points import Result, run_in_process
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -65,6 +66,13 @@ def run_train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env.pop("WANDB_SERVICE", None)  # its own W&B service, as a job started from a shell has
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], check=False, capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=300)
+
+
+def train_here(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``python train.py <args>`` in this process, with the default logger (W&B, offline): for a run whose process
+    boundary no test checks (a resume, an extension, a sweep that is not signalled): a fresh one only adds its imports."""
+    with monkeypatch.context() as here:
+        return run_in_process("train.py", list(args), cwd, here, wandb_mode="offline")
 
 
 def signal_at(step: int, name: str) -> list[str]:
@@ -117,12 +125,13 @@ def test_translation_token_budget_batches_resume_exactly(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_finishes(tmp_path: Path) -> None:
+def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stop signal that comes after the last step's end (here during the last validation) stops the
     job at its final step like one that comes mid-run: saved, exit 0, the test left to the next
     attempt, though W&B's service has ended with the signal, as SLURM's SIGTERM ends it (the test's
     results could no longer reach it). ``resume=auto`` tests and completes the run, in its directory
-    and its W&B run."""
+    and its W&B run. (The signalled run is a process of its own; the two after it run in this one.)"""
     args = [*RESUMABLE, "test=true", f"paths.output_root={tmp_path}"]  # the default logger: W&B, offline
     signal = ["+callbacks.signal._target_=tests.resume_helpers.SignalInStage", "+callbacks.signal.stage=validate",
               "+callbacks.signal.step=10"]
@@ -135,9 +144,9 @@ def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_fin
     status = json.loads((run_dir / "status.json").read_text())
     assert (status["status"], status["signal"], status["step"]) == ("cancelled", "SIGTERM", 10)
 
-    result = run_train(*args, "resume=auto", "++callbacks.signal=null", cwd=tmp_path)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert f"resume=auto: continuing {run_dir}" in result.stdout
+    resumed = train_here(*args, "resume=auto", "++callbacks.signal=null", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert f"resume=auto: continuing {run_dir}" in resumed.stdout
     assert list(tmp_path.glob("runs/*/*")) == [run_dir], "the run goes on in its own directory"
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
     runs = find_offline_runs(run_dir)
@@ -147,8 +156,9 @@ def test_sigterm_after_the_last_step_stops_cleanly_and_resume_auto_tests_and_fin
     assert [int(row["trainer/global_step"]) for row in runs[-1].history if "train/loss" in row] == list(range(10))
     # Extended by 4 steps: from the final step's last.ckpt, not one saved again at train end (loops past their end:
     # its steps would go on at 11).
-    result = run_train(*args, f"resume={run_dir}", "trainer.max_steps=14", "++callbacks.signal=null", cwd=tmp_path)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    extended = train_here(*args, f"resume={run_dir}", "trainer.max_steps=14", "++callbacks.signal=null", cwd=tmp_path,
+                          monkeypatch=monkeypatch)
+    assert extended.returncode == 0 and "Traceback" not in extended.stderr, extended.stderr[-3000:]
     history = find_offline_runs(run_dir)[-1].history
     assert [int(row["trainer/global_step"]) for row in history if "train/loss" in row] == list(range(14))
     assert [int(row["trainer/global_step"]) for row in history if "test/loss" in row] == [14]
@@ -353,22 +363,23 @@ def test_status_of_a_requeued_job_keeps_its_stops(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sweep(tmp_path: Path) -> None:
+def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sweep(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 30-step sweep job (its last step no periodic checkpoint's: last.ckpt is of the final step), extended
     by 10 steps with ``resume=<job dir>``: the newest W&B attempt, which the upload command picks, holds steps
     0-39 once each and one test row, in the sweep's group, job type and tags; metrics.jsonl and the CSV
     logs say the same steps; status.json keeps the sweep and setting."""
     sweep_dir = tmp_path / "sweep"
     common = [*SMALL, "trainer.val_check_interval=10", "data.sample_prompts=[]", "callbacks.throughput=null", *WITH_CSV]
-    first = run_train("-m", *common, "trainer.max_steps=30", "optimizer.lr=choice(0.003)", f"paths.output_root={tmp_path}",
-                      f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    first = train_here("-m", *common, "trainer.max_steps=30", "optimizer.lr=choice(0.003)", f"paths.output_root={tmp_path}",
+                       f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, monkeypatch=monkeypatch)
     assert first.returncode == 0, first.stderr[-3000:]
     job_dir = next(sweep_dir.glob("0_*"))
     status = json.loads((job_dir / "status.json").read_text())
     (first_attempt,) = find_offline_runs(job_dir)
     assert first_attempt.group.endswith("/optimizer.lr=0.003") and first_attempt.job_type == status["sweep"]
 
-    extended = run_train(f"resume={job_dir}", "trainer.max_steps=40", cwd=tmp_path)
+    extended = train_here(f"resume={job_dir}", "trainer.max_steps=40", cwd=tmp_path, monkeypatch=monkeypatch)
     assert extended.returncode == 0, extended.stderr[-3000:]
     resumed = json.loads((job_dir / "status.json").read_text())
     assert (resumed["sweep"], resumed["setting"]) == (status["sweep"], status["setting"]) == (
@@ -390,19 +401,20 @@ def test_a_sweep_job_extended_by_its_directory_continues_step_for_step_in_its_sw
 
 
 @pytest.mark.slow
-def test_a_sweep_job_resumed_by_a_sweep_that_sweeps_more_keys_keeps_its_group(tmp_path: Path) -> None:
+def test_a_sweep_job_resumed_by_a_sweep_that_sweeps_more_keys_keeps_its_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job left unfinished (its last.ckpt, no status.json, as a kill leaves it) and found again by a sweep continued
     with one more swept key (model.dropout, one of the job's own overrides): resumed in its directory, it keeps its
     first attempt's W&B group and status.json setting (named by the new keys, the resumed run changed group)."""
     sweep_dir = tmp_path / "sweep"
     common = [*SMALL, "trainer.max_steps=2", "data.sample_prompts=[]", "callbacks.throughput=null", "optimizer.lr=choice(0.003)",
               f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep_dir}"]
-    first = run_train("-m", *common, "model.dropout=0.0", cwd=tmp_path)
+    first = train_here("-m", *common, "model.dropout=0.0", cwd=tmp_path, monkeypatch=monkeypatch)
     assert first.returncode == 0, first.stderr[-3000:]
     job_dir = next(sweep_dir.glob("0_*"))
     status = json.loads((job_dir / "status.json").read_text())
     (job_dir / "status.json").unlink()
-    again = run_train("-m", *common, "model.dropout=choice(0.0)", cwd=tmp_path)
+    again = train_here("-m", *common, "model.dropout=choice(0.0)", cwd=tmp_path, monkeypatch=monkeypatch)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing the unfinished job" in again.stdout + again.stderr and [d.name for d in sweep_dir.glob("*_*")] == [job_dir.name]
     attempts = [read_offline_run(next(d.glob("run-*.wandb"))) for d in sorted(job_dir.glob("wandb/offline-run-*"))]

@@ -18,6 +18,8 @@ from trident.parallel.distributed_checkpoint import is_sharded_checkpoint
 from trident.weights.checkpoints import read_checkpoint
 
 from . import test_slurm as slurm
+from .conftest import SMALL
+from .shared_runs import QUIET
 from .slurm_jobs import CHECKPOINT_S, finish, run_until, start, submitted_job, sweep_end
 
 pytestmark = slurm.pytestmark
@@ -26,8 +28,11 @@ STEPS = 16
 SHARDED = ["trainer.strategy.save_distributed_checkpoint=true"]
 # tests/test_slurm.py's 2-node command, under FSDP: one gloo rank a node, each holding half the weights.
 FSDP = [*(o for o in slurm.SLURM if not o.startswith("trainer=")), "trainer=fsdp_cpu", *SHARDED]
-# The LM of tests/test_slurm.py (a checkpoint every 2 steps, validation every 8), shorter.
-LM = [*(o for o in slurm.LM if not o.startswith("trainer.max_steps")), f"trainer.max_steps={STEPS}", "seed=1"]
+# The small LM with a checkpoint every 2 steps and a validation every 8 (tests/test_slurm.py's, without its dropout
+# and weight average), shorter.
+LM = [*(o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.val_check_interval", "callbacks."))),
+      *QUIET, f"trainer.max_steps={STEPS}", "trainer.val_check_interval=8", "callbacks.last_checkpoint.every_n_train_steps=2",
+      "seed=1"]
 # Slower steps than test_slurm.py's, so that the preemption lands well before the validation at step 8.
 SLOW = ["+callbacks.slow._target_=tests.resume_helpers.SlowSteps", "+callbacks.slow.seconds=0.5"]
 

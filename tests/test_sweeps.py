@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +24,8 @@ from trident.runs.rerun import continue_job, earlier_attempt, remember_sweep, re
 from trident.runs.sweeps import SweepCallback, job_dirs, job_subdir, next_job_number, setting_of, swept_keys
 from trident.tracking.wandb_files import find_offline_runs
 
-from .conftest import ROOT, SMALL
+from .conftest import SMALL
+from .entry_points import Result, run_in_process
 
 # Two steps with a validation after each (two points per curve); no samples, no progress bars.
 TINY = [o for o in SMALL if not o.startswith(("callbacks.", "trainer.max_steps", "trainer.val_check_interval"))] + [
@@ -38,14 +36,13 @@ TINY = [o for o in SMALL if not o.startswith(("callbacks.", "trainer.max_steps",
 ]
 
 
-def multirun(*overrides: str, sweep_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", *TINY, *overrides,
-         f"paths.output_root={sweep_dir.parent}", f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True, text=True, cwd=sweep_dir.parent, env=env, timeout=600, check=False,
-    )
+def multirun(*overrides: str, sweep_dir: Path) -> Result:
+    """``python train.py -m <overrides>`` with the default logger (W&B, offline), run in this process: a sweep's jobs
+    run one after another in its process (Hydra's basic launcher), and no test here checks that process's boundary
+    (a fresh one would only add its imports)."""
+    with pytest.MonkeyPatch.context() as here:
+        return run_in_process("train.py", ["-m", *TINY, *overrides, f"paths.output_root={sweep_dir.parent}",
+                                           f"hydra.sweep.dir={sweep_dir}"], sweep_dir.parent, here, wandb_mode="offline")
 
 
 def load_json(job_dir: Path) -> dict[str, Any]:
