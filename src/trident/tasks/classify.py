@@ -129,7 +129,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         """Model FLOPs of one training step (the padded batch, as computed) for MFU."""
         size, length = batch[0].shape
         head = FORWARD_AND_BACKWARD * 2 * self.net.cfg.d_model * len(self.class_names) * size
-        return stack_flops(self.net.cfg, size, length) + head
+        return stack_flops(self.net.cfg, size, length, causal=False) + head
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """Freezing for N steps: the backbone's gradients are dropped before each of the first N

@@ -165,7 +165,7 @@ class ContrastiveImageTextTask(TridentTask):
         image, text = self.net.image, self.net.text
         images = vit_flops(image.encoder.cfg, batch=batch[0].size(0), patch_size=self.hparams.patch_size,
                            in_channels=self.hparams.in_channels, num_classes=self.hparams.embed_dim)
-        texts = stack_flops(text.decoder.cfg, *batch[1].shape)
+        texts = stack_flops(text.decoder.cfg, *batch[1].shape, causal=True)
         return images + texts + 6 * text.decoder.cfg.d_model * self.hparams.embed_dim * batch[1].size(0)
 
     def outputs(self, batch: Batch, stage: str) -> PairedFeatures:

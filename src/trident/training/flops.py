@@ -11,6 +11,10 @@ and V projections, not the score matmuls). Causal
 attention is counted in full, as in PaLM; recomputation (activation checkpointing), biases,
 norms, softmax and embedding lookups are not counted: MFU measures useful work. Counts use the
 padded tensor shapes, since padded positions are computed too.
+
+Self-attention counts the matmuls of its ``model.attention`` (:func:`self_attention_flops`): Performer has no
+(T_q, T_k) scores but its features and sums (linear in T), Linformer projects the keys and values to ``k`` rows
+before attending to them; cross-attention is softmax's always.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import torch
 
 from trident.backbone import GATED_ACTIVATIONS, TransformerConfig
+from trident.backbone.linear_attention import CHUNK, default_features
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +57,44 @@ def attention_flops(cfg: TransformerConfig, queries: int, keys: int) -> int:
     return FORWARD_AND_BACKWARD * 2 * 2 * query_width(cfg) * queries * keys
 
 
-def stack_flops(cfg: TransformerConfig, batch: int, length: int) -> int:
-    """One training step of a self-attention stack (encoder or decoder) on (batch, length) tokens."""
+def self_attention_flops(cfg: TransformerConfig, queries: int, keys: int, *, causal: bool) -> int:
+    """Forward + backward FLOPs of one layer's self-attention after its projections, as ``model.attention`` computes it.
+
+    * softmax: :func:`attention_flops` (the (T_q, T_k) scores).
+    * performer (m features, e = head_dim + 1: the values and the denominator's column of ones): the features of the
+      queries and keys (2 m head_dim each per head and token; forward and the input gradient only, the directions
+      being buffers), then bidirectionally phi(K)^T [V 1] and phi(Q) of it (2 m e per head and key, and query);
+      causally, per chunk of CHUNK positions (the queries padded to a whole chunk), the chunk's (C, C) block (2 C m
+      and 2 C e per head and position) and its state in and out (2 m e each; a single chunk's state out has no backward).
+      The causal count grows linearly in T too, but CHUNK times (m + e) / (2 m e) above the bidirectional one.
+    * linformer (k rows): E K and F V (2 k head_dim per key-value head and key each), then softmax over the k rows."""
+    if cfg.attention == "performer":
+        m, e = cfg.performer["features"] or default_features(cfg.head_dim), cfg.head_dim + 1
+        features = 2 * 2 * m * query_width(cfg) * (queries + keys)  # forward + input gradient
+        if not causal:
+            return features + FORWARD_AND_BACKWARD * 2 * cfg.n_heads * m * e * (queries + keys)
+        chunks = -(-queries // CHUNK)
+        block = 2 * cfg.n_heads * CHUNK * (CHUNK * m + CHUNK * e + m * e)  # the (C, C) block and the state in
+        state_out = 2 * cfg.n_heads * CHUNK * m * e
+        if chunks == 1:  # its state out is computed, but read by nothing: no backward
+            return features + FORWARD_AND_BACKWARD * block + state_out
+        # The chunks' states out are one batched product: its backward covers the last (unread) one too.
+        return features + FORWARD_AND_BACKWARD * chunks * (block + state_out)
+    if cfg.attention == "linformer":
+        rows = cfg.linformer["k"]
+        return FORWARD_AND_BACKWARD * 2 * 2 * rows * key_value_width(cfg) * keys + attention_flops(cfg, queries, rows)
+    return attention_flops(cfg, queries, keys)
+
+
+def stack_flops(cfg: TransformerConfig, batch: int, length: int, *, causal: bool) -> int:
+    """One training step of a self-attention stack (encoder, or ``causal`` decoder) on (batch, length) tokens."""
     matmuls = FORWARD_AND_BACKWARD * 2 * cfg.n_layers * block_matmul_params(cfg) * batch * length
-    return matmuls + cfg.n_layers * batch * attention_flops(cfg, length, length)
+    return matmuls + cfg.n_layers * batch * self_attention_flops(cfg, length, length, causal=causal)
 
 
 def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int) -> int:
     """One training step of a decoder-only LM on (batch, length) tokens, the output head included."""
-    return stack_flops(cfg, batch, length) + FORWARD_AND_BACKWARD * 2 * cfg.d_model * vocab_size * batch * length
+    return stack_flops(cfg, batch, length, causal=True) + FORWARD_AND_BACKWARD * 2 * cfg.d_model * vocab_size * batch * length
 
 
 def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, predicted: int) -> int:
@@ -68,7 +102,7 @@ def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length:
     attention is full, not causal), the head (transform and vocabulary projection) on the
     ``predicted`` selected positions only, as the model computes it."""
     head = FORWARD_AND_BACKWARD * 2 * (cfg.d_model + vocab_size) * cfg.d_model * predicted
-    return stack_flops(cfg, batch, length) + head
+    return stack_flops(cfg, batch, length, causal=False) + head
 
 
 def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, src_len: int, tgt_len: int) -> int:
@@ -77,12 +111,13 @@ def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, s
     d, layers = cfg.d_model, cfg.n_layers
     per_token = FORWARD_AND_BACKWARD * 2
     encoder = per_token * layers * block_matmul_params(cfg) * batch * src_len
-    encoder += layers * batch * attention_flops(cfg, src_len, src_len)
+    encoder += layers * batch * self_attention_flops(cfg, src_len, src_len, causal=False)
     # Decoder: self-attention and feed-forward, plus the cross-attention query and output
     # projections on target tokens; the cross-attention key/value projection on source tokens.
     decoder = per_token * layers * (block_matmul_params(cfg) + 2 * d * query_width(cfg)) * batch * tgt_len
     decoder += per_token * layers * 2 * d * key_value_width(cfg) * batch * src_len
-    decoder += layers * batch * (attention_flops(cfg, tgt_len, tgt_len) + attention_flops(cfg, tgt_len, src_len))
+    decoder += layers * batch * (self_attention_flops(cfg, tgt_len, tgt_len, causal=True)
+                                 + attention_flops(cfg, tgt_len, src_len))
     head = per_token * d * vocab_size * batch * tgt_len
     return encoder + decoder + head
 
@@ -97,7 +132,7 @@ def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channel
     # The pixels need no gradient: the patch projection costs its forward and weight gradient only.
     patch_embed = 2 * 2 * in_channels * patch_size**2 * cfg.d_model * patches
     encoder = per_token * cfg.n_layers * block_matmul_params(cfg) * tokens
-    encoder += cfg.n_layers * attention_flops(cfg, tokens, tokens)
+    encoder += cfg.n_layers * self_attention_flops(cfg, tokens, tokens, causal=False)
     head = per_token * cfg.d_model * num_classes  # one pooled vector per image
     return batch * (patch_embed + encoder + head)
 
