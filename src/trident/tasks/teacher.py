@@ -111,8 +111,9 @@ def read_record(source: str) -> dict[str, Any]:
     """The run's record of its teacher (:data:`TEACHER_RECORD`), or one line."""
     path = Path(companion_path(TEACHER_RECORD))
     if not path.is_file():
-        raise ConfigError(f"distill.teacher={source} has no copy at {path}: a run writes it when it starts "
-                          "(trident.weights.teacher.stage_teacher); build the task inside its run directory")
+        raise ConfigError(f"distill.teacher={source} has no copy at {path}: a distilled run keeps its teacher in "
+                          f"<run>/{TEACHER_RECORD} and {TEACHER_WEIGHTS}, written when it starts: load the run's "
+                          "checkpoints inside their run directory (or copy its init/ folder beside them)")
     return dict(json.loads(path.read_text()))
 
 
