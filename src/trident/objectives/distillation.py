@@ -152,7 +152,10 @@ class Distillation(Objective):
         over the same trained items, with both terms as parts."""
         trained = trained_items(outputs)
         student = outputs.logits if outputs.taught is None else outputs.taught
-        per_item = divergence(student[trained], outputs.teacher[trained], self.settings.temperature,
+        # A teacher's embedding padded past the shared tokenizer (trident.tasks.teacher.check_vocabulary): its
+        # first V scores are the tokens', V the student's.
+        teacher = outputs.teacher[..., : student.size(-1)]
+        per_item = divergence(student[trained], teacher[trained], self.settings.temperature,
                               self.settings.divergence)  # (N,)
         distilled, count = per_item.sum(), trained.sum()
         weight = self.settings.weight

@@ -112,8 +112,9 @@ def read_record(source: str) -> dict[str, Any]:
     """The run's record of its teacher (:data:`TEACHER_RECORD`), or one line."""
     path = Path(companion_path(TEACHER_RECORD))
     if not path.is_file():
-        raise ConfigError(f"distill.teacher={source} has no copy at {path}: a run writes it when it starts "
-                          "(trident.weights.teacher.stage_teacher); build the task inside its run directory")
+        raise ConfigError(f"distill.teacher={source} has no copy at {path}: a distilled run keeps its teacher in "
+                          f"<run>/{TEACHER_RECORD} and {TEACHER_WEIGHTS}, written when it starts: load the run's "
+                          "checkpoints inside their run directory (or copy its init/ folder beside them)")
     return dict(json.loads(path.read_text()))
 
 
@@ -121,7 +122,10 @@ def check_vocabulary(source: str, record: Mapping[str, Any], vocab_size: int, fi
     """One line when the teacher's vocabulary is not the student's: another size, or (where both record their
     tokenizers) other tokens or ids."""
     theirs = record.get("vocab_size")
-    if theirs is not None and int(theirs) != vocab_size:
+    # The student's own tokenizer, the teacher's embedding padded past it (Qwen2's 151936 rows for its 151665 tokens):
+    # the extra rows score no token, and the teacher's term reads the student's vocab_size first scores alone.
+    padded = fingerprint is not None and record.get("vocabulary") == fingerprint
+    if theirs is not None and int(theirs) != vocab_size and not (padded and int(theirs) > vocab_size):
         raise ConfigError(f"distill.teacher={source} scores {theirs} tokens, the student {vocab_size}: a teacher "
                           "distils only into a student of its own tokenizer: train the student on the teacher's "
                           "tokenizer (data.tokenizer=<its tokenizer.json>)")

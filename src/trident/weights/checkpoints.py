@@ -23,7 +23,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
-from trident.errors import ConfigError, DataError
+from trident.errors import ConfigError, DataError, TridentError
 from trident.parallel.distributed_checkpoint import read_sharded_checkpoint, replace_checkpoint
 from trident.tasks.base import TridentTask
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
@@ -98,6 +98,8 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFin
         # relative to itself (DPO's reference), in the folders that hold the checkpoint, wherever the run is now.
         with reading(path, find_base), companions_beside(*path.resolve().parents):
             task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+    except TridentError:
+        raise  # the task's own one line (e.g. a companion's copy not beside the checkpoint), not "corrupt"
     except READ_ERRORS as err:
         raise unreadable_checkpoint(
             path, err, f"it may not be a trident {task_name} checkpoint; use another checkpoint of a task={task_name} "
