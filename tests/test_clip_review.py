@@ -1,0 +1,50 @@
+"""Review of task=clip's data (issue 54 item 2): what the first tests of image-text pairs left open. A table whose
+later row lacks its caption (a JSONL row without the key, a null or empty cell) is one line naming the row, not a
+KeyError or a caption "None"; captions in a script without spaces (Chinese) are tokenized a character at a time,
+not one word a caption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trident.errors import DataError
+
+from .test_clip import _images, _module
+
+
+def _table(tmp_path: Path, captions: list[object], name: str = "pairs.jsonl") -> Path:
+    images = _images(tmp_path / "images", len(captions))
+    rows = [{"image": image} | ({} if caption is ... else {"caption": caption})
+            for image, caption in zip(images, captions, strict=True)]
+    table = tmp_path / name
+    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return table
+
+
+@pytest.mark.parametrize("caption", [..., None, ""], ids=["key_missing", "null", "empty"])
+def test_a_later_row_without_its_caption_is_one_line(caption: object, tmp_path: Path) -> None:
+    """The columns are checked on the first row; a JSONL row without the key was a KeyError, a null one the caption
+    "None"."""
+    table = _table(tmp_path, ["a grey square", "a lighter square", caption, "a white square", "a black square",
+                              "a dark square"])
+    with pytest.raises(DataError, match=r"pairs.jsonl: row 3 has no 'caption' \(data.caption_column\): give every "
+                                        r"pair an image path and a caption, or drop the row"):
+        _module(table).setup("fit")
+
+
+def test_captions_without_spaces_are_tokenized_a_character_at_a_time(tmp_path: Path) -> None:
+    """A Chinese caption was one word of the word-level tokenizer (its pre-tokenizer splits at spaces and
+    punctuation): no two captions shared a token, and a caption with one character changed was one unseen word.
+    Now each character is a token: captions share theirs, and the spaced words stay words."""
+    captions = ["一张猫的照片", "一张狗的照片", "一只猫", "一只狗", "猫和狗", "a photo 的猫"]
+    data = _module(_table(tmp_path, captions))
+    data.setup("fit")
+    tokenizer = data.tokenizer
+    assert tokenizer is not None
+    assert tokenizer.encode("一张猫的照片").tokens == ["一", "张", "猫", "的", "照", "片", "<|endoftext|>"]
+    assert tokenizer.encode("A photo 的猫").tokens == ["a", "photo", "的", "猫", "<|endoftext|>"]
+    unseen = tokenizer.encode("一张鸟的照片")  # 鸟 is in no caption: only it is unknown
+    assert unseen.tokens == ["一", "张", "<unk>", "的", "照", "片", "<|endoftext|>"]
