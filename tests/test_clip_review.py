@@ -48,3 +48,18 @@ def test_captions_without_spaces_are_tokenized_a_character_at_a_time(tmp_path: P
     assert tokenizer.encode("A photo 的猫").tokens == ["a", "photo", "的", "猫", "<|endoftext|>"]
     unseen = tokenizer.encode("一张鸟的照片")  # 鸟 is in no caption: only it is unknown
     assert unseen.tokens == ["一", "张", "<unk>", "的", "照", "片", "<|endoftext|>"]
+
+
+def test_an_end_of_text_id_of_2_is_refused_by_the_hf_export_in_one_line(tmp_path: Path) -> None:
+    """transformers reads a CLIP config's ``eos_token_id=2`` as its legacy argmax pooling: a run whose tokenizer has
+    ``<|endoftext|>`` at id 2 was exported as a CLIPModel pooled at each caption's largest id, other features."""
+    from trident.errors import ConfigError
+    from trident.weights.adapters.hf_export import write_hf
+
+    from .test_convert_clip import trident_clip
+
+    net = trident_clip()
+    net.text.eos_id = 2
+    with pytest.raises(ConfigError, match=r"^task.eos_id=2 has no CLIP \(hf export\) equivalent: a CLIPModel whose "
+                                          r"eos_token_id is 2 pools at each row's largest id"):
+        write_hf(net, None, None, tmp_path / "hf")
