@@ -1,7 +1,8 @@
-"""Review of task=clip's data (issue 54 item 2): what the first tests of image-text pairs left open. A table whose
-later row lacks its caption (a JSONL row without the key, a null or empty cell) is one line naming the row, not a
-KeyError or a caption "None"; captions in a script without spaces (Chinese) are tokenized a character at a time,
-not one word a caption."""
+"""Review of task=clip (issue 54 items 2-3): what the first tests left open. A table whose later row lacks its
+caption (a JSONL row without the key, a null or empty cell) is one line naming the row, not a KeyError or a caption
+"None"; captions in a script without spaces (Chinese) are tokenized a character at a time, not one word a caption;
+image files read as channels they cannot be converted to are one line; the hf export refuses an <|endoftext|> id of
+2, which transformers pools as its legacy configs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trident.data.image_text import ImageTextDataModule
 from trident.errors import DataError
 
 from .test_clip import _images, _module
@@ -63,3 +65,19 @@ def test_an_end_of_text_id_of_2_is_refused_by_the_hf_export_in_one_line(tmp_path
     with pytest.raises(ConfigError, match=r"^task.eos_id=2 has no CLIP \(hf export\) equivalent: a CLIPModel whose "
                                           r"eos_token_id is 2 pools at each row's largest id"):
         write_hf(net, None, None, tmp_path / "hf")
+
+
+def test_image_files_read_as_channels_they_cannot_have_is_one_line(tmp_path: Path) -> None:
+    """The files of a table are converted to grey or RGB: data.in_channels=4 gave three-channel images and a traceback
+    in the normalisation of the first batch. Other sizes and channels than the data settings are converted."""
+    from trident.errors import ConfigError
+
+    table = _table(tmp_path, ["a", "b", "c", "d", "e", "f"])
+    with pytest.raises(ConfigError, match=r"^data.in_channels=4: the images of data.source=.*pairs.jsonl are read as "
+                                          r"grey \(1\) or RGB \(3\) images: choose one$"):
+        _module(table, in_channels=4, mean=[0.5] * 4, std=[0.5] * 4).setup("fit")
+    data = ImageTextDataModule(source=str(table), image_size=12, patch_size=4, in_channels=3, mean=[0.5] * 3,
+                               std=[0.5] * 3, validation_size=2, test_size=2, batch_size=2)
+    data.setup("fit")  # grey 8x8 files
+    images, _, _ = next(iter(data.split_loader("train", train=True)))
+    assert images.shape == (2, 3, 12, 12)

@@ -264,6 +264,9 @@ class ImageTextDataModule(ImageSettingsDataModule):
         """The pairs of a table: no classes, so the class settings of a packaged source (the default's digits) do not
         apply and no zero-shot classification is measured."""
         self.class_names, self.zero_shot_classes = [], []
+        if self.in_channels not in (1, 3):  # PairDataset converts each file to grey or RGB
+            raise ConfigError(f"data.in_channels={self.in_channels}: the images of data.source={self.source} are read as "
+                              "grey (1) or RGB (3) images: choose one")
         images, captions = read_pair_table(pair_table(self.source), self.image_column, self.caption_column)
         if self.validation_size + self.test_size >= len(captions):
             raise ConfigError(f"data.validation_size + data.test_size must be below the {len(captions)} pairs of "
