@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -46,11 +46,16 @@ if TYPE_CHECKING:
 PACKAGED = ("mnist_5k", "digits", "fashion_mnist")
 CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.parquet")
 SPLITS = ("train", "validation", "test")
+#: The scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Burmese): each of their
+#: characters is a token of its own, else a caption's whole run of them would be one word, seen in no other caption.
+UNSPACED_SCRIPTS = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
+
 
 def word_tokenizer(texts: list[str]) -> Tokenizer:
-    """A lower-cased word-level tokenizer (words and punctuation) of every word in ``texts``, ``<unk>`` and
-    ``<|endoftext|>`` first, which ends each text in ``<|endoftext|>``."""
-    split = pre_tokenizers.Whitespace()
+    """A lower-cased word-level tokenizer (words and punctuation; a character of a script without spaces) of every word
+    in ``texts``, ``<unk>`` and ``<|endoftext|>`` first, which ends each text in ``<|endoftext|>``."""
+    split = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                     pre_tokenizers.Split(Regex(UNSPACED_SCRIPTS), behavior="isolated")])
     words = sorted({word for text in texts for word, _ in split.pre_tokenize_str(text.lower())})
     vocabulary = {UNK: 0, END_OF_TEXT: 1} | {w: i + 2 for i, w in enumerate(words)}
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=UNK))
@@ -130,6 +135,11 @@ def read_pair_table(path: Path, image_column: str, caption_column: str) -> tuple
         if column not in rows[0]:
             raise DataError(f"{path} has no column {column!r} (data.{key}): its columns are "
                             f"{', '.join(map(str, rows[0]))}; set data.{key}")
+    for number, row in enumerate(rows, start=1):  # a JSONL row may lack a key the first has; a CSV / parquet cell be empty
+        for column, key in ((image_column, "image_column"), (caption_column, "caption_column")):
+            if row.get(column) in (None, ""):
+                raise DataError(f"{path}: row {number} has no {column!r} (data.{key}): give every pair an image "
+                                "path and a caption, or drop the row")
     images = [path.parent / str(row[image_column]) for row in rows]
     for image in images:
         if not image.is_file():
@@ -254,6 +264,9 @@ class ImageTextDataModule(ImageSettingsDataModule):
         """The pairs of a table: no classes, so the class settings of a packaged source (the default's digits) do not
         apply and no zero-shot classification is measured."""
         self.class_names, self.zero_shot_classes = [], []
+        if self.in_channels not in (1, 3):  # PairDataset converts each file to grey or RGB
+            raise ConfigError(f"data.in_channels={self.in_channels}: the images of data.source={self.source} are read as "
+                              "grey (1) or RGB (3) images: choose one")
         images, captions = read_pair_table(pair_table(self.source), self.image_column, self.caption_column)
         if self.validation_size + self.test_size >= len(captions):
             raise ConfigError(f"data.validation_size + data.test_size must be below the {len(captions)} pairs of "

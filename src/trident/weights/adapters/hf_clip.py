@@ -34,6 +34,7 @@ from trident.weights.adapters.common import (
     activation_to_hf,
     fuse_qkv,
     hf_model_settings,
+    require_equivalent,
     require_hf_block,
     require_source,
     split_qkv,
@@ -155,6 +156,11 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     text, image = net.text.decoder.cfg, net.image.encoder.cfg
     if image.grid is None:
         raise ValueError("CLIP's image tower always has a grid")
+    # eos_token_id 2 is transformers' legacy marker, pooled at each row's largest id: not where this run pools.
+    require_equivalent(net.text.eos_id != LEGACY_EOS, "task.eos_id", net.text.eos_id, TARGET,
+                       f"a CLIPModel whose eos_token_id is {LEGACY_EOS} pools at each row's largest id (its configs "
+                       "before transformers' PR #24773): train with a tokenizer whose <|endoftext|> has another id "
+                       "(data.tokenizer=null's is 1)")
     _, in_channels, patch_size, _ = net.image.patch_embed.proj.weight.shape  # (D, C, p, p)
     projection = net.text.projection.out_features
     config = {
