@@ -62,9 +62,14 @@ GGUF_FILE = "model.gguf"
 
 def architecture_of(net: Any) -> tuple[str, Any]:
     """llama.cpp's architecture name for ``net`` and its hf adapter; one line for a network GGUF does not hold."""
-    if type(net) is not CausalLM:
+    # The network's adapter says what it is (no switch on network classes outside trident.models): a masked LM's is
+    # BERT's, an image network's ViT's, none of them an architecture llama.cpp runs.
+    try:
+        adapter = adapter_for_network(net)
+    except ConfigError:
+        adapter = None
+    if adapter is None or adapter.MODEL_TYPE not in ARCHITECTURES:
         raise ConfigError(f"a {type(net).__name__} has no GGUF export: it writes {FAMILIES}")
-    adapter = adapter_for_network(net)  # every family a CausalLM is written as has an architecture here
     return ARCHITECTURES[adapter.MODEL_TYPE], adapter
 
 
