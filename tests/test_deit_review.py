@@ -1,0 +1,53 @@
+"""Review of DeiT's distillation token with distill=kd (issue 54 items 4 and 5): the cases the first tests left
+out, each against timm's reference (timm.task.distillation's teacher normalisation, VisionTransformerDistilled)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from timm.models._hub import save_for_hf
+
+from trident.objectives import TRAIN
+from trident.tasks.teacher import TEACHER
+
+from .convert_helpers import randomise
+from .test_distill_tasks import built
+from .test_vit_pipeline import vit_config
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+#: The student's data (conf/data/mnist.yaml) and a teacher trained on other statistics (its timm config.json's).
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+TEACHER_MEAN, TEACHER_STD = 0.5, 0.25
+
+
+def timm_teacher_directory(path: Path) -> torch.nn.Module:
+    """A timm DeiT for 28-pixel single-channel images saved as timm saves it (config.json with its mean and std)."""
+    teacher = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=28, patch_size=7,
+                                in_chans=1, embed_dim=64, depth=1, num_heads=1, num_classes=10)
+    teacher = randomise(teacher, seed=4).eval()
+    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (TEACHER_MEAN,), "std": (TEACHER_STD,)}
+    save_for_hf(teacher, str(path), safe_serialization=True)
+    return teacher
+
+
+def test_the_teacher_sees_the_pixels_normalised_by_its_own_statistics(tmp_path: Path) -> None:
+    # timm's DistillationTeacher.normalize_input: the student's input, un-normalised by the student's statistics and
+    # normalised by the teacher's (a teacher fed the student's normalisation scores other images).
+    reference = timm_teacher_directory(tmp_path / "teacher")
+    cfg = vit_config(tmp_path, "model.distillation_token=true", "augment=none", "distill=kd", "distill.divergence=hard",
+                     f"distill.teacher={tmp_path / 'teacher'}")
+    task = built(cfg, tmp_path / "run")
+    assert list(cfg.data.mean) == [MNIST_MEAN]  # the student keeps its data's statistics
+    task.on_fit_start()
+    task.train()
+    images = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(5))  # normalised for the student
+    outputs = task.outputs((images, torch.tensor([0, 1, 2])), TRAIN)
+    pixels = images * MNIST_STD + MNIST_MEAN
+    with torch.no_grad():
+        expected = reference((pixels - TEACHER_MEAN) / TEACHER_STD)
+    torch.testing.assert_close(outputs.teacher, expected, atol=1e-5, rtol=1e-5)
+    assert isinstance(task.companions[TEACHER], torch.nn.Module)
