@@ -3,6 +3,7 @@ out, each against timm's reference (timm.task.distillation's teacher normalisati
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,13 @@ import timm
 import torch
 from timm.models._hub import save_for_hf
 
+from trident.errors import ConfigError
 from trident.objectives import TRAIN
-from trident.tasks.teacher import TEACHER
+from trident.runs.pipeline import build_data_and_task, check_config
+from trident.tasks.teacher import TEACHER, TEACHER_RECORD
 
 from .convert_helpers import randomise
-from .test_distill_tasks import built
+from .test_distill_tasks import built, save_as_run
 from .test_vit_pipeline import vit_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -24,12 +27,13 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 TEACHER_MEAN, TEACHER_STD = 0.5, 0.25
 
 
-def timm_teacher_directory(path: Path) -> torch.nn.Module:
-    """A timm DeiT for 28-pixel single-channel images saved as timm saves it (config.json with its mean and std)."""
+def timm_teacher_directory(path: Path, channels: int = 1) -> torch.nn.Module:
+    """A timm DeiT for 28-pixel images saved as timm saves it (config.json with its mean and std)."""
     teacher = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=28, patch_size=7,
-                                in_chans=1, embed_dim=64, depth=1, num_heads=1, num_classes=10)
+                                in_chans=channels, embed_dim=64, depth=1, num_heads=1, num_classes=10)
     teacher = randomise(teacher, seed=4).eval()
-    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (TEACHER_MEAN,), "std": (TEACHER_STD,)}
+    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (TEACHER_MEAN,) * channels,
+                              "std": (TEACHER_STD,) * channels}
     save_for_hf(teacher, str(path), safe_serialization=True)
     return teacher
 
@@ -51,3 +55,25 @@ def test_the_teacher_sees_the_pixels_normalised_by_its_own_statistics(tmp_path: 
         expected = reference((pixels - TEACHER_MEAN) / TEACHER_STD)
     torch.testing.assert_close(outputs.teacher, expected, atol=1e-5, rtol=1e-5)
     assert isinstance(task.companions[TEACHER], torch.nn.Module)
+
+
+def test_a_trident_run_teacher_keeps_its_own_statistics_and_the_students_own_need_no_change(tmp_path: Path) -> None:
+    teacher_cfg = vit_config(tmp_path / "teacher_cfg", f"data.mean=[{TEACHER_MEAN}]", f"data.std=[{TEACHER_STD}]")
+    teacher = save_as_run(build_data_and_task(teacher_cfg, check_config(teacher_cfg), "fit")[1], tmp_path / "teacher")
+    cfg = vit_config(tmp_path, "distill=kd", f"distill.teacher={teacher}")
+    task = built(cfg, tmp_path / "run")
+    record = json.loads((tmp_path / "run" / TEACHER_RECORD).read_text())
+    assert (record["mean"], record["std"]) == ([TEACHER_MEAN], [TEACHER_STD])
+    assert task.teacher_pixels == ([TEACHER_MEAN], [TEACHER_STD])
+    same = vit_config(tmp_path / "same", "distill=kd", f"distill.teacher={teacher}", f"data.mean=[{TEACHER_MEAN}]",
+                      f"data.std=[{TEACHER_STD}]")
+    assert built(same, tmp_path / "same" / "run").teacher_pixels is None  # the teacher reads the inputs as they are
+
+
+def test_a_teacher_of_other_channels_is_refused_in_one_line(tmp_path: Path) -> None:
+    timm_teacher_directory(tmp_path / "teacher", channels=3)
+    cfg = vit_config(tmp_path, "distill=kd", f"distill.teacher={tmp_path / 'teacher'}")
+    with pytest.raises(ConfigError, match=r"^distill.teacher=.*teacher reads images of 3 channels .*, the student 1: "
+                                          r"pass a teacher of the student's data.in_channels$") as caught:
+        built(cfg, tmp_path / "run")
+    assert "\n" not in str(caught.value)
