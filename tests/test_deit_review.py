@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
 from trident.errors import ConfigError
@@ -27,13 +28,12 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 TEACHER_MEAN, TEACHER_STD = 0.5, 0.25
 
 
-def timm_teacher_directory(path: Path, channels: int = 1) -> torch.nn.Module:
-    """A timm DeiT for 28-pixel images saved as timm saves it (config.json with its mean and std)."""
+def timm_teacher_directory(path: Path) -> torch.nn.Module:
+    """A timm DeiT for 28-pixel single-channel images saved as timm saves it (config.json with its mean and std)."""
     teacher = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=28, patch_size=7,
-                                in_chans=channels, embed_dim=64, depth=1, num_heads=1, num_classes=10)
+                                in_chans=1, embed_dim=64, depth=1, num_heads=1, num_classes=10)
     teacher = randomise(teacher, seed=4).eval()
-    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (TEACHER_MEAN,) * channels,
-                              "std": (TEACHER_STD,) * channels}
+    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (TEACHER_MEAN,), "std": (TEACHER_STD,)}
     save_for_hf(teacher, str(path), safe_serialization=True)
     return teacher
 
@@ -71,9 +71,12 @@ def test_a_trident_run_teacher_keeps_its_own_statistics_and_the_students_own_nee
 
 
 def test_a_teacher_of_other_channels_is_refused_in_one_line(tmp_path: Path) -> None:
-    timm_teacher_directory(tmp_path / "teacher", channels=3)
-    cfg = vit_config(tmp_path, "distill=kd", f"distill.teacher={tmp_path / 'teacher'}")
-    with pytest.raises(ConfigError, match=r"^distill.teacher=.*teacher reads images of 3 channels .*, the student 1: "
-                                          r"pass a teacher of the student's data.in_channels$") as caught:
+    # A bare timm file (no statistics beside it) of RGB images teaching an MNIST student.
+    rgb = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=28, patch_size=7, in_chans=3,
+                            embed_dim=64, depth=1, num_heads=1, num_classes=10)
+    save_file(rgb.state_dict(), str(tmp_path / "rgb.safetensors"))
+    cfg = vit_config(tmp_path, "distill=kd", f"distill.teacher={tmp_path / 'rgb.safetensors'}", "distill.n_heads=1")
+    with pytest.raises(ConfigError, match=r"^distill.teacher=.*rgb.safetensors reads images of 3 channels, the student 1 "
+                                          r"\(data.in_channels\): pass a teacher of the student's channels$") as caught:
         built(cfg, tmp_path / "run")
     assert "\n" not in str(caught.value)

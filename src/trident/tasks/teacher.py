@@ -194,19 +194,22 @@ def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, se
             "class_names": class_names}
 
 
-def pixels_for_teacher(record: Mapping[str, Any] | None, mean: Sequence[float],
+def pixels_for_teacher(record: Mapping[str, Any] | None, in_channels: int, mean: Sequence[float],
                        std: Sequence[float]) -> tuple[list[float], list[float]] | None:
     """The statistics (mean, std per channel) an image teacher of ``record`` must see its inputs normalised to, where
     they are not the student's ``mean`` / ``std`` (timm's DistillationTeacher.normalize_input); None: the teacher reads
     the student's inputs as they are (the same statistics, or a source that states none, taken as the data's, as
-    ``init_from`` takes it)."""
-    if record is None or record.get("mean") is None or record.get("std") is None:
+    ``init_from`` takes it). One line for a teacher of other channels than the student's ``in_channels``."""
+    if record is None:
         return None
-    theirs = [float(v) for v in record["mean"]], [float(v) for v in record["std"]]
-    if len(theirs[0]) != len(mean) or len(theirs[1]) != len(std):
-        raise ConfigError(f"distill.teacher={record['source']} reads images of {len(theirs[0])} channels (its mean "
-                          f"{theirs[0]}), the student {len(mean)}: pass a teacher of the student's data.in_channels")
-    return None if theirs == (list(mean), list(std)) else theirs
+    theirs = record["settings"].get("in_channels")
+    if theirs is not None and int(theirs) != in_channels:
+        raise ConfigError(f"distill.teacher={record['source']} reads images of {theirs} channels, the student "
+                          f"{in_channels} (data.in_channels): pass a teacher of the student's channels")
+    if record.get("mean") is None or record.get("std") is None:
+        return None
+    statistics = [float(v) for v in record["mean"]], [float(v) for v in record["std"]]
+    return None if statistics == (list(mean), list(std)) else statistics
 
 
 def renormalised(images: Tensor, student: tuple[Sequence[float], Sequence[float]],

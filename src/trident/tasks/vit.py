@@ -79,7 +79,7 @@ class ImageClassificationTask(ClassHead, TridentTask):
         record = add_teacher(self, distill, class_names=class_names)  # distill=kd: a frozen teacher of the same classes
         # A teacher trained on other pixel statistics (a timm ImageNet file teaching an MNIST student) sees the
         # student's pixels normalised by its own, as timm's distillation tasks feed it.
-        self.teacher_pixels = pixels_for_teacher(record, self.mean, self.std)
+        self.teacher_pixels = pixels_for_teacher(record, in_channels, self.mean, self.std)
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
