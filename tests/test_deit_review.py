@@ -12,13 +12,19 @@ import torch
 from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
+from trident.backbone import TransformerConfig
 from trident.errors import ConfigError
+from trident.models.vit import VisionTransformer, vit_geometry
 from trident.objectives import TRAIN
 from trident.runs.pipeline import build_data_and_task, check_config
 from trident.tasks.teacher import TEACHER, TEACHER_RECORD
+from trident.training.flops import vit_flops
+from trident.weights.adapters.timm_vit import timm_to_trident
+from trident.weights.transfer import transfer_weights
 
 from .convert_helpers import randomise
 from .test_distill_tasks import built, save_as_run
+from .test_flops_mfu import counted_training_flops, tiny_cfg
 from .test_vit_pipeline import vit_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -80,3 +86,41 @@ def test_a_teacher_of_other_channels_is_refused_in_one_line(tmp_path: Path) -> N
                                           r"\(data.in_channels\): pass a teacher of the student's channels$") as caught:
         built(cfg, tmp_path / "run")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("distilled_training", [False, True])
+def test_a_deits_training_flops_count_both_heads(distilled_training: bool) -> None:
+    # The throughput's FLOPs (MFU): a distilled ViT's step runs its two heads, in training as at inference.
+    cfg = tiny_cfg("gelu", pos_encoding="learned", distillation_token=True,
+                   **vit_geometry(16, 4, "cls", distillation_token=True))
+    model = VisionTransformer(cfg, patch_size=4, in_channels=3, num_classes=10).train()
+    model.distilled_training = distilled_training
+    images = torch.randn(3, 3, 16, 16)
+
+    def step() -> torch.Tensor:
+        logits = model(images)
+        return torch.cat(logits) if isinstance(logits, tuple) else logits
+
+    expected = vit_flops(cfg, batch=3, patch_size=4, in_channels=3, num_classes=10)
+    assert expected == counted_training_flops(step)
+
+
+def test_init_from_a_deit_at_another_image_size_resamples_both_prefix_tokens_as_timm() -> None:
+    # timm's deit checkpoint_filter_fn: resample_abs_pos_embed with num_prefix_tokens=2 (class and distillation rows
+    # kept); the 56-pixel network then gives timm's logits.
+    from timm.models.deit import checkpoint_filter_fn
+
+    shape = {"patch_size": 7, "in_chans": 1, "embed_dim": 32, "depth": 1, "num_heads": 2, "num_classes": 5}
+    small = randomise(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=28, **shape),
+                      seed=1).eval()
+    large = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=56, **shape).eval()
+    large.load_state_dict(checkpoint_filter_fn(small.state_dict(), large))
+    cfg = TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=128, dropout=0.0, norm_eps=1e-6,
+                            pos_encoding="learned", distillation_token=True,
+                            **vit_geometry(56, 7, "cls", distillation_token=True))
+    net = VisionTransformer(cfg, patch_size=7, in_channels=1, num_classes=5).eval()
+    rows = {row.group: row.note for row in transfer_weights(net, timm_to_trident(small.state_dict()), "deit")}
+    assert rows["encoder.pos_encoding.embedding"] == "resampled 4x4 -> 8x8"
+    images = torch.randn(2, 1, 56, 56, generator=torch.Generator().manual_seed(6)).double()
+    with torch.no_grad():
+        torch.testing.assert_close(net.double()(images), large.double()(images), atol=1e-6, rtol=0)
