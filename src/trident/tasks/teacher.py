@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 #: The companion's name, and where a run keeps its record and weights (relative to the run).
 TEACHER = "teacher"
 TEACHER_RECORD, TEACHER_WEIGHTS = "init/teacher.json", "init/teacher.safetensors"
+#: The data settings of an image teacher's pixel normalisation its record keeps.
+PIXEL_STATISTICS = ("mean", "std")
 
 
 class TaskWithTeacher(Protocol):
@@ -85,13 +87,14 @@ def check_distill_run(task: type[TaskWithTeacher], cfg: DictConfig) -> None:
 
 
 def add_teacher(task: TaskWithTeacher, distill: Mapping[str, Any] | None, *, vocab_size: int | None = None,
-                class_names: Sequence[str] | None = None) -> None:
+                class_names: Sequence[str] | None = None) -> dict[str, Any] | None:
     """With ``distill`` on: build ``task``'s teacher from the run's record, after checking that it speaks the student's
     vocabulary (``vocab_size`` and the tokenizer's tokens) or classes (``class_names``), hold it as the companion
-    :data:`TEACHER`, and wrap the task's objective in :class:`Distillation`. Call after ``task.objective`` is set."""
+    :data:`TEACHER`, and wrap the task's objective in :class:`Distillation`. Call after ``task.objective`` is set.
+    Returns the record (None with distillation off)."""
     settings = DistillSettings.of(distill, task.NAME)
     if settings is None:
-        return
+        return None
     record = read_record(settings.teacher)
     if record["task"] != task.NAME:
         raise ConfigError(f"distill.teacher={settings.teacher} holds a task={record['task']} model: task={task.NAME} "
@@ -106,6 +109,7 @@ def add_teacher(task: TaskWithTeacher, distill: Mapping[str, Any] | None, *, voc
                           "trident builds: run again from the source")
     task.add_companion(TEACHER, teacher, TEACHER_WEIGHTS)
     task.objective = Distillation(task.objective, settings)
+    return record
 
 
 def read_record(source: str) -> dict[str, Any]:
@@ -185,10 +189,41 @@ def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, se
         raise ConfigError(f"{name} does not state its {missing[0]}: pass a trident run of the teacher")
     built = {key: settings[key] if key in settings else known[key] for key in takes}
     class_names = settings.get("class_names")
-    return {"source": source.source, "task": source.task, "builder": builder, "backbone": backbone, "settings": built,
+    # An image teacher's pixel statistics (its timm config.json's, its Hugging Face preprocessor's, a trident run's
+    # data.mean/std): what its inputs are normalised to (pixels_for_teacher); None where the source states none.
+    statistics = {key: source.data_options.get(key) for key in PIXEL_STATISTICS}
+    return {**statistics, "source": source.source, "task": source.task, "builder": builder, "backbone": backbone, "settings": built,
             "vocab_size": built.get("vocab_size", source.vocab_size), "vocabulary": vocabulary_fingerprint(source.tokenizer),
             "num_classes": len(class_names) if class_names else built.get("num_classes", source.classes),
             "class_names": class_names}
+
+
+def pixels_for_teacher(record: Mapping[str, Any] | None, in_channels: int, mean: Sequence[float],
+                       std: Sequence[float]) -> tuple[list[float], list[float]] | None:
+    """The statistics (mean, std per channel) an image teacher of ``record`` must see its inputs normalised to, where
+    they are not the student's ``mean`` / ``std`` (timm's DistillationTeacher.normalize_input); None: the teacher reads
+    the student's inputs as they are (the same statistics, or a source that states none, taken as the data's, as
+    ``init_from`` takes it). One line for a teacher of other channels than the student's ``in_channels``."""
+    if record is None:
+        return None
+    theirs = record["settings"].get("in_channels")
+    if theirs is not None and int(theirs) != in_channels:
+        raise ConfigError(f"distill.teacher={record['source']} reads images of {theirs} channels, the student "
+                          f"{in_channels} (data.in_channels): pass a teacher of the student's channels")
+    if record.get("mean") is None or record.get("std") is None:
+        return None
+    statistics = [float(v) for v in record["mean"]], [float(v) for v in record["std"]]
+    return None if statistics == (list(mean), list(std)) else statistics
+
+
+def renormalised(images: Tensor, student: tuple[Sequence[float], Sequence[float]],
+                 teacher: tuple[Sequence[float], Sequence[float]]) -> Tensor:
+    """``images`` (B, C, H, W) normalised by the ``student``'s (mean, std), normalised by the ``teacher``'s instead."""
+    def column(values: Sequence[float]) -> Tensor:
+        return torch.tensor(values, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+
+    pixels = images * column(student[1]) + column(student[0])
+    return (pixels - column(teacher[0])) / column(teacher[1])
 
 
 def check_geometry(name: str, task: type[TaskWithTeacher], cfg: DictConfig, backbone: Mapping[str, Any],

@@ -21,7 +21,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
-from trident.tasks.teacher import TEACHER, add_teacher, taught
+from trident.tasks.teacher import TEACHER, add_teacher, pixels_for_teacher, renormalised, taught
 from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -76,7 +76,10 @@ class ImageClassificationTask(ClassHead, TridentTask):
             # Mixup/CutMix mix pairs of images and their (smoothed) one-hot labels: soft targets.
             self.mixup = Mixup(**mixup, label_smoothing=label_smoothing, num_classes=num_classes)
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
-        add_teacher(self, distill, class_names=class_names)  # distill=kd: a frozen teacher of the same classes
+        record = add_teacher(self, distill, class_names=class_names)  # distill=kd: a frozen teacher of the same classes
+        # A teacher trained on other pixel statistics (a timm ImageNet file teaching an MNIST student) sees the
+        # student's pixels normalised by its own, as timm's distillation tasks feed it.
+        self.teacher_pixels = pixels_for_teacher(record, in_channels, self.mean, self.std)
         top_k = min(5, num_classes)
         # micro: the fraction of images classified correctly (torchmetrics' default, macro, averages classes).
         self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -130,8 +133,14 @@ class ImageClassificationTask(ClassHead, TridentTask):
         images, labels = self._inputs(batch, stage)
         logits = self.net(images)
         logits, taught_logits = logits if isinstance(logits, tuple) else (logits, None)  # (B, C) each
-        return taught(self, Outputs(logits.float(), labels), stage, lambda teacher: teacher(images).float(),
+        return taught(self, Outputs(logits.float(), labels), stage, lambda teacher: teacher(self._for_teacher(images)).float(),
                       None if taught_logits is None else taught_logits.float())
+
+    def _for_teacher(self, images: Tensor) -> Tensor:
+        """``images`` (B, C, H, W) as the teacher reads them: normalised by its own statistics."""
+        if self.teacher_pixels is None:
+            return images
+        return renormalised(images, (self.mean, self.std), self.teacher_pixels)
 
     def on_fit_start(self) -> None:
         # DeiT: a teacher teaches the distillation token's head; without one, both heads learn the labels through

@@ -123,7 +123,8 @@ def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, s
 
 
 def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channels: int, num_classes: int) -> int:
-    """One training step of a ViT: patch projection, encoder over prefix + patch tokens, class head."""
+    """One training step of a ViT: patch projection, encoder over prefix + patch tokens, class head (and DeiT's
+    distillation head, which every step runs: its logits are averaged in or taught)."""
     if cfg.grid is None:
         raise ValueError("vit_flops needs a TransformerConfig with a patch grid")
     patches = cfg.grid[0] * cfg.grid[1]
@@ -133,7 +134,8 @@ def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channel
     patch_embed = 2 * 2 * in_channels * patch_size**2 * cfg.d_model * patches
     encoder = per_token * cfg.n_layers * block_matmul_params(cfg) * tokens
     encoder += cfg.n_layers * self_attention_flops(cfg, tokens, tokens, causal=False)
-    head = per_token * cfg.d_model * num_classes  # one pooled vector per image
+    heads = 1 + int(cfg.distillation_token)
+    head = heads * per_token * cfg.d_model * num_classes  # one pooled vector per image and head
     return batch * (patch_embed + encoder + head)
 
 
