@@ -41,6 +41,10 @@ GPT2_SPLIT = "gpt-2"
 DROPPED_NORMALIZERS = (None, "NFC")
 # llama.cpp's token types (gguf.TokenType): an id the tokenizer lacks below the model's vocabulary is UNUSED "[PAD<id>]".
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+# The added tokens llama.cpp's converter takes for control tokens whatever tokenizer.json says: these, and those that
+# start and end as one of LOOK_SPECIAL_ENDS (does_token_look_special).
+LOOK_SPECIAL = (SEQ_PAD_TOKEN, "<mask>", "<2mass>", "[@BOS@]")
+LOOK_SPECIAL_ENDS = (("<|", "|>"), ("<｜", "｜>"), ("<unused", ">"))
 WHAT_WORKS = ("the gguf export writes byte-level BPE tokenizers split as GPT-2's, Llama 3's or Qwen2's "
               "(llama.cpp's tokenizer.ggml.model=gpt2): train with data.tokenizer=bpe, or init_from a Hugging Face "
               "directory whose tokenizer is one")
@@ -80,9 +84,9 @@ def require_byte_level(tokenizer: Tokenizer) -> str:
 
 
 def looks_special(token: str) -> bool:
-    """llama.cpp's ``does_token_look_special``: added tokens it makes control tokens though they are not special."""
-    return token in (SEQ_PAD_TOKEN, "<mask>") or (token.startswith("<|") and token.endswith("|>")) \
-        or (token.startswith("<unused") and token.endswith(">"))
+    """llama.cpp's ``does_token_look_special``: added tokens it makes control tokens though they are not special
+    (DeepSeek's full-width <｜User｜>, Gemma's <2mass>, [@BOS@] and <unused0>...)."""
+    return token in LOOK_SPECIAL or any(token.startswith(start) and token.endswith(end) for start, end in LOOK_SPECIAL_ENDS)
 
 
 def token_table(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
