@@ -5,6 +5,7 @@ LoRA run takes the merged weights."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from collections.abc import Callable
@@ -226,3 +227,12 @@ def test_the_peft_export_of_a_run_from_a_hugging_face_directory_names_it_as_its_
     ids = _ids(tuned.net.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["hf_albert", "hf_roberta"])
+def test_the_peft_export_of_a_family_without_a_layout_is_one_line_naming_the_hf_export(family: str) -> None:
+    from trident.weights.adapters.peft_export import layout_for
+
+    adapter = importlib.import_module(f"trident.weights.adapters.{family}")
+    with pytest.raises(ConfigError, match=r"^--format peft .*: export it with --format hf \(the adapters merged\)$"):
+        layout_for(adapter, torch.nn.Linear(1, 1))

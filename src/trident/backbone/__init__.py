@@ -14,7 +14,7 @@ from trident.backbone.block import TransformerBlock
 from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache, LayerKVCache
 from trident.backbone.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, FeedForward, TokenEmbedding, make_norm
-from trident.backbone.linear_attention import ATTENTIONS, redraw_features
+from trident.backbone.linear_attention import ATTENTIONS, CHUNK, default_features, redraw_features
 from trident.backbone.lora import (
     LORA_TARGETS,
     LoRALinear,
@@ -39,6 +39,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTIONS",
     "ATTENTION_IMPLS",
+    "CHUNK",
     "GATED_ACTIVATIONS",
     "LORA_TARGETS",
     "NORMS",
@@ -67,6 +68,7 @@ __all__ = [
     "bidirectional_pos_encodings",
     "build_attention_mask",
     "causal_mask",
+    "default_features",
     "has_adapters",
     "is_lora_parameter",
     "make_norm",

@@ -26,8 +26,7 @@ import time
 
 import torch
 
-from trident.backbone import GATED_ACTIVATIONS, TransformerConfig
-from trident.backbone.linear_attention import CHUNK, default_features
+from trident.backbone import CHUNK, GATED_ACTIVATIONS, TransformerConfig, default_features
 
 log = logging.getLogger(__name__)
 

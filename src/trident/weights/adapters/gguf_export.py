@@ -43,7 +43,7 @@ from trident.weights.adapters.registry import adapter_for_network
 # The hf adapter's model_type -> llama.cpp's architecture (convert_hf_to_gguf.py writes Mistral as llama).
 ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "gemma2": "gemma2", "gemma3_text": "gemma3"}
-FAMILIES = "GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 language models (task=lm)"
+FAMILIES = "GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 causal language models"
 # The architectures whose rope llama.cpp applies to interleaved pairs: q and k rows permuted (LlamaModel.permute).
 INTERLEAVED_ROPE = ("llama",)
 # GPT-2's Conv1D weights, (in, out) in Hugging Face's files and (out, in) in GGUF's.

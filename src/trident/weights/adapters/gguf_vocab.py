@@ -46,8 +46,8 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 LOOK_SPECIAL = (SEQ_PAD_TOKEN, "<mask>", "<2mass>", "[@BOS@]")
 LOOK_SPECIAL_ENDS = (("<|", "|>"), ("<｜", "｜>"), ("<unused", ">"))
 WHAT_WORKS = ("the gguf export writes byte-level BPE tokenizers split as GPT-2's, Llama 3's or Qwen2's "
-              "(llama.cpp's tokenizer.ggml.model=gpt2): train with data.tokenizer=bpe, or init_from a Hugging Face "
-              "directory whose tokenizer is one")
+              "(llama.cpp's tokenizer.ggml.model=gpt2): train with the data group's bpe tokenizer, or init_from a "
+              "Hugging Face directory whose tokenizer is one")
 
 
 def pre_tokenizer_name(spec: Mapping[str, Any]) -> str | None:
@@ -72,7 +72,7 @@ def require_byte_level(tokenizer: Tokenizer) -> str:
     model = spec["model"]
     if model["type"] != "BPE" or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
             or model.get("end_of_word_suffix"):
-        kind = "a character-level (data.tokenizer=char)" if model["type"] == "WordLevel" else f"a {model['type']}"
+        kind = "a character-level" if model["type"] == "WordLevel" else f"a {model['type']}"
         raise ConfigError(f"the run's tokenizer is {kind} tokenizer: {WHAT_WORKS}")
     normalizer = (spec.get("normalizer") or {}).get("type")
     if normalizer not in DROPPED_NORMALIZERS:

@@ -34,12 +34,11 @@ from trident.weights.adapters.common import (
     activation_to_hf,
     fuse_qkv,
     hf_model_settings,
-    require_equivalent,
     require_hf_block,
     require_source,
     split_qkv,
 )
-from trident.weights.adapters.outside_network import OutsideNetwork
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-clip"
 MODEL_TYPE = "clip"
@@ -157,10 +156,10 @@ def from_trident(net: CLIP) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
     if image.grid is None:
         raise ValueError("CLIP's image tower always has a grid")
     # eos_token_id 2 is transformers' legacy marker, pooled at each row's largest id: not where this run pools.
-    require_equivalent(net.text.eos_id != LEGACY_EOS, "task.eos_id", net.text.eos_id, TARGET,
-                       f"a CLIPModel whose eos_token_id is {LEGACY_EOS} pools at each row's largest id (its configs "
-                       "before transformers' PR #24773): train with a tokenizer whose <|endoftext|> has another id "
-                       "(data.tokenizer=null's is 1)")
+    require_property(net.text.eos_id != LEGACY_EOS, NETWORK, END_OF_TEXT, net.text.eos_id, TARGET,
+                     f"a CLIPModel whose eos_token_id is {LEGACY_EOS} pools at each row's largest id (its configs "
+                     "before transformers' PR #24773): train with a tokenizer whose <|endoftext|> has another id "
+                     "(trident's own caption tokenizer's is 1)")
     _, in_channels, patch_size, _ = net.image.patch_embed.proj.weight.shape  # (D, C, p, p)
     projection = net.text.projection.out_features
     config = {

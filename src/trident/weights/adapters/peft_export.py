@@ -26,7 +26,7 @@ from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
-from trident.weights.adapters import hf_bert, hf_clip, hf_gemma, hf_gpt2, hf_vit, llama_style
+from trident.weights.adapters import hf_albert, hf_bert, hf_clip, hf_gemma, hf_gpt2, hf_roberta, hf_vit, llama_style
 from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import adapter_for_model_type, adapter_for_network
 
@@ -73,16 +73,18 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
 # Gemma's modules (in a block) are named as Llama's; its extra norms are no LoRA targets.
 LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
                                              hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
-# Families of two stacks (CLIP's towers), whose adapters the peft export does not place: --format hf merges them.
-NO_LAYOUT = (hf_clip.FORMAT,)
+# Families whose adapters the peft export does not place, each with why: --format hf merges them. CLIP has two stacks;
+# ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's layout is not compared with peft yet.
+NO_LAYOUT = {hf_clip.FORMAT: "--format peft writes the adapters of one stack and a CLIPModel has two",
+             hf_albert.FORMAT: "--format peft places an adapter a layer and ALBERT's layers share their modules",
+             hf_roberta.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft"}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
     """The peft layout of the family ``adapter`` writes ``net`` as (the Llama family's four share one); of a
     family whose module names changed between transformers versions, the installed version's."""
     if adapter.FORMAT in NO_LAYOUT:
-        raise ConfigError(f"--format peft writes the adapters of one stack and a {adapter.ARCHITECTURES[0]} has two: "
-                          "export it with --format hf (the adapters merged)")
+        raise ConfigError(f"{NO_LAYOUT[adapter.FORMAT]}: export it with --format hf (the adapters merged)")
     layouts = (LLAMA,) if isinstance(adapter, llama_style.Family) else LAYOUTS[adapter.FORMAT]
     if len(layouts) == 1:
         return layouts[0]
