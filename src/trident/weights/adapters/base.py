@@ -53,6 +53,26 @@ class Adapter(Protocol):
         ...
 
 
+class ModelTypeNames:
+    """The names an object adapter (``llama_style.Family``, ``bert_like.EncoderFamily``) derives from its family's
+    ``model_type`` (a field of the dataclass that subclasses this): ``config.json``'s ``model_type``, its ``model.family`` and
+    its format (``hf-`` and the family)."""
+
+    model_type: str  # "llama"
+
+    @property
+    def FORMAT(self) -> str:
+        return f"hf-{self.FAMILY}"  # a subclass may name its family otherwise (Gemma 3's "gemma3_text" is "gemma3")
+
+    @property
+    def MODEL_TYPE(self) -> str:
+        return self.model_type
+
+    @property
+    def FAMILY(self) -> str:
+        return self.model_type
+
+
 @runtime_checkable
 class FileAdapter(Protocol):
     """One outside format that its files name, read into trident (a module implements it with module-level names)."""

@@ -14,16 +14,13 @@ type vectors are written back.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import torch
-from tokenizers import Tokenizer
 from torch import Tensor
 
-from trident.data.special_tokens import CLS_TOKEN, MASK_TOKEN, PAD_TOKEN, SEP_TOKEN, UNK_TOKEN
 from trident.models import MaskedLM
-from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
+from trident.weights.adapters import bert_like
+from trident.weights.adapters.bert_like import POSITIONS_KEY, Classifier, EncoderFamily, MlmHead
 from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
@@ -33,22 +30,11 @@ from trident.weights.adapters.common import (
     require_equivalent,
     require_hf_block,
     require_source,
-    strip_prefix,
 )
-from trident.weights.adapters.hf_classifier import ClassifierAdapter
-from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
-FORMAT = "hf-albert"
-MODEL_TYPE = "albert"
-FAMILY = "albert"  # model.family of the stacks it reads and writes
-ARCHITECTURES = ("AlbertForMaskedLM", "AlbertModel", "AlbertForPreTraining", "AlbertForSequenceClassification")
-NETWORK = MaskedLM
-TARGET = "ALBERT (hf export)"
+NAME = "ALBERT"
 TOKEN_TYPES = 2  # ALBERT's sentence A / sentence B
-# Tokenizer attribute -> token, where the run's vocabulary has it: trident's MLM tokens (a run read from ALBERT names
-# its own, <pad> and <unk>, in tokenizer_settings, which take precedence).
-SPECIAL_TOKENS = {"unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN, "cls_token": CLS_TOKEN, "sep_token": SEP_TOKEN,
-                  "mask_token": MASK_TOKEN}
+HEAD = MlmHead("predictions.dense", "predictions.LayerNorm", "predictions.bias", "predictions.decoder")
 
 # Inside ``albert_layer_groups.<g>.albert_layers.0.`` -> inside ``encoder.blocks.<g>.``.
 _LAYER = {
@@ -63,21 +49,11 @@ _LAYER = {
     "full_layer_layer_norm.weight": "ffn_norm.weight",
     "full_layer_layer_norm.bias": "ffn_norm.bias",
 }
-_EMBEDDINGS = {
-    "embeddings.word_embeddings.weight": "embed.weight",
-    "embeddings.LayerNorm.weight": "encoder.embedding_norm.weight",
-    "embeddings.LayerNorm.bias": "encoder.embedding_norm.bias",
+# The factorised embedding's projection to the width beside BERT's embedding tensors.
+_EMBEDDINGS = bert_like.EMBEDDINGS | {
     "encoder.embedding_hidden_mapping_in.weight": "encoder.embedding_projection.weight",
     "encoder.embedding_hidden_mapping_in.bias": "encoder.embedding_projection.bias",
 }
-_HEAD = {
-    "predictions.dense.weight": "transform.0.weight",
-    "predictions.dense.bias": "transform.0.bias",
-    "predictions.LayerNorm.weight": "transform.2.weight",
-    "predictions.LayerNorm.bias": "transform.2.bias",
-    "predictions.bias": "head.bias",
-}
-_POSITIONS, _TYPES = "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight"
 
 
 def _group(g: int) -> str:
@@ -96,12 +72,10 @@ def share_layers_of(config: dict[str, Any], source: str) -> bool | int:
 def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source: str) -> tuple[dict[str, Any], dict[str, Tensor], int]:
     """The ``model`` settings, the embedding and encoder tensors (trident's names) of an ``AlbertModel`` state, and its
     context (the rows of its position table)."""
-    require_source(config.get("position_embedding_type", "absolute") == "absolute", source,
-                   f"position_embedding_type={config.get('position_embedding_type')}")
+    bert_like.require_absolute(config, source)
     share = share_layers_of(config, source)
     groups = int(config.get("num_hidden_groups", 1))
-    out = {target: backbone[name] for name, target in _EMBEDDINGS.items()}
-    out["encoder.pos_encoding.embedding.weight"] = backbone[_POSITIONS] + backbone[_TYPES][0]  # (T, E) + (E,)
+    out = bert_like.embeddings_from_hf(backbone, _EMBEDDINGS)
     for g in range(groups):
         out |= layer_from_hf(backbone, _group(g), f"encoder.blocks.{g}", _LAYER, "attention")
     model = encoder_settings(config, activation=activation_from_hf(config.get("hidden_act", "gelu_new"), source),
@@ -110,72 +84,23 @@ def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source
     return settings, out, int(config["max_position_embeddings"])
 
 
-def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
-    if "classifier.weight" in state:  # AlbertForSequenceClassification
-        return CLASSIFIER.to_trident(config, state, tokenizer, source)
-    model, out, context = backbone_from_hf(config, strip_prefix(state, "albert."), source)
-    if "predictions.bias" in state:
-        out |= {target: state[name] for name, target in _HEAD.items()}
-        decoder = state.get("predictions.decoder.weight", out["embed.weight"])
-        require_source(torch.equal(decoder, out["embed.weight"]), source, "an MLM decoder not tied to the embedding")
-        out["head.weight"] = out["embed.weight"]
-    return OutsideNetwork(
-        source=source,
-        format=FORMAT,
-        network=NETWORK,
-        model=model,
-        pos_encoding="learned",
-        properties={SCALED_EMBEDDING: False, MAX_SEQ_LEN: context},
-        state_dict=out,
-        tokenizer=tokenizer,
-        vocab_size=int(config["vocab_size"]),
-    )
-
-
 def config_from_trident(cfg: Any, vocab_size: int, target: str) -> dict[str, Any]:
     """The ``AlbertConfig`` arguments of a stack (ALBERT's refusals named for ``target``)."""
     require_hf_block(cfg, target, norm_first=False, embedding_norm=True, shared=True)
     require_equivalent(cfg.embedding_dim is not None, "model.embedding_dim", cfg.embedding_dim, target,
                        "ALBERT projects a factorised embedding to the width (train with model.embedding_dim, e.g. 128)")
-    return {
-        "vocab_size": vocab_size,
-        "embedding_size": cfg.embedding_dim,
-        "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers,
-        "num_hidden_groups": cfg.block_of_layer[-1] + 1,
-        "inner_group_num": 1,
-        "num_attention_heads": cfg.n_heads,
-        "intermediate_size": cfg.d_ff,
-        "hidden_act": activation_to_hf(cfg.activation, target),
-        "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.attn_dropout,
-        "max_position_embeddings": cfg.max_seq_len,
-        "type_vocab_size": TOKEN_TYPES,
-        "layer_norm_eps": cfg.norm_eps,
-    }
+    config = bert_like.encoder_config(cfg, vocab_size, activation=activation_to_hf(cfg.activation, target),
+                                      positions=cfg.max_seq_len, types=TOKEN_TYPES)
+    return config | {"embedding_size": cfg.embedding_dim, "num_hidden_groups": cfg.block_of_layer[-1] + 1,
+                     "inner_group_num": 1}
 
 
 def backbone_to_hf(own: dict[str, Tensor], cfg: Any, prefix: str) -> dict[str, Tensor]:
     """The embedding and encoder tensors of ``own`` (a trident state dict) in ``AlbertModel``'s names under ``prefix``."""
-    state = {f"{prefix}{name}": own[target] for name, target in _EMBEDDINGS.items()}
-    state[f"{prefix}{_POSITIONS}"] = own["encoder.pos_encoding.embedding.weight"]
-    state[f"{prefix}{_TYPES}"] = torch.zeros(TOKEN_TYPES, cfg.embedding_dim)
+    state = bert_like.embeddings_to_hf(own, _EMBEDDINGS, prefix, own[POSITIONS_KEY], TOKEN_TYPES)
     for g in range(cfg.block_of_layer[-1] + 1):
         state |= layer_to_hf(own, f"encoder.blocks.{g}", f"{prefix}{_group(g)}", _LAYER, "attention")
     return state
-
-
-def from_trident(net: MaskedLM) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
-    """The architecture name, ``AlbertConfig`` arguments and ``AlbertForMaskedLM`` state dict of ``net``."""
-    cfg = net.cfg
-    config = config_from_trident(cfg, net.vocab_size, TARGET) | {"tie_word_embeddings": True}
-    require_property(net.embed.scale == 1.0, NETWORK, SCALED_EMBEDDING, True, TARGET, "ALBERT does not scale its embeddings")
-    own = net.state_dict()
-    state = backbone_to_hf(own, cfg, "albert.")
-    state |= {name: own[target] for name, target in _HEAD.items()}
-    state["predictions.decoder.weight"] = own["head.weight"]
-    state["predictions.decoder.bias"] = own["head.bias"]
-    return "AlbertForMaskedLM", config, state
 
 
 def writes(net: MaskedLM) -> bool:
@@ -183,6 +108,11 @@ def writes(net: MaskedLM) -> bool:
     return net.cfg.embedding_dim is not None or net.cfg.share_layers not in (False, None)
 
 
-# AlbertForSequenceClassification: the pooler (dense + tanh on [CLS]) and the classifier.
-CLASSIFIER = ClassifierAdapter(sys.modules[__name__], "AlbertForSequenceClassification", "albert.pooler", "classifier",
-                               backbone_from_hf, backbone_to_hf, config_from_trident)
+ADAPTER = EncoderFamily(
+    model_type="albert", name=NAME,
+    architectures=("AlbertForMaskedLM", "AlbertModel", "AlbertForPreTraining", "AlbertForSequenceClassification"),
+    head=HEAD, backbone_from_hf=backbone_from_hf, backbone_to_hf=backbone_to_hf,
+    config_from_trident=config_from_trident, writes=writes,
+    # Its sequence classifier: the pooler (dense + tanh on [CLS]) and the classifier.
+    classifier=Classifier("AlbertForSequenceClassification", "albert.pooler", "classifier"),
+)

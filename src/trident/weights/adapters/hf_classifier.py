@@ -3,30 +3,27 @@
 
 Both read the output at the first position (the text's own class token: ALBERT's ``[CLS]``, RoBERTa's ``<s>``), pass
 it through a dense layer and tanh (ALBERT's ``pooler``, RoBERTa's ``classifier.dense``) and project it to the classes:
-trident's ``head`` as ``Sequential(Linear, Tanh, Linear)``. The backbone is the family's own (its module's
-``backbone_from_hf`` / ``backbone_to_hf`` / ``config_from_trident``); the classifier adapter is the family module's
-``CLASSIFIER``, which the registry finds beside it for a ``SequenceClassifier`` of that family.
+trident's ``head`` as ``Sequential(Linear, Tanh, Linear)``. The backbone is the family's own (its
+:class:`~trident.weights.adapters.bert_like.EncoderFamily`'s ``backbone_from_hf`` / ``backbone_to_hf`` /
+``config_from_trident``); the classifier adapter is the family's ``CLASSIFIER``, which the registry finds on it for a
+``SequenceClassifier`` of that family.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from trident.models import SequenceClassifier
-from trident.models.properties import CLASSES, MAX_SEQ_LEN, POOLER, READOUT, SCALED_EMBEDDING
+from trident.models.properties import CLASSES, POOLER, READOUT, SCALED_EMBEDDING
 from trident.weights.adapters.common import require_equivalent, strip_prefix
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 # trident's pooled head: the dense layer, then (after tanh) the class projection.
 DENSE, OUT = "head.0", "head.2"
-
-BackboneFromHf = Callable[[dict[str, Any], dict[str, Tensor], str], tuple[dict[str, Any], dict[str, Tensor], int]]
-BackboneToHf = Callable[[dict[str, Tensor], Any, str], dict[str, Tensor]]
-ConfigFromTrident = Callable[[Any, int, str], dict[str, Any]]
 
 
 class ClassifierAdapter:
@@ -34,38 +31,27 @@ class ClassifierAdapter:
 
     NETWORK = SequenceClassifier
 
-    def __init__(self, family: Any, architecture: str, dense: str, out: str, backbone_from_hf: BackboneFromHf,
-                 backbone_to_hf: BackboneToHf, config_from_trident: ConfigFromTrident) -> None:
-        """``family``: the family's adapter module (its names); ``dense`` / ``out``: the Hugging Face names of the dense
-        layer and of the class projection (without ``.weight``); the three functions: the family's backbone."""
+    def __init__(self, family: Any, architecture: str, dense: str, out: str) -> None:
+        """``family``: the family's ``bert_like.EncoderFamily`` (its names and backbone; ``Any``: bert_like builds its
+        classifier, so this module does not import it); ``dense`` / ``out``: the Hugging Face names of
+        the dense layer and of the class projection (without ``.weight``)."""
+        self.family = family
         self.FORMAT, self.MODEL_TYPE, self.FAMILY = family.FORMAT, family.MODEL_TYPE, family.FAMILY
         self.ARCHITECTURES = (architecture,)
-        self.TARGET = f"{family.TARGET.removesuffix(' (hf export)')} sequence classifier (hf export)"
+        self.TARGET = f"{family.name} sequence classifier (hf export)"
         self.SPECIAL_TOKENS: Mapping[str, str] = family.SPECIAL_TOKENS
         self.prefix = f"{family.MODEL_TYPE}."  # the backbone's, as the headed models name it
         self.head = {f"{part}.{kind}": f"{target}.{kind}" for part, target in ((dense, DENSE), (out, OUT))
                      for kind in ("weight", "bias")}
-        self.backbone_from_hf, self.backbone_to_hf, self.config_from_trident = (backbone_from_hf, backbone_to_hf,
-                                                                                config_from_trident)
         # What follows from the run's entries in the weights, as for the family's other networks (RoBERTa's positions).
-        self.with_run = getattr(family, "with_run", None)
+        self.with_run = family.with_run
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> OutsideNetwork:
-        model, out, context = self.backbone_from_hf(config, strip_prefix(state, self.prefix), source)
+        model, out, context = self.family.backbone_from_hf(config, strip_prefix(state, self.prefix), source)
         out |= {target: state[name] for name, target in self.head.items()}
-        return OutsideNetwork(
-            source=source,
-            format=self.FORMAT,
-            network=SequenceClassifier,
-            model=model,
-            pos_encoding="learned",
-            properties={SCALED_EMBEDDING: False, MAX_SEQ_LEN: context, POOLER: True, READOUT: "cls",
-                        CLASSES: int(out[f"{OUT}.weight"].shape[0])},
-            state_dict=out,
-            tokenizer=tokenizer,
-            vocab_size=int(config["vocab_size"]),
-        )
+        properties = {POOLER: True, READOUT: "cls", CLASSES: int(out[f"{OUT}.weight"].shape[0])}
+        return self.family.network(config, model, out, context, tokenizer, source, SequenceClassifier, properties)
 
     def from_trident(self, net: SequenceClassifier) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
         """The architecture name, config arguments and state dict of ``net``."""
@@ -82,9 +68,9 @@ class ClassifierAdapter:
                          "it does not scale its embeddings")
         cfg = net.cfg
         classes = int(net.head[-1].out_features)
-        config = self.config_from_trident(cfg, net.embed.num_embeddings, self.TARGET) | {"num_labels": classes}
+        config = self.family.config_from_trident(cfg, net.embed.num_embeddings, self.TARGET) | {"num_labels": classes}
         own = net.state_dict()
-        state = self.backbone_to_hf(own, cfg, self.prefix)
+        state = self.family.backbone_to_hf(own, cfg, self.prefix)
         state |= {name: own[target] for name, target in self.head.items()}
         return self.ARCHITECTURES[0], config, state
 

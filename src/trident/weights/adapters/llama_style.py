@@ -21,6 +21,7 @@ from trident.backbone import TransformerConfig
 from trident.data.tokenization import END_OF_TEXT, UNK
 from trident.models import CausalLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
+from trident.weights.adapters.base import ModelTypeNames
 from trident.weights.adapters.common import require_equivalent, require_source, require_unshared, strip_prefix
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
@@ -41,7 +42,7 @@ _BLOCK = {"self_attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": 
 
 
 @dataclass(frozen=True)
-class DecoderNames:
+class DecoderNames(ModelTypeNames):
     """The names a decoder family's adapter answers to (the Adapter interface of base.py, registered as it is in
     registry.ADAPTERS): those of :class:`Family` and of ``hf_gemma.GemmaFamily``."""
 
@@ -52,18 +53,6 @@ class DecoderNames:
     NETWORK: ClassVar[type[CausalLM]] = CausalLM
     SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
     BASE_MODEL: ClassVar[str] = "Model"  # the headless class's suffix: LlamaModel
-
-    @property
-    def FORMAT(self) -> str:
-        return f"hf-{self.FAMILY}"
-
-    @property
-    def MODEL_TYPE(self) -> str:
-        return self.model_type
-
-    @property
-    def FAMILY(self) -> str:
-        return self.model_type
 
     @property
     def ARCHITECTURES(self) -> tuple[str, ...]:

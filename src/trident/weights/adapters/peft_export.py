@@ -71,7 +71,7 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
                                "mlp.fc1", "mlp.fc2"), "classifier"))
 # The MLM head (transform, and the decoder whose own bias trains) is cls.predictions; ViT's is classifier.
 # Gemma's modules (in a block) are named as Llama's; its extra norms are no LoRA targets.
-LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
+LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.ADAPTER.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
                                              hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
 # Families whose adapters the peft export does not place, each with why: --format hf merges them. CLIP has two stacks;
 # ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's layout is not compared with peft yet.
