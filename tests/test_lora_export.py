@@ -233,6 +233,6 @@ def test_the_peft_export_of_a_run_from_a_hugging_face_directory_names_it_as_its_
 def test_the_peft_export_of_a_family_without_a_layout_is_one_line_naming_the_hf_export(family: str) -> None:
     from trident.weights.adapters.peft_export import layout_for
 
-    adapter = importlib.import_module(f"trident.weights.adapters.{family}")
+    adapter = importlib.import_module(f"trident.weights.adapters.{family}").ADAPTER  # as registered
     with pytest.raises(ConfigError, match=r"^--format peft .*: export it with --format hf \(the adapters merged\)$"):
         layout_for(adapter, torch.nn.Linear(1, 1))

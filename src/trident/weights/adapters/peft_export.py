@@ -76,8 +76,8 @@ LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.A
 # Families whose adapters the peft export does not place, each with why: --format hf merges them. CLIP has two stacks;
 # ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's layout is not compared with peft yet.
 NO_LAYOUT = {hf_clip.FORMAT: "--format peft writes the adapters of one stack and a CLIPModel has two",
-             hf_albert.FORMAT: "--format peft places an adapter a layer and ALBERT's layers share their modules",
-             hf_roberta.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft"}
+             hf_albert.ADAPTER.FORMAT: "--format peft places an adapter a layer and ALBERT's layers share their modules",
+             hf_roberta.ADAPTER.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft"}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
