@@ -420,6 +420,9 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["data=text_files", "data.files=[corpus.txt]", "init_from=llama_gqa", "data.block_size=128"],
      ["data.block_size=128 is longer than data.max_seq_len=64", "init_from=llama_gqa fixes data.max_seq_len to the context",
       "lower data.block_size to at most 64"]),
+    # A contrastive batch split into micro-batches has fewer negatives each (issue 54's review): refused.
+    ("clip-gradient-accumulation", "train.py", ["task=clip", "trainer.accumulate_grad_batches=2"],
+     ["trainer.accumulate_grad_batches=2 would split task=clip's contrastive batch", "raise data.batch_size"]),
     ("init-from-run-other-kv-heads", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "model.n_kv_heads=2"],
      ["model.n_kv_heads=2 contradicts init_from=outputs/", "which has model.n_kv_heads=4"]),
     # Issue 40: attention shapes

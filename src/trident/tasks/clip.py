@@ -115,6 +115,13 @@ class ContrastiveImageTextTask(TridentTask):
         super().validate_config(cfg)
         for tower in ("text", "image"):
             check_tower_keys(cfg.task.get(tower), tower)
+        # A contrastive loss is not a mean over examples: each micro-batch would be a contrastive batch of its own, with
+        # fewer negatives, and the step's gradient not the global batch's (open_clip's --accum-freq caches features).
+        accumulation = cfg.trainer.get("accumulate_grad_batches", 1)
+        if accumulation != 1:
+            raise ConfigError(f"trainer.accumulate_grad_batches={accumulation} would split task=clip's contrastive "
+                              "batch into micro-batches with fewer negatives each: set it to 1 and raise "
+                              "data.batch_size, or train on more ranks (DDP gathers every rank's features)")
 
     @classmethod
     def settings_from_source(cls, source: WeightsSource, cfg: DictConfig, explicit: Sequence[str]) -> dict[str, Any]:
