@@ -9,6 +9,7 @@ import math
 import os
 import re
 import subprocess
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,22 @@ SCRIPT = ROOT / "scripts" / "pretrain_pays.sh"
 RUN_SETTINGS = ("model", "pos_encoding", "data", "task", "trainer", "optimizer", "scheduler", "seed")
 
 
+def composed_arms(preset: str, run: Path, run_key: str, arm_key: str, arms: tuple[str, str]) -> dict[str, Any]:
+    """Each arm of a two-arm preset composed and checked against ``run`` (the source run the preset reads, here a
+    directory holding only the tokenizer a text preset reads from it), resolved to plain values."""
+    Tokenizer(WordLevel({"a": 0}, unk_token="a")).save(str(run / "tokenizer.json"))
+    configs = {}
+    for arm in arms:
+        cfg = compose_config([f"experiment={preset}", f"{run_key}={run}", f"{arm_key}={arm}"])
+        check_config(cfg)
+        configs[arm] = OmegaConf.to_container(cfg, resolve=True)
+    return configs
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_starts_differ_in_init_from_only(preset: str, tmp_path: Path) -> None:
     assert sweeper_params(preset) == {"start": ["scratch", "pretrained"], "seed": ["1", "2", "3"]}
-    Tokenizer(WordLevel({"a": 0}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))  # what text reads from the run
-    configs = {}
-    for start in ("scratch", "pretrained"):
-        cfg = compose_config([f"experiment={preset}", f"pretrained_run={tmp_path}", f"start={start}"])
-        check_config(cfg)
-        configs[start] = OmegaConf.to_container(cfg, resolve=True)
+    configs = composed_arms(preset, tmp_path, "pretrained_run", "start", ("scratch", "pretrained"))
     assert (configs["scratch"]["init_from"], configs["pretrained"]["init_from"]) == (None, str(tmp_path))
     for key in RUN_SETTINGS:
         assert configs["scratch"].get(key) == configs["pretrained"].get(key), key
