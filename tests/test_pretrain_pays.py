@@ -9,8 +9,8 @@ import math
 import os
 import re
 import subprocess
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
