@@ -224,6 +224,37 @@ def test_resume_arguments_reuse_the_run_overrides(tmp_path: Path) -> None:
         "model=nano", f"paths.output_root={tmp_path}"], "nothing to resume: a new run"
 
 
+def test_resume_auto_continues_only_a_run_started_with_the_same_settings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run name leaves out the learning rate, distillation, the fine-tuning method...: ``resume=auto`` with
+    another of those settings starts a new run (and says which run it did not continue, and why) instead of
+    continuing one trained otherwise; the settings a resume may change (the step budget, the logger) still match."""
+    name = "lm-shakespeare-nano-rope-seed1337"
+
+    def run(when: str, overrides: list[str]) -> Path:
+        run_dir = tmp_path / "runs" / "2000-01-01" / f"{when}_{name}"
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (run_dir / "config_resolved.yaml").write_text(f"run_name: {name}\n")
+        (run_dir / "checkpoints").mkdir()
+        (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"checkpoint")
+        return run_dir
+
+    plain = run("00-00-01", ["model=nano", "trainer.max_steps=10"])
+    distilled = run("00-00-02", ["model=nano", "distill=kd", "distill.teacher=/teacher"])
+    here = ["model=nano", f"paths.output_root={tmp_path}"]
+    assert resume_arguments(["resume=auto", *here, "trainer.max_steps=20", "logger=csv"], None, CONF_DIR)[-1] == (
+        f"resume={plain.resolve()}"), "the newer, distilled run is not this command line's"
+    assert resume_arguments(["resume=auto", *here, "distill=kd", "distill.teacher=/teacher"], None, CONF_DIR)[-1] == (
+        f"resume={distilled.resolve()}")
+    capsys.readouterr()
+    fresh = resume_arguments(["resume=auto", *here, "optimizer.lr=0.1"], None, CONF_DIR)
+    assert fresh == here + ["optimizer.lr=0.1"], "other settings: a new run"
+    said = capsys.readouterr().out
+    assert f"2 run(s) of {name}" in said and "none with these settings" in said and "starting a new run" in said
+    assert f"{distilled}: distill=kd there, (default) here" in said, said
+
+
 def test_atomic_save_never_replaces_a_good_checkpoint_with_a_partial_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"global_step": 1, "weight": torch.ones(3)}, path)

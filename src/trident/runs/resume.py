@@ -5,7 +5,7 @@ same W&B run, from its newest checkpoint.
 (``.hydra/overrides.yaml``) come first, the new command line's overrides after them (so
 ``trainer.max_steps=...`` can extend a run), and ``hydra.run.dir`` points at the old directory.
 ``resume=auto`` picks, under ``paths.output_root``/runs, the newest run directory with the same
-``run_name`` that has a checkpoint, preferring one started by the same SLURM job (a requeued
+``run_name`` and the same settings on its command line that has a checkpoint, preferring one started by the same SLURM job (a requeued
 job); with none, it starts a new run.
 """
 
@@ -49,10 +49,12 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
     return info
 
 
-def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
-    """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None."""
-    runs = [config.parent for config in output_root.glob(f"runs/*/*/{RUN_CONFIG}")
-            if run_name in run_names(config.parent) and latest_checkpoint(config.parent) is not None]
+def find_run_to_resume(output_root: Path, run_name: str, overrides: Sequence[str] = ()) -> Path | None:
+    """For ``resume=auto``: the run directory (under ``output_root/runs``) to continue, or None: the newest run of
+    ``run_name`` with a checkpoint whose command line chose the same settings as ``overrides`` (see
+    :func:`settings_differ`)."""
+    runs = [run_dir for run_dir in _named_runs(output_root, run_name)
+            if latest_checkpoint(run_dir) is not None and not settings_differ(run_dir, overrides)]
     if not runs:
         return None
     job = slurm_job()
@@ -63,6 +65,43 @@ def find_run_to_resume(output_root: Path, run_name: str) -> Path | None:
 
     # Directory names are <date>/<time>_<run_name>: the path order is the start order.
     return max(runs, key=lambda d: (same_job(d), str(d.relative_to(output_root))))
+
+
+def _named_runs(output_root: Path, run_name: str) -> list[Path]:
+    return [config.parent for config in output_root.glob(f"runs/*/*/{RUN_CONFIG}") if run_name in run_names(config.parent)]
+
+
+# Settings a resume may change (``resume=<run> trainer.max_steps=...`` extends a run; where it logs, its callbacks
+# and how batches are loaded do not change what is trained): ``resume=auto`` matches a run on every other override.
+RESUMABLE_SETTINGS = ("resume", "ckpt_path", "hydra", "paths", "logger", "callbacks", "test", "print_config",
+                      "trainer.max_steps", "trainer.max_epochs", "trainer.max_time",
+                      *(f"data.{key}" for key in ("batch_size", "num_workers", "pin_memory", "persistent_workers")))
+
+
+def _settings(overrides: Sequence[str]) -> dict[str, str]:
+    """The command line's choices as key -> value (a later value for a key wins), without :data:`RESUMABLE_SETTINGS`."""
+    chosen: dict[str, str] = {}
+    for override in overrides:
+        key = _key(override)
+        if override.startswith("-"):
+            continue  # a flag (-m, --config-name ...), not a setting
+        if not any(key == kept or key.startswith((f"{kept}.", f"{kept}/")) for kept in RESUMABLE_SETTINGS):
+            chosen[key] = override.partition("=")[2]
+    return chosen
+
+
+def settings_differ(run_dir: Path, overrides: Sequence[str]) -> str | None:
+    """The first setting (``key=there`` vs here) in which the command line that started ``run_dir`` (its
+    ``.hydra/overrides.yaml``) and ``overrides`` differ, or None. The run name leaves out most settings (``lr``,
+    ``distill``, ``finetune``, ``objective``...): without this check ``resume=auto`` would continue a run of
+    other settings under this command line's name."""
+    saved = run_dir / ".hydra" / "overrides.yaml"
+    there = _settings([str(o) for o in OmegaConf.load(saved)]) if saved.is_file() else {}
+    here = _settings(overrides)
+    for key in sorted(there.keys() | here.keys()):
+        if there.get(key) != here.get(key):
+            return f"{key}={there.get(key, '(default)')} there, {here.get(key, '(default)')} here"
+    return None
 
 
 def run_names(run_dir: Path) -> set[str]:
@@ -169,11 +208,18 @@ def _auto_run_dir(overrides: list[str], cfg: DictConfig | None, conf_dir: Path) 
         config_overrides = [a for a in overrides if not a.startswith(("-", "hydra.", "hydra/"))]
         cfg = compose_train_config(config_overrides, conf_dir=conf_dir)
     output_root, run_name = Path(cfg.paths.output_root), str(cfg.run_name)
-    run_dir = find_run_to_resume(output_root, run_name)
+    run_dir = find_run_to_resume(output_root, run_name, overrides)
     if run_dir is None:
-        named = [c.parent for c in output_root.glob(f"runs/*/*/{RUN_CONFIG}") if run_name in run_names(c.parent)]
-        why = (f"{len(named)} run(s) of {run_name} under {output_root}/runs, none with a checkpoint yet" if named
-               else f"no run of {run_name} under {output_root}/runs")
+        named = _named_runs(output_root, run_name)
+        started = [d for d in named if latest_checkpoint(d) is not None]
+        if started:
+            newest = max(started, key=lambda d: str(d.relative_to(output_root)))
+            why = (f"{len(started)} run(s) of {run_name} under {output_root}/runs, none with these settings (the newest, "
+                   f"{newest}: {settings_differ(newest, overrides)}; resume={newest} continues it with yours on top)")
+        elif named:
+            why = f"{len(named)} run(s) of {run_name} under {output_root}/runs, none with a checkpoint yet"
+        else:
+            why = f"no run of {run_name} under {output_root}/runs"
         print(f"resume=auto: {why}: starting a new run")
     else:
         print(f"resume=auto: continuing {run_dir}")
