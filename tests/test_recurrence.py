@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,7 @@ def test_contiguous_order_continues_each_row_from_batch_to_batch(tmp_path: Path)
     stream = torch.from_numpy(module.splits["train"].astype("int64"))
     batches = list(module.train_dataloader())
     assert len(batches) > 2 and all(x.shape == (3, 16) for x, _ in batches)
-    for (x, y), (after, _) in zip(batches, batches[1:], strict=False):
+    for (x, y), (after, _) in itertools.pairwise(batches):
         assert torch.equal(x[:, 1:], y[:, :-1])
         assert torch.equal(after[:, 0], y[:, -1])  # row b's next segment starts where its last one's targets ended
     rows = torch.cat([x for x, _ in batches], dim=1)  # (3, segments * 16): each row one stretch of the text
