@@ -142,6 +142,18 @@ def test_the_task_carries_each_stages_memory_from_batch_to_batch() -> None:
     torch.testing.assert_close(task.outputs(second, "train").logits, plain(second[0]), rtol=0, atol=1e-10)
 
 
+def test_exports_without_a_memory_refuse_a_model_with_one(tmp_path: Path) -> None:
+    from trident.commands.export import export_gguf, export_hf
+    from trident.tasks.lm import LanguageModelTask
+
+    llama = shape(memory_length=4, norm="rmsnorm", activation="swiglu", bias=False)
+    task = LanguageModelTask(backbone=vars(llama), vocab_size=VOCAB, optimizer={"lr": 1e-3}, scheduler={},
+                             tie_embeddings=False)
+    for export in (export_hf, export_gguf):
+        with pytest.raises(ConfigError, match="model.memory_length=4 has no .* equivalent: it keeps no memory"):
+            export(task, tmp_path / export.__name__)
+
+
 def corpus_module(tmp_path: Path, **options: Any) -> LMDataModule:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line number {i} of a small local corpus.\n" for i in range(300)))
