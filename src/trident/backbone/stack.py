@@ -160,7 +160,7 @@ class TransformerStack(nn.Module):
         recurrence = inputs.get("recurrence")
         if recurrence is not None and (documents is not None or positions is not None or key_padding_mask is not None):
             raise ConfigError("a stack with model.memory_length reads whole segments of one text per row: it takes no "
-                              "packed documents, padding or per-row positions (generate one prompt at a time)")
+                              "packed documents, padding or per-row positions (generate prompts of different lengths one at a time)")
         # The memory's states come first: the tokens' positions start after them (fed: how many this call feeds).
         fed = recurrence.prefix_length(cached=cache is not None) if recurrence is not None else 0
         # The slots' positions: the masks, the cache and the distance biases (alibi, relative) follow them. Per-row
@@ -177,8 +177,8 @@ class TransformerStack(nn.Module):
         # one mask per window.
         encodings = [self.pos_encoding, *self.layer_encodings]
         # With a memory fed, rope rotates its keys too: positions offset .. offset + fed + T - 1 (queries: the last T).
-        rotated = (q_positions if not fed else positions_from(offset, fed + length, x.device)) if positions is None \
-            else positions
+        rotated = positions if positions is not None else positions_from(offset, fed + length, x.device) if fed \
+            else q_positions
         ropes = [encoding.rotary(rotated, documents) for encoding in encodings]
         masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents, fed)
                  for window in dict.fromkeys(self.windows)}

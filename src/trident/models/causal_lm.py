@@ -58,17 +58,16 @@ class CausalLM(nn.Module):
         top of ``memory`` (:meth:`new_memory`; None: a new one, empty) which it then joins: training passes the memory
         that the previous batch's rows filled, generation the one its cache (:meth:`new_cache`) holds."""
         if self.cfg.memory_length:
-            if key_padding_mask is not None or documents is not None or positions is not None:
-                raise ConfigError("a model with model.memory_length reads one text per row, in segments: no padding or "
-                                  "packed documents (generate prompts of different lengths one at a time)")
-            return self._forward_segments(ids, cache, memory)
+            # The stack refuses padding, packed documents and per-row positions with a memory.
+            return self._forward_segments(ids, cache, memory, (key_padding_mask, documents, positions))
         if memory is not None:
             raise ValueError("memory is for a model with model.memory_length > 0")
         hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask,
                               positions=positions)
         return self._logits(hidden)
 
-    def _forward_segments(self, ids: Tensor, cache: KVCache | None, memory: SegmentMemory | None) -> Tensor:
+    def _forward_segments(self, ids: Tensor, cache: KVCache | None, memory: SegmentMemory | None,
+                          refused: tuple[Tensor | None, Tensor | None, Tensor | None]) -> Tensor:
         """(B, T) ids -> (B, T, V) logits, in pieces that end where a segment ends (there the memory rolls, and a
         cache starts the next segment's keys from it)."""
         if cache is not None:
@@ -79,7 +78,9 @@ class CausalLM(nn.Module):
         logits, start = [], 0
         while start < ids.size(1):
             piece = ids[:, start : start + memory.segment - memory.filled]  # (B, <= S)
-            hidden = self.decoder(self.embed(piece), cache=cache, recurrence=memory)
+            padding, documents, positions = refused  # all None: the stack refuses each with a memory
+            hidden = self.decoder(self.embed(piece), cache=cache, recurrence=memory, key_padding_mask=padding,
+                                  documents=documents, positions=positions)
             logits.append(self._logits(hidden))
             if memory.advance(piece.size(1)) and cache is not None:
                 cache.restart()
@@ -91,7 +92,11 @@ class CausalLM(nn.Module):
         return SegmentMemory(self.cfg.n_layers, self.cfg.memory_length, self.cfg.max_seq_len)
 
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""
+        """Logits and every layer's attention weights (B, nh, T, T), for visualisation (with a memory: one segment,
+        the first, which reads none)."""
+        if self.cfg.memory_length and ids.size(1) > self.cfg.max_seq_len:
+            raise ConfigError(f"a model with model.memory_length reads {ids.size(1)} tokens in segments of "
+                              f"{self.cfg.max_seq_len}, each with its own weights to show: show one segment at a time")
         hidden, weights = self.decoder.forward_with_attention(self.embed(ids))
         return self._logits(hidden), weights
 
