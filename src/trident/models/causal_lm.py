@@ -69,7 +69,8 @@ class CausalLM(nn.Module):
     def _forward_segments(self, ids: Tensor, cache: KVCache | None, memory: SegmentMemory | None,
                           refused: tuple[Tensor | None, Tensor | None, Tensor | None]) -> Tensor:
         """(B, T) ids -> (B, T, V) logits, in pieces that end where a segment ends (there the memory rolls, and a
-        cache starts the next segment's keys from it)."""
+        cache starts the next segment's keys from it). ``refused``: the padding mask, documents and positions given to
+        :meth:`forward`, which the stack refuses with a memory."""
         if cache is not None:
             if not isinstance(cache, RecurrentCache):
                 raise TypeError("a model with model.memory_length decodes with its own cache: use model.new_cache()")
