@@ -94,8 +94,8 @@ def test_cached_decoding_agrees_with_reading_in_segments() -> None:
     pieces = [net(ids[:, :prompt], cache=cache)] + [net(ids[:, t:t + 1], cache=cache) for t in range(prompt, ids.size(1))]
     torch.testing.assert_close(torch.cat(pieces, dim=1), read, rtol=0, atol=1e-10)
     assert net.context_length is None  # any length, segment by segment
-    with_cache = generate(net.float(), ids[:, :prompt], 2 * SEGMENT, temperature=0.0)
-    without = generate(net, ids[:, :prompt], 2 * SEGMENT, temperature=0.0, use_cache=False)
+    with_cache = generate(net.float(), ids[:, :prompt], SEGMENT, temperature=0.0)  # past the next segment's end
+    without = generate(net, ids[:, :prompt], SEGMENT, temperature=0.0, use_cache=False)
     assert torch.equal(with_cache, without)
 
 
