@@ -142,6 +142,26 @@ def test_the_task_carries_each_stages_memory_from_batch_to_batch() -> None:
     torch.testing.assert_close(task.outputs(second, "train").logits, plain(second[0]), rtol=0, atol=1e-10)
 
 
+def test_a_distillation_teacher_with_a_memory_carries_its_own() -> None:
+    """distill=kd from a teacher trained with a memory: it reads the contiguous batches with a memory of its own (not
+    each batch alone), emptied with the student's at each epoch's start (review)."""
+    from trident.tasks.lm import LanguageModelTask
+    from trident.tasks.teacher import TEACHER
+
+    torch.manual_seed(0)
+    task = LanguageModelTask(backbone=vars(shape(memory_length=SEGMENT)), vocab_size=VOCAB, optimizer={"lr": 1e-3},
+                             scheduler={}).double().eval()
+    teacher, plain = pair(SEGMENT)
+    task.companions[TEACHER] = teacher
+    ids = torch.randint(0, VOCAB, (2, 2 * SEGMENT + 1))
+    first, second = ((ids[:, i * SEGMENT:(i + 1) * SEGMENT], ids[:, i * SEGMENT + 1:(i + 1) * SEGMENT + 1]) for i in (0, 1))
+    task.outputs(first, "train")
+    taught = task.outputs(second, "train")
+    torch.testing.assert_close(taught.teacher, plain(ids[:, :-1])[:, SEGMENT:], rtol=0, atol=1e-10)
+    task.on_train_epoch_start()
+    torch.testing.assert_close(task.outputs(second, "train").teacher, plain(second[0]), rtol=0, atol=1e-10)
+
+
 def test_exports_without_a_memory_refuse_a_model_with_one(tmp_path: Path) -> None:
     from trident.commands.export import export_gguf, export_hf
     from trident.tasks.lm import LanguageModelTask

@@ -123,22 +123,28 @@ class LanguageModelTask(TridentTask):
         (IGNORE_INDEX at prompt tokens of chat data and padding)."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
         def scores(net: nn.Module) -> Tensor:  # (B, T, V)
-            return net(inputs, documents=documents[0]) if documents else net(inputs)
+            if documents:
+                return net(inputs, documents=documents[0])
+            # model.memory_length: the batch's rows continue the previous batch's of the stage (data.contiguous, which
+            # the student's memory turns on): the student and a teacher with a memory each carry their own.
+            if self.net.cfg.memory_length and net.cfg.memory_length:
+                return net(inputs, memory=self.stage_memory(stage if net is self.net else f"{stage}/teacher", net))
+            return net(inputs)
 
-        # model.memory_length: the batch's rows continue the previous batch's of the stage (data.contiguous).
-        logits = self.net(inputs, memory=self.stage_memory(stage)) if self.net.cfg.memory_length else scores(self.net)
-        return taught(self, Outputs(logits, targets), stage, scores)  # distill=kd: the teacher's too (its own memory)
+        return taught(self, Outputs(scores(self.net), targets), stage, scores)  # distill=kd: the teacher's too
 
-    def stage_memory(self, stage: str) -> SegmentMemory:
-        """The memory (model.memory_length) that ``stage``'s batches carry from one to the next."""
+    def stage_memory(self, stage: str, net: CausalLM | None = None) -> SegmentMemory:
+        """The memory (model.memory_length) that ``stage``'s batches carry from one to the next (of ``net``, default
+        the student; ``stage``: its key, e.g. ``train/teacher``)."""
         if stage not in self.memories:
-            self.memories[stage] = self.net.new_memory()
+            self.memories[stage] = (net or self.net).new_memory()
         return self.memories[stage]
 
     def on_train_epoch_start(self) -> None:
         # Each epoch reads its streams from their start again: the memory of their end is no context for it. The
         # training memory lives on across a validation, which has its own (each validation starts one, empty).
-        self.memories.pop("train", None)
+        for key in ("train", "train/teacher"):
+            self.memories.pop(key, None)
 
     def on_validation_epoch_start(self) -> None:
         self.memories.pop("val", None)
