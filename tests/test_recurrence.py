@@ -138,6 +138,8 @@ def test_the_task_carries_each_stages_memory_from_batch_to_batch() -> None:
     task.outputs(first, "train")
     task.outputs(first, "val")  # a validation between the two micro-batches leaves the training memory as it was
     torch.testing.assert_close(task.outputs(second, "train").logits, whole[:, SEGMENT:], rtol=0, atol=1e-10)
+    task.on_validation_epoch_start()  # each validation starts with an empty memory of its own
+    torch.testing.assert_close(task.outputs(second, "val").logits, plain(second[0]), rtol=0, atol=1e-10)
     task.on_train_epoch_start()
     torch.testing.assert_close(task.outputs(second, "train").logits, plain(second[0]), rtol=0, atol=1e-10)
 
