@@ -243,6 +243,16 @@ def test_memory_length_sets_the_contiguous_order_and_refuses_what_breaks_it(tmp_
             check_config(compose_config([*SMALL, "model.memory_length=16", override], output_dir=tmp_path))
 
 
+@pytest.mark.parametrize("task", [["task=classify", "task.stack=decoder", "task.pool=last"], ["task=mlm"],
+                                  ["task=translation"]])
+def test_a_memory_is_refused_for_other_tasks_before_any_work(task: list[str], tmp_path: Path) -> None:
+    """task=classify with task.stack=decoder built a causal stack that took model.memory_length and never used it
+    (review): every task but lm refuses it in one line, before the data is prepared."""
+    with pytest.raises(ConfigError, match="serves task=lm's causal LM, not task="):
+        check_config(compose_config(["model=nano", "pos_encoding=rope", "model.memory_length=16", *task],
+                                    output_dir=tmp_path))
+
+
 @pytest.mark.slow
 def test_a_run_with_memory_trains_evaluates_and_samples(tmp_path: Path) -> None:
     """train.py's pipeline with a memory: contiguous segments over two micro-batches a step, validation and test read

@@ -40,6 +40,7 @@ class LanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
+    RECURRENT = True
     TRAINS_WITH = ("next_token", "dpo", "orpo", "kto")
     CAPABILITIES = frozenset({GENERATE})
     net: CausalLM
