@@ -253,6 +253,21 @@ def test_a_memory_is_refused_for_other_tasks_before_any_work(task: list[str], tm
                                     output_dir=tmp_path))
 
 
+def test_another_task_from_an_lm_with_a_memory_reads_without_one(tmp_path: Path) -> None:
+    """init_from an LM trained with a memory into task=classify: the memory (no weights of its own) is not carried over,
+    where the refusal above would then leave no way to start (review)."""
+    from trident.weights.init_from import settings_fixed_by
+    from trident.weights.pretrained import PretrainedWeights
+
+    source = PretrainedWeights(source="lm-run", format="trident", task="lm", model={"memory_length": 16},
+                               pos_encoding="rope", task_options={}, data_options={}, state_dict={}, tokenizer=None)
+    classify = compose_config(["task=classify", "task.stack=decoder", "task.pool=last", "pos_encoding=rope"],
+                              output_dir=tmp_path)
+    assert "model.memory_length" not in settings_fixed_by(classify, source, [])
+    lm = compose_config(["pos_encoding=rope"], output_dir=tmp_path)
+    assert settings_fixed_by(lm, source, [])["model.memory_length"] == 16  # task=lm keeps the source's
+
+
 @pytest.mark.slow
 def test_a_run_with_memory_trains_evaluates_and_samples(tmp_path: Path) -> None:
     """train.py's pipeline with a memory: contiguous segments over two micro-batches a step, validation and test read
