@@ -25,6 +25,7 @@ from trident.backbone.lora import (
     merge_lora,
 )
 from trident.backbone.masks import build_attention_mask, causal_mask
+from trident.backbone.memory import RecurrentCache, SegmentMemory
 from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import (
     PositionalEncoding,
@@ -56,7 +57,9 @@ __all__ = [
     "MultiHeadAttention",
     "ParallelPlan",
     "PositionalEncoding",
+    "RecurrentCache",
     "Rows",
+    "SegmentMemory",
     "Split",
     "TokenEmbedding",
     "TransformerBlock",

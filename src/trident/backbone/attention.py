@@ -149,9 +149,11 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, length, n_heads, self.head_dim).transpose(1, 2)  # (B, heads, T, hs)
 
     def _project(
-        self, x: Tensor, context: Tensor | None, cache: LayerKVCache | None, rope: tuple[Tensor, Tensor] | None
+        self, x: Tensor, context: Tensor | None, cache: LayerKVCache | None, rope: tuple[Tensor, Tensor] | None,
+        prefix: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, nh, Tq, hs) and keys/values (B, n_kv_heads, Tk, hs)."""
+        """Queries (B, nh, Tq, hs) and keys/values (B, n_kv_heads, Tk, hs). ``prefix``: (B, m, D) states before ``x``
+        whose keys and values come first (a memory; ``rope`` then covers m + Tq positions, the queries the last Tq)."""
         if self.cross:
             q = self.q_norm(self._split_heads(self.q_proj(x), self.n_heads))
             if cache is not None and cache.memory is not None:
@@ -163,12 +165,17 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 cache.memory = (k, v)
             return q, k, v
+        length = x.size(1)
+        if prefix is not None:  # one projection of [prefix; x] (the prefix's queries unused): LoRA, tensor parallel alike
+            x = torch.cat((prefix.to(x.dtype), x), dim=1)  # (B, m + T, D)
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = self.q_norm(self._split_heads(q, self.n_heads))
         k = self.k_norm(self._split_heads(k, self.n_kv_heads))
         v = self._split_heads(v, self.n_kv_heads)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if prefix is not None:
+            q = q[:, :, -length:]  # (B, nh, T, hs)
         if cache is not None:
             k, v = cache.append(k, v)  # cached keys are stored already rotated, n_kv_heads of them
         return q, k, v
@@ -183,11 +190,13 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        prefix: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """``x``: (B, T, D). ``attn_mask``: boolean allowed mask or additive float mask broadcastable
-        to (B, nh, Tq, Tk). Returns the output (B, T, D) and, on the explicit path, the weights."""
+        to (B, nh, Tq, Tk). ``prefix``: (B, m, D) earlier states attended to as keys before ``x`` (self-attention).
+        Returns the output (B, T, D) and, on the explicit path, the weights."""
         batch, length, _ = x.shape
-        q, k, v = self._project(x, context, cache, rope)  # (B, nh, T, hs); k, v: (B, n_kv_heads, T, hs)
+        q, k, v = self._project(x, context, cache, rope, prefix)  # (B, nh, T, hs); k, v: (B, n_kv_heads, T, hs)
         if isinstance(self.mixer, PerformerFeatures):
             if need_weights:
                 raise ConfigError("model.attention=performer forms no attention weights to return: use "

@@ -101,14 +101,19 @@ class TransformerBlock(nn.Module):
         memory_mask: Tensor | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        prefix: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """``x``: (B, T, D); ``memory``: (B, S, D) encoder output for cross-attention.
+        """``x``: (B, T, D); ``memory``: (B, S, D) encoder output for cross-attention. ``prefix``: (B, m, D) earlier
+        inputs of this block that self-attention also reads keys and values from (model.memory_length's memory).
         Returns the block output and the self-attention weights (when asked for)."""
         self_weights: list[Tensor | None] = []
+        # The memory goes through the same norm as the input it once was (pre-norm: before the sub-layer).
+        before = prefix if prefix is None or not self.norm_first else self.self_attn_norm(prefix)
 
         def self_attention(h: Tensor) -> Tensor:
             out, weights = self.self_attn(
-                h, attn_mask=attn_mask, is_causal=is_causal, rope=rope, cache=cache, need_weights=need_weights
+                h, attn_mask=attn_mask, is_causal=is_causal, rope=rope, cache=cache, need_weights=need_weights,
+                **({"prefix": before} if before is not None else {}),
             )
             self_weights.append(weights)
             return out

@@ -9,6 +9,7 @@ from trident.backbone.attention import ATTENTION_IMPLS, SDPA_KERNELS
 from trident.backbone.layer_settings import LayerSettings, layer_settings
 from trident.backbone.layers import ACTIVATIONS, NORMS
 from trident.backbone.linear_attention import check_attention
+from trident.backbone.memory import check_memory_config
 from trident.backbone.positional import pos_encoding_class
 from trident.errors import ConfigError, choose, is_int, is_number
 
@@ -72,6 +73,9 @@ class TransformerConfig:
     # Sliding-window attention (Mistral): a causal query sees its last ``attention_window`` positions,
     # itself included; an encoder's query sees the keys less than ``attention_window`` away. None = all.
     attention_window: int | None = None
+    # Segment-level recurrence (Transformer-XL): each layer also attends to its last memory_length inputs of the
+    # previous segments, kept without gradient (trident.backbone.memory; a causal LM only). 0 = off.
+    memory_length: int = 0
     # Per-layer overrides (trident.backbone.layer_settings.LAYER_KEYS): None, or one entry per layer, null or a mapping
     # of attention_window, rope, pos_encoding_options (Gemma's alternating local and global layers, Qwen2's
     # max_window_layers). Read resolved through :attr:`layer_settings`.
@@ -168,6 +172,7 @@ class TransformerConfig:
 
         self._check_family_switches()
         self.performer, self.linformer = check_attention(self, pos_encoding_class(self.pos_encoding))
+        check_memory_config(self, spec.absolute)
 
     @property
     def layer_settings(self) -> list[LayerSettings]:

@@ -16,6 +16,7 @@ from trident.backbone.config import TransformerConfig
 from trident.backbone.kv_cache import KVCache
 from trident.backbone.layers import make_norm
 from trident.backbone.masks import build_attention_mask, document_positions, padding_allowed, window_band
+from trident.backbone.memory import SegmentMemory, check_recurrent_stack
 from trident.backbone.positional import PositionalEncoding, build_pos_encoding, positions_from
 from trident.errors import ConfigError
 
@@ -30,7 +31,8 @@ class StackInputs(TypedDict, total=False):
     (distance-only encodings, rope, alibi and relative, see the same distances as for the document alone).
     ``positions``: (B, T) each token's position in its own row, as rope and the added encodings see it (left-padded
     prompts: counted from the row's first real token, transformers' ``position_ids``); absent: its index in the
-    sequence, the cached ones included."""
+    sequence, the cached ones included. ``recurrence``: the :class:`SegmentMemory` of a stack with ``memory_length``
+    (Transformer-XL): each layer also attends to the states it holds, which positions place before the tokens."""
 
     key_padding_mask: Tensor | None
     memory: Tensor | None
@@ -38,6 +40,7 @@ class StackInputs(TypedDict, total=False):
     cache: KVCache | None
     documents: Tensor | None
     positions: Tensor | None
+    recurrence: SegmentMemory | None
 
 
 class TransformerStack(nn.Module):
@@ -81,6 +84,7 @@ class TransformerStack(nn.Module):
                 encodings.append(build_pos_encoding(shape, causal=causal))
             self.rope_of_layer.append(options.index(layer.pos_encoding_options))
         self.layer_encodings = nn.ModuleList(encodings)
+        check_recurrent_stack(cfg.memory_length, causal=causal, cross_attention=cross_attention)
         # BERT normalises the summed embeddings before the first block; no other model here does.
         self.embedding_norm = (
             make_norm(cfg.norm, cfg.embedding_width, bias=cfg.bias, eps=cfg.norm_eps) if cfg.embedding_norm
@@ -153,9 +157,15 @@ class TransformerStack(nn.Module):
             raise ConfigError(f"model.attention={self.cfg.attention} cannot keep the documents of packed rows apart "
                               "(data=chat): use model.attention=softmax for packed documents")
         offset = cache.length if cache is not None else 0
+        recurrence = inputs.get("recurrence")
+        if recurrence is not None and (documents is not None or positions is not None or key_padding_mask is not None):
+            raise ConfigError("a stack with model.memory_length reads whole segments of one text per row: it takes no "
+                              "packed documents, padding or per-row positions (generate prompts of different lengths one at a time)")
+        # The memory's states come first: the tokens' positions start after them (fed: how many this call feeds).
+        fed = recurrence.prefix_length(cached=cache is not None) if recurrence is not None else 0
         # The slots' positions: the masks, the cache and the distance biases (alibi, relative) follow them. Per-row
         # positions of left-padded rows differ from them by the row's padding, the same for a query and its keys.
-        q_positions = positions_from(offset, length, x.device)  # (T,)
+        q_positions = positions_from(offset + fed, length, x.device)  # (T,)
         # Packed documents restart their positions: the longest document bounds them, not the row.
         embedded_positions = q_positions if documents is None else document_positions(documents)  # (T,) or (B, T)
         if positions is not None:
@@ -166,9 +176,11 @@ class TransformerStack(nn.Module):
         # one rotation per rope (a length-following one, dynamic NTK, takes each packed document's own length),
         # one mask per window.
         encodings = [self.pos_encoding, *self.layer_encodings]
-        rotated = q_positions if positions is None else positions
+        # With a memory fed, rope rotates its keys too: positions offset .. offset + fed + T - 1 (queries: the last T).
+        rotated = positions if positions is not None else positions_from(offset, fed + length, x.device) if fed \
+            else q_positions
         ropes = [encoding.rotary(rotated, documents) for encoding in encodings]
-        masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents)
+        masks = {window: self._mask(window, q_positions, cache, key_padding_mask, documents, fed)
                  for window in dict.fromkeys(self.windows)}
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
         h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))  # (B, T, E)
@@ -185,6 +197,9 @@ class TransformerStack(nn.Module):
             run_block = partial(checkpoint, block, use_reentrant=False) if recompute else block
             attn_mask, is_causal = masks[self.windows[i]]
             rope_index = self.rope_of_layer[i]
+            prefix = recurrence.prefix(i, cached=cache is not None) if recurrence is not None else None
+            if recurrence is not None:
+                recurrence.record(i, h)  # the layer's input: the memory of the next segment
             h, weights = run_block(
                 h,
                 attn_mask=attn_mask,
@@ -194,17 +209,22 @@ class TransformerStack(nn.Module):
                 memory_mask=memory_mask,
                 cache=cache.layers[i] if cache is not None else None,
                 need_weights=need_weights,
+                **({"prefix": prefix} if prefix is not None else {}),
             )
             all_weights.append(weights)
         return self.final_norm(h), all_weights
 
     def _mask(self, window: int | None, q_positions: Tensor, cache: KVCache | None, key_padding_mask: Tensor | None,
-              documents: Tensor | None) -> tuple[Tensor | None, bool]:
+              documents: Tensor | None, fed: int = 0) -> tuple[Tensor | None, bool]:
         """The attention mask of the layers with sliding ``window`` (None: the whole context): their keys' absolute
-        positions in the order attention sees them (a rolling cache: its slots), the window's band, the padding."""
+        positions in the order attention sees them (a rolling cache: its slots), the window's band, the padding.
+        ``fed``: the memory states fed before the queries (their keys come first, at positions from 0)."""
         length = q_positions.numel()
         layer = self.windows.index(window)
-        k_positions = cache.layers[layer].key_positions(length, q_positions.device) if cache is not None else q_positions
+        if cache is not None:
+            k_positions = cache.layers[layer].key_positions(fed + length, q_positions.device)
+        else:
+            k_positions = positions_from(0, fed + length, q_positions.device) if fed else q_positions
         bias = self.pos_encoding.attention_bias(q_positions, k_positions)
         band = window_band(q_positions, k_positions, window, causal=self.causal) if window is not None else None
         if key_padding_mask is not None and band is not None:

@@ -22,6 +22,7 @@ from trident.data.base import TextDataModule
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import corpus_streams
 from trident.data.readers import SPLITS
+from trident.data.segments import ContiguousOrder, contiguous_segments
 from trident.data.streams import split_streams
 from trident.data.token_files import Encoder, check_informative, end_of_document, read_tokens, write_tokens
 from trident.data.tokenization import tokenizer_for, tokenizer_key
@@ -73,8 +74,17 @@ class LMDataModule(TextDataModule):
         persistent_workers: bool = True,
         sample_prompts: list[str] | None = None,
         seed: int = 0,
+        contiguous: bool = False,
     ) -> None:
         super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
+        if not isinstance(contiguous, bool):
+            raise ConfigError(f"data.contiguous must be true or false, got {contiguous!r}")
+        if contiguous and type(self).blocks is not LMDataModule.blocks:
+            raise ConfigError(f"data.contiguous=true reads plain text as contiguous segments (task=lm): "
+                              f"{type(self).__name__} cuts its examples otherwise: set data.contiguous=false")
+        # Contiguous segments, row b of batch j + 1 continuing row b of batch j (trident.data.segments), in the same
+        # order every epoch: what a model with a memory reads (model.memory_length sets it); else shuffled blocks.
+        self.contiguous = contiguous
         if block_size <= 0 or batch_size <= 0:
             raise ConfigError(
                 f"data.block_size and data.batch_size must be positive, got {block_size}, {batch_size}: "
@@ -168,7 +178,13 @@ class LMDataModule(TextDataModule):
         return PackedBlocks(self.splits[split], self.block_size)
 
     def split_loader(self, split: str, train: bool) -> DataLoader:
-        return self.epoch_loader(self.blocks(split), train, self.batch_size, self.seed)
+        if not self.contiguous:
+            return self.epoch_loader(self.blocks(split), train, self.batch_size, self.seed)
+        shard = self.shard()
+        segments, rows = contiguous_segments(self.splits[split], self.block_size, self.batch_size, shard["num_replicas"],
+                                             split, train)
+        order = ContiguousOrder(segments, rows, **shard)
+        return DataLoader(segments, batch_size=rows, sampler=order, drop_last=True, **self.loader_options())
 
     def task_inputs(self) -> dict[str, Any]:
         """What the task module needs from the data: vocabulary, tokenizer, prompts for samples."""

@@ -5,7 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from trident.backbone import VOCABULARY_PLAN, Decoder, KVCache, ParallelPlan, TokenEmbedding, TransformerConfig
+from trident.backbone import (
+    VOCABULARY_PLAN,
+    Decoder,
+    KVCache,
+    ParallelPlan,
+    RecurrentCache,
+    SegmentMemory,
+    TokenEmbedding,
+    TransformerConfig,
+)
+from trident.errors import ConfigError
 
 
 class CausalLM(nn.Module):
@@ -36,19 +46,58 @@ class CausalLM(nn.Module):
         documents: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        memory: SegmentMemory | None = None,
     ) -> Tensor:
         """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
         ``documents``: (B, T) document ids of packed rows (see :class:`trident.backbone.stack.StackInputs`).
         ``key_padding_mask``: (B, T_total) True at padding, e.g. the left padding of a batch of prompts (transformers'
         ``attention_mask == 0``), the cached positions included; no position attends to a padded one.
         ``positions``: (B, T) each token's position counted from its row's first real token (transformers'
-        ``position_ids``, which its ``generate`` derives from the padding); None: its index in the sequence."""
+        ``position_ids``, which its ``generate`` derives from the padding); None: its index in the sequence.
+        With ``model.memory_length`` (Transformer-XL) the text is read in segments of ``max_seq_len`` tokens, each on
+        top of ``memory`` (:meth:`new_memory`; None: a new one, empty) which it then joins: training passes the memory
+        that the previous batch's rows filled, generation the one its cache (:meth:`new_cache`) holds."""
+        if self.cfg.memory_length:
+            # The stack refuses padding, packed documents and per-row positions with a memory.
+            return self._forward_segments(ids, cache, memory, (key_padding_mask, documents, positions))
+        if memory is not None:
+            raise ValueError("memory is for a model with model.memory_length > 0")
         hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask,
                               positions=positions)
         return self._logits(hidden)
 
+    def _forward_segments(self, ids: Tensor, cache: KVCache | None, memory: SegmentMemory | None,
+                          refused: tuple[Tensor | None, Tensor | None, Tensor | None]) -> Tensor:
+        """(B, T) ids -> (B, T, V) logits, in pieces that end where a segment ends (there the memory rolls, and a
+        cache starts the next segment's keys from it). ``refused``: the padding mask, documents and positions given to
+        :meth:`forward`, which the stack refuses with a memory."""
+        if cache is not None:
+            if not isinstance(cache, RecurrentCache):
+                raise TypeError("a model with model.memory_length decodes with its own cache: use model.new_cache()")
+            memory = cache.memory
+        memory = memory if memory is not None else self.new_memory()
+        logits, start = [], 0
+        while start < ids.size(1):
+            piece = ids[:, start : start + memory.segment - memory.filled]  # (B, <= S)
+            padding, documents, positions = refused  # all None: the stack refuses each with a memory
+            hidden = self.decoder(self.embed(piece), cache=cache, recurrence=memory, key_padding_mask=padding,
+                                  documents=documents, positions=positions)
+            logits.append(self._logits(hidden))
+            if memory.advance(piece.size(1)) and cache is not None:
+                cache.restart()
+            start += piece.size(1)
+        return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
+
+    def new_memory(self) -> SegmentMemory:
+        """An empty memory of ``model.memory_length`` states per layer for segments of ``max_seq_len`` tokens."""
+        return SegmentMemory(self.cfg.n_layers, self.cfg.memory_length, self.cfg.max_seq_len)
+
     def forward_with_attention(self, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Logits and every layer's attention weights (B, nh, T, T), for visualisation."""
+        """Logits and every layer's attention weights (B, nh, T, T), for visualisation (with a memory: one segment,
+        the first, which reads none)."""
+        if self.cfg.memory_length and ids.size(1) > self.cfg.max_seq_len:
+            raise ConfigError(f"a model with model.memory_length reads {ids.size(1)} tokens in segments of "
+                              f"{self.cfg.max_seq_len}, each with its own weights to show: show one segment at a time")
         hidden, weights = self.decoder.forward_with_attention(self.embed(ids))
         return self._logits(hidden), weights
 
@@ -59,10 +108,15 @@ class CausalLM(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def new_cache(self, max_len: int) -> KVCache:
+        """A KV cache for up to ``max_len`` positions; with ``model.memory_length`` a :class:`RecurrentCache`, which
+        holds a segment's keys and its memory (M + S positions) however long the text."""
+        if self.cfg.memory_length:
+            return RecurrentCache(self.cfg.n_layers, self.new_memory())
         return self.decoder.new_cache(max_len)
 
     @property
     def context_length(self) -> int | None:
         """Longest context generation feeds the model (``data.max_seq_len``); None: no limit (a
-        sliding window over relative positions, see :attr:`trident.backbone.TransformerStack.context_length`)."""
-        return self.decoder.context_length
+        sliding window over relative positions, see :attr:`trident.backbone.TransformerStack.context_length`; a memory
+        (model.memory_length), which reads any length segment by segment)."""
+        return None if self.cfg.memory_length else self.decoder.context_length

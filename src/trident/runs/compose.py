@@ -90,5 +90,7 @@ OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_no
 OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
 # conf/train.yaml's run_name (and with it the run directory's name) reads this.
 OmegaConf.register_new_resolver("trident.model_name", model_name, replace=True)
+# conf/data/shakespeare.yaml's data.contiguous: on for a model with a memory (model.memory_length > 0).
+OmegaConf.register_new_resolver("trident.has_memory", lambda length: bool(length), replace=True)
 # conf/hydra/default.yaml: a sweep job's directory, which Hydra resolves as the job starts.
 OmegaConf.register_new_resolver("trident.job_subdir", job_subdir, replace=True)

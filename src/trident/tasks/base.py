@@ -104,6 +104,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
     ENCODER_DECODER: ClassVar[bool] = False
     #: The stack a single-stack network runs, ``"decoder"`` or ``"encoder"`` (see :meth:`stack`).
     STACK: ClassVar[str | None] = None
+    #: Whether the network reads its text in segments with a memory (``model.memory_length``: task=lm's causal LM).
+    RECURRENT: ClassVar[bool] = False
     #: The parameters of ``net`` (name prefixes) that a fine-tuning adds and that train under a converter
     #: (``finetune=lora``) beside what it lets train, the base frozen (peft's ``modules_to_save``): e.g. a classifier head.
     HEAD: ClassVar[tuple[str, ...]] = ()
@@ -310,6 +312,9 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
                 f"data={cfg.data.name} ({data_class.__name__}) is not data for task={cfg.task.name}, which needs "
                 f"{cls.DATA_MODULE.__name__}: choose a {cfg.task.name} data option (docs/configuration.md, config groups)"
             )
+        if cfg.model.get("memory_length") and not cls.RECURRENT:  # a decoder stack would build, the memory unused
+            raise ConfigError(f"model.memory_length (Transformer-XL's segment recurrence) serves task=lm's causal LM, not "
+                              f"task={cfg.task.name}: set model.memory_length=0")
         if cls.TRAINS_WITH:  # the objective fits the task's outputs
             objective_name(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
         check_distill_run(cls, cfg)  # distill=kd: a task and objective it fits, its settings

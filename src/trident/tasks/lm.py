@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from trident.backbone import SegmentMemory
 from trident.converters import CONVERTERS, converters_of
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
+from trident.errors import ConfigError
 from trident.models import CausalLM, generate
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING, TIED_HEAD
 from trident.models.sampling import check_filters
@@ -38,6 +40,7 @@ class LanguageModelTask(TridentTask):
     VALIDATION_METRICS = ("val/loss", "val/ppl")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = LMDataModule
     STACK = "decoder"
+    RECURRENT = True
     TRAINS_WITH = ("next_token", "dpo", "orpo", "kto")
     CAPABILITIES = frozenset({GENERATE})
     net: CausalLM
@@ -73,6 +76,9 @@ class LanguageModelTask(TridentTask):
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after
                       self.sampling.get("temperature", 1.0))
+        # model.memory_length: each stage's memory (train, val, test), what its previous batch's rows left; a new one,
+        # empty, at each epoch's start. Never saved: a resumed run starts with an empty memory.
+        self.memories: dict[str, SegmentMemory] = {}
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.net(ids)
@@ -81,6 +87,7 @@ class LanguageModelTask(TridentTask):
     def validate_config(cls, cfg: DictConfig) -> None:
         super().validate_config(cfg)
         check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
+        check_memory_run(cfg)
 
     @classmethod
     def validation_metrics(cls, cfg: DictConfig) -> tuple[str, ...]:
@@ -117,9 +124,34 @@ class LanguageModelTask(TridentTask):
         (IGNORE_INDEX at prompt tokens of chat data and padding)."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
         def scores(net: nn.Module) -> Tensor:  # (B, T, V)
-            return net(inputs, documents=documents[0]) if documents else net(inputs)
+            if documents:
+                return net(inputs, documents=documents[0])
+            # model.memory_length: the batch's rows continue the previous batch's of the stage (data.contiguous, which
+            # the student's memory turns on): the student and a teacher with a memory each carry their own.
+            if self.net.cfg.memory_length and net.cfg.memory_length:
+                return net(inputs, memory=self.stage_memory(stage if net is self.net else f"{stage}/teacher", net))
+            return net(inputs)
 
         return taught(self, Outputs(scores(self.net), targets), stage, scores)  # distill=kd: the teacher's too
+
+    def stage_memory(self, stage: str, net: CausalLM | None = None) -> SegmentMemory:
+        """The memory (model.memory_length) that ``stage``'s batches carry from one to the next (of ``net``, default
+        the student; ``stage``: its key, e.g. ``train/teacher``)."""
+        if stage not in self.memories:
+            self.memories[stage] = (net or self.net).new_memory()
+        return self.memories[stage]
+
+    def on_train_epoch_start(self) -> None:
+        # Each epoch reads its streams from their start again: the memory of their end is no context for it. The
+        # training memory lives on across a validation, which has its own (each validation starts one, empty).
+        for key in ("train", "train/teacher"):
+            self.memories.pop(key, None)
+
+    def on_validation_epoch_start(self) -> None:
+        self.memories.pop("val", None)
+
+    def on_test_epoch_start(self) -> None:
+        self.memories.pop("test", None)
 
     def _loss(self, batch: tuple[Tensor, ...], stage: str = "train") -> tuple[Tensor, Tensor]:
         """The objective's summed loss of ``batch`` and the count of its trained targets; its parts (e.g. DPO's
@@ -171,3 +203,22 @@ class LanguageModelTask(TridentTask):
             results.append((prompt, self.tokenizer.decode(out[0].tolist())))
         self.train(was_training)
         return results
+
+
+def check_memory_run(cfg: DictConfig) -> None:
+    """``model.memory_length`` reads plain text (data=shakespeare, text_files, ...: not packed conversations or
+    preference pairs, so the next-token objective) as contiguous segments of ``data.block_size`` tokens, which its
+    segments at inference (``data.max_seq_len``) must equal: one line for what does not fit."""
+    import hydra.utils
+
+    if not cfg.model.get("memory_length"):
+        return
+    if hydra.utils.get_class(cfg.data._target_) is not LMDataModule:
+        raise ConfigError(f"model.memory_length reads plain text as contiguous segments; data={cfg.data.name} packs other "
+                          "examples: use a text corpus (data=shakespeare, text_files, ...), or model.memory_length=0")
+    if not cfg.data.get("contiguous"):
+        raise ConfigError("model.memory_length needs data.contiguous=true (each batch row continuing the previous "
+                          "batch's): remove the data.contiguous=false override")
+    if cfg.data.block_size != cfg.data.max_seq_len:
+        raise ConfigError(f"model.memory_length: a segment is data.block_size={cfg.data.block_size} tokens in training "
+                          f"and data.max_seq_len={cfg.data.max_seq_len} at inference: set them equal")

@@ -120,6 +120,8 @@ def settings_fixed_by(cfg: DictConfig, source: PretrainedWeights, explicit: list
 
     defaults = {k: TransformerConfig.__dataclass_fields__[k].default for k in YOUNGER_SETTINGS}
     wanted: dict[str, Any] = {f"model.{k}": v for k, v in (defaults | source.model).items()}
+    if not hydra.utils.get_class(cfg.task._target_).RECURRENT:  # a memory adds no weights: another task reads without one
+        wanted.pop("model.memory_length", None)
     wanted["pos_encoding.name"] = source.pos_encoding
     wanted["pos_encoding.options"] = source.pos_encoding_options
     taken = hydra.utils.get_class(cfg.task._target_).settings_from_source(source, cfg, explicit)

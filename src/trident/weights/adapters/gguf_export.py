@@ -119,6 +119,7 @@ def require_readable(arch: str, net: CausalLM, model_type: str, settings: Mappin
     windows = [layer.attention_window for layer in cfg.layer_settings]
     require_equivalent(windows == [None] * cfg.n_layers, "model.attention_window", cfg.attention_window, target,
                        "llama.cpp's and transformers' GGUF readers of it have no sliding window")
+    require_equivalent(not cfg.memory_length, "model.memory_length", cfg.memory_length, target, "it keeps no memory")
     qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v always have biases; the others' none
     require_equivalent(cfg.qkv_bias == qkv_bias and not cfg.attn_out_bias and not cfg.mlp_bias, "model.bias",
                        cfg.bias, target, "transformers' GGUF reader reads biases on Qwen2's q, k and v only")

@@ -183,6 +183,7 @@ def _require_family(family: GemmaFamily, cfg: TransformerConfig, net: CausalLM) 
         (not cfg.embedding_norm, "model.embedding_norm", cfg.embedding_norm, "it does not normalise its embeddings"),
         (cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, "it has no layer scale"),
         (cfg.attention == "softmax", "model.attention", cfg.attention, "it computes softmax attention"),
+        (not cfg.memory_length, "model.memory_length", cfg.memory_length, "it keeps no memory"),
     ):
         require_equivalent(ok, setting, value, target, fix)
     require_property(net.embed.scale != 1.0, CausalLM, SCALED_EMBEDDING, False, target,

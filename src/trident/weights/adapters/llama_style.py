@@ -237,6 +237,7 @@ def _require_family(family: Family, cfg: TransformerConfig, net: CausalLM) -> No
                        "it does not normalise its embeddings")
     require_equivalent(cfg.layer_scale_init is None, "model.layer_scale_init", cfg.layer_scale_init, target, "it has no layer scale")
     require_equivalent(cfg.attention == "softmax", "model.attention", cfg.attention, target, "it computes softmax attention")
+    require_equivalent(not cfg.memory_length, "model.memory_length", cfg.memory_length, target, "it keeps no memory")
     require_property(net.embed.scale == 1.0, CausalLM, SCALED_EMBEDDING, True, target, "it does not scale its embeddings")
     require_equivalent(cfg.qk_norm == family.qk_norm, "model.qk_norm", cfg.qk_norm, target,
                        "it has QK-norm in every layer" if family.qk_norm else "it has no QK-norm (Qwen3 has)")
