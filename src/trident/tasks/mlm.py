@@ -82,7 +82,7 @@ class MaskedLanguageModelTask(TridentTask):
         super().validate_config(cfg)
         if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
             raise ConfigError(
-                f"data={cfg.data.name} is not text data for task=mlm: choose a language-modelling data option "
+                f"data={cfg.data.name} is not text data for task={cfg.task.name}: choose a language-modelling data option "
                 "(shakespeare, bible_kjv, text_files, wikitext103, tinystories)"
             )
         # Checked here because this hook runs before the backbone's checks and the task's constructor.
@@ -100,13 +100,14 @@ class MaskedLanguageModelTask(TridentTask):
         name = cfg.pos_encoding.name
         if not pos_encoding_class(name).supports_bidirectional:
             raise ConfigError(
-                f"pos_encoding={name} cannot serve the bidirectional encoder of task=mlm: "
+                f"pos_encoding={name} cannot serve the bidirectional encoder of task={cfg.task.name}: "
                 f"choose one of {', '.join(bidirectional_pos_encodings())}"
             )
         if name == "none":
             log.warning(
-                "pos_encoding=none with task=mlm: without a causal mask the encoder sees an unordered bag of "
-                "tokens, so every [MASK] of a block gets the same prediction (a baseline for position ablations)"
+                "pos_encoding=none with task=%s: without a causal mask the encoder sees an unordered bag of "
+                "tokens, so every [MASK] of a block gets the same prediction (a baseline for position ablations)",
+                cfg.task.name,
             )
 
     def forward(self, ids: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

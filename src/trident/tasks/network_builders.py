@@ -19,8 +19,17 @@ from torch import nn
 
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, did_you_mean
-from trident.models import CausalLM, EncoderDecoder, MaskedLM, SequenceClassifier, VisionTransformer, vit_geometry
+from trident.models import (
+    CausalLM,
+    EncoderDecoder,
+    MaskedLM,
+    ReplacedTokenDetector,
+    SequenceClassifier,
+    VisionTransformer,
+    vit_geometry,
+)
 from trident.models.clip import CLIP
+from trident.models.electra_generator import generator_config
 
 NetworkBuilder = Callable[..., nn.Module]
 
@@ -32,6 +41,17 @@ def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: b
 
 def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool) -> MaskedLM:
     return MaskedLM(backbone, vocab_size, scale_embeddings=scale_embeddings)
+
+
+def replaced_token_detector(backbone: TransformerConfig, *, vocab_size: int,
+                            scale_embeddings: bool) -> ReplacedTokenDetector:
+    return ReplacedTokenDetector(backbone, vocab_size, scale_embeddings=scale_embeddings)
+
+
+def electra_generator(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool,
+                      generator_size: float) -> MaskedLM:
+    """task=electra's generator (its ``generator``), a masked LM ``generator_size`` as wide as ``backbone``."""
+    return MaskedLM(generator_config(backbone, generator_size), vocab_size, scale_embeddings=scale_embeddings)
 
 
 def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
@@ -47,7 +67,7 @@ def vision_transformer(backbone: TransformerConfig, *, patch_size: int, in_chann
 
 
 def sequence_classifier(backbone: TransformerConfig, *, vocab_size: int, class_names: list[str], stack: str,
-                        pool: str, scale_embeddings: bool, class_token_in_text: bool, pooler: bool) -> SequenceClassifier:
+                        pool: str, scale_embeddings: bool, class_token_in_text: bool, pooler: bool | str) -> SequenceClassifier:
     return SequenceClassifier(backbone, vocab_size, len(class_names), stack=stack, pool=pool,
                               scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text, pooler=pooler)
 
@@ -108,6 +128,7 @@ BUILDERS: dict[str, NetworkBuilder] = {
     "trident.tasks.vit.ImageClassificationTask": vision_transformer,
     "trident.tasks.classify.SequenceClassificationTask": sequence_classifier,
     "trident.tasks.clip.ContrastiveImageTextTask": clip,
+    "trident.tasks.electra.ElectraTask": replaced_token_detector,
 }
 
 
