@@ -16,10 +16,7 @@ def generator_config(discriminator: TransformerConfig, size: float) -> Transform
     (task.generator_size, (0, 1]; the paper's best is 1/4 to 1/2), heads of the discriminator's head size (ELECTRA's
     ``hidden_size // 64`` heads), as many layers, and the discriminator's embedding width E, projected to its own
     width where they differ (transformers' ``embeddings_project``)."""
-    if not is_number(size) or not 0.0 < size <= 1.0:
-        raise ConfigError(f"task.generator_size must be in (0, 1] (the generator's width over the discriminator's), got "
-                          f"{size!r}: a generator as wide as the discriminator or wider learns too well for the "
-                          "discriminator to learn from it; set e.g. task.generator_size=0.25")
+    check_generator_size(size)
     width = max(1, round(discriminator.d_model * size))
     heads = max(1, width // discriminator.head_dim)
     if width % heads:
@@ -30,7 +27,18 @@ def generator_config(discriminator: TransformerConfig, size: float) -> Transform
     return dataclasses.replace(
         discriminator, d_model=width, n_heads=heads, n_kv_heads=None, head_dim=None,
         d_ff=max(1, round(discriminator.d_ff * size)), embedding_dim=None if embedding == width else embedding,
+        # Declared ELECTRA's where the discriminator declares no family: the hf export writes the two as one family
+        # (a MaskedLM of no family would be written as BERT's or ALBERT's).
+        family=discriminator.family or "electra",
     )
+
+
+def check_generator_size(size: object) -> None:
+    if not is_number(size) or not 0.0 < size <= 1.0:  # type: ignore[operator]
+        raise ConfigError(f"task.generator_size must be in (0, 1] (the generator's width over the discriminator's), got "
+                          f"{size!r}: a generator wider than the discriminator is refused (the paper's best are 1/4 to "
+                          "1/2 of its width: wider ones learn too well for the discriminator to learn from them); set "
+                          "e.g. task.generator_size=0.25")
 
 
 def share_embeddings(generator: MaskedLM, discriminator: ReplacedTokenDetector) -> None:

@@ -16,8 +16,8 @@ from trident.data.base import TridentDataModule
 from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
-from trident.models.sequence_classifier import pooler_activation
 from trident.models.properties import MAX_SEQ_LEN, POOLER, READOUT, SCALED_EMBEDDING
+from trident.models.sequence_classifier import pooler_activation
 from trident.objectives import Outputs
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids

@@ -28,13 +28,14 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryAccuracy, BinaryPrecision, BinaryRecall, MulticlassAccuracy
 
+from trident.backbone import GATED_ACTIVATIONS
 from trident.data.base import TridentDataModule
 from trident.data.masking import Masking, mask_tokens, masking_generator
 from trident.data.mlm import MLMDataModule
 from trident.data.special_tokens import IGNORE_INDEX
 from trident.errors import ConfigError, is_number
 from trident.models import MaskedLM, ReplacedTokenDetector
-from trident.models.electra_generator import generator_config, share_embeddings
+from trident.models.electra_generator import check_generator_size, share_embeddings
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_input
@@ -57,6 +58,7 @@ class Step:
     originals: Tensor  # (N,) their original tokens
     discriminator_summed: Tensor  # () binary cross entropy summed over every token
     detected: Tensor  # (B, T) the discriminator's logits
+    corrupted: Tensor  # (B, T) the discriminator's input: the blocks, a sample at every masked position
     replaced: Tensor  # (B, T) bool: the token was replaced (the sample differs from the original)
 
 
@@ -120,6 +122,16 @@ class ElectraTask(TridentTask):
                               "drop objective=")
         MaskedLanguageModelTask.validate_config(cfg)
         check_weight(cfg.task.discriminator_weight)
+        check_generator_size(cfg.task.generator_size)
+        family = cfg.model.get("family")
+        if family not in (None, "electra"):
+            raise ConfigError(f"model.family={family} (architecture={family}) is "
+                              "not a discriminator's: task=electra trains ELECTRA's encoder, declared as ELECTRA "
+                              "(architecture=electra) or as trident's own (model.family=null)")
+        if cfg.model.activation in GATED_ACTIVATIONS:
+            raise ConfigError(f"model.activation={cfg.model.activation} is gated, which task=electra's heads (the "
+                              "discriminator's dense layer, the generator's MLM transform) cannot use: set "
+                              "model.activation=gelu (architecture=electra)")
         if shards_weights(cfg.trainer.get("strategy")):
             raise ConfigError("task=electra's generator and discriminator share their embedding, which "
                               "trainer=fsdp would shard once per network: use trainer=ddp (or one device)")
@@ -163,16 +175,14 @@ class ElectraTask(TridentTask):
         select = targets != IGNORE_INDEX  # (B, T)
         masked = self.generator(inputs, select=select).float()  # (N, V)
         originals = ids[select]  # (N,)
-        with torch.no_grad():  # a discrete sample: no gradient reaches the generator through it
-            probabilities = masked[:, : self.num_regular_tokens].softmax(dim=-1)  # (N, R)
-            sampled = torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)  # (N,)
+        sampled = sample_replacements(masked, self.num_regular_tokens, generator)  # (N,)
         corrupted = ids.masked_scatter(select, sampled)  # (B, T)
         replaced = corrupted != ids  # (B, T)
         detected = self.net(corrupted).float()  # (B, T)
         return Step(
             generator_summed=F.cross_entropy(masked, originals, reduction="sum"), masked=masked, originals=originals,
             discriminator_summed=F.binary_cross_entropy_with_logits(detected, replaced.float(), reduction="sum"),
-            detected=detected, replaced=replaced,
+            detected=detected, corrupted=corrupted, replaced=replaced,
         )
 
     def loss(self, step: Step) -> tuple[Tensor, Tensor]:
@@ -219,6 +229,14 @@ class ElectraTask(TridentTask):
 
     def on_test_epoch_end(self) -> None:
         self.log_epoch_loss("test")
+
+
+@torch.no_grad()  # a discrete sample: no gradient reaches the generator through it
+def sample_replacements(logits: Tensor, regular: int, generator: torch.Generator) -> Tensor:
+    """(N, V) generator logits -> (N,) tokens drawn from their softmax (temperature 1) over the ``regular`` tokens
+    (the vocabulary's first, before [MASK] and [PAD], which never replace a token)."""
+    probabilities = logits[:, :regular].float().softmax(dim=-1)  # (N, R)
+    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
 
 
 def check_weight(weight: object) -> None:

@@ -90,9 +90,10 @@ class MaskedLanguageModelTask(TridentTask):
         if not is_int(block_size) or block_size < 1:
             raise ConfigError(f"data.block_size must be an integer >= 1, got {block_size!r}: set e.g. data.block_size=128")
         check_seed(cfg.task.seed, "task.seed")
-        if not is_int(cfg.task.num_examples) or cfg.task.num_examples < 0:
+        num_examples = cfg.task.get("num_examples", 0)  # task=electra, which shares these checks, shows no table
+        if not is_int(num_examples) or num_examples < 0:
             raise ConfigError(
-                f"task.num_examples must be an integer >= 0 (0: no table), got {cfg.task.num_examples!r}: "
+                f"task.num_examples must be an integer >= 0 (0: no table), got {num_examples!r}: "
                 "set e.g. task.num_examples=4"
             )
         masking = Masking(cfg.task.mask_rate, cfg.task.mask_token_fraction, cfg.task.random_token_fraction)

@@ -132,15 +132,31 @@ BUILDERS: dict[str, NetworkBuilder] = {
 }
 
 
+#: The other networks a task trains beside ``net`` (its NETWORKS) that the exports of a network write beside it, by
+#: name and builder, by the task class its checkpoints name: task=electra's generator.
+OTHER_BUILDERS: dict[str, dict[str, NetworkBuilder]] = {
+    "trident.tasks.electra.ElectraTask": {"generator": electra_generator},
+}
+
+
+def build_others_from_settings(task: str | None, settings: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """The other networks (:data:`OTHER_BUILDERS`) of the task class ``task`` with the hyperparameters ``settings``."""
+    built = {name: _build(build, settings) for name, build in OTHER_BUILDERS.get(task or "", {}).items()}
+    return {name: network for name, network in built.items() if network is not None}
+
+
+def _build(build: NetworkBuilder, settings: Mapping[str, Any]) -> nn.Module | None:
+    names = list(inspect.signature(build).parameters)[1:]
+    if any(name not in settings for name in names):
+        return None
+    return build(TransformerConfig(**settings["backbone"]), **{name: settings[name] for name in names})
+
+
 def build_from_settings(task: str | None, settings: Mapping[str, Any]) -> nn.Module | None:
     """The network of the task class ``task`` (as a checkpoint names it) with the hyperparameters ``settings``;
     None when that task has no builder or ``settings`` lack one of its settings (a checkpoint of an earlier version:
     its task's constructor supplies the default)."""
     build = BUILDERS.get(task or "")
-    backbone = settings.get("backbone")
-    if build is None or not isinstance(backbone, Mapping):
+    if build is None or not isinstance(settings.get("backbone"), Mapping):
         return None
-    names = list(inspect.signature(build).parameters)[1:]
-    if any(name not in settings for name in names):
-        return None
-    return build(TransformerConfig(**backbone), **{name: settings[name] for name in names})
+    return _build(build, settings)

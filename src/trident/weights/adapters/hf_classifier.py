@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from trident.models import SequenceClassifier
-from trident.models.sequence_classifier import POOLER_ACTIVATIONS
 from trident.models.properties import CLASSES, POOLER, READOUT, SCALED_EMBEDDING
+from trident.models.sequence_classifier import POOLER_ACTIVATIONS
 from trident.weights.adapters.common import require_equivalent, strip_prefix
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
