@@ -21,7 +21,7 @@ from trident.tasks import electra
 from trident.tasks.electra import ElectraTask
 from trident.tasks.mlm import STAGES
 
-from .conftest import compose_config
+from .conftest import SMALL, compose_config
 from .test_token_loss import Batches
 
 VOCAB, MASK, PAD = 20, 18, 19  # 18 regular tokens, then [MASK] and [PAD]
@@ -164,3 +164,47 @@ def test_a_causal_stack_is_no_discriminator(tmp_path: Path) -> None:
     assert ElectraTask.other_stack(compose_config(["task=electra"], output_dir=tmp_path).task, "decoder")[1].startswith(
         "fine-tune it with task=lm")
     assert math.isclose(electra_task().discriminator_weight, 50.0)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_an_electra_run_exports_both_networks_and_starts_a_classifier(tmp_path: Path) -> None:
+    """train.py task=electra architecture=electra (a handful of steps on the default MLM data), then
+    trident-export --format hf: the discriminator is ElectraForPreTraining with the run's logits, the generator beside
+    it (generator/) ElectraForMaskedLM with the generator's; then task=classify init_from the run takes the
+    discriminator's encoder."""
+    transformers = pytest.importorskip("transformers")
+    import trident
+    from trident.commands.export import main as export_main
+    from trident.runs.pipeline import train
+
+    from .test_classify_class_token import CLASSIFY_SMALL, write_splits
+    from .test_init_from import _history
+
+    run = tmp_path / "electra"
+    small = [o for o in SMALL if not o.startswith("task.sampling")]
+    train(compose_config(["task=electra", "architecture=electra", *small, "logger=none", "test=false"], output_dir=run))
+    logged = {key for row in _history(run) for key in row}
+    assert {"train/loss", "train/generator_loss", "train/discriminator_loss", "val/loss", "val/discriminator_acc",
+            "val/replaced_recall"} <= logged
+    task = trident.load(run)
+    export_main([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    discriminator = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    generator = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf" / "generator").eval()
+    assert (type(discriminator).__name__, type(generator).__name__) == ("ElectraForPreTraining", "ElectraForMaskedLM")
+    ids = torch.randint(0, task.num_regular_tokens, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(discriminator(ids).logits, task.net(ids), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(generator(ids).logits, task.generator(ids), atol=1e-5, rtol=1e-5)
+
+    classify = tmp_path / "classify"
+    files = write_splits(tmp_path)
+    small = [o for o in CLASSIFY_SMALL if o != "model=nano"]
+    train(compose_config([*small, f"init_from={run}", "task.pooler=gelu", "trainer.max_steps=1", "optimizer.lr=1e-30",
+                          "scheduler=constant", "test=false", "data.source=files",
+                          f"data.files={{train: {files['train']}, validation: {files['validation']}, "
+                          f"test: {files['test']}}}"], output_dir=classify))
+    classifier = trident.load(classify)
+    assert classifier.net.cfg.family == "electra" and classifier.net.cfg.embedding_dim == task.net.cfg.embedding_dim
+    for name, tensor in task.net.encoder.state_dict().items():
+        torch.testing.assert_close(classifier.net.encoder.state_dict()[name], tensor, rtol=0, atol=1e-20)
