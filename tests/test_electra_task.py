@@ -202,8 +202,8 @@ def test_an_electra_run_exports_both_networks_and_starts_a_classifier(tmp_path: 
     small = [o for o in CLASSIFY_SMALL if o != "model=nano"]
     train(compose_config([*small, f"init_from={run}", "task.pooler=gelu", "trainer.max_steps=1", "optimizer.lr=1e-30",
                           "scheduler=constant", "test=false", "data.source=files",
-                          f"data.files={{train: {files['train']}, validation: {files['validation']}, "
-                          f"test: {files['test']}}}"], output_dir=classify))
+                          (f"data.files={{train: {files['train']}, validation: {files['validation']}, "
+                           f"test: {files['test']}}}")], output_dir=classify))
     classifier = trident.load(classify)
     assert classifier.net.cfg.family == "electra" and classifier.net.cfg.embedding_dim == task.net.cfg.embedding_dim
     for name, tensor in task.net.encoder.state_dict().items():
