@@ -157,3 +157,12 @@ def test_a_projection_that_contradicts_the_widths_is_one_line(tmp_path: Path) ->
 def test_a_bad_pooler_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^task.pooler must be false, true \(tanh\), tanh or gelu, got 'relu'"):
         SequenceClassifier(electra_settings(), VOCAB, 3, pooler="relu")
+
+
+def trident_electra() -> MaskedLM:
+    """An ELECTRA generator of trident's (a 12-wide embedding projected to the width), random: the hf writing tests'."""
+    return randomise(MaskedLM(electra_settings(embedding_dim=12), VOCAB).eval(), seed=1)  # type: ignore[return-value]
+
+
+def trident_discriminator() -> ReplacedTokenDetector:
+    return randomise(ReplacedTokenDetector(electra_settings(embedding_dim=12), VOCAB).eval(), seed=1)  # type: ignore[return-value]

@@ -133,6 +133,11 @@ class ElectraTask(TridentTask):
             raise ConfigError(f"model.activation={cfg.model.activation} is gated, which task=electra's heads (the "
                               "discriminator's dense layer, the generator's MLM transform) cannot use: set "
                               "model.activation=gelu (architecture=electra)")
+        finetune = (cfg.get("finetune") or {}).get("name", "full")
+        if finetune != "full":
+            raise ConfigError(f"finetune={finetune} adapts a pre-trained network, the rest frozen; task=electra pre-trains "
+                              "its generator (from scratch) and discriminator: use finetune=full, then fine-tune the "
+                              f"discriminator with task=classify finetune={finetune} init_from=<the electra run>")
         if shards_weights(cfg.trainer.get("strategy")):
             raise ConfigError("task=electra's generator and discriminator share their embedding, which "
                               "trainer=fsdp would shard once per network: use trainer=ddp (or one device)")

@@ -120,7 +120,8 @@ class Discriminator:
 
     def from_trident(self, net: ReplacedTokenDetector) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
         """The architecture name, config arguments and state dict of ``net``."""
-        config = config_from_trident(net.cfg, net.vocab_size, self.TARGET)
+        # ElectraConfig's default, written by save_pretrained whatever the head (the discriminator's ties nothing).
+        config = config_from_trident(net.cfg, net.vocab_size, self.TARGET) | {"tie_word_embeddings": True}
         require_property(net.embed.scale == 1.0, ReplacedTokenDetector, SCALED_EMBEDDING, True, self.TARGET,
                          f"{NAME} does not scale its embeddings")
         own = net.state_dict()
