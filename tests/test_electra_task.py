@@ -149,8 +149,8 @@ def test_a_bad_electra_setting_is_one_line_before_any_work(overrides: list[str],
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"generator_size": 0.875}, ("task.generator_size=0.875 gives the generator a width of 28, which 3 heads of "
-                                 "the discriminator's size 8 do not split")),
+    ({"generator_size": 0.875}, ("task.generator_size=0.875 gives the generator a width of 28, which 3 heads of the "
+                                 "discriminator's size 8 do not split")),
     ({"generator_size": 0}, "task.generator_size must be in (0, 1]"),
 ])
 def test_a_generator_the_stack_cannot_build_is_one_line(settings: dict[str, Any], message: str) -> None:

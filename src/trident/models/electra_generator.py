@@ -20,9 +20,9 @@ def generator_config(discriminator: TransformerConfig, size: float) -> Transform
     width = max(1, round(discriminator.d_model * size))
     heads = max(1, width // discriminator.head_dim)
     if width % heads:
-        raise ConfigError(f"task.generator_size={size:g} gives the generator a width of {width}, which {heads} heads of "
-                          f"the discriminator's size {discriminator.head_dim} do not split: choose a size whose width "
-                          f"is a multiple of {discriminator.head_dim}")
+        raise ConfigError(f"task.generator_size={size:g} gives the generator a width of {width}, which {heads} heads "
+                          f"of the discriminator's size {discriminator.head_dim} do not split: choose a size whose "
+                          f"width is a multiple of {discriminator.head_dim}")
     embedding = discriminator.embedding_width
     return dataclasses.replace(
         discriminator, d_model=width, n_heads=heads, n_kv_heads=None, head_dim=None,

@@ -1,12 +1,13 @@
 """The sequence classifiers of the encoder families (``AlbertForSequenceClassification``,
-``RobertaForSequenceClassification``, ``ElectraForSequenceClassification``) <-> trident's ``SequenceClassifier`` with a pooler.
+``RobertaForSequenceClassification``, ``ElectraForSequenceClassification``) <-> trident's ``SequenceClassifier``
+with a pooler.
 
-Each reads the output at the first position (the text's own class token: ALBERT's ``[CLS]``, RoBERTa's ``<s>``), passes
-it through a dense layer and tanh (ALBERT's ``pooler``, RoBERTa's ``classifier.dense``) or GELU (ELECTRA's
-``classifier.dense``) and projects it to the classes: trident's ``head`` as ``Sequential(Linear, Tanh or GELU, Linear)``. The backbone is the family's own (its
-:class:`~trident.weights.adapters.bert_like.EncoderFamily`'s ``backbone_from_hf`` / ``backbone_to_hf`` /
-``config_from_trident``); the classifier adapter is the family's ``CLASSIFIER``, which the registry finds on it for a
-``SequenceClassifier`` of that family.
+Each reads the output at the first position (the text's own class token: ALBERT's ``[CLS]``, RoBERTa's ``<s>``),
+passes it through a dense layer and tanh (ALBERT's ``pooler``, RoBERTa's ``classifier.dense``) or GELU (ELECTRA's
+``classifier.dense``) and projects it to the classes: trident's ``head`` as ``Sequential(Linear, Tanh or GELU,
+Linear)``. The backbone is the family's own (its :class:`~trident.weights.adapters.bert_like.EncoderFamily`'s
+``backbone_from_hf`` / ``backbone_to_hf`` / ``config_from_trident``); the classifier adapter is the family's
+``CLASSIFIER``, which the registry finds on it for a ``SequenceClassifier`` of that family.
 """
 
 from __future__ import annotations
