@@ -141,8 +141,7 @@ def test_a_setting_electra_lacks_is_named(settings: dict[str, object], named: st
 def test_a_classifier_electra_cannot_write_is_one_line() -> None:
     cfg = electra_settings()
     with pytest.raises(ConfigError, match=r"^task.pooler=True has no ELECTRA sequence classifier \(hf export\) "
-                                          r"equivalent: it reads the pooled vector through a dense layer and gelu "
-                                          r"\(train with task.pooler=gelu\)"):
+                                          r"equivalent: it reads the pooled vector through a dense layer and gelu$"):
         to_transformers(SequenceClassifier(cfg, VOCAB, 3, class_token_in_text=True, pooler=True))
 
 

@@ -71,8 +71,7 @@ class ClassifierAdapter:
                      if isinstance(net.head, nn.Sequential) else None)
         require_property(pooled_by == self.activation, SequenceClassifier, POOLER,
                          {None: False, "tanh": True}.get(pooled_by, pooled_by), self.TARGET,
-                         f"it reads the pooled vector through a dense layer and {self.activation} "
-                         f"(train with task.pooler={self.pooler})")
+                         f"it reads the pooled vector through a dense layer and {self.activation}")
         require_property(net.embed.scale == 1.0, SequenceClassifier, SCALED_EMBEDDING, True, self.TARGET,
                          "it does not scale its embeddings")
         cfg = net.cfg
