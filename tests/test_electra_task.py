@@ -209,3 +209,45 @@ def test_an_electra_run_exports_both_networks_and_starts_a_classifier(tmp_path: 
     assert classifier.net.cfg.family == "electra" and classifier.net.cfg.embedding_dim == task.net.cfg.embedding_dim
     for name, tensor in task.net.encoder.state_dict().items():
         torch.testing.assert_close(classifier.net.encoder.state_dict()[name], tensor, rtol=0, atol=1e-20)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_an_electra_classifier_read_trained_and_exported_keeps_the_sources_logits(tmp_path: Path) -> None:
+    """task=classify init_from an ElectraForSequenceClassification directory (its WordPiece tokenizer, [CLS] ... [SEP]):
+    the source sets task.pooler=gelu; one step that moves nothing, then trident-export --format hf gives the source's
+    logits on the run's right-padded batch."""
+    transformers = pytest.importorskip("transformers")
+    import trident
+    from trident.commands.export import main as export_main
+    from trident.runs.pipeline import train
+
+    from .convert_helpers import randomise
+    from .test_classify_class_token import MAX_LENGTH, bert_tokenizer, classify_from, texts_of, write_splits
+
+    tokenizer = bert_tokenizer()
+    config = transformers.ElectraConfig(vocab_size=tokenizer.get_vocab_size(), embedding_size=16, hidden_size=32,
+                                        num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                                        max_position_embeddings=40, num_labels=3)
+    reference = randomise(transformers.ElectraForSequenceClassification(config), seed=3, std=0.3).eval()
+    reference.save_pretrained(tmp_path / "source")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
+                                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+                                         ).save_pretrained(tmp_path / "source")
+    run = tmp_path / "run"
+    train(compose_config([*classify_from(tmp_path / "source", write_splits(tmp_path)), "trainer.max_steps=1",
+                          "optimizer.lr=1e-30", "scheduler=constant", "test=false"], output_dir=run))
+    task = trident.load(run)
+    assert task.hparams.pooler == "gelu" and task.net.cfg.family == "electra"
+    export_main([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    exported = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported) is type(reference)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "source")
+    inputs = hf_tokenizer(texts_of("validation"), truncation=True, max_length=MAX_LENGTH, padding=True,
+                          return_tensors="pt")
+    assert (inputs["attention_mask"] == 0).any(), "right-padded rows in the batch"
+    with torch.no_grad():
+        expected = reference(**inputs).logits
+        torch.testing.assert_close(task.net(inputs["input_ids"], key_padding_mask=inputs["attention_mask"] == 0),
+                                   expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(exported(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
