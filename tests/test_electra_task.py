@@ -139,6 +139,8 @@ def test_two_uneven_micro_batches_step_as_the_batch_they_make(monkeypatch: pytes
     (["architecture=llama"], "model.family=llama (architecture=llama) is not a discriminator's"),
     (["model.activation=swiglu"], "model.activation=swiglu is gated, which task=electra's heads"),
     (["data=mnist"], "data=mnist is not text data for task=electra"),
+    (["distill=kd", "distill.teacher=teacher.ckpt"], ("distill=kd is for task=lm, classify, vit and translation, not "
+                                                      "task=electra")),
     (["finetune=lora"], "finetune=lora adapts a pre-trained network, the rest frozen; task=electra pre-trains"),
 ])
 def test_a_bad_electra_setting_is_one_line_before_any_work(overrides: list[str], message: str, tmp_path: Path) -> None:

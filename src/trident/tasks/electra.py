@@ -41,6 +41,7 @@ from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_input
 from trident.tasks.mlm import STAGES, MaskedLanguageModelTask
 from trident.tasks.network_builders import electra_generator, replaced_token_detector
+from trident.tasks.teacher import check_distill_run
 from trident.training.flops import FORWARD_AND_BACKWARD, masked_lm_flops, stack_flops
 from trident.training.optim import parameter_groups, positional_parameter_names
 
@@ -121,6 +122,7 @@ class ElectraTask(TridentTask):
             raise ConfigError(f"objective={cfg.task.objective.get('name')} does not apply to task=electra, which trains "
                               "its own loss (the generator's MLM loss + task.discriminator_weight x the discriminator's): "
                               "drop objective=")
+        check_distill_run(cls, cfg)  # named for task=electra before task=mlm's checks would name task=mlm
         MaskedLanguageModelTask.validate_config(cfg)
         check_weight(cfg.task.discriminator_weight)
         check_generator_size(cfg.task.generator_size)
