@@ -103,7 +103,8 @@ class ElectraTask(TridentTask):
                                            scale_embeddings=scale_embeddings, generator_size=generator_size)
         share_embeddings(self.generator, self.net)
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
-        self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
+        # pad_id: the data's, saved with the hyperparameters; no block holds padding (task=mlm's packed blocks).
+        self.mask_id, self.num_regular_tokens = mask_id, num_regular_tokens
         self.seed, self.discriminator_weight = seed, float(discriminator_weight)
         # Per stage: the generator's accuracy at the masked positions (micro: the share predicted exactly), the
         # discriminator's on every token, and its precision and recall on the replaced ones.
@@ -116,8 +117,9 @@ class ElectraTask(TridentTask):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         """task=mlm's checks (text data, masking rates, a bidirectional encoding), then ELECTRA's: its own loss (no
-        objective group), the generator's size and the loss weight, and one set of weights for both networks'
-        shared embedding (no sharded strategy)."""
+        objective group, no distillation), the generator's size and the loss weight, an encoder family with an
+        ungated activation for the heads, full training of both networks (no finetune=lora), and one set of weights
+        for both networks' shared embedding (no sharded strategy)."""
         if cfg.task.get("objective") is not None:
             raise ConfigError(f"objective={cfg.task.objective.get('name')} does not apply to task=electra, which trains "
                               "its own loss (the generator's MLM loss + task.discriminator_weight x the discriminator's): "
