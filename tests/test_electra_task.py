@@ -72,6 +72,16 @@ def test_the_loss_is_the_generators_mlm_loss_plus_lambda_times_the_discriminator
     assert float(summed) / 6 == pytest.approx(float(mlm + 7.0 * bce), rel=1e-5)
 
 
+def test_masks_and_samples_are_drawn_again_alike_and_differ_between_batches() -> None:
+    """From (seed, stage, batch, rank): a resumed run draws as the uninterrupted one did."""
+    task = electra_task()
+    ids = blocks(4)
+    first, again, other = (task.step(ids, "train", index).corrupted for index in (3, 3, 4))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    logits = torch.full((2, VOCAB), float("nan"))
+    assert electra.sample_replacements(logits, MASK, torch.Generator().manual_seed(0)).lt(MASK).all()
+
+
 def test_the_discriminator_term_gives_the_generator_no_gradient() -> None:
     """Through the sample nothing flows; the shared embedding is trained by both terms."""
     task = electra_task()

@@ -245,7 +245,9 @@ class ElectraTask(TridentTask):
 def sample_replacements(logits: Tensor, regular: int, generator: torch.Generator) -> Tensor:
     """(N, V) generator logits -> (N,) tokens drawn from their softmax (temperature 1) over the ``regular`` tokens
     (the vocabulary's first, before [MASK] and [PAD], which never replace a token)."""
-    probabilities = logits[:, :regular].float().softmax(dim=-1)  # (N, R)
+    # Non-finite logits (a diverging run) still give a sample: the loss, not the sampler, then stops or skips the step
+    # (nonfinite_loss), in one line.
+    probabilities = logits[:, :regular].float().nan_to_num().softmax(dim=-1)  # (N, R)
     return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
 
 
