@@ -263,3 +263,17 @@ def test_an_electra_classifier_read_trained_and_exported_keeps_the_sources_logit
         torch.testing.assert_close(task.net(inputs["input_ids"], key_padding_mask=inputs["attention_mask"] == 0),
                                    expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(exported(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["task.generator_size=1.5"], "error: task.generator_size must be in (0, 1]"),
+    (["architecture=gpt2"], "error: model.family=gpt2 (architecture=gpt2) is not a discriminator's"),
+])
+def test_train_py_refuses_a_bad_electra_run_in_one_line(args: list[str], line: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from .entry_points import run_in_process
+
+    result = run_in_process("train.py", ["task=electra", *args, "paths.output_root=outputs"], tmp_path, monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.last_line.startswith(line)
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.ckpt"))
