@@ -79,7 +79,26 @@ def test_masks_and_samples_are_drawn_again_alike_and_differ_between_batches() ->
     first, again, other = (task.step(ids, "train", index).corrupted for index in (3, 3, 4))
     assert torch.equal(first, again) and not torch.equal(first, other)
     logits = torch.full((2, VOCAB), float("nan"))
-    assert electra.sample_replacements(logits, MASK, torch.Generator().manual_seed(0)).lt(MASK).all()
+    assert electra.sample_replacements(logits, (MASK, PAD), torch.Generator().manual_seed(0)).lt(MASK).all()
+
+
+@pytest.mark.parametrize(("mask_id", "pad_id", "regular"), [
+    (3, 0, VOCAB),  # BERT's WordPiece from weights: [PAD] 0, [MASK] 103, inside the tokenizer's own vocabulary
+    (MASK, PAD, MASK - 1),  # <|endoftext|> (17) added after the corpus vocabulary, before [MASK] and [PAD]
+])
+def test_samples_are_never_mask_or_pad_by_id_and_may_be_any_text_token(mask_id: int, pad_id: int, regular: int) -> None:
+    """The generator favouring [MASK], [PAD] and the last id: the samples are never the first two, wherever the
+    tokenizer puts them, and the last (a token of the text, e.g. an added document end) is drawn."""
+    torch.manual_seed(0)
+    task = ElectraTask(BACKBONE, VOCAB, {"name": "sgd", "lr": 1.0}, {"name": "constant"}, mask_id=mask_id,
+                       pad_id=pad_id, num_regular_tokens=regular)
+    with torch.no_grad():
+        task.generator.head.bias[[mask_id, pad_id, MASK - 1]] = 30.0
+    ids = torch.randint(4, MASK - 1, (8, 16), generator=torch.Generator().manual_seed(1))
+    step = task.step(ids, "train", 0)
+    sampled = step.corrupted[step.corrupted != ids]
+    assert not torch.isin(step.corrupted, torch.tensor([mask_id, pad_id])).any()
+    assert (sampled == MASK - 1).float().mean() > 0.9
 
 
 def test_the_discriminator_term_gives_the_generator_no_gradient() -> None:
@@ -106,8 +125,8 @@ def fixed_masks(ids: Tensor, masking: Any, *, mask_id: int, num_regular_tokens: 
     return ids.masked_fill(targets != -100, mask_id), targets
 
 
-def most_likely(logits: Tensor, regular: int, generator: torch.Generator) -> Tensor:
-    return logits[:, :regular].argmax(dim=-1)
+def most_likely(logits: Tensor, never: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    return logits[:, :MASK].argmax(dim=-1)
 
 
 def one_step(task: ElectraTask, batches: list[Tensor], accumulate: int) -> dict[str, Tensor]:

@@ -3,7 +3,7 @@ the masked positions with samples, and the discriminator (``net``) tells, for ev
 
 Per batch: BERT's masking of the blocks (ELECTRA's rates: 15% of the tokens, 85% of those shown as ``[MASK]``, the
 rest unchanged, none random), the generator's cross entropy at the masked positions, a sample of the generator's
-softmax (temperature 1, among the regular tokens: never ``[MASK]`` or ``[PAD]``) at each of them, drawn without
+softmax (temperature 1, over the vocabulary but ``[MASK]`` and ``[PAD]``, by id) at each of them, drawn without
 gradient (the discriminator loss does not train the generator through the sample), and the discriminator's binary
 cross entropy on every token of the corrupted blocks, labelled 1 where the sample differs from the original (a sample
 equal to it is original, as in the paper). The loss: generator MLM loss + ``discriminator_weight`` (lambda, 50 in
@@ -103,8 +103,9 @@ class ElectraTask(TridentTask):
                                            scale_embeddings=scale_embeddings, generator_size=generator_size)
         share_embeddings(self.generator, self.net)
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
-        # pad_id: the data's, saved with the hyperparameters; no block holds padding (task=mlm's packed blocks).
-        self.mask_id, self.num_regular_tokens = mask_id, num_regular_tokens
+        # pad_id: never sampled (no block holds padding: task=mlm's packed blocks); num_regular_tokens: the masking's
+        # random replacements (task.random_token_fraction).
+        self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.discriminator_weight = seed, float(discriminator_weight)
         # Per stage: the generator's accuracy at the masked positions (micro: the share predicted exactly), the
         # discriminator's on every token, and its precision and recall on the replaced ones.
@@ -185,7 +186,7 @@ class ElectraTask(TridentTask):
         select = targets != IGNORE_INDEX  # (B, T)
         masked = self.generator(inputs, select=select).float()  # (N, V)
         originals = ids[select]  # (N,)
-        sampled = sample_replacements(masked, self.num_regular_tokens, generator)  # (N,)
+        sampled = sample_replacements(masked, (self.mask_id, self.pad_id), generator)  # (N,)
         corrupted = ids.masked_scatter(select, sampled)  # (B, T)
         replaced = corrupted != ids  # (B, T)
         detected = self.net(corrupted).float()  # (B, T)
@@ -242,13 +243,16 @@ class ElectraTask(TridentTask):
 
 
 @torch.no_grad()  # a discrete sample: no gradient reaches the generator through it
-def sample_replacements(logits: Tensor, regular: int, generator: torch.Generator) -> Tensor:
-    """(N, V) generator logits -> (N,) tokens drawn from their softmax (temperature 1) over the ``regular`` tokens
-    (the vocabulary's first, before [MASK] and [PAD], which never replace a token)."""
+def sample_replacements(logits: Tensor, never: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """(N, V) generator logits -> (N,) tokens drawn from their softmax (temperature 1) over the vocabulary but the ids
+    ``never`` ([MASK] and [PAD], which are no text's token). By id, not by a range of "regular" ids: a tokenizer that
+    came with its weights (BERT's WordPiece: [PAD] 0, [MASK] 103) holds them among its first ids, and a document end
+    added after the corpus vocabulary (<|endoftext|>) is a token of the text, which the paper's sampler can draw."""
     # Non-finite logits (a diverging run) still give a sample: the loss, not the sampler, then stops or skips the step
     # (nonfinite_loss), in one line.
-    probabilities = logits[:, :regular].float().nan_to_num().softmax(dim=-1)  # (N, R)
-    return torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+    scores = logits.float().nan_to_num()  # (N, V)
+    scores[:, list(never)] = -torch.inf
+    return torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
 def check_weight(weight: object) -> None:
