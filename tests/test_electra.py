@@ -165,3 +165,20 @@ def trident_electra() -> MaskedLM:
 
 def trident_discriminator() -> ReplacedTokenDetector:
     return randomise(ReplacedTokenDetector(electra_settings(embedding_dim=12), VOCAB).eval(), seed=1)  # type: ignore[return-value]
+
+
+def test_a_config_without_embedding_size_reads_transformers_default_of_128(tmp_path: Path) -> None:
+    """ElectraConfig's embedding_size is 128 where config.json has none (a hand-written config): the reader takes
+    transformers' default, not the width, so the directory transformers loads reads with its logits."""
+    import json
+
+    save_electra(tmp_path, embedding_size=128)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["embedding_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = transformers.ElectraForMaskedLM.from_pretrained(tmp_path).eval()
+    net = net_from(read_pretrained(tmp_path))
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask.long()).logits
+        torch.testing.assert_close(net(ids, key_padding_mask=~mask)[mask], expected[mask], atol=1e-5, rtol=1e-5)

@@ -35,6 +35,7 @@ from trident.weights.adapters.outside_network import OutsideNetwork, require_pro
 
 NAME = "ELECTRA"
 TOKEN_TYPES = 2  # ELECTRA's sentence A / sentence B
+EMBEDDING_SIZE = 128  # ElectraConfig's embedding_size where config.json has none (not hidden_size: transformers reads 128)
 HEAD = MlmHead("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias",
                "generator_lm_head")
 PROJECTION = {"embeddings_project.weight": "encoder.embedding_projection.weight",
@@ -48,7 +49,7 @@ def backbone_from_hf(config: dict[str, Any], backbone: dict[str, Tensor], source
     """The ``model`` settings, the embedding and encoder tensors (trident's names) of an ``ElectraModel`` state, and
     its context."""
     model, out, context = bert_like.bert_backbone_from_hf(config, backbone, source, name=NAME)
-    width, hidden = int(config.get("embedding_size", config["hidden_size"])), int(config["hidden_size"])
+    width, hidden = int(config.get("embedding_size", EMBEDDING_SIZE)), int(config["hidden_size"])
     projected = "embeddings_project.weight" in backbone
     require_source(projected == (width != hidden), source,
                    f"embedding_size={width} and hidden_size={hidden} {'with' if projected else 'without'} an embeddings_project")
