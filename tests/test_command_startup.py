@@ -237,4 +237,4 @@ def test_train_help_refuses_a_bad_override_in_one_line() -> None:
 
     with pytest.raises(ConfigError, match="model.no_such_key"):
         train_help(["model.no_such_key=1", "--help"])
-    assert "task: classify, clip, lm, mlm, translation, vit" in train_help(["-h"])
+    assert "task: classify, clip, electra, lm, mlm, translation, vit" in train_help(["-h"])

@@ -25,6 +25,7 @@ from tests.test_convert_gpt2 import trident_lm as gpt2_lm
 from tests.test_convert_llama_family import WRITE_CASES as LLAMA_CASES
 from tests.test_convert_llama_family import trident_lm as llama_lm
 from tests.test_convert_vit import trident_vit
+from tests.test_electra import trident_discriminator, trident_electra
 from tests.test_export_chat import CHATML, chatml_tokenizer, llama3_style_tokenizer
 from tests.test_roberta import trident_roberta
 from trident.data.chat_template import DEFAULT_TEMPLATE, ChatTemplate
@@ -105,6 +106,8 @@ CASES: dict[str, Case] = {
     "bert": (trident_bert, wordpiece_tokenizer, None, {}),
     "albert": (trident_albert, wordpiece_tokenizer, None, {}),
     "roberta": (trident_roberta, wordpiece_tokenizer, None, {}),
+    "electra": (trident_electra, wordpiece_tokenizer, None, {}),
+    "electra-discriminator": (trident_discriminator, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
     # task=clip's own word-level tokenizer (ends each text in <|endoftext|>), its zero-shot class names.
@@ -140,7 +143,7 @@ def test_the_hf_export_writes_what_transformers_writes(name: str, tmp_path: Path
         assert ours == theirs, file
 
 
-@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "albert", "vit-named", "llama-chatml", "qwen2-9",
+@pytest.mark.parametrize("name", ["gpt2-tied-char", "gpt2-untied", "bert", "albert", "electra", "vit-named", "llama-chatml", "qwen2-9",
                                   "qwen3-11", "mistral-14", "gemma2-0", "gemma3-2"])
 def test_the_written_directory_reads_in_transformers_with_the_networks_logits(name: str, tmp_path: Path) -> None:
     build, tokenize, class_names, settings = CASES[name]

@@ -229,7 +229,7 @@ def test_the_peft_export_of_a_run_from_a_hugging_face_directory_names_it_as_its_
         torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["hf_albert", "hf_roberta"])
+@pytest.mark.parametrize("family", ["hf_albert", "hf_roberta", "hf_electra"])
 def test_the_peft_export_of_a_family_without_a_layout_is_one_line_naming_the_hf_export(family: str) -> None:
     from trident.weights.adapters.peft_export import layout_for
 

@@ -23,6 +23,7 @@ from trident.errors import ConfigError, DataError
 from trident.tasks.base import FILL_MASK, GENERATE, TRANSLATE, TridentTask
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.clip import ContrastiveImageTextTask
+from trident.tasks.electra import ElectraTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.registry import TASKS
@@ -287,7 +288,8 @@ def _every_task() -> list[TridentTask]:
             _classifier(), _classifier(pool="mean"),
             ImageClassificationTask({**BACKBONE, **grid}, OPTIMIZER, SCHEDULER, **images),
             ContrastiveImageTextTask(BACKBONE, OPTIMIZER, SCHEDULER, vocab_size=11, eos_id=10, image_size=8, in_channels=1,
-                                     patch_size=4, mean=[0.5], std=[0.5], embed_dim=4, image={"embedding_norm": True})]
+                                     patch_size=4, mean=[0.5], std=[0.5], embed_dim=4, image={"embedding_norm": True}),
+            ElectraTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, mask_id=9, pad_id=10, num_regular_tokens=9, generator_size=0.5)]
 
 
 @pytest.mark.parametrize("task", _every_task(), ids=lambda task: f"{task.NAME}-{task.hparams.get('pool', '')}")

@@ -2,7 +2,8 @@
 
 ``CKPT`` is a checkpoint or a run directory (its best, else last checkpoint; ``trident.load``).
 
-- ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit) that
+- ``hf``: a Hugging Face directory (GPT-2 for task=lm, BERT for task=mlm, ViT for task=vit; task=electra's
+  discriminator as ElectraForPreTraining, its generator beside it in ``generator/`` as ElectraForMaskedLM) that
   ``AutoModelFor...from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` read; a setting
   with no Hugging Face equivalent (rope, pre-norm BERT, swiglu, ...) is refused, naming it. A
   ``finetune=lora`` run's adapters are merged into the weights. The network is read without its task
@@ -56,6 +57,8 @@ def export_hf(subject: TrainedNetwork | TridentTask, directory: Path) -> None:
     network = subject if isinstance(subject, TrainedNetwork) else network_of(subject)
     network.merge_converters()  # a finetune=lora run: its adapters folded into the weights Hugging Face reads
     write_hf(network.net, network.tokenizer, network.settings.get("class_names"), directory, network.tokenizer_settings)
+    for name, other in network.others.items():  # task=electra's generator: <out>/generator
+        write_hf(other, network.tokenizer, None, directory / name, network.tokenizer_settings)
 
 
 # --gguf-type: how the gguf export stores the matrices (norms, biases and position tables stay float32); the first is

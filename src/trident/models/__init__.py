@@ -3,6 +3,7 @@
 from trident.models.causal_lm import CausalLM
 from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
 from trident.models.masked_lm import MaskedLM
+from trident.models.replaced_token_detector import ReplacedTokenDetector
 from trident.models.sampling import generate, sample_next_token
 from trident.models.seq2seq import EncoderDecoder
 from trident.models.sequence_classifier import POOLS, SequenceClassifier
@@ -15,6 +16,7 @@ __all__ = [
     "EncoderDecoder",
     "Hypothesis",
     "MaskedLM",
+    "ReplacedTokenDetector",
     "SequenceClassifier",
     "VisionTransformer",
     "attention_rollout",

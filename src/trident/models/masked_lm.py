@@ -53,7 +53,7 @@ class MaskedLM(nn.Module):
         return self.head(self.transform(hidden))
 
 
-class _Activation(nn.Module):
+class HeadActivation(nn.Module):
     """One of the blocks' activations (model.activation) as a module of the head's transform."""
 
     def __init__(self, name: str) -> None:
@@ -77,4 +77,4 @@ def _head_activation(cfg: TransformerConfig) -> nn.Module:
         raise ConfigError(f"model.activation={cfg.activation} is gated, which the MLM head of a factorised embedding "
                           "(model.embedding_dim, ALBERT's: the blocks' activation) cannot use: set model.activation=gelu "
                           "or gelu_tanh, or model.embedding_dim=null")
-    return _Activation(cfg.activation)
+    return HeadActivation(cfg.activation)

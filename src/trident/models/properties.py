@@ -19,7 +19,7 @@ CHANNELS = "channels"  # int: the image channels its patch embedding reads
 PIXEL_MEAN = "pixel_mean"  # list[float]: per channel, the pixel statistics the network was trained with
 PIXEL_STD = "pixel_std"
 CLASSES = "classes"  # int: the rows of its classification head, where it has one
-POOLER = "pooler"  # bool: a dense layer and tanh read the pooled vector before the class projection
+POOLER = "pooler"  # bool | str: a dense layer and tanh (true) or GELU ("gelu") read the pooled vector before the classes
 # A two-tower network (CLIP): its backbone (OutsideNetwork.model) is the text tower.
 PROJECTION_DIM = "projection_dim"  # int: the width both towers project their pooled features to
 # dict | None: a tower's TransformerConfig fields that differ from the backbone's (None: it is the backbone).

@@ -8,9 +8,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trident.backbone import Decoder, Encoder, TokenEmbedding, TransformerConfig
+from trident.errors import ConfigError
 
 # stack -> the pools it serves: a decoder's first position sees only itself, so it cannot be a [CLS].
 POOLS = {"encoder": ("cls", "mean"), "decoder": ("last", "mean")}
+# task.pooler's activations (true: tanh, BERT's); a head's module tells which it has (the hf export checks it).
+POOLER_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+def pooler_activation(pooler: bool | str) -> str | None:
+    """The activation of ``task.pooler``: None for false (no pooler), tanh for true, else its name; another value is
+    one line."""
+    if pooler is False or pooler is True:
+        return "tanh" if pooler else None
+    if pooler not in POOLER_ACTIVATIONS:
+        raise ConfigError(f"task.pooler must be false, true (tanh), {' or '.join(POOLER_ACTIVATIONS)}, got {pooler!r}: "
+                          "set task.pooler=true for BERT's pooler, task.pooler=gelu for ELECTRA's classification head")
+    return str(pooler)
 
 
 class SequenceClassifier(nn.Module):
@@ -23,7 +37,7 @@ class SequenceClassifier(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, vocab_size: int, num_classes: int, *, stack: str = "encoder",
                  pool: str = "cls", scale_embeddings: bool = False, class_token_in_text: bool = False,
-                 pooler: bool = False) -> None:
+                 pooler: bool | str = False) -> None:
         super().__init__()
         if pool not in POOLS.get(stack, ()):
             raise ValueError(f"pool={pool!r} does not fit stack={stack!r}")
@@ -38,10 +52,13 @@ class SequenceClassifier(nn.Module):
         if self.prepends_cls:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
             nn.init.normal_(self.cls_token, std=0.02)
-        # ``pooler``: a dense layer and tanh before the class projection (BERT's and ALBERT's pooler, RoBERTa's
-        # classification head), part of the head: it trains with it, under a frozen backbone or LoRA.
+        # ``pooler``: a dense layer and tanh (true) or GELU ("gelu") before the class projection (BERT's and ALBERT's
+        # pooler, RoBERTa's classification head: tanh; ELECTRA's: GELU), part of the head: it trains with it, under a
+        # frozen backbone or LoRA.
         out = nn.Linear(cfg.d_model, num_classes)
-        self.head: nn.Module = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(), out) if pooler else out
+        activation = pooler_activation(pooler)
+        self.head: nn.Module = (nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), POOLER_ACTIVATIONS[activation](), out)
+                                if activation is not None else out)
         for layer in self.head.modules():
             if isinstance(layer, nn.Linear):
                 nn.init.normal_(layer.weight, std=0.02)

@@ -17,6 +17,7 @@ from trident.data.text_classification import TextClassificationDataModule
 from trident.errors import ConfigError, choose
 from trident.models import POOLS, SequenceClassifier
 from trident.models.properties import MAX_SEQ_LEN, POOLER, READOUT, SCALED_EMBEDDING
+from trident.models.sequence_classifier import pooler_activation
 from trident.objectives import Outputs
 from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
@@ -56,7 +57,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         head_lr: float | None = None,
         tokenizer_json: str | None = None,
         class_token_in_text: bool = False,
-        pooler: bool = False,
+        pooler: bool | str = False,
         lora: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
@@ -90,6 +91,7 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         task = cfg.task
         check_pool(task.stack, task.pool)
         check_finetuning(task.freeze_backbone_steps, task.layer_decay, task.head_lr)
+        pooler_activation(task.pooler)
         if task.freeze_backbone_steps > 0 and shards_weights(cfg.trainer.get("strategy")):
             # The backbone has no optimizer state until it trains: FSDP's loader (whole or sharded checkpoints) refuses
             # a checkpoint saved before that once the optimizer holds it (the test's best checkpoint, a resume).

@@ -82,7 +82,7 @@ class MaskedLanguageModelTask(TridentTask):
         super().validate_config(cfg)
         if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
             raise ConfigError(
-                f"data={cfg.data.name} is not text data for task=mlm: choose a language-modelling data option "
+                f"data={cfg.data.name} is not text data for task={cfg.task.name}: choose a language-modelling data option "
                 "(shakespeare, bible_kjv, text_files, wikitext103, tinystories)"
             )
         # Checked here because this hook runs before the backbone's checks and the task's constructor.
@@ -90,9 +90,10 @@ class MaskedLanguageModelTask(TridentTask):
         if not is_int(block_size) or block_size < 1:
             raise ConfigError(f"data.block_size must be an integer >= 1, got {block_size!r}: set e.g. data.block_size=128")
         check_seed(cfg.task.seed, "task.seed")
-        if not is_int(cfg.task.num_examples) or cfg.task.num_examples < 0:
+        num_examples = cfg.task.get("num_examples", 0)  # task=electra, which shares these checks, shows no table
+        if not is_int(num_examples) or num_examples < 0:
             raise ConfigError(
-                f"task.num_examples must be an integer >= 0 (0: no table), got {cfg.task.num_examples!r}: "
+                f"task.num_examples must be an integer >= 0 (0: no table), got {num_examples!r}: "
                 "set e.g. task.num_examples=4"
             )
         masking = Masking(cfg.task.mask_rate, cfg.task.mask_token_fraction, cfg.task.random_token_fraction)
@@ -100,13 +101,14 @@ class MaskedLanguageModelTask(TridentTask):
         name = cfg.pos_encoding.name
         if not pos_encoding_class(name).supports_bidirectional:
             raise ConfigError(
-                f"pos_encoding={name} cannot serve the bidirectional encoder of task=mlm: "
+                f"pos_encoding={name} cannot serve the bidirectional encoder of task={cfg.task.name}: "
                 f"choose one of {', '.join(bidirectional_pos_encodings())}"
             )
         if name == "none":
             log.warning(
-                "pos_encoding=none with task=mlm: without a causal mask the encoder sees an unordered bag of "
-                "tokens, so every [MASK] of a block gets the same prediction (a baseline for position ablations)"
+                "pos_encoding=none with task=%s: without a causal mask the encoder sees an unordered bag of "
+                "tokens, so every [MASK] of a block gets the same prediction (a baseline for position ablations)",
+                cfg.task.name,
             )
 
     def forward(self, ids: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

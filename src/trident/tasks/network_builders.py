@@ -19,8 +19,17 @@ from torch import nn
 
 from trident.backbone import TransformerConfig
 from trident.errors import ConfigError, did_you_mean
-from trident.models import CausalLM, EncoderDecoder, MaskedLM, SequenceClassifier, VisionTransformer, vit_geometry
+from trident.models import (
+    CausalLM,
+    EncoderDecoder,
+    MaskedLM,
+    ReplacedTokenDetector,
+    SequenceClassifier,
+    VisionTransformer,
+    vit_geometry,
+)
 from trident.models.clip import CLIP
+from trident.models.electra_generator import generator_config
 
 NetworkBuilder = Callable[..., nn.Module]
 
@@ -32,6 +41,17 @@ def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: b
 
 def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool) -> MaskedLM:
     return MaskedLM(backbone, vocab_size, scale_embeddings=scale_embeddings)
+
+
+def replaced_token_detector(backbone: TransformerConfig, *, vocab_size: int,
+                            scale_embeddings: bool) -> ReplacedTokenDetector:
+    return ReplacedTokenDetector(backbone, vocab_size, scale_embeddings=scale_embeddings)
+
+
+def electra_generator(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool,
+                      generator_size: float) -> MaskedLM:
+    """task=electra's generator (its ``generator``), a masked LM ``generator_size`` as wide as ``backbone``."""
+    return MaskedLM(generator_config(backbone, generator_size), vocab_size, scale_embeddings=scale_embeddings)
 
 
 def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
@@ -47,7 +67,7 @@ def vision_transformer(backbone: TransformerConfig, *, patch_size: int, in_chann
 
 
 def sequence_classifier(backbone: TransformerConfig, *, vocab_size: int, class_names: list[str], stack: str,
-                        pool: str, scale_embeddings: bool, class_token_in_text: bool, pooler: bool) -> SequenceClassifier:
+                        pool: str, scale_embeddings: bool, class_token_in_text: bool, pooler: bool | str) -> SequenceClassifier:
     return SequenceClassifier(backbone, vocab_size, len(class_names), stack=stack, pool=pool,
                               scale_embeddings=scale_embeddings, class_token_in_text=class_token_in_text, pooler=pooler)
 
@@ -108,7 +128,28 @@ BUILDERS: dict[str, NetworkBuilder] = {
     "trident.tasks.vit.ImageClassificationTask": vision_transformer,
     "trident.tasks.classify.SequenceClassificationTask": sequence_classifier,
     "trident.tasks.clip.ContrastiveImageTextTask": clip,
+    "trident.tasks.electra.ElectraTask": replaced_token_detector,
 }
+
+
+#: The other networks a task trains beside ``net`` (its NETWORKS) that the exports of a network write beside it, by
+#: name and builder, by the task class its checkpoints name: task=electra's generator.
+OTHER_BUILDERS: dict[str, dict[str, NetworkBuilder]] = {
+    "trident.tasks.electra.ElectraTask": {"generator": electra_generator},
+}
+
+
+def build_others_from_settings(task: str | None, settings: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """The other networks (:data:`OTHER_BUILDERS`) of the task class ``task`` with the hyperparameters ``settings``."""
+    built = {name: _build(build, settings) for name, build in OTHER_BUILDERS.get(task or "", {}).items()}
+    return {name: network for name, network in built.items() if network is not None}
+
+
+def _build(build: NetworkBuilder, settings: Mapping[str, Any]) -> nn.Module | None:
+    names = list(inspect.signature(build).parameters)[1:]
+    if any(name not in settings for name in names):
+        return None
+    return build(TransformerConfig(**settings["backbone"]), **{name: settings[name] for name in names})
 
 
 def build_from_settings(task: str | None, settings: Mapping[str, Any]) -> nn.Module | None:
@@ -116,10 +157,6 @@ def build_from_settings(task: str | None, settings: Mapping[str, Any]) -> nn.Mod
     None when that task has no builder or ``settings`` lack one of its settings (a checkpoint of an earlier version:
     its task's constructor supplies the default)."""
     build = BUILDERS.get(task or "")
-    backbone = settings.get("backbone")
-    if build is None or not isinstance(backbone, Mapping):
+    if build is None or not isinstance(settings.get("backbone"), Mapping):
         return None
-    names = list(inspect.signature(build).parameters)[1:]
-    if any(name not in settings for name in names):
-        return None
-    return build(TransformerConfig(**backbone), **{name: settings[name] for name in names})
+    return _build(build, settings)

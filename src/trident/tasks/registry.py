@@ -6,6 +6,7 @@ from __future__ import annotations
 from trident.tasks.base import TridentTask
 from trident.tasks.classify import SequenceClassificationTask
 from trident.tasks.clip import ContrastiveImageTextTask
+from trident.tasks.electra import ElectraTask
 from trident.tasks.lm import LanguageModelTask
 from trident.tasks.mlm import MaskedLanguageModelTask
 from trident.tasks.translation import TranslationTask
@@ -13,5 +14,5 @@ from trident.tasks.vit import ImageClassificationTask
 
 TASKS: dict[str, type[TridentTask]] = {task.NAME: task for task in (
     LanguageModelTask, MaskedLanguageModelTask, TranslationTask, ImageClassificationTask, SequenceClassificationTask,
-    ContrastiveImageTextTask,
+    ContrastiveImageTextTask, ElectraTask,
 )}

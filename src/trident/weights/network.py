@@ -21,7 +21,7 @@ from torch import nn
 from trident.converters import Converter, converters_of
 from trident.errors import DataError
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, NET, reading, refill_base
-from trident.tasks.network_builders import build_from_settings
+from trident.tasks.network_builders import build_from_settings, build_others_from_settings
 from trident.tasks.networks import convert_network, merge_network
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
@@ -41,6 +41,8 @@ class TrainedNetwork:
     tokenizer: Tokenizer | None
     tokenizer_settings: dict[str, str] = field(default_factory=dict)
     converters: list[Converter] = field(default_factory=list)
+    #: The task's other trained networks, which the hf export writes beside ``net`` (task=electra's generator).
+    others: dict[str, nn.Module] = field(default_factory=dict)
 
     def merge_converters(self) -> None:
         """Fold the converters into the network's plain layers (an export writes the base's layout)."""
@@ -69,15 +71,22 @@ def load_network(path: Path) -> TrainedNetwork:
     if missing or unexpected:
         raise DataError(f"checkpoint {str(checkpoint_path)!r} does not hold the network its settings build "
                         f"({(missing or unexpected)[0]}): pass a checkpoint written by train.py")
+    others = build_others_from_settings(checkpoint.get(TASK_KEY), settings)
+    for name, other in others.items():
+        prefix = f"{name}."
+        other.load_state_dict({key.removeprefix(prefix): tensor for key, tensor in checkpoint["state_dict"].items()
+                               if key.startswith(prefix)}, strict=True)
+        other.eval()
     tokenizer_json = checkpoint.get("tokenizer_json")
     return TrainedNetwork(net.eval(), settings, Tokenizer.from_str(tokenizer_json) if tokenizer_json else None,
-                          dict(checkpoint.get("tokenizer_settings") or {}), converters)
+                          dict(checkpoint.get("tokenizer_settings") or {}), converters, others)
 
 
 def network_of(task: TridentTask) -> TrainedNetwork:
     """The ``net`` of a task already built (the same module, not a copy) with what the commands read beside it."""
+    others = {name: network for name, network in task.networks().items() if name != "net"}
     return TrainedNetwork(task.net, dict(task.hparams), task.tokenizer, dict(task.tokenizer_settings),
-                          list(task.converters))
+                          list(task.converters), others)
 
 
 def _as_task(checkpoint: Path) -> TrainedNetwork:

@@ -1,9 +1,9 @@
-"""What BERT, ALBERT and RoBERTa share, both ways: a post-norm encoder whose embeddings (token + position + token type)
+"""What BERT, ALBERT, RoBERTa and ELECTRA share, both ways: a post-norm encoder whose embeddings (token + position + token type)
 pass a LayerNorm, and an MLM head (dense -> activation -> LayerNorm -> decoder tied to the embedding, its own bias:
 trident's ``transform`` and ``head``).
 
 trident has no token types: type 0's vector is folded into the position table when reading, and zero type vectors
-are written back. Each family's module (``hf_bert``, ``hf_albert``, ``hf_roberta``) keeps its names (:class:`MlmHead`,
+are written back. Each family's module (``hf_bert``, ``hf_albert``, ``hf_roberta``, ``hf_electra``) keeps its names (:class:`MlmHead`,
 its embedding table) and its own backbone (``backbone_from_hf`` / ``backbone_to_hf`` / ``config_from_trident``, which
 its sequence classifier shares), declared once as an :class:`EncoderFamily` (its ``ADAPTER``).
 """
@@ -107,6 +107,7 @@ class Classifier:
     architecture: str
     dense: str
     out: str
+    activation: str = "tanh"  # between them (ELECTRA's: gelu)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,14 @@ class EncoderFamily(ModelTypeNames):
         """The family's sequence classifier both ways (the registry's for a ``SequenceClassifier`` of the family)."""
         if self.classifier is None:
             raise AttributeError(f"{self.name} has no sequence classifier here")
-        return ClassifierAdapter(self, self.classifier.architecture, self.classifier.dense, self.classifier.out)
+        return ClassifierAdapter(self, self.classifier.architecture, self.classifier.dense, self.classifier.out,
+                                 self.classifier.activation)
+
+    @property
+    def VARIANTS(self) -> tuple[Any, ...]:
+        """The family's adapters of its other networks (its sequence classifier), which the registry finds on it for
+        a network of their kind."""
+        return (self.CLASSIFIER,) if self.classifier is not None else ()
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> OutsideNetwork:

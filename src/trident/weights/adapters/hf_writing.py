@@ -54,6 +54,9 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
                 "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 1, "use_cache": True},
     "albert": {"bos_token_id": 2, "classifier_dropout_prob": 0.1, "eos_token_id": 3, "initializer_range": 0.02,
                "pad_token_id": 0},
+    "electra": {"add_cross_attention": False, "bos_token_id": None, "classifier_dropout": None, "eos_token_id": None,
+                "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 0, "summary_activation": "gelu",
+                "summary_last_dropout": 0.1, "summary_type": "first", "summary_use_proj": True, "use_cache": True},
 }
 # model_type -> its sub-configs (CLIP's towers) -> the entries each one's config class writes beyond the adapter's
 # settings; save_pretrained stamps each with the weights' dtype too.

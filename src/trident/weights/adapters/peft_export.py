@@ -26,7 +26,17 @@ from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
-from trident.weights.adapters import hf_albert, hf_bert, hf_clip, hf_gemma, hf_gpt2, hf_roberta, hf_vit, llama_style
+from trident.weights.adapters import (
+    hf_albert,
+    hf_bert,
+    hf_clip,
+    hf_electra,
+    hf_gemma,
+    hf_gpt2,
+    hf_roberta,
+    hf_vit,
+    llama_style,
+)
 from trident.weights.adapters.base import Adapter
 from trident.weights.adapters.registry import adapter_for_model_type, adapter_for_network
 
@@ -74,10 +84,12 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
 LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.ADAPTER.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
                                              hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
 # Families whose adapters the peft export does not place, each with why: --format hf merges them. CLIP has two stacks;
-# ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's layout is not compared with peft yet.
+# ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's and ELECTRA's layouts are not compared
+# with peft yet.
 NO_LAYOUT = {hf_clip.FORMAT: "--format peft writes the adapters of one stack and a CLIPModel has two",
              hf_albert.ADAPTER.FORMAT: "--format peft places an adapter a layer and ALBERT's layers share their modules",
-             hf_roberta.ADAPTER.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft"}
+             hf_roberta.ADAPTER.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft",
+             hf_electra.ADAPTER.FORMAT: "--format peft has no layout of ELECTRA's modules checked against peft"}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:

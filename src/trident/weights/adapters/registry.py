@@ -13,6 +13,7 @@ from trident.weights.adapters import (
     hf_albert,
     hf_bert,
     hf_clip,
+    hf_electra,
     hf_gemma,
     hf_gpt2,
     hf_llama,
@@ -28,7 +29,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert.ADAPTER, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
-    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert.ADAPTER, hf_roberta.ADAPTER,
+    hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert.ADAPTER, hf_roberta.ADAPTER, hf_electra.ADAPTER,
     hf_clip,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit, open_clip_files)
@@ -57,12 +58,15 @@ def adapter_for_network(net: nn.Module) -> Adapter:
     family = declared_family(net)
     if family is not None:
         adapter = next(adapter for adapter in ADAPTERS if adapter.FAMILY == family)
-        adapter = getattr(adapter, "CLASSIFIER", adapter) if type(net) is not adapter.NETWORK else adapter
+        # A family's other networks (an encoder family's sequence classifier, ELECTRA's discriminator).
+        adapter = next((variant for variant in getattr(adapter, "VARIANTS", ()) if type(net) is variant.NETWORK),
+                       adapter)
         if type(net) is not adapter.NETWORK:
             raise ConfigError(f"model.family={family} is a {adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]}), not a "
                               f"{type(net).__name__}: set model.family=null, or the family of a {type(net).__name__}")
         return adapter
-    adapter = next((adapter for adapter in ADAPTERS if type(net) is adapter.NETWORK and adapter.writes(net)), None)
+    adapter = next((variant for adapter in ADAPTERS for variant in (adapter, *getattr(adapter, "VARIANTS", ()))
+                    if type(net) is variant.NETWORK and variant.writes(net)), None)
     if adapter is None:
         kinds = ", ".join(f"{adapter.NETWORK.__name__} ({adapter.ARCHITECTURES[0]})" for adapter in ADAPTERS)
         raise ConfigError(f"a {type(net).__name__} has no Hugging Face equivalent: the hf export writes {kinds}")
