@@ -25,6 +25,7 @@ from trident.tasks.network_builders import build_from_settings
 from trident.tasks.networks import convert_network, merge_network
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
+from trident.weights.quantize import refuse_quantized
 
 if TYPE_CHECKING:
     from trident.tasks.base import TridentTask
@@ -52,6 +53,7 @@ def load_network(path: Path) -> TrainedNetwork:
     """The network of the checkpoint (or run directory: its best, else last checkpoint) at ``path``."""
     checkpoint_path = checkpoint_of(Path(path))
     checkpoint = read_checkpoint(checkpoint_path, "the checkpoint argument")
+    refuse_quantized(checkpoint, checkpoint_path, "an export writes float weights")
     settings = dict(checkpoint.get("hyper_parameters") or {})
     net = build_from_settings(checkpoint.get(TASK_KEY), settings)
     if net is None:

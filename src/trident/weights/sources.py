@@ -27,6 +27,7 @@ from trident.weights.adapters.normalisation import with_outside_statistics
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
 from trident.weights.pretrained import PretrainedWeights
+from trident.weights.quantize import refuse_quantized
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
@@ -67,6 +68,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     from trident.weights.task_class import task_class_of
 
     checkpoint = read_checkpoint(checkpoint_path, "init_from")
+    refuse_quantized(checkpoint, checkpoint_path, "init_from starts from float weights")
     task_class = task_class_of(checkpoint, checkpoint_path)
     settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
     backbone = dict(settings.get("backbone") or {})
