@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -131,6 +132,14 @@ def restore_quantized(checkpoint: dict[str, Any], net: nn.Module, prefix: str) -
             parts[part] = value
         checkpoint["state_dict"][f"{prefix}{name}.weight"] = type(template).__tensor_unflatten__(
             parts, context, template.shape, template.stride())
+
+
+def refuse_quantized(checkpoint: dict[str, Any], path: Path, reason: str) -> None:
+    """One line when ``checkpoint`` is trident-quantize's, for a reader that needs float weights (``reason``)."""
+    record = checkpoint.get(QUANTIZED_KEY)
+    if record is not None:
+        raise DataError(f"checkpoint {str(path)!r} holds int{record['bits']} weights written by trident-quantize and "
+                        f"{reason}: use the checkpoint it was quantized from, {record['source']}")
 
 
 def left_out(checkpoint: dict[str, Any], prefix: str) -> set[str]:

@@ -19,13 +19,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from trident.converters import Converter, converters_of
+from trident.converters.weight_only import refuse_quantized
 from trident.errors import DataError
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, NET, reading, refill_base
 from trident.tasks.network_builders import build_from_settings
 from trident.tasks.networks import convert_network, merge_network
 from trident.tasks.task_in_checkpoint import TASK_KEY
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
-from trident.weights.quantize import refuse_quantized
 
 if TYPE_CHECKING:
     from trident.tasks.base import TridentTask

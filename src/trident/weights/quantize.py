@@ -21,6 +21,7 @@ from trident.converters.weight_only import (
     check_group_size,
     quantize_layers,
     quantized_layers,
+    refuse_quantized,
     require_torchao,
     scheme,
     stored_layers,
@@ -51,14 +52,6 @@ class QuantizedCheckpoint:
         return {"quantized": str(self.path), "source": str(self.source), "bits": self.bits,
                 "group_size": self.group_size, "scheme": scheme(self.bits, self.group_size), "layers": self.layers,
                 "bytes": self.bytes}
-
-
-def refuse_quantized(checkpoint: dict[str, Any], path: Path, reason: str) -> None:
-    """One line when ``checkpoint`` is trident-quantize's, for a reader that needs float weights (``reason``)."""
-    record = checkpoint.get(QUANTIZED_KEY)
-    if record is not None:
-        raise DataError(f"checkpoint {str(path)!r} holds int{record['bits']} weights written by trident-quantize and "
-                        f"{reason}: use the checkpoint it was quantized from, {record['source']}")
 
 
 def quantize_checkpoint(source: Path, out: Path, bits: int, group_size: int | None) -> QuantizedCheckpoint:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from trident.backbone import pos_encoding_class
 from trident.converters import converters_of
+from trident.converters.weight_only import refuse_quantized
 from trident.errors import DataError
 from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
@@ -27,7 +28,6 @@ from trident.weights.adapters.normalisation import with_outside_statistics
 from trident.weights.checkpoint_files import checkpoint_of, read_checkpoint
 from trident.weights.frozen_base import BASE_VARIABLE, base_difference
 from trident.weights.pretrained import PretrainedWeights
-from trident.weights.quantize import refuse_quantized
 
 # Backbone settings a fine-tuning run chooses for itself: they do not change what the weights compute.
 TRAINING_SETTINGS = ("dropout", "attn_dropout", "attn_impl", "sdpa_backend", "activation_checkpointing", "drop_path")
