@@ -193,7 +193,7 @@ def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, fl
     assert (run / "eval" / "quantized-int4-last.json").is_file()  # the run's own eval results keep their name
 
     # trident-sample: greedy tokens of the quantized model as torchao's generates them.
-    monkeypatch.setattr(sys, "argv", ["trident-sample"])
+    capsys.readouterr()
     sample.main([str(run / "quantized-int4"), "--prompt", "ROMEO:", "--max-new-tokens", "6", "--temperature", "0"])
     from trident.data.tokenization import encode_plain
     from trident.models import generate
@@ -201,7 +201,7 @@ def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, fl
     assert direct.tokenizer is not None
     prompt = torch.tensor([encode_plain(direct.tokenizer, "ROMEO:")])
     expected = direct.tokenizer.decode(generate(direct.net, prompt, 6, temperature=0.0)[0].tolist())
-    assert capsys.readouterr().out.startswith(expected + "\n")
+    assert capsys.readouterr().out == f"{expected}\n{'-' * 40}\n"
 
     # trident-harness's model on the quantized run scores a multiple-choice task.
     tasks = write_tasks(tmp_path / "tasks")
