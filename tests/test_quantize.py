@@ -19,14 +19,17 @@ from tests.convert_helpers import randomise
 from trident.converters.weight_only import QUANTIZED_KEY, _pack, _unpack
 from trident.data.tokenization import train_tokenizer
 from trident.errors import DataError
+from trident.tasks.base import TridentTask
 from trident.tasks.lm import LanguageModelTask
+from trident.tasks.networks import merge_converters
 from trident.weights.quantize import quantize_checkpoint
 
 from .entry_points import run_in_process
+from .test_load_network import TASK_BUILDS, saved
 
 torchao = pytest.importorskip("torchao")
-from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_  # noqa: E402
-from torchao.quantization.granularity import PerGroup, PerRow  # noqa: E402
+from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+from torchao.quantization.granularity import PerGroup, PerRow
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -115,6 +118,28 @@ def test_bytes_are_measured_from_the_tensors(lm_run: Path, tmp_path: Path, bits:
     state = {k: v for k, v in checkpoint["state_dict"].items() if k != "net.head.weight"}  # tied: one tensor
     assert held + sum(t.numel() * t.element_size() for t in state.values()) == written.bytes["stored"]
     assert not {"optimizer_states", "callbacks", "loops"} & set(checkpoint)
+
+
+@pytest.mark.parametrize("name", list(TASK_BUILDS))
+def test_every_task_loads_quantized(name: str, tmp_path: Path) -> None:
+    """Each task's network (LoRA runs: the adapters folded in first): its block linears in int4 as torchao makes
+    them, its head and the rest as they were."""
+    source = saved(randomise_task(TASK_BUILDS[name]()), tmp_path / "source.ckpt")
+    written = quantize_checkpoint(source, tmp_path / "q" / "last.ckpt", 4, 16)
+    reference, loaded = trident.load(source), trident.load(tmp_path / "q")
+    merge_converters(reference)
+    assert written.layers == block_linears(reference.net) and not loaded.converters
+    for layer in written.layers:
+        quantize_(reference.net.get_submodule(layer), torchao_reference(4, 16))
+    for key, value in reference.net.state_dict().items():
+        ours = loaded.net.state_dict()[key]
+        assert torch.equal(ours.dequantize(), value.dequantize()) if key.removesuffix(".weight") in written.layers \
+            else torch.equal(ours, value), key
+
+
+def randomise_task(task: TridentTask) -> TridentTask:
+    randomise(task.net, seed=1, std=0.3)
+    return task
 
 
 def test_int4_values_pack_two_a_byte_and_back() -> None:
