@@ -150,11 +150,15 @@ def test_int4_values_pack_two_a_byte_and_back() -> None:
 
 
 def test_readers_that_need_float_weights_refuse_one(lm_run: Path, tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from trident.runs.resume import check_resume_continues
     from trident.weights.network import load_network
     from trident.weights.sources import read_init_source
 
     quantized = quantize_checkpoint(lm_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt", 8, None).path
-    for read in (load_network, lambda path: read_init_source(str(path)),
+    resume = lambda path: check_resume_continues(torch.load(path, weights_only=True), path, OmegaConf.create({}), None)
+    for read in (load_network, lambda path: read_init_source(str(path)), resume,
                  lambda path: quantize_checkpoint(path, tmp_path / "again.ckpt", 4, 32)):
         with pytest.raises(DataError, match="holds int8 weights written by trident-quantize"):
             read(quantized)

@@ -5,7 +5,8 @@ The model and data are rebuilt from the run's `config_resolved.yaml` (found in t
 run directory), then `trainer.test` runs, for any task (lm, translation, vit, mlm). Further `key=value`
 arguments override keys of that config (not config groups), e.g. `task.beam_size=1`,
 `trainer.limit_test_batches=10`, `trainer.precision=bf16-mixed`. Metrics are printed and written to
-`<run dir>/eval/<checkpoint name>.json`. `TRIDENT_CACHE_DIR`, when set, replaces the run's
+`<run dir>/eval/<checkpoint name>.json` (a checkpoint outside `checkpoints/`, e.g. trident-quantize's
+`<run>/quantized-int8/last.ckpt`: `quantized-int8-last.json`). `TRIDENT_CACHE_DIR`, when set, replaces the run's
 `data.cache_dir` (the prepared data is rebuilt there if missing).
 """
 
