@@ -164,6 +164,22 @@ def test_readers_that_need_float_weights_refuse_one(lm_run: Path, tmp_path: Path
             read(quantized)
 
 
+def test_a_record_that_does_not_fit_the_network_is_one_line(lm_run: Path, tmp_path: Path) -> None:
+    """A record whose tensors this torchao does not make (another version's names or shapes) is refused, not loaded."""
+    path = quantize_checkpoint(lm_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt", 4, 32).path
+    checkpoint = torch.load(path, weights_only=True)
+    layer = checkpoint[QUANTIZED_KEY]["layers"]["decoder.blocks.0.ffn.fc_out"]  # 64 inputs: 2 groups a row
+    layer["scale"] = layer["scale"][:, :1]
+    torch.save(checkpoint, path)
+    with pytest.raises(DataError, match=r"holds \(32, 1\) torch.float32 as decoder.blocks.0.ffn.fc_out.scale, where "
+                                        r"this torchao makes \(32, 2\) torch.float32"):
+        trident.load(path)
+    del layer["scale"]
+    torch.save(checkpoint, path)
+    with pytest.raises(DataError, match="holds nothing as decoder.blocks.0.ffn.fc_out.scale"):
+        trident.load(path)
+
+
 def refused(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     result = run_in_process("trident.commands.quantize", args, cwd, monkeypatch)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]

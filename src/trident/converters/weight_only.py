@@ -125,10 +125,14 @@ def restore_quantized(checkpoint: dict[str, Any], net: nn.Module, prefix: str) -
         parts = {}
         for part in inner:
             expected = getattr(template, part)
-            value = _unpack(stored[part], expected.shape) if _packed(bits, part) else stored[part]
-            if value.shape != expected.shape or value.dtype != expected.dtype:
-                raise DataError(f"the quantized checkpoint's {name}.{part} is {tuple(value.shape)} {value.dtype}, its "
-                                f"network's {tuple(expected.shape)} {expected.dtype}: quantize the run again")
+            value = stored.get(part)
+            if value is not None and _packed(bits, part) and value.numel() == (expected.numel() + 1) // 2:
+                value = _unpack(value, expected.shape)  # else its packed shape is named below
+            if value is None or value.shape != expected.shape or value.dtype != expected.dtype:
+                held = "nothing" if value is None else f"{tuple(value.shape)} {value.dtype}"
+                raise DataError(f"the quantized checkpoint holds {held} as {name}.{part}, where this torchao makes "
+                                f"{tuple(expected.shape)} {expected.dtype} (it was written with torchao "
+                                f"{record.get('torchao')}): quantize the run again with this one")
             parts[part] = value
         checkpoint["state_dict"][f"{prefix}{name}.weight"] = type(template).__tensor_unflatten__(
             parts, context, template.shape, template.stride())
