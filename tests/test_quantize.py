@@ -204,12 +204,12 @@ def test_bad_inputs_are_one_line(lm_run: Path, tmp_path: Path, monkeypatch: pyte
 def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The reference LM run (a copy: it is shared) quantized to int4 by the command: its reported quality after is
-    a direct evaluation of torchao's quantization of the run's weights, and eval.py, trident-sample and trident-harness
-    read the quantized model."""
+    a direct evaluation of torchao's quantization of the run's weights, and eval.py, trident-sample, trident-chat and
+    trident-harness read the quantized model."""
     from lm_eval import simple_evaluate
 
     from tests.test_harness import write_tasks
-    from trident.commands import quantize, sample
+    from trident.commands import chat, quantize, sample
     from trident.runs.evaluation import evaluate, load_config
     from trident.runs.harness import harness_model
     from trident.runs.harness_tasks import task_manager
@@ -247,6 +247,10 @@ def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, fl
     prompt = torch.tensor([encode_plain(direct.tokenizer, "ROMEO:")])
     expected = direct.tokenizer.decode(generate(direct.net, prompt, 6, temperature=0.0)[0].tolist())
     assert capsys.readouterr().out == f"{expected}\n{'-' * 40}\n"
+
+    # trident-chat: a turn through the run's template.
+    chat.main([str(run / "quantized-int4"), "--message", "ROMEO:", "--max-new-tokens", "3"])
+    assert capsys.readouterr().out
 
     # trident-harness's model on the quantized run scores a multiple-choice task.
     tasks = write_tasks(tmp_path / "tasks")
