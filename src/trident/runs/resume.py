@@ -254,6 +254,9 @@ LOADING_SETTINGS = frozenset({"batch_size", "block_size", "num_workers", "pin_me
 def check_resume_continues(checkpoint: dict[str, Any], path: Path, data: DictConfig, vocabulary: dict[str, int] | None) -> None:
     """Resuming continues the same training: refuse, in one line, a checkpoint written on other data
     (its run's config) or with another tokenizer (``vocabulary``: this run's); ``init_from`` fine-tunes."""
+    from trident.converters.weight_only import refuse_quantized  # here: train.py reads this module before torch
+
+    refuse_quantized(checkpoint, path, "training goes on from float weights and its optimizer state")
     fix = f"to train these weights on new data, start a new run with init_from={path} (weights only, step 0)"
     saved_tokenizer = checkpoint.get("tokenizer_json")
     if saved_tokenizer and vocabulary is not None:

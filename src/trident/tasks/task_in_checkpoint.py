@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 from torch import nn
 
-from trident.tasks.frozen_base import FrozenBase, drop_base, refill_base
+from trident.converters.weight_only import restore_quantized
+from trident.tasks.frozen_base import NET, FrozenBase, drop_base, refill_base
 
 if TYPE_CHECKING:
     from trident.backbone import TransformerConfig
@@ -48,6 +49,7 @@ class TaskInCheckpoint:
         # A timm file records no head count: it is read again with the heads the run read it with (the network's).
         heads = self.backbone_config.n_heads
         self.frozen_base = refill_base(checkpoint, self.net, self.frozen_base, path, heads)
+        restore_quantized(checkpoint, self.net, NET)  # a trident-quantize checkpoint's int8/int4 layers
         if checkpoint.get("tokenizer_json"):
             self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer_json"])
         # A resumed run keeps what it set from its data and source (a checkpoint written before runs recorded their

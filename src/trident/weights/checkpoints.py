@@ -23,6 +23,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
+from trident.converters.weight_only import left_out as quantized_weights
 from trident.errors import ConfigError, DataError, TridentError
 from trident.parallel.distributed_checkpoint import read_sharded_checkpoint, replace_checkpoint
 from trident.tasks.base import TridentTask
@@ -132,6 +133,7 @@ def check_checkpoint_fits(checkpoint: dict[str, Any], module: nn.Module, path: P
             )
     # A finetune=lora checkpoint leaves out its frozen base, which reading it refills (weights.frozen_base).
     left_out = {f"net.{name}" for name in (checkpoint.get(FROZEN_BASE_KEY) or {}).get("tensors", [])}
+    left_out |= quantized_weights(checkpoint, "net.")  # trident-quantize's layers: in its record, put back on reading
     missing = sorted(expected.keys() - saved.keys() - left_out)
     unexpected = sorted(saved.keys() - expected.keys())
     if missing or unexpected:

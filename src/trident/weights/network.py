@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from trident.converters import Converter, converters_of
+from trident.converters.weight_only import refuse_quantized
 from trident.errors import DataError
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, NET, reading, refill_base
 from trident.tasks.network_builders import build_from_settings, build_others_from_settings
@@ -54,6 +55,7 @@ def load_network(path: Path) -> TrainedNetwork:
     """The network of the checkpoint (or run directory: its best, else last checkpoint) at ``path``."""
     checkpoint_path = checkpoint_of(Path(path))
     checkpoint = read_checkpoint(checkpoint_path, "the checkpoint argument")
+    refuse_quantized(checkpoint, checkpoint_path, "an export writes float weights")
     settings = dict(checkpoint.get("hyper_parameters") or {})
     net = build_from_settings(checkpoint.get(TASK_KEY), settings)
     if net is None:

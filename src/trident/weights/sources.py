@@ -19,6 +19,7 @@ from torch import Tensor
 
 from trident.backbone import pos_encoding_class
 from trident.converters import converters_of
+from trident.converters.weight_only import refuse_quantized
 from trident.errors import DataError
 from trident.parallel.distributed_checkpoint import holds_shards
 from trident.tasks.frozen_base import FrozenBase
@@ -67,6 +68,7 @@ def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeig
     from trident.weights.task_class import task_class_of
 
     checkpoint = read_checkpoint(checkpoint_path, "init_from")
+    refuse_quantized(checkpoint, checkpoint_path, "init_from starts from float weights")
     task_class = task_class_of(checkpoint, checkpoint_path)
     settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
     backbone = dict(settings.get("backbone") or {})
