@@ -26,3 +26,6 @@ PROJECTION_DIM = "projection_dim"  # int: the width both towers project their po
 TEXT_TOWER = "text_tower"
 IMAGE_TOWER = "image_tower"
 END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)
+LOGITS_BIAS = "logits_bias"  # bool: a fixed vector is added to the logits (BART's final_logits_bias)
+DECODER_START = "decoder_start"  # int: the token an encoder-decoder's decoder input starts with before BOS (BART's </s>)
+SCORING = "scoring"  # str: how its beam search scores hypotheses (trident.models.decoding.SCORINGS)

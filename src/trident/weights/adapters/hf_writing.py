@@ -54,6 +54,11 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
                 "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 1, "use_cache": True},
     "albert": {"bos_token_id": 2, "classifier_dropout_prob": 0.1, "eos_token_id": 3, "initializer_range": 0.02,
                "pad_token_id": 0},
+    "bart": {"activation_dropout": 0.0, "bos_token_id": 0, "classifier_dropout": 0.0, "decoder_layerdrop": 0.0,
+             "encoder_layerdrop": 0.0, "eos_token_id": 2, "forced_eos_token_id": 2, "init_std": 0.02, "is_decoder": False,
+             "is_encoder_decoder": True, "pad_token_id": 1, "use_cache": True,
+             # BartConfig's three labels (its classification head's default), written as PretrainedConfig's two are not.
+             "id2label": {i: f"LABEL_{i}" for i in range(3)}, "label2id": {f"LABEL_{i}": i for i in range(3)}},
 }
 # model_type -> its sub-configs (CLIP's towers) -> the entries each one's config class writes beyond the adapter's
 # settings; save_pretrained stamps each with the weights' dtype too.
@@ -69,7 +74,11 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "gemma3_text": lambda settings: {"_sliding_window_pattern": settings.get("sliding_window_pattern", 6)},
 }
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
-GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
+GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "decoder_start_token_id",
+                   "forced_eos_token_id")
+# An encoder-decoder's generation entries beyond them: what from_model_config writes for BART, and its forced <s>
+# (forced_bos_token_id), which transformers 5 keeps in generation_config.json alone (hf_bart.with_run).
+ENCODER_DECODER_GENERATION = {"output_attentions": False, "output_hidden_states": False}
 # transformers' model_max_length of a tokenizer that states none (its VERY_LARGE_INTEGER).
 MODEL_MAX_LENGTH = int(1e30)
 # The class name transformers 4 knows the tokenizer by (5 names it TokenizersBackend and reads this name too).
@@ -98,6 +107,10 @@ def config_json(model_type: str, architecture: str, settings: Mapping[str, Any],
 def generation_config_json(config: Mapping[str, Any]) -> dict[str, Any]:
     """What ``save_pretrained`` writes as ``generation_config.json`` for a generating model of ``config``."""
     taken = {key: config[key] for key in GENERATION_KEYS if config.get(key) is not None}
+    if config.get("is_encoder_decoder"):
+        taken |= ENCODER_DECODER_GENERATION
+        if config.get("forced_bos_token_id") is not None:
+            taken["forced_bos_token_id"] = config["forced_bos_token_id"]
     return {"_from_model_config": True, **taken, "transformers_version": config["transformers_version"]}
 
 
