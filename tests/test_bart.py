@@ -30,10 +30,18 @@ BART = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 2, "decoder_layers
 
 
 def save_bart(path: Path, seed: int = 0, **settings: object) -> torch.nn.Module:
+    """A random BART whose outputs depend on its input: every parameter drawn anew, the LayerNorms' gains around 1 and
+    their biases small (a post-norm stack's last norm would otherwise outweigh what the tokens say)."""
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(**(BART | settings)))
     randomise(model, seed=seed, std=0.3)
-    with torch.no_grad():  # a buffer, which randomise (parameters) leaves at zero
-        model.final_logits_bias.normal_(generator=torch.Generator().manual_seed(seed + 7))
+    generator = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "norm" in name:
+                tensor.mul_(0.3).add_(1.0 if name.endswith("weight") else 0.0)
+        # a buffer, which randomise (parameters) leaves at zero
+        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator) * 0.3)
+        model.final_logits_bias[0, EOS] += 5.0  # some sentences end before the length limit, others at it
     model.eval().save_pretrained(path)
     return model
 
@@ -112,6 +120,7 @@ def test_translation_decoding_equals_transformers_generate_token_for_token(tmp_p
     produced = [[EOS, *h.tokens, EOS] for h in hypotheses]  # the decoder's start, <s> forced first, the tokens, </s>
     assert produced == [[t for t in row.tolist() if t != PAD] for row in expected]
     assert all(h.tokens[0] == BOS for h in hypotheses)
+    assert {len(row) for row in produced} == {3, 10}, "one sentence ends at once, the others at the limit"
 
 
 def test_a_bart_trident_cannot_hold_is_one_line_naming_the_key(tmp_path: Path) -> None:
