@@ -46,6 +46,18 @@ def save_bart(path: Path, seed: int = 0, **settings: object) -> torch.nn.Module:
     return model
 
 
+def trident_bart(decoder_start_id: int | None = None) -> EncoderDecoder:
+    """A random trident network declared BART (trident's convention: no decoder start of its own, by default)."""
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.0, norm_first=False, embedding_norm=True,
+                            pos_encoding="learned", max_seq_len=20, family="bart")
+    net = EncoderDecoder(cfg, VOCAB, pad_id=PAD, scale_embeddings=False, logits_bias=True,
+                         decoder_start_id=decoder_start_id)
+    randomise(net, seed=2)
+    assert net.logits_bias is not None
+    net.logits_bias.copy_(torch.randn(VOCAB, generator=torch.Generator().manual_seed(3)))
+    return net.eval()
+
+
 def task_from(weights: PretrainedWeights, **decoding: object) -> TranslationTask:
     """task=translation as init_from builds it from ``weights`` (dropout off), the weights loaded strictly."""
     backbone = dict(weights.model, pos_encoding=weights.pos_encoding, dropout=0.0,
@@ -121,6 +133,18 @@ def test_translation_decoding_equals_transformers_generate_token_for_token(tmp_p
     assert produced == [[t for t in row.tolist() if t != PAD] for row in expected]
     assert all(h.tokens[0] == BOS for h in hypotheses)
     assert {len(row) for row in produced} == {3, 10}, "one sentence ends at once, the others at the limit"
+
+
+def test_a_network_of_trident_s_own_convention_exports_its_bos_as_the_decoder_start(tmp_path: Path) -> None:
+    """No decoder start of its own: transformers starts from the run's <s> and forces nothing first."""
+    net = trident_bart()
+    write_hf(net, None, None, tmp_path)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert (hf.generation_config.decoder_start_token_id, hf.generation_config.forced_bos_token_id) == (BOS, None)
+    src, _ = padded([9, 9], 9, seed=7)
+    tgt, _ = padded([5, 5], 5, seed=8)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=src, decoder_input_ids=tgt).logits, net(src, tgt), atol=1e-5, rtol=1e-5)
 
 
 def test_a_bart_trident_cannot_hold_is_one_line_naming_the_key(tmp_path: Path) -> None:

@@ -49,7 +49,8 @@ def test_bart_fine_tunes_exports_and_translates_as_transformers_does(tmp_path: P
     run = tmp_path / "run"
     overrides = [o for o in SMALL_MT if o not in ("model=nano", "data.vocab_size=400")]
     train(compose_config([*overrides, *FROZEN[:-2], *parallel_files(tmp_path / "corpus", WORDS, seed=0),
-                          f"init_from={tmp_path / 'bart'}", "model.dropout=0.0", "task.max_len_a=0", "task.max_len_b=7",
+                          f"init_from={tmp_path / 'bart'}", "data.max_len=32", "model.dropout=0.0", "task.max_len_a=0",
+                          "task.max_len_b=7",
                           "task.length_penalty=1.0"], output_dir=run))
     config = OmegaConf.load(run / "config_resolved.yaml")
     assert (config.model.family, config.model.d_model, config.pos_encoding.name) == ("bart", BART["d_model"], "learned")
@@ -87,3 +88,11 @@ def test_a_contradicting_override_of_a_bart_source_is_one_line(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"^task.scale_embeddings=True contradicts init_from=.*scale_embeddings=False"):
         train(compose_config([*(o for o in SMALL_MT if o != "model=nano"), *parallel_files(tmp_path / "corpus", WORDS, seed=0),
                               f"init_from={tmp_path / 'bart'}", "task.scale_embeddings=true"], output_dir=tmp_path / "run"))
+
+
+def test_targets_as_long_as_the_position_table_leave_no_room_for_the_decoder_start_in_one_line(tmp_path: Path) -> None:
+    save_bart_with_tokenizer(tmp_path / "bart")  # 64 positions, and SMALL_MT's data.max_len=64
+    with pytest.raises(ConfigError, match=r"^data.max_len=64 leaves no room for the decoder's start token .*: set "
+                                          r"data.max_len=63 or less$"):
+        train(compose_config([*(o for o in SMALL_MT if o != "model=nano"), *parallel_files(tmp_path / "corpus", WORDS, seed=0),
+                              f"init_from={tmp_path / 'bart'}"], output_dir=tmp_path / "run"))

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import sacrebleu
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import Tensor
 from torch.export import Dim
 from torchmetrics import MeanMetric
@@ -116,7 +117,8 @@ class TranslationTask(TridentTask):
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
                                    logits_bias=logits_bias, decoder_start_id=decoder_start_id)
-        self.scoring = scoring
+        # Read by training and decoding here; the network keeps it too, for its export (decoder_start_token_id).
+        self.scoring, self.decoder_start_id = scoring, decoder_start_id
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
@@ -129,6 +131,16 @@ class TranslationTask(TridentTask):
         self.test_nll = MeanMetric()
         # (source, reference, hypothesis) per evaluated sentence, per decoder, for corpus BLEU.
         self._outputs: dict[str, list[tuple[str, str, str]]] = {}
+
+    @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        """Also: with a decoder start (BART's), the decoder's input is one token longer than the data's target, which
+        the position table must hold."""
+        super().validate_config(cfg)
+        start, longest, table = cfg.task.get("decoder_start_id"), cfg.data.get("max_len"), cfg.data.get("max_seq_len")
+        if start is not None and longest is not None and table is not None and longest >= table:
+            raise ConfigError(f"data.max_len={longest} leaves no room for the decoder's start token (task.decoder_start_id="
+                              f"{start}) in the {table} positions of data.max_seq_len: set data.max_len={table - 1} or less")
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
@@ -168,7 +180,7 @@ class TranslationTask(TridentTask):
         (BART's convention, ``task.decoder_start_id``) ``start <s> tokens`` -> ``<s> tokens </s>``, as transformers'
         ``shift_tokens_right`` makes of BART's labels."""
         tgt_in, tgt_out = batch["tgt_in"], batch["tgt_out"]
-        start = self.net.decoder_start_id
+        start = self.decoder_start_id
         if start is None:
             return tgt_in, tgt_out
         return (torch.cat((torch.full_like(tgt_in[:, :1], start), tgt_in), dim=1),
@@ -249,7 +261,7 @@ class TranslationTask(TridentTask):
     def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
         """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search: one
         hypothesis per row, in order."""
-        start = self.net.decoder_start_id
+        start = self.decoder_start_id
         # BART's convention: the decoder starts from its start token and must generate <s> first (forced_bos_token_id).
         decoding = Decoding(self.bos_id if start is None else start, self.eos_id, self.max_len_a, self.max_len_b,
                             (self.pad_id, self.bos_id), use_cache, first_id=None if start is None else self.bos_id,

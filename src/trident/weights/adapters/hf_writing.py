@@ -76,9 +76,8 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
 GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "decoder_start_token_id",
                    "forced_eos_token_id")
-# An encoder-decoder's generation entries beyond them: what from_model_config writes for BART, and its forced <s>
-# (forced_bos_token_id), which transformers 5 keeps in generation_config.json alone (hf_bart.with_run).
-ENCODER_DECODER_GENERATION = {"output_attentions": False, "output_hidden_states": False}
+# BART's forced <s> (hf_bart.with_run), which transformers 5 keeps in generation_config.json alone, not in config.json.
+GENERATION_ONLY = ("forced_bos_token_id",)
 # transformers' model_max_length of a tokenizer that states none (its VERY_LARGE_INTEGER).
 MODEL_MAX_LENGTH = int(1e30)
 # The class name transformers 4 knows the tokenizer by (5 names it TokenizersBackend and reads this name too).
@@ -107,10 +106,8 @@ def config_json(model_type: str, architecture: str, settings: Mapping[str, Any],
 def generation_config_json(config: Mapping[str, Any]) -> dict[str, Any]:
     """What ``save_pretrained`` writes as ``generation_config.json`` for a generating model of ``config``."""
     taken = {key: config[key] for key in GENERATION_KEYS if config.get(key) is not None}
-    if config.get("is_encoder_decoder"):
-        taken |= ENCODER_DECODER_GENERATION
-        if config.get("forced_bos_token_id") is not None:
-            taken["forced_bos_token_id"] = config["forced_bos_token_id"]
+    if config.get("forced_bos_token_id") is not None:
+        taken["forced_bos_token_id"] = config["forced_bos_token_id"]
     return {"_from_model_config": True, **taken, "transformers_version": config["transformers_version"]}
 
 
@@ -132,7 +129,7 @@ def write_model(directory: Path, model_type: str, architecture: str, settings: M
     """``config.json``, ``generation_config.json`` (a model that ``generates``) and ``model.safetensors``."""
     dtype = next(tensor.dtype for tensor in state.values() if tensor.is_floating_point())
     config = config_json(model_type, architecture, settings, run, str(dtype).removeprefix("torch."))
-    write_json(directory / "config.json", config)
+    write_json(directory / "config.json", {key: value for key, value in config.items() if key not in GENERATION_ONLY})
     if generates:
         write_json(directory / "generation_config.json", generation_config_json(config))
     write_weights(state, directory / "model.safetensors")
