@@ -97,6 +97,18 @@ def test_bart_logits_equal_those_of_transformers_with_padding_in_source_and_targ
                                    atol=1e-5, rtol=1e-5)
 
 
+def test_a_headless_bart_model_reads_without_a_logits_bias(tmp_path: Path) -> None:
+    model = transformers.BartModel(transformers.BartConfig(**BART))
+    randomise(model, seed=1, std=0.3).eval().save_pretrained(tmp_path)
+    weights = read_pretrained(tmp_path)
+    assert weights.task_options["logits_bias"] is False
+    net = task_from(weights).net
+    src, tgt = padded([7], 7, seed=2)[0], padded([5], 5, seed=3)[0]
+    with torch.no_grad():
+        hidden = model(input_ids=src, decoder_input_ids=tgt).last_hidden_state  # (1, 5, D)
+        torch.testing.assert_close(net(src, tgt), hidden @ model.shared.weight.T, atol=1e-5, rtol=1e-5)
+
+
 def test_the_export_loads_back_in_transformers_with_equal_logits_and_reads_back_exact(tmp_path: Path) -> None:
     save_bart(tmp_path / "source", seed=4, scale_embedding=True)
     net = task_from(read_pretrained(tmp_path / "source")).net

@@ -69,7 +69,6 @@ def _config_checks(config: dict[str, Any], source: str) -> None:
     require_source(not config.get("add_bias_logits", False), source, "add_bias_logits=true (a trained logits bias)")
     require_source(config.get("tie_word_embeddings", True), source,
                    "tie_word_embeddings=false (an output layer apart from the encoder's and decoder's shared embedding)")
-    require_source(config.get("model_type") != "mbart", source, "mBART's layout")
 
 
 def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None, source: str) -> OutsideNetwork:
