@@ -81,7 +81,7 @@ def test_bart_logits_equal_those_of_transformers_with_padding_in_source_and_targ
     reference = save_bart(tmp_path, **settings)
     weights = read_pretrained(tmp_path)
     assert (weights.format, weights.task, weights.model["family"]) == ("hf-bart", "translation", "bart")
-    assert weights.task_options == {"tie_embeddings": True, "scale_embeddings": bool(settings), "logits_bias": True,
+    assert weights.task_options == {"tie_embeddings": "all", "scale_embeddings": bool(settings), "logits_bias": True,
                                     "decoder_start_id": EOS, "scoring": "transformers"}
     assert weights.data_options["max_seq_len"] == 40, "the rows past BART's offset of 2"
     net = task_from(weights).net

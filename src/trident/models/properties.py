@@ -26,6 +26,11 @@ PROJECTION_DIM = "projection_dim"  # int: the width both towers project their po
 TEXT_TOWER = "text_tower"
 IMAGE_TOWER = "image_tower"
 END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)
-LOGITS_BIAS = "logits_bias"  # bool: a fixed vector is added to the logits (BART's final_logits_bias)
-DECODER_START = "decoder_start"  # int: the token an encoder-decoder's decoder input starts with before BOS (BART's </s>)
-SCORING = "scoring"  # str: how its beam search scores hypotheses (trident.models.decoding.SCORINGS)
+# An encoder-decoder (EncoderDecoder): which of its token embeddings and output layer are one matrix (seq2seq.TIE_MODES),
+# a fixed vector added to its logits (BART's final_logits_bias), the token id its decoder's input starts with before BOS,
+# which decoding then forces first (BART's </s>: the input is </s> <s> tokens), and how beam search scores a hypothesis
+# as it was published (trident.models.decoding.SCORINGS).
+SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | none
+LOGITS_BIAS = "logits_bias"  # bool
+START_BEFORE_BOS = "start_before_bos"  # int | None
+SCORING = "scoring"  # str

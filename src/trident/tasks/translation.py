@@ -21,7 +21,14 @@ from trident.data.masking import IGNORE_INDEX
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
 from trident.models.decoding import SCORINGS, Decoding, Hypothesis, beam_search, greedy_decode
-from trident.models.properties import DECODER_START, LOGITS_BIAS, MAX_SEQ_LEN, SCALED_EMBEDDING, SCORING, TIED_HEAD
+from trident.models.properties import (
+    LOGITS_BIAS,
+    MAX_SEQ_LEN,
+    SCALED_EMBEDDING,
+    SCORING,
+    SHARED_EMBEDDINGS,
+    START_BEFORE_BOS,
+)
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
@@ -72,8 +79,8 @@ class TranslationTask(TridentTask):
     SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id", "scoring")
     OUTSIDE_NETWORK = EncoderDecoder
     FROM_NETWORK: ClassVar[dict[str, str]] = {
-        TIED_HEAD: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
-        LOGITS_BIAS: "task.logits_bias", DECODER_START: "task.decoder_start_id", SCORING: "task.scoring",
+        SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
+        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id", SCORING: "task.scoring",
     }
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule

@@ -25,7 +25,14 @@ from torch import Tensor
 
 from trident.data.special_tokens import SEQ_END_TOKEN, SEQ_MASK_TOKEN, SEQ_PAD_TOKEN, SEQ_START_TOKEN
 from trident.models import EncoderDecoder
-from trident.models.properties import DECODER_START, LOGITS_BIAS, MAX_SEQ_LEN, SCALED_EMBEDDING, SCORING, TIED_HEAD
+from trident.models.properties import (
+    LOGITS_BIAS,
+    MAX_SEQ_LEN,
+    SCALED_EMBEDDING,
+    SCORING,
+    SHARED_EMBEDDINGS,
+    START_BEFORE_BOS,
+)
 from trident.weights.adapters.common import (
     activation_from_hf,
     activation_to_hf,
@@ -93,9 +100,9 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
                               activation=activation_from_hf(config.get("activation_function", "gelu"), source),
                               norm_first=False, norm_eps=1e-5, embedding_norm=True)
     model |= {"dropout": float(config.get("dropout", 0.1)), "attn_dropout": float(config.get("attention_dropout", 0.0))}
-    properties = {TIED_HEAD: True, SCALED_EMBEDDING: bool(config.get("scale_embedding", False)),
+    properties = {SHARED_EMBEDDINGS: "all", SCALED_EMBEDDING: bool(config.get("scale_embedding", False)),
                   MAX_SEQ_LEN: int(config["max_position_embeddings"]), LOGITS_BIAS: bias is not None,
-                  DECODER_START: int(config.get("decoder_start_token_id", EOS_ID)), SCORING: "transformers"}
+                  START_BEFORE_BOS: int(config.get("decoder_start_token_id", EOS_ID)), SCORING: "transformers"}
     return OutsideNetwork(source=source, format=FORMAT, network=EncoderDecoder, model=model, pos_encoding="learned",
                           properties=properties, state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]))
 
