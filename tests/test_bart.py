@@ -144,6 +144,7 @@ def test_translation_decoding_equals_transformers_generate_token_for_token(tmp_p
     produced = [[EOS, *h.tokens, EOS] for h in hypotheses]  # the decoder's start, <s> forced first, the tokens, </s>
     assert produced == [[t for t in row.tolist() if t != PAD] for row in expected]
     assert all(h.tokens[0] == BOS for h in hypotheses)
+    assert [h.tokens for h in task.decode_ids(src, beam_size=beams, use_cache=False)] == [h.tokens for h in hypotheses]
     assert {len(row) for row in produced} == {3, 10}, "one sentence ends at once, the others at the limit"
 
 
