@@ -82,7 +82,7 @@ def test_bart_logits_equal_those_of_transformers_with_padding_in_source_and_targ
     weights = read_pretrained(tmp_path)
     assert (weights.format, weights.task, weights.model["family"]) == ("hf-bart", "translation", "bart")
     assert weights.task_options == {"tie_embeddings": "all", "scale_embeddings": bool(settings), "logits_bias": True,
-                                    "decoder_start_id": EOS, "scoring": "transformers"}
+                                    "decoder_start_id": EOS}
     assert weights.data_options["max_seq_len"] == 40, "the rows past BART's offset of 2"
     net = task_from(weights).net
     src, src_mask = padded([15, 9, 4], 15, seed=1)
@@ -158,6 +158,16 @@ def test_a_network_of_trident_s_own_convention_exports_its_bos_as_the_decoder_st
     tgt, _ = padded([5, 5], 5, seed=8)
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=src, decoder_input_ids=tgt).logits, net(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_beam_scoring_follows_the_decoder_start_unless_chosen(tmp_path: Path) -> None:
+    save_bart(tmp_path)
+    weights = read_pretrained(tmp_path)
+    assert task_from(weights).scoring == "transformers", "BART's convention decodes as generate"
+    assert task_from(weights, scoring="gnmt").scoring == "gnmt", "a choice of the run, not the source's"
+    assert TranslationTask({"d_model": 8, "n_heads": 2, "n_layers": 1, "d_ff": 16}, 11, {}, {}).scoring == "gnmt"
+    with pytest.raises(ConfigError, match=r"^task.scoring=fairseq is not a beam scoring: choose auto or one of gnmt, "):
+        task_from(weights, scoring="fairseq")
 
 
 def test_a_bart_trident_cannot_hold_is_one_line_naming_the_key(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_bart_fine_tunes_exports_and_translates_as_transformers_does(tmp_path: P
                           "task.length_penalty=1.0"], output_dir=run))
     config = OmegaConf.load(run / "config_resolved.yaml")
     assert (config.model.family, config.model.d_model, config.pos_encoding.name) == ("bart", BART["d_model"], "learned")
-    assert (config.task.decoder_start_id, config.task.logits_bias, config.task.scoring) == (2, True, "transformers")
+    assert (config.task.decoder_start_id, config.task.logits_bias, config.task.scoring) == (2, True, "auto")
     export.main([str(run), "--format", "hf", "--out", str(tmp_path / "export")])
     generation = json.loads((tmp_path / "export" / "generation_config.json").read_text())
     assert {k: generation[k] for k in ("decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id")} == {

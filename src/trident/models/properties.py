@@ -28,9 +28,7 @@ IMAGE_TOWER = "image_tower"
 END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)
 # An encoder-decoder (EncoderDecoder): which of its token embeddings and output layer are one matrix (seq2seq.TIE_MODES),
 # a fixed vector added to its logits (BART's final_logits_bias), the token id its decoder's input starts with before BOS,
-# which decoding then forces first (BART's </s>: the input is </s> <s> tokens), and how beam search scores a hypothesis
-# as it was published (trident.models.decoding.SCORINGS).
+# which decoding then forces first (BART's </s>: the input is </s> <s> tokens).
 SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | none
 LOGITS_BIAS = "logits_bias"  # bool
 START_BEFORE_BOS = "start_before_bos"  # int | None
-SCORING = "scoring"  # str

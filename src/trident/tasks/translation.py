@@ -25,7 +25,6 @@ from trident.models.properties import (
     LOGITS_BIAS,
     MAX_SEQ_LEN,
     SCALED_EMBEDDING,
-    SCORING,
     SHARED_EMBEDDINGS,
     START_BEFORE_BOS,
 )
@@ -76,11 +75,11 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 class TranslationTask(TridentTask):
     NAME = "translation"
     # What its checkpoint fixes as init_from; what a Hugging Face BART states (trident.weights.adapters.hf_bart).
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id", "scoring")
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id")
     OUTSIDE_NETWORK = EncoderDecoder
     FROM_NETWORK: ClassVar[dict[str, str]] = {
         SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
-        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id", SCORING: "task.scoring",
+        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id",
     }
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
@@ -116,11 +115,14 @@ class TranslationTask(TridentTask):
         distill: dict[str, Any] | None = None,
         logits_bias: bool = False,
         decoder_start_id: int | None = None,
-        scoring: str = "gnmt",
+        scoring: str = "auto",
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
-        if scoring not in SCORINGS:
-            raise ConfigError(f"task.scoring={scoring} is not a beam scoring: choose one of {', '.join(SCORINGS)}")
+        if scoring not in ("auto", *SCORINGS):
+            raise ConfigError(f"task.scoring={scoring} is not a beam scoring: choose auto or one of {', '.join(SCORINGS)}")
+        # auto: as the convention the decoder was trained in decodes (BART's, with its start before <s>: as generate).
+        if scoring == "auto":
+            scoring = "gnmt" if decoder_start_id is None else "transformers"
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
                                    logits_bias=logits_bias, decoder_start_id=decoder_start_id)

@@ -8,8 +8,8 @@ shared by the encoder, the decoder and the output layer; what trident holds besi
 - ``scale_embedding``: embeddings times sqrt(d_model) (``task.scale_embeddings``: false for bart-base and -large);
 - ``final_logits_bias``: a (1, V) buffer added to the logits (``task.logits_bias``: a buffer here too, never trained);
 - ``decoder_start_token_id`` (its </s>): the decoder's input is ``</s> <s> tokens``, and generate forces ``<s>`` first
-  (``forced_bos_token_id``) and ``</s>`` at the length limit (``forced_eos_token_id``): ``task.decoder_start_id`` and
-  ``task.scoring=transformers`` (trident.models.decoding).
+  (``forced_bos_token_id``) and ``</s>`` at the length limit (``forced_eos_token_id``): ``task.decoder_start_id``, with
+  which ``task.scoring=auto`` scores beams as generate does (trident.models.decoding).
 The encoder and the decoder share one TransformerConfig: a BART whose stacks differ in depth, width of the
 feed-forward or heads is one line, as is mBART's pre-norm variant (``normalize_before``, the stacks' final
 ``layer_norm``) and an untied output layer.
@@ -29,7 +29,6 @@ from trident.models.properties import (
     LOGITS_BIAS,
     MAX_SEQ_LEN,
     SCALED_EMBEDDING,
-    SCORING,
     SHARED_EMBEDDINGS,
     START_BEFORE_BOS,
 )
@@ -102,7 +101,7 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     model |= {"dropout": float(config.get("dropout", 0.1)), "attn_dropout": float(config.get("attention_dropout", 0.0))}
     properties = {SHARED_EMBEDDINGS: "all", SCALED_EMBEDDING: bool(config.get("scale_embedding", False)),
                   MAX_SEQ_LEN: int(config["max_position_embeddings"]), LOGITS_BIAS: bias is not None,
-                  START_BEFORE_BOS: int(config.get("decoder_start_token_id", EOS_ID)), SCORING: "transformers"}
+                  START_BEFORE_BOS: int(config.get("decoder_start_token_id", EOS_ID))}
     return OutsideNetwork(source=source, format=FORMAT, network=EncoderDecoder, model=model, pos_encoding="learned",
                           properties=properties, state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]))
 
