@@ -15,7 +15,8 @@ from tokenizers import ByteLevelBPETokenizer, processors
 
 from trident.commands import export, translate
 from trident.errors import ConfigError
-from trident.runs.pipeline import train
+from trident.runs.pipeline import build_data_and_task, check_config, configured_task_class, train
+from trident.weights.init_from import source_for_run
 
 from .conftest import compose_config
 from .test_bart import BART, save_bart
@@ -63,8 +64,9 @@ def test_bart_fine_tunes_exports_and_translates_as_transformers_does(tmp_path: P
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
     task = translate.load_translation_checkpoint(run)
     texts = ["the cat sees a dog", "a small red house runs"]
-    src = [tokenizer(t, add_special_tokens=False).input_ids + [2] for t in texts]
-    assert src == [e.ids + [2] for e in task.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    # The export's tokenizer as transformers users call it: BART's `<s> tokens </s>`, the sources the run trained on.
+    src = [tokenizer(t).input_ids for t in texts]
+    assert src == [[0, *e.ids, 2] for e in task.tokenizer.encode_batch(texts, add_special_tokens=False)]
     ids = torch.tensor(src[:1])
     tgt = torch.tensor([[2, 0, 5, 9, 11]])
     with torch.no_grad():
@@ -81,6 +83,21 @@ def test_bart_fine_tunes_exports_and_translates_as_transformers_does(tmp_path: P
                                   length_penalty=1.0, do_sample=False)
             expected.append(tokenizer.decode(out[0], skip_special_tokens=True).strip())
         assert printed == expected
+
+
+def test_a_bart_source_s_data_starts_each_source_with_bos_as_its_tokenizer_does(tmp_path: Path) -> None:
+    """BART was pre-trained on `<s> tokens </s>` and its tokenizer encodes so: the run's sources are written so too."""
+    save_bart_with_tokenizer(tmp_path / "bart")
+    cfg = compose_config([*(o for o in SMALL_MT if o != "model=nano"), *parallel_files(tmp_path / "corpus", WORDS, seed=0),
+                          f"init_from={tmp_path / 'bart'}", "data.max_len=32"], output_dir=tmp_path / "run")
+    source_for_run(configured_task_class(cfg), cfg, tmp_path / "run", None, False)
+    assert cfg.data.source_bos is True
+    data, task = build_data_and_task(cfg, check_config(cfg, source_fixes_context=True), "fit")
+    assert task.source_bos is True
+    batch = next(iter(data.train_dataloader()))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "bart")
+    for text, row in zip(batch["src_text"], batch["src"].tolist(), strict=True):
+        assert row[: row.index(2) + 1] == tokenizer(text).input_ids
 
 
 def test_a_contradicting_override_of_a_bart_source_is_one_line(tmp_path: Path) -> None:

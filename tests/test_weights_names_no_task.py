@@ -46,6 +46,8 @@ GENERIC = {
     "vit": "Hugging Face's model_type of a ViT and trident's model family of it (conf/architecture/vit.yaml): a format's "
            "and the backbone's word, which the task took its name from",
     "clip": "Hugging Face's model_type of a CLIPModel (a format's word), which the task took its name from, as vit",
+    "logits_bias": "EncoderDecoder's buffer of BART's final_logits_bias (a key of its state dict, as transformers' "
+                   "final_logits_bias is of BART's); the task maps the property onto task.logits_bias",
     "embed_dim": "the key timm's model_args give a ViT's width and open_clip's model_cfg the projection width (a "
                  "format's word; the task maps the property onto task.embed_dim)",
 }

@@ -32,3 +32,4 @@ END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text 
 SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | none
 LOGITS_BIAS = "logits_bias"  # bool
 START_BEFORE_BOS = "start_before_bos"  # int | None
+SOURCE_BOS = "source_bos"  # bool: its encoder reads `<s> tokens </s>` (BART's), not `tokens </s>`

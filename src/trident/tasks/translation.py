@@ -26,6 +26,7 @@ from trident.models.properties import (
     MAX_SEQ_LEN,
     SCALED_EMBEDDING,
     SHARED_EMBEDDINGS,
+    SOURCE_BOS,
     START_BEFORE_BOS,
 )
 from trident.models.seq2seq import EncoderDecoder
@@ -79,7 +80,7 @@ class TranslationTask(TridentTask):
     OUTSIDE_NETWORK = EncoderDecoder
     FROM_NETWORK: ClassVar[dict[str, str]] = {
         SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
-        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id",
+        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id", SOURCE_BOS: "data.source_bos",
     }
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
@@ -116,6 +117,7 @@ class TranslationTask(TridentTask):
         logits_bias: bool = False,
         decoder_start_id: int | None = None,
         scoring: str = "auto",
+        source_bos: bool = False,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         if scoring not in ("auto", *SCORINGS):
@@ -129,6 +131,7 @@ class TranslationTask(TridentTask):
         # Read by training and decoding here; the network keeps it too, for its export (decoder_start_token_id).
         self.scoring, self.decoder_start_id = scoring, decoder_start_id
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.source_bos = source_bos  # the data's (data.source_bos): free text to translate starts with <s> too
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
@@ -289,8 +292,10 @@ class TranslationTask(TridentTask):
             raise RuntimeError("this task has no tokenizer: load it from a trident translation checkpoint")
         if not texts:
             return []
-        keep = self.net.max_positions - 1  # room for EOS
-        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+        start = [self.bos_id] * self.source_bos  # as the data wrote the sources it trained on
+        keep = self.net.max_positions - 1 - len(start)  # room for EOS (and BOS)
+        encoded = self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)
+        rows = [start + e.ids[:keep] + [self.eos_id] for e in encoded]
         src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(rows):
             src[i, : len(row)] = torch.tensor(row, device=self.device)

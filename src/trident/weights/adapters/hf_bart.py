@@ -30,6 +30,7 @@ from trident.models.properties import (
     MAX_SEQ_LEN,
     SCALED_EMBEDDING,
     SHARED_EMBEDDINGS,
+    SOURCE_BOS,
     START_BEFORE_BOS,
 )
 from trident.weights.adapters.common import (
@@ -42,7 +43,7 @@ from trident.weights.adapters.common import (
     require_source,
     split_qkv,
 )
-from trident.weights.adapters.outside_network import OutsideNetwork
+from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
 FORMAT = "hf-bart"
 MODEL_TYPE = "bart"
@@ -101,7 +102,9 @@ def to_trident(config: dict[str, Any], state: dict[str, Tensor], tokenizer: Toke
     model |= {"dropout": float(config.get("dropout", 0.1)), "attn_dropout": float(config.get("attention_dropout", 0.0))}
     properties = {SHARED_EMBEDDINGS: "all", SCALED_EMBEDDING: bool(config.get("scale_embedding", False)),
                   MAX_SEQ_LEN: int(config["max_position_embeddings"]), LOGITS_BIAS: bias is not None,
-                  START_BEFORE_BOS: int(config.get("decoder_start_token_id", EOS_ID))}
+                  START_BEFORE_BOS: int(config.get("decoder_start_token_id", EOS_ID)),
+                  # BART was pre-trained on `<s> tokens </s>`, and its tokenizer (the export's too) encodes so.
+                  SOURCE_BOS: True}
     return OutsideNetwork(source=source, format=FORMAT, network=EncoderDecoder, model=model, pos_encoding="learned",
                           properties=properties, state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]))
 
@@ -136,8 +139,8 @@ def from_trident(net: EncoderDecoder) -> tuple[str, dict[str, Any], dict[str, Te
     """The architecture name, ``BartConfig`` arguments and state dict of ``net``."""
     cfg = net.cfg
     require_hf_block(cfg, TARGET, norm_first=False, embedding_norm=True)
-    require_equivalent(net.tie_embeddings == "all", "task.tie_embeddings", net.tie_embeddings, TARGET,
-                       "its encoder, decoder and output layer share one matrix (train with task.tie_embeddings=all)")
+    require_property(net.tie_embeddings == "all", EncoderDecoder, SHARED_EMBEDDINGS, net.tie_embeddings, TARGET,
+                     "its encoder, decoder and output layer share one matrix (train with all of them tied)")
     own = net.state_dict()
     embedding = own["head.weight"]
     state = {"model.shared.weight": embedding, "lm_head.weight": embedding}
