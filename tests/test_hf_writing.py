@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from tests.test_albert import trident_albert
+from tests.test_bart import trident_bart
 from tests.test_convert_bert import trident_bert
 from tests.test_convert_clip import trident_clip
 from tests.test_convert_gemma import WRITE_CASES as GEMMA_CASES
@@ -109,6 +110,7 @@ CASES: dict[str, Case] = {
     "electra": (trident_electra, wordpiece_tokenizer, None, {}),
     "electra-discriminator": (trident_discriminator, wordpiece_tokenizer, None, {}),
     "vit": (trident_vit, None, None, {}),
+    "bart": (trident_bart, None, None, {}),
     "vit-named": (trident_vit, None, [f"class {i}" for i in range(7)], {}),
     # task=clip's own word-level tokenizer (ends each text in <|endoftext|>), its zero-shot class names.
     "clip": (trident_clip, lambda _: word_tokenizer([TEXT]), [f"class {i}" for i in range(3)], {}),

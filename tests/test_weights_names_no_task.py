@@ -48,6 +48,8 @@ GENERIC = {
     "clip": "Hugging Face's model_type of a CLIPModel (a format's word), which the task took its name from, as vit",
     "electra": "Hugging Face's model_type of ELECTRA and trident's model family of it (conf/architecture/electra.yaml), "
                "which the task took its name from, as vit",
+    "logits_bias": "EncoderDecoder's buffer of BART's final_logits_bias (a key of its state dict, as transformers' "
+                   "final_logits_bias is of BART's); the task maps the property onto task.logits_bias",
     "embed_dim": "the key timm's model_args give a ViT's width and open_clip's model_cfg the projection width (a "
                  "format's word; the task maps the property onto task.embed_dim)",
 }

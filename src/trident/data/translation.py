@@ -262,6 +262,7 @@ class TranslationDataModule(TextDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = True,
         seed: int = 0,
+        source_bos: bool = False,
     ) -> None:
         super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         if max_len < 3:
@@ -285,6 +286,7 @@ class TranslationDataModule(TextDataModule):
             given_tokenizer(self.tokenizer_choice)  # fail before any work on a file that cannot serve
         self.vocab_size_target = vocab_size
         self.max_len = max_len
+        self.source_bos = bool(source_bos)  # sources `<s> tokens </s>` (BART's), else `tokens </s>`
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens
         self.split = list(split)
         self.test_on_validation = bool(test_on_validation)
@@ -295,7 +297,8 @@ class TranslationDataModule(TextDataModule):
         trained = self.tokenizer_choice == TRAINED_TOKENIZER
         key = json.dumps([CACHE_VERSION, source, key_options, self.src_lang, self.tgt_lang,
                           tokenizer_key(self.tokenizer_choice) if not trained else TRAINED_TOKENIZER,
-                          vocab_size if trained else 0, max_len, self.split, self.test_on_validation],
+                          vocab_size if trained else 0, max_len, self.split, self.test_on_validation,
+                          *(["source_bos"] if self.source_bos else [])],  # the earlier caches' keys unchanged
                          sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.tokenizer: Tokenizer | None = None
@@ -322,13 +325,14 @@ class TranslationDataModule(TextDataModule):
         else:
             tokenizer = given_tokenizer(self.tokenizer_choice)
         bos, eos, keep = special_id(tokenizer, BOS), special_id(tokenizer, EOS), self.max_len - 1
+        start, src_keep = [bos] * self.source_bos, keep - self.source_bos  # (source_bos) <s> before the source
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
             # BOS and EOS are added here, never by a given tokenizer's own post-processor.
             src = [e.ids for e in tokenizer.encode_batch(batch["src"], add_special_tokens=False)]
             tgt = [e.ids for e in tokenizer.encode_batch(batch["tgt"], add_special_tokens=False)]
-            return {"src_ids": [s[:keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
-                    "fits": [len(s) <= keep and len(t) <= keep for s, t in zip(src, tgt)]}
+            return {"src_ids": [start + s[:src_keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
+                    "fits": [len(s) <= src_keep and len(t) <= keep for s, t in zip(src, tgt)]}
 
         staging = fresh_staging(self.cache_path)
         counts: dict[str, dict[str, int]] = {}
@@ -369,7 +373,8 @@ class TranslationDataModule(TextDataModule):
             raise RuntimeError("call prepare_data() and setup() before task_inputs()")
         return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
                 "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, BOS),
-                "eos_id": special_id(self.tokenizer, EOS), "tgt_lang": self.tgt_lang}  # BLEU's tokenizer follows it
+                "eos_id": special_id(self.tokenizer, EOS), "tgt_lang": self.tgt_lang,  # BLEU's tokenizer follows it
+                "source_bos": self.source_bos}
 
     def save_to(self, run_dir: Path) -> None:
         super().save_to(run_dir)

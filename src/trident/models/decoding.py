@@ -9,6 +9,11 @@ The model score of a hypothesis is the sum of the log-probabilities of its token
 Beam search ranks finished hypotheses by score / lp, with the GNMT length penalty
 lp = ((5 + length) / 6) ** alpha (Wu et al. 2016; the paper used beam 4, alpha 0.6); the
 length counts generated tokens, EOS included (as fairseq does).
+
+``scoring=transformers`` scores as transformers' ``generate`` does (BART read from Hugging Face): the length penalty
+is length ** alpha, and a forced token (``first_id``, EOS at the length limit) scores 0, as its forced-token logits
+processors leave it, not its log-probability. Either way the search stops only when no live beam can beat the best
+finished hypothesis: ``generate``'s ``early_stopping="never"``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ class Decoding:
     max_len_b: int = 10
     banned_ids: tuple[int, ...] = ()
     use_cache: bool = True
+    first_id: int | None = None  # the token the first step must generate (BART's forced_bos_token_id)
+    scoring: str = "gnmt"  # one of SCORINGS: see the module's docstring
+
+
+SCORINGS = ("gnmt", "transformers")
 
 
 @dataclass
@@ -55,9 +65,9 @@ class Hypothesis:
     normalized_score: float  # score / length penalty: what beam search ranks by
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT: ((5 + length) / 6) ** alpha; alpha = 0 ranks by the raw model score."""
-    return ((5 + length) / 6) ** alpha
+def length_penalty(length: int | Tensor, alpha: float, scoring: str = "gnmt") -> float | Tensor:
+    """GNMT: ((5 + length) / 6) ** alpha; transformers: length ** alpha; alpha = 0 ranks by the raw model score."""
+    return length**alpha if scoring == "transformers" else ((5 + length) / 6) ** alpha
 
 
 def max_lengths(padding: Tensor, a: float, b: int, limit: int) -> Tensor:
@@ -90,15 +100,24 @@ class _StepDecoder:
         self.padding = self.padding.index_select(0, rows)
 
 
-def _restrict(log_probs: Tensor, at_limit: Tensor, decoding: Decoding) -> Tensor:
-    """Tokens never to generate (PAD, BOS: never training targets) get -inf; rows at their
-    length limit may only end, so every token but EOS gets -inf there."""
-    not_eos = torch.ones(log_probs.size(-1), dtype=torch.bool, device=log_probs.device)
-    not_eos[decoding.eos_id] = False
-    log_probs = log_probs.masked_fill(at_limit[:, None] & not_eos[None, :], float("-inf"))
+def _restrict(log_probs: Tensor, at_limit: Tensor, decoding: Decoding, step: int) -> Tensor:
+    """Tokens never to generate (PAD, BOS: never training targets) get -inf; the first step may only generate
+    ``first_id`` where one is set, and rows at their length limit may only end (transformers' order: its bad words,
+    then its forced BOS, then its forced EOS)."""
+    restricted = log_probs
     if decoding.banned_ids:
-        log_probs[:, list(decoding.banned_ids)] = float("-inf")
-    return log_probs
+        restricted = restricted.index_fill(1, torch.tensor(decoding.banned_ids, device=log_probs.device), float("-inf"))
+    if step == 0 and decoding.first_id is not None:
+        restricted = _force(restricted, log_probs, torch.ones_like(at_limit), decoding.first_id, decoding.scoring)
+    return _force(restricted, log_probs, at_limit, decoding.eos_id, decoding.scoring)
+
+
+def _force(restricted: Tensor, log_probs: Tensor, rows: Tensor, token: int, scoring: str) -> Tensor:
+    """``restricted`` (R, V) with each of ``rows`` (R,) bool allowed ``token`` alone, scored 0 (transformers) or its
+    log-probability in ``log_probs`` (gnmt)."""
+    only = torch.full_like(restricted, float("-inf"))
+    only[:, token] = 0.0 if scoring == "transformers" else log_probs[:, token]
+    return torch.where(rows[:, None], only, restricted)
 
 
 @torch.no_grad()
@@ -114,7 +133,7 @@ def greedy_decode(model: Seq2SeqModel, src: Tensor, decoding: Decoding) -> list[
     lengths = torch.zeros(batch, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for step in range(steps):
-        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= limits, decoding)  # (B, V)
+        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= limits, decoding, step)  # (B, V)
         best, next_token = log_probs.max(dim=-1)  # (B,)
         next_token = next_token.masked_fill(finished, decoding.eos_id)  # finished rows just repeat EOS
         scores += best.masked_fill(finished, 0.0)
@@ -170,13 +189,13 @@ def beam_search(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     first_rows = torch.arange(batch, device=device)[:, None] * k  # (B, 1)
     for step in range(steps):
-        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= row_limits, decoding)  # (B*K, V)
+        log_probs = _restrict(decoder.log_probs(tokens), step + 1 >= row_limits, decoding, step)  # (B*K, V)
         vocab = log_probs.size(-1)
         candidates = (beam_scores.view(-1, 1) + log_probs).view(batch, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # (B, 2K)
         origin, token = top_index // vocab, top_index % vocab  # beam each extends, and its token
         is_eos = (token == decoding.eos_id) & torch.isfinite(top_scores) & ~done[:, None]
-        normalized = top_scores / float(length_penalty(step + 1, alpha))
+        normalized = top_scores / float(length_penalty(step + 1, alpha, decoding.scoring))
         rank = torch.arange(top_scores.size(1), device=device).expand_as(top_scores)
         _keep_best(best, best_scores, is_eos & (rank < k), normalized, top_scores, first_rows + origin, tokens)
         # The K best candidates that do not end: rank order, EOS candidates pushed to the back.
@@ -185,7 +204,7 @@ def beam_search(
         beam_scores = beam_scores.masked_fill(token.gather(1, keep) == decoding.eos_id, float("-inf"))
         # (B,) the length whose lp is largest among those a live beam can still end at (the next step's or later).
         bound_length = limits if alpha >= 0 else limits.clamp(max=step + 2)
-        bound = beam_scores.max(dim=1).values / length_penalty(bound_length.float(), alpha)  # (B,) best reachable
+        bound = beam_scores.max(dim=1).values / length_penalty(bound_length.float(), alpha, decoding.scoring)  # (B,) best reachable
         done |= (best_scores >= bound) | (step + 1 >= limits)
         if bool(done.all()):
             break

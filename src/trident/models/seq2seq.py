@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig
@@ -27,6 +28,10 @@ class EncoderDecoder(nn.Module):
 
     ``scale_embeddings`` multiplies embeddings by sqrt(d_model) (the paper), which keeps them on
     the scale of the sinusoids when the same matrix is also the output projection.
+
+    ``logits_bias``: a fixed (V,) vector added to the logits, a buffer that no optimizer moves (BART's
+    ``final_logits_bias``). ``decoder_start_id``: the token the decoder's input starts with before the target's
+    BOS (BART's ``decoder_start_token_id``, its EOS); None: the target's BOS itself (trident's own).
     """
 
     def __init__(
@@ -37,9 +42,12 @@ class EncoderDecoder(nn.Module):
         pad_id: int = 0,
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
+        logits_bias: bool = False,
+        decoder_start_id: int | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.decoder_start_id = decoder_start_id
         self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.tie_embeddings = tie_mode(tie_embeddings)
@@ -55,6 +63,10 @@ class EncoderDecoder(nn.Module):
         else:
             # The same scale as a scaled embedding table, so untied logits start at unit variance too.
             nn.init.normal_(self.head.weight, std=cfg.d_model**-0.5 if scale_embeddings else 0.02)
+        if logits_bias:
+            self.register_buffer("logits_bias", torch.zeros(vocab_size))  # (V,)
+        else:
+            self.logits_bias: Tensor | None = None
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """``src``: (B, S) ids, right-padded with ``pad_id``. Returns memory (B, S, D) and the
@@ -73,7 +85,8 @@ class EncoderDecoder(nn.Module):
         hidden = self.decoder(
             self.tgt_embed(tgt_in), memory=memory, memory_padding_mask=memory_padding_mask, cache=cache
         )  # (B, T, D)
-        return self.head(hidden)
+        logits = self.head(hidden)  # (B, T, V)
+        return logits if self.logits_bias is None else logits + self.logits_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: (B, S) source, (B, T) decoder input -> logits (B, T, V)."""

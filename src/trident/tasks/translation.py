@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import sacrebleu
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import Tensor
 from torch.export import Dim
 from torchmetrics import MeanMetric
@@ -19,7 +20,15 @@ from trident.data.batching import TranslationBatch
 from trident.data.masking import IGNORE_INDEX
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
-from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
+from trident.models.decoding import SCORINGS, Decoding, Hypothesis, beam_search, greedy_decode
+from trident.models.properties import (
+    LOGITS_BIAS,
+    MAX_SEQ_LEN,
+    SCALED_EMBEDDING,
+    SHARED_EMBEDDINGS,
+    SOURCE_BOS,
+    START_BEFORE_BOS,
+)
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
@@ -66,7 +75,13 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 
 class TranslationTask(TridentTask):
     NAME = "translation"
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
+    # What its checkpoint fixes as init_from; what a Hugging Face BART states (trident.weights.adapters.hf_bart).
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id")
+    OUTSIDE_NETWORK = EncoderDecoder
+    FROM_NETWORK: ClassVar[dict[str, str]] = {
+        SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
+        LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id", SOURCE_BOS: "data.source_bos",
+    }
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True
@@ -99,11 +114,24 @@ class TranslationTask(TridentTask):
         bleu_tokenize: str = "auto",
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
+        logits_bias: bool = False,
+        decoder_start_id: int | None = None,
+        scoring: str = "auto",
+        source_bos: bool = False,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        if scoring not in ("auto", *SCORINGS):
+            raise ConfigError(f"task.scoring={scoring} is not a beam scoring: choose auto or one of {', '.join(SCORINGS)}")
+        # auto: as the convention the decoder was trained in decodes (BART's, with its start before <s>: as generate).
+        if scoring == "auto":
+            scoring = "gnmt" if decoder_start_id is None else "transformers"
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
-                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
+                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
+                                   logits_bias=logits_bias, decoder_start_id=decoder_start_id)
+        # Read by training and decoding here; the network keeps it too, for its export (decoder_start_token_id).
+        self.scoring, self.decoder_start_id = scoring, decoder_start_id
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.source_bos = source_bos  # the data's (data.source_bos): free text to translate starts with <s> too
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
@@ -115,6 +143,16 @@ class TranslationTask(TridentTask):
         self.test_nll = MeanMetric()
         # (source, reference, hypothesis) per evaluated sentence, per decoder, for corpus BLEU.
         self._outputs: dict[str, list[tuple[str, str, str]]] = {}
+
+    @classmethod
+    def validate_config(cls, cfg: DictConfig) -> None:
+        """Also: with a decoder start (BART's), the decoder's input is one token longer than the data's target, which
+        the position table must hold."""
+        super().validate_config(cfg)
+        start, longest, table = cfg.task.get("decoder_start_id"), cfg.data.get("max_len"), cfg.data.get("max_seq_len")
+        if start is not None and longest is not None and table is not None and longest >= table:
+            raise ConfigError(f"data.max_len={longest} leaves no room for the decoder's start token (task.decoder_start_id="
+                              f"{start}) in the {table} positions of data.max_seq_len: set data.max_len={table - 1} or less")
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
@@ -143,10 +181,22 @@ class TranslationTask(TridentTask):
     def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
         """The decoder's logits (B, T, V) under teacher forcing and the target tokens (B, T), IGNORE_INDEX at the
         target's padding."""
-        logits = self.net(batch["src"], batch["tgt_in"])  # (B, T, V)
-        targets = batch["tgt_out"].masked_fill(batch["tgt_out"] == self.pad_id, IGNORE_INDEX)
+        tgt_in, tgt_out = self.decoder_io(batch)
+        logits = self.net(batch["src"], tgt_in)  # (B, T, V)
+        targets = tgt_out.masked_fill(tgt_out == self.pad_id, IGNORE_INDEX)
         # distill=kd: the teacher scores the same target prefixes, teacher-forced as the student.
-        return taught(self, Outputs(logits, targets), stage, lambda teacher: teacher(batch["src"], batch["tgt_in"]))
+        return taught(self, Outputs(logits, targets), stage, lambda teacher: teacher(batch["src"], tgt_in))
+
+    def decoder_io(self, batch: TranslationBatch) -> tuple[Tensor, Tensor]:
+        """The decoder's input and targets (B, T): the data's ``<s> tokens`` -> ``tokens </s>``; with a decoder start
+        (BART's convention, ``task.decoder_start_id``) ``start <s> tokens`` -> ``<s> tokens </s>``, as transformers'
+        ``shift_tokens_right`` makes of BART's labels."""
+        tgt_in, tgt_out = batch["tgt_in"], batch["tgt_out"]
+        start = self.decoder_start_id
+        if start is None:
+            return tgt_in, tgt_out
+        return (torch.cat((torch.full_like(tgt_in[:, :1], start), tgt_in), dim=1),
+                torch.cat((torch.full_like(tgt_out[:, :1], self.bos_id), tgt_out), dim=1))
 
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, _ = self.objective(self, batch, TRAIN)
@@ -223,7 +273,11 @@ class TranslationTask(TridentTask):
     def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
         """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search: one
         hypothesis per row, in order."""
-        decoding = Decoding(self.bos_id, self.eos_id, self.max_len_a, self.max_len_b, (self.pad_id, self.bos_id), use_cache)
+        start = self.decoder_start_id
+        # BART's convention: the decoder starts from its start token and must generate <s> first (forced_bos_token_id).
+        decoding = Decoding(self.bos_id if start is None else start, self.eos_id, self.max_len_a, self.max_len_b,
+                            (self.pad_id, self.bos_id), use_cache, first_id=None if start is None else self.bos_id,
+                            scoring=self.scoring)
         if beam_size <= 1:
             hypotheses = greedy_decode(self.net, src, decoding)
         else:
@@ -238,8 +292,10 @@ class TranslationTask(TridentTask):
             raise RuntimeError("this task has no tokenizer: load it from a trident translation checkpoint")
         if not texts:
             return []
-        keep = self.net.max_positions - 1  # room for EOS
-        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+        start = [self.bos_id] * self.source_bos  # as the data wrote the sources it trained on
+        keep = self.net.max_positions - 1 - len(start)  # room for EOS (and BOS)
+        encoded = self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)
+        rows = [start + e.ids[:keep] + [self.eos_id] for e in encoded]
         src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(rows):
             src[i, : len(row)] = torch.tensor(row, device=self.device)

@@ -57,6 +57,11 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "electra": {"add_cross_attention": False, "bos_token_id": None, "classifier_dropout": None, "eos_token_id": None,
                 "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 0, "summary_activation": "gelu",
                 "summary_last_dropout": 0.1, "summary_type": "first", "summary_use_proj": True, "use_cache": True},
+    "bart": {"activation_dropout": 0.0, "bos_token_id": 0, "classifier_dropout": 0.0, "decoder_layerdrop": 0.0,
+             "encoder_layerdrop": 0.0, "eos_token_id": 2, "forced_eos_token_id": 2, "init_std": 0.02, "is_decoder": False,
+             "is_encoder_decoder": True, "pad_token_id": 1, "use_cache": True,
+             # BartConfig's three labels (its classification head's default), written as PretrainedConfig's two are not.
+             "id2label": {i: f"LABEL_{i}" for i in range(3)}, "label2id": {f"LABEL_{i}": i for i in range(3)}},
 }
 # model_type -> its sub-configs (CLIP's towers) -> the entries each one's config class writes beyond the adapter's
 # settings; save_pretrained stamps each with the weights' dtype too.
@@ -72,7 +77,10 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "gemma3_text": lambda settings: {"_sliding_window_pattern": settings.get("sliding_window_pattern", 6)},
 }
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
-GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache")
+GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "decoder_start_token_id",
+                   "forced_eos_token_id")
+# BART's forced <s> (hf_bart.with_run), which transformers 5 keeps in generation_config.json alone, not in config.json.
+GENERATION_ONLY = ("forced_bos_token_id",)
 # transformers' model_max_length of a tokenizer that states none (its VERY_LARGE_INTEGER).
 MODEL_MAX_LENGTH = int(1e30)
 # The class name transformers 4 knows the tokenizer by (5 names it TokenizersBackend and reads this name too).
@@ -101,6 +109,8 @@ def config_json(model_type: str, architecture: str, settings: Mapping[str, Any],
 def generation_config_json(config: Mapping[str, Any]) -> dict[str, Any]:
     """What ``save_pretrained`` writes as ``generation_config.json`` for a generating model of ``config``."""
     taken = {key: config[key] for key in GENERATION_KEYS if config.get(key) is not None}
+    if config.get("forced_bos_token_id") is not None:
+        taken["forced_bos_token_id"] = config["forced_bos_token_id"]
     return {"_from_model_config": True, **taken, "transformers_version": config["transformers_version"]}
 
 
@@ -122,7 +132,7 @@ def write_model(directory: Path, model_type: str, architecture: str, settings: M
     """``config.json``, ``generation_config.json`` (a model that ``generates``) and ``model.safetensors``."""
     dtype = next(tensor.dtype for tensor in state.values() if tensor.is_floating_point())
     config = config_json(model_type, architecture, settings, run, str(dtype).removeprefix("torch."))
-    write_json(directory / "config.json", config)
+    write_json(directory / "config.json", {key: value for key, value in config.items() if key not in GENERATION_ONLY})
     if generates:
         write_json(directory / "generation_config.json", generation_config_json(config))
     write_weights(state, directory / "model.safetensors")

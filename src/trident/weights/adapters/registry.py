@@ -11,6 +11,7 @@ from torch import nn
 from trident.errors import ConfigError
 from trident.weights.adapters import (
     hf_albert,
+    hf_bart,
     hf_bert,
     hf_clip,
     hf_electra,
@@ -30,7 +31,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert.ADAPTER, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
     hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert.ADAPTER, hf_roberta.ADAPTER, hf_electra.ADAPTER,
-    hf_clip,
+    hf_clip, hf_bart,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit, open_clip_files)
 
