@@ -15,7 +15,8 @@ from trident.errors import ConfigError, choose, is_int, is_number
 # model.family: the outside families a stack can be declared as, each read and written by the adapter of that name
 # (trident.weights.adapters.registry; conf/architecture/<family>.yaml sets the switches and this name). null: a
 # stack of trident's own, which the hf export writes as the family whose settings it has.
-FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "clip", "albert", "roberta")
+FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "clip", "albert", "roberta",
+            "t5")
 
 
 @dataclass

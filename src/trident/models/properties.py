@@ -26,3 +26,9 @@ PROJECTION_DIM = "projection_dim"  # int: the width both towers project their po
 TEXT_TOWER = "text_tower"
 IMAGE_TOWER = "image_tower"
 END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)
+# An encoder-decoder (EncoderDecoder): which of its token embeddings and output layer are one matrix (seq2seq.TIE_MODES),
+# whether its decoder's output is scaled by d_model**-0.5 before the output layer (T5 v1.0), and the token its decoder
+# starts from (T5's <pad>).
+SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | embeddings | none
+RESCALED_HEAD = "rescaled_head"  # bool
+DECODER_START = "decoder_start"  # str: the token's text

@@ -8,8 +8,9 @@ from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, Transfor
 from trident.errors import ConfigError
 
 # all: encoder embedding = decoder embedding = output projection (the paper, section 3.4; needs
-# a shared vocabulary); decoder: decoder embedding = output projection; none: three matrices.
-TIE_MODES = ("all", "decoder", "none")
+# a shared vocabulary); decoder: decoder embedding = output projection; embeddings: encoder embedding = decoder
+# embedding, the output projection its own (T5 v1.1); none: three matrices.
+TIE_MODES = ("all", "decoder", "embeddings", "none")
 
 
 def tie_mode(value: str | bool) -> str:
@@ -27,6 +28,8 @@ class EncoderDecoder(nn.Module):
 
     ``scale_embeddings`` multiplies embeddings by sqrt(d_model) (the paper), which keeps them on
     the scale of the sinusoids when the same matrix is also the output projection.
+    ``rescale_head`` multiplies the decoder's output by d_model**-0.5 before the output projection (T5 v1.0, whose
+    output projection is its unscaled embedding table).
     """
 
     def __init__(
@@ -37,6 +40,7 @@ class EncoderDecoder(nn.Module):
         pad_id: int = 0,
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
+        rescale_head: bool = False,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -45,12 +49,13 @@ class EncoderDecoder(nn.Module):
         self.tie_embeddings = tie_mode(tie_embeddings)
         self.src_embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
         # With "all" the two names refer to one module: parameters() lists its weight once.
-        share = self.tie_embeddings == "all"
+        share = self.tie_embeddings in ("all", "embeddings")
         self.tgt_embed = self.src_embed if share else TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg, cross_attention=True)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        if self.tie_embeddings != "none":
+        self.head_scale = cfg.d_model**-0.5 if rescale_head else 1.0
+        if self.tie_embeddings in ("all", "decoder"):
             self.head.weight = self.tgt_embed.weight
         else:
             # The same scale as a scaled embedding table, so untied logits start at unit variance too.
@@ -73,7 +78,7 @@ class EncoderDecoder(nn.Module):
         hidden = self.decoder(
             self.tgt_embed(tgt_in), memory=memory, memory_padding_mask=memory_padding_mask, cache=cache
         )  # (B, T, D)
-        return self.head(hidden)
+        return self.head(hidden if self.head_scale == 1.0 else hidden * self.head_scale)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: (B, S) source, (B, T) decoder input -> logits (B, T, V)."""

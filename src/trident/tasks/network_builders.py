@@ -35,9 +35,9 @@ def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings:
 
 
 def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
-                    scale_embeddings: bool) -> EncoderDecoder:
+                    scale_embeddings: bool, rescale_head: bool = False) -> EncoderDecoder:
     return EncoderDecoder(backbone, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings,
-                          scale_embeddings=scale_embeddings)
+                          scale_embeddings=scale_embeddings, rescale_head=rescale_head)
 
 
 def vision_transformer(backbone: TransformerConfig, *, patch_size: int, in_channels: int, num_classes: int,

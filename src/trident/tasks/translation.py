@@ -20,6 +20,7 @@ from trident.data.masking import IGNORE_INDEX
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
 from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
+from trident.models.properties import DECODER_START, RESCALED_HEAD, SCALED_EMBEDDING, SHARED_EMBEDDINGS
 from trident.models.seq2seq import EncoderDecoder
 from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
@@ -66,7 +67,11 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 
 class TranslationTask(TridentTask):
     NAME = "translation"
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "rescale_head")  # what its checkpoint fixes as init_from
+    OUTSIDE_NETWORK = EncoderDecoder  # T5
+    FROM_NETWORK: ClassVar[dict[str, str]] = {
+        SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings",
+        RESCALED_HEAD: "task.rescale_head", DECODER_START: "data.decoder_start"}
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
     ENCODER_DECODER = True
@@ -85,6 +90,7 @@ class TranslationTask(TridentTask):
         eos_id: int = 2,
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
+        rescale_head: bool = False,
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -99,16 +105,19 @@ class TranslationTask(TridentTask):
         bleu_tokenize: str = "auto",
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
+        source_prefix: str = "",
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
-                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
+                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
+                                   rescale_head=rescale_head)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
         add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.source_prefix = source_prefix  # the data's (data.source_prefix): free text to translate gets it too
         self.test_greedy, self.num_examples = test_greedy, num_examples
         self.bleu_tokenize = choose_bleu_tokenize(bleu_tokenize, tgt_lang)  # the data module passes its tgt_lang
         self.val_nll = MeanMetric()  # token-weighted, for perplexity = exp(mean NLL)
@@ -239,7 +248,8 @@ class TranslationTask(TridentTask):
         if not texts:
             return []
         keep = self.net.max_positions - 1  # room for EOS
-        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+        sources = [self.source_prefix + t.strip() for t in texts]
+        rows = [e.ids[:keep] + [self.eos_id] for e in self.tokenizer.encode_batch(sources, add_special_tokens=False)]
         src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(rows):
             src[i, : len(row)] = torch.tensor(row, device=self.device)

@@ -116,8 +116,9 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     architecture, settings, state = fitted(adapter, net, run)
     run = {key: settings[key] for key in run}  # as the adapter fitted them (RoBERTa's padding id)
     directory.mkdir(parents=True, exist_ok=True)
-    # transformers writes generation_config.json for the classes that generate (its GenerationMixin): the causal LM heads.
-    generates = architecture.endswith(("ForCausalLM", "LMHeadModel"))
+    # transformers writes generation_config.json for the classes that generate (its GenerationMixin): the causal LM heads
+    # and the encoder-decoders.
+    generates = architecture.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
     write_model(directory, adapter.MODEL_TYPE, architecture, settings, run, state, generates)
     if tokenizer is not None:
         # An end of turn of several tokens is not written as generation_config's stop_strings: with them, every
