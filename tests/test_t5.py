@@ -123,3 +123,60 @@ def test_an_encoder_decoder_t5_cannot_state_is_one_line_at_export(tmp_path: Path
     with pytest.raises(ConfigError, match=r"^task.scale_embeddings=True has no T5 \(hf export\) equivalent: it does not "
                                           r"scale its embeddings$"):
         write_hf(net, weights.tokenizer, None, tmp_path / "hf")
+
+
+SENTENCES = [("in the beginning was the word", "am anfang war das wort"), ("god said let there be light", "gott sprach es werde licht"),
+             ("and there was light", "und es ward licht"), ("the word was god", "das wort war gott")]
+PREFIX = "translate english to german: "
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "seed", "boost"), DECODED)
+def test_train_init_from_t5_fine_tunes_exports_and_translates_as_generate(
+        version: str, seed: int, boost: float, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train.py task=translation init_from=<T5 directory> (its tokenizer, its decoder start <pad>, a task prefix): two
+    steps, then trident-export --format hf loads in transformers with the run's logits, and trident-translate's greedy
+    and beam (4) translations are those of transformers' generate on the export (matched as above)."""
+    import trident
+    from trident.commands.export import main as export
+    from trident.commands.translate import main as translate
+    from trident.runs.pipeline import train
+
+    from .conftest import compose_config
+    from .test_translation_init_from import write_tsv
+    from .test_translation_train import SMALL_MT
+
+    save_t5(tmp_path / "t5", version, seed=seed, eos_boost=boost)
+    held_out = [("the light was god", "das licht war gott"), ("let there be the word", "es werde das wort")]
+    splits = {name: write_tsv(tmp_path / f"{name}.tsv", rows) for name, rows in
+              (("train", SENTENCES * 8), ("validation", held_out), ("test", held_out))}
+    files = ",".join(f"{name}:{path}" for name, path in splits.items())
+    overrides = [o for o in SMALL_MT if o not in ("model=nano", "task.max_len_a=0.5", "task.max_len_b=4", "task.beam_size=2")]
+    run = tmp_path / "run"
+    train(compose_config([*overrides, "data=parallel_files", f"data.files={{{files}}}", f"init_from={tmp_path / 't5'}",
+                          f"data.source_prefix='{PREFIX}'", "trainer.max_steps=2", "test=false", "logger=none",
+                          "model.dropout=0.0", "task.label_smoothing=0.0", "optimizer.lr=1e-5",
+                          "task.max_len_a=0", f"task.max_len_b={LIMIT}", "task.length_penalty=0"], output_dir=run))
+    task = trident.load(run)
+    assert (task.bos_id, task.pad_id, task.eos_id, task.source_prefix) == (0, 0, EOS_ID, PREFIX)
+    export([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    texts = [src for src, _ in SENTENCES] + ["the light", "let there be the word and god", "was"]
+    batch = tokenizer([PREFIX + text for text in texts], padding=True, return_tensors="pt")
+    matched = {"decoder_start_token_id": 0, "eos_token_id": EOS_ID, "pad_token_id": 0, "suppress_tokens": [0],
+               "max_new_tokens": LIMIT - 1, "do_sample": False, **batch}
+    with torch.no_grad():
+        start = torch.zeros(len(texts), 1, dtype=torch.long)
+        torch.testing.assert_close(model(**batch, decoder_input_ids=start).logits,
+                                   task.net(batch["input_ids"], start), atol=1e-5, rtol=1e-5)
+        greedy = [tokenizer.decode(_generated(row), skip_special_tokens=True) for row in model.generate(num_beams=1, **matched)]
+        beams = model.generate(num_beams=4, length_penalty=0.0, early_stopping="never", **matched)
+    outputs, _ = {}, capsys.readouterr()  # the training's printout aside
+    for size in (1, 4):
+        translate([str(run), *texts, "--beam-size", str(size)])
+        outputs[size] = capsys.readouterr().out.splitlines()
+    assert outputs[1] == greedy
+    ended = [i for i, row in enumerate(beams) if len(_generated(row)) < LIMIT - 1]
+    assert ended, "some beam translation ends before the limit"
+    assert [outputs[4][i] for i in ended] == [tokenizer.decode(_generated(beams[i]), skip_special_tokens=True) for i in ended]
