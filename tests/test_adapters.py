@@ -42,6 +42,7 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-albert": {"embedding_dim": 16},
     "hf-albert-shared": {"share_layers": True},
     "hf-roberta": {"family": "roberta"},  # declared only: an undeclared MaskedLM is BERT
+    "hf-t5": {"pos_encoding": "relative", "norm": "rmsnorm"},  # an EncoderDecoder
 }
 
 

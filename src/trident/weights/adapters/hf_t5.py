@@ -1,5 +1,4 @@
-"""T5 (``T5ForConditionalGeneration``; mT5's ``MT5ForConditionalGeneration``, a T5 v1.1) <-> trident's
-``EncoderDecoder`` (task=translation).
+"""T5 (``T5ForConditionalGeneration``, v1.0 and v1.1) <-> trident's ``EncoderDecoder`` (task=translation).
 
 T5 is the backbone's pre-norm encoder-decoder with these settings (Raffel et al. 2020; transformers' modeling_t5):
 - relative positions (``pos_encoding=relative``): one learned bias per head and bucket, held by the first layer of each
@@ -34,7 +33,6 @@ from trident.weights.adapters.base import ModelTypeNames
 from trident.weights.adapters.common import require_equivalent, require_source, require_unshared
 from trident.weights.adapters.outside_network import OutsideNetwork, require_property
 
-FAMILY = "t5"
 UNK = "<unk>"
 # Tokenizer attribute -> token: T5's SentencePiece vocabulary has <pad> (0), </s> (1), <unk> (2) and no <s>; a run of
 # trident's own BPE has <s>, which its decoder starts from (export's decoder_start_token_id, :func:`with_run`).
@@ -168,21 +166,13 @@ def _require_t5(net: EncoderDecoder, target: str) -> None:
 
 @dataclass(frozen=True)
 class T5Family(ModelTypeNames):
-    """T5 or mT5 both ways (the Adapter interface of base.py, registered in registry.ADAPTERS)."""
+    """T5 both ways (the Adapter interface of base.py, registered in registry.ADAPTERS)."""
 
     model_type: str  # config.json's "model_type": "t5"
     architecture: str  # the transformers class: "T5ForConditionalGeneration"
 
     NETWORK: ClassVar[type[EncoderDecoder]] = EncoderDecoder
     SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
-
-    @property
-    def FORMAT(self) -> str:
-        return f"hf-{self.model_type}"
-
-    @property
-    def FAMILY(self) -> str:
-        return FAMILY  # mT5 is a T5 v1.1: read as the t5 family, exported as T5
 
     @property
     def ARCHITECTURES(self) -> tuple[str, ...]:
@@ -229,7 +219,7 @@ class T5Family(ModelTypeNames):
 
     def writes(self, net: EncoderDecoder) -> bool:
         """An encoder-decoder of relative positions and RMSNorm that declares no family is written as T5."""
-        return self.model_type == FAMILY and net.cfg.pos_encoding == "relative" and net.cfg.norm == "rmsnorm"
+        return net.cfg.pos_encoding == "relative" and net.cfg.norm == "rmsnorm"
 
     @staticmethod
     def with_run(settings: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -242,4 +232,3 @@ class T5Family(ModelTypeNames):
 
 
 T5 = T5Family(model_type="t5", architecture="T5ForConditionalGeneration")
-MT5 = T5Family(model_type="mt5", architecture="MT5ForConditionalGeneration")

@@ -74,7 +74,6 @@ DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
                             "dense_act_fn": "gelu_new" if settings["feed_forward_proj"] == "gated-gelu"
                             else settings["feed_forward_proj"].split("-")[-1]},
 }
-CONFIG_DEFAULTS["mt5"], DERIVED["mt5"] = CONFIG_DEFAULTS["t5"], DERIVED["t5"]  # mT5 reads as T5 (hf_t5.MT5)
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
 GENERATION_KEYS = ("bos_token_id", "decoder_start_token_id", "eos_token_id", "pad_token_id", "use_cache")
 # transformers' model_max_length of a tokenizer that states none (its VERY_LARGE_INTEGER).
