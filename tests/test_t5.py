@@ -141,6 +141,7 @@ def test_train_init_from_t5_fine_tunes_exports_and_translates_as_generate(
     from trident.commands.export import main as export
     from trident.commands.translate import main as translate
     from trident.runs.pipeline import train
+    from trident.weights.sources import read_init_source
 
     from .conftest import compose_config
     from .test_translation_init_from import write_tsv
@@ -159,6 +160,9 @@ def test_train_init_from_t5_fine_tunes_exports_and_translates_as_generate(
                           "task.max_len_a=0", f"task.max_len_b={LIMIT}", "task.length_penalty=0"], output_dir=run))
     task = trident.load(run)
     assert (task.bos_id, task.pad_id, task.eos_id, task.source_prefix) == (0, 0, EOS_ID, PREFIX)
+    again = read_init_source(str(run))  # the run as a later init_from: its decoder start and head stay T5's
+    assert again.data_options == {"decoder_start": "<pad>"}
+    assert again.task_options["rescale_head"] is (version == "v1.0")
     export([str(run), "--format", "hf", "--out", str(tmp_path / "hf")])
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

@@ -379,7 +379,7 @@ class TranslationDataModule(TextDataModule):
         return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
                 "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, self.decoder_start),
                 "eos_id": special_id(self.tokenizer, EOS), "tgt_lang": self.tgt_lang,  # BLEU's tokenizer follows it
-                "source_prefix": self.source_prefix}
+                "source_prefix": self.source_prefix, "decoder_start": self.decoder_start}
 
     def save_to(self, run_dir: Path) -> None:
         super().save_to(run_dir)

@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
 from trident.data.masking import IGNORE_INDEX
+from trident.data.special_tokens import SEQ_START_TOKEN
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
 from trident.models.decoding import Decoding, Hypothesis, beam_search, greedy_decode
@@ -68,6 +69,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 class TranslationTask(TridentTask):
     NAME = "translation"
     SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "rescale_head")  # what its checkpoint fixes as init_from
+    SOURCE_DATA_SETTINGS = ("decoder_start",)  # the decoder's first token the network was trained from (T5's <pad>)
     OUTSIDE_NETWORK = EncoderDecoder  # T5
     FROM_NETWORK: ClassVar[dict[str, str]] = {
         SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings",
@@ -106,6 +108,7 @@ class TranslationTask(TridentTask):
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
         source_prefix: str = "",
+        decoder_start: str = SEQ_START_TOKEN,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
@@ -118,6 +121,7 @@ class TranslationTask(TridentTask):
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.source_prefix = source_prefix  # the data's (data.source_prefix): free text to translate gets it too
+        self.decoder_start = decoder_start  # the token of bos_id (data.decoder_start), which a later init_from keeps
         self.test_greedy, self.num_examples = test_greedy, num_examples
         self.bleu_tokenize = choose_bleu_tokenize(bleu_tokenize, tgt_lang)  # the data module passes its tgt_lang
         self.val_nll = MeanMetric()  # token-weighted, for perplexity = exp(mean NLL)
