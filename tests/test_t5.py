@@ -184,3 +184,41 @@ def test_train_init_from_t5_fine_tunes_exports_and_translates_as_generate(
     ended = [i for i, row in enumerate(beams) if len(_generated(row)) < LIMIT - 1]
     assert ended, "some beam translation ends before the limit"
     assert [outputs[4][i] for i in ended] == [tokenizer.decode(_generated(beams[i]), skip_special_tokens=True) for i in ended]
+
+
+# Run by the oldest transformers the [hf] extra allows: each export's logits on the saved inputs.
+OLDER_READER = """
+import sys, torch, transformers
+for version in sys.argv[2:]:
+    src, src_mask, tgt, tgt_mask = torch.load(f"{sys.argv[1]}/{version}/inputs.pt")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(f"{sys.argv[1]}/{version}/hf").eval()
+    with torch.no_grad():
+        logits = model(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
+                       decoder_attention_mask=tgt_mask.long()).logits
+    torch.save(logits, f"{sys.argv[1]}/{version}/older_logits.pt")
+"""
+
+
+@pytest.mark.slow
+def test_the_oldest_allowed_transformers_reads_the_t5_export_as_trident_computes_it(tmp_path: Path) -> None:
+    """transformers 4 reads tie_word_embeddings as the tying and the scaling both: v1.0's export (tied, scaled) and
+    v1.1's (its own lm_head, unscaled) give trident's logits there too."""
+    import subprocess
+
+    from tests.test_export_older_transformers import older_python, transformers_floor
+
+    python = older_python(transformers_floor())
+    expected = {}
+    for version in ("v1.0", "v1.1"):
+        save_t5(tmp_path / version / "source", version)
+        weights = read_pretrained(tmp_path / version / "source")
+        net = t5_net(weights)
+        inputs = padded_pairs(weights.vocab_size)
+        torch.save(inputs, tmp_path / version / "inputs.pt")
+        with torch.no_grad():
+            write_hf(net, weights.tokenizer, None, tmp_path / version / "hf")
+            expected[version] = (net(inputs[0], inputs[2]), inputs[3])
+    subprocess.run([str(python), "-c", OLDER_READER, str(tmp_path), *expected], check=True, capture_output=True, timeout=600)
+    for version, (logits, mask) in expected.items():
+        older = torch.load(tmp_path / version / "older_logits.pt")
+        torch.testing.assert_close(older[mask], logits[mask], atol=1e-5, rtol=1e-5)
