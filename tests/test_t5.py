@@ -222,3 +222,27 @@ def test_the_oldest_allowed_transformers_reads_the_t5_export_as_trident_computes
     for version, (logits, mask) in expected.items():
         older = torch.load(tmp_path / version / "older_logits.pt")
         torch.testing.assert_close(older[mask], logits[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_architecture_t5_trains_from_scratch_into_a_network_the_export_writes_as_t5(tmp_path: Path) -> None:
+    """python train.py task=translation architecture=t5: T5 v1.1's switches and embeddings (conf/architecture/t5.yaml,
+    task/t5_translation.yaml), a network the hf export writes as T5ForConditionalGeneration with its logits."""
+    from tests.conftest import compose_config
+    from tests.convert_helpers import randomise
+    from trident.backbone import TransformerConfig
+    from trident.models.seq2seq import EncoderDecoder
+    from trident.runs.pipeline import backbone_options
+
+    cfg = compose_config(["task=translation", "architecture=t5", "model=nano", "model.dropout=0.0"], output_dir=tmp_path)
+    settings = {key: cfg.task[key] for key in ("tie_embeddings", "scale_embeddings", "rescale_head")}
+    assert settings == {"tie_embeddings": "embeddings", "scale_embeddings": False, "rescale_head": False}
+    net = EncoderDecoder(TransformerConfig(**backbone_options(cfg)), 50, pad_id=0, **settings)
+    randomise(net, seed=2).eval()
+    with torch.no_grad():
+        write_hf(net, None, None, tmp_path / "hf")
+        exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+        src, src_mask, tgt, tgt_mask = padded_pairs(50)
+        theirs = exported(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
+                          decoder_attention_mask=tgt_mask.long()).logits
+        torch.testing.assert_close(theirs[tgt_mask], net(src, tgt)[tgt_mask], atol=1e-5, rtol=1e-5)
+    assert type(exported).__name__ == "T5ForConditionalGeneration"
