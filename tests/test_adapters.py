@@ -43,6 +43,7 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-albert-shared": {"share_layers": True},
     "hf-roberta": {"family": "roberta"},  # declared only: an undeclared MaskedLM is BERT
     "hf-electra": {"family": "electra"},  # declared only (a ReplacedTokenDetector of no family is ELECTRA's too)
+    "hf-t5": {"pos_encoding": "relative", "norm": "rmsnorm"},  # an EncoderDecoder
 }
 
 
@@ -71,7 +72,7 @@ def test_one_registration_per_family() -> None:
 
 
 def test_a_network_of_no_family_is_one_line_naming_those_written() -> None:
-    assert adapter_for_model_type("t5") is None
+    assert adapter_for_model_type("marian") is None
     with pytest.raises(ConfigError, match=r"^a Linear has no Hugging Face equivalent: the hf export writes CausalLM "
                                           r"\(GPT2LMHeadModel\), MaskedLM \(BertForMaskedLM\), VisionTransformer"):
         adapter_for_network(nn.Linear(1, 1))

@@ -117,10 +117,12 @@ def readme_error_files(root: Path) -> None:
     (root / "pairs.en").write_text("\n".join(lines) + "\n")
     (root / "pairs.de").write_text("\n".join(lines) + "\n")
     (root / "no_model").mkdir()
-    for name, config in (("t5_dir", {"model_type": "t5"}), ("phi3_dir", {"model_type": "phi3"}),
+    for name, config in (("t5_dir", {"model_type": "t5", "num_layers": 2, "num_decoder_layers": 3}),
+                         ("phi3_dir", {"model_type": "phi3"}),
                          ("gpt2_without_weights", {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4})):
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
+    save_file({"shared.weight": torch.zeros(2, 2)}, str(root / "t5_dir" / "model.safetensors"))
     (root / "gpt2_other_names").mkdir()
     shutil.copy(root / "gpt2_without_weights" / "config.json", root / "gpt2_other_names")
     save_file({"encoder.layer.0.weight": torch.zeros(2, 2)}, str(root / "gpt2_other_names" / "model.safetensors"))
@@ -382,7 +384,7 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("init-new-head-on-a-tied-lm", "train.py", [f"init_from=outputs/{PREVIOUS_RUN}", "init_new_head=true", "data=text_files", "data.files=[corpus.txt]"], ["no head of its own", "drop init_new_head"]),
     ("init-from-vocabulary-does-not-fit", "train.py", ["task=mlm", f"init_from=outputs/{PREVIOUS_RUN}", "init_only=embeddings", "data=text_files", "data.files=[corpus.txt]"], ["has a vocabulary of", "tokens"]),
     # Outside formats
-    ("init-from-t5", "train.py", ["init_from=t5_dir"], ["T5"]),
+    ("init-from-t5-uneven-stacks", "train.py", ["task=translation", "init_from=t5_dir"], ["num_decoder_layers=3 beside num_layers=2", "one model.n_layers"]),
     ("init-from-other-architecture", "train.py", ["init_from=phi3_dir"], ["phi3", "which trident does not convert"]),
     ("init-from-hf-without-weights", "train.py", ["init_from=gpt2_without_weights"], ["gpt2_without_weights"]),
     ("init-from-hf-other-names", "train.py", ["init_from=gpt2_other_names"], ["gpt2_other_names", "encoder.layer.0.weight"]),

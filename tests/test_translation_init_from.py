@@ -196,7 +196,7 @@ def test_test_on_validation_is_asked_for_and_logged(tmp_path: Path, caplog: pyte
 
 
 def _saved_transformers_model(folder: Path, kind: str) -> Path:
-    """A tiny random Marian or T5 saved with save_pretrained (offline, no download)."""
+    """A tiny random Marian, or a T5 of more decoder than encoder layers, saved with save_pretrained (offline)."""
     transformers = pytest.importorskip("transformers")
     if kind == "marian":
         config = transformers.MarianConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
@@ -205,7 +205,8 @@ def _saved_transformers_model(folder: Path, kind: str) -> Path:
                                            decoder_start_token_id=0)
         model = transformers.MarianMTModel(config)
     else:
-        config = transformers.T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+        config = transformers.T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=2,
+                                       num_heads=2)
         model = transformers.T5ForConditionalGeneration(config)
     model.save_pretrained(folder)
     return folder
@@ -237,7 +238,7 @@ def test_bad_translation_input_is_one_line_and_writes_nothing(case: str, mt_sour
         "marian": ([*loaded, f"init_from={hf_dir}"], DataError,
                    "holds a marian (MarianMTModel), which the backbone cannot express exactly (it lacks Marian's sinusoidal"),
         "t5": ([*loaded, f"init_from={hf_dir}"], DataError,
-               "holds a t5 (T5ForConditionalGeneration), which the backbone cannot express exactly (it lacks T5's unscaled"),
+               "num_decoder_layers=2 beside num_layers=1 (trident's encoder and decoder have one model.n_layers)"),
         "tokenizer without <s>": ([*mt, f"data.tokenizer={tmp_path / 'plain.json'}"], DataError,
                                   "plain.json has no <s> token, which translation needs (<pad>, <s>, </s>)"),
         "char tokenizer": ([*mt, "data.tokenizer=char"], ConfigError,

@@ -263,6 +263,8 @@ class TranslationDataModule(TextDataModule):
         persistent_workers: bool = True,
         seed: int = 0,
         source_bos: bool = False,
+        decoder_start: str = BOS,
+        source_prefix: str = "",
     ) -> None:
         super().__init__(num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
         if max_len < 3:
@@ -282,8 +284,13 @@ class TranslationDataModule(TextDataModule):
         if source == "bible":
             bible_codes(self.src_lang, self.tgt_lang)  # fail before any work on a language the Bible lacks
         self.tokenizer_choice = str(tokenizer)
+        # The decoder's first input (a T5 source's <pad>), and the text before every source sentence (T5's task prefix).
+        self.decoder_start, self.source_prefix = str(decoder_start), str(source_prefix)
         if self.tokenizer_choice != TRAINED_TOKENIZER:
-            given_tokenizer(self.tokenizer_choice)  # fail before any work on a file that cannot serve
+            given_tokenizer(self.tokenizer_choice, self.decoder_start)  # fail before any work on a file that cannot serve
+        elif self.decoder_start not in (PAD, BOS, EOS):
+            raise ConfigError(f"data.decoder_start={self.decoder_start} is not a token of the trained BPE: choose {BOS} "
+                              f"(or {PAD} / {EOS}), or a tokenizer that has it (data.tokenizer)")
         self.vocab_size_target = vocab_size
         self.max_len = max_len
         self.source_bos = bool(source_bos)  # sources `<s> tokens </s>` (BART's), else `tokens </s>`
@@ -298,7 +305,8 @@ class TranslationDataModule(TextDataModule):
         key = json.dumps([CACHE_VERSION, source, key_options, self.src_lang, self.tgt_lang,
                           tokenizer_key(self.tokenizer_choice) if not trained else TRAINED_TOKENIZER,
                           vocab_size if trained else 0, max_len, self.split, self.test_on_validation,
-                          *(["source_bos"] if self.source_bos else [])],  # the earlier caches' keys unchanged
+                          *(["source_bos"] if self.source_bos else []),  # the earlier caches' keys unchanged
+                          *([self.decoder_start, self.source_prefix] if (self.decoder_start, self.source_prefix) != (BOS, "") else [])],
                          sort_keys=True, default=str)
         self.cache_path = Path(cache_dir) / "translation" / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.tokenizer: Tokenizer | None = None
@@ -323,13 +331,15 @@ class TranslationDataModule(TextDataModule):
         if self.tokenizer_choice == TRAINED_TOKENIZER:
             tokenizer = train_shared_bpe(pairs["train"], self.vocab_size_target)
         else:
-            tokenizer = given_tokenizer(self.tokenizer_choice)
-        bos, eos, keep = special_id(tokenizer, BOS), special_id(tokenizer, EOS), self.max_len - 1
-        start, src_keep = [bos] * self.source_bos, keep - self.source_bos  # (source_bos) <s> before the source
+            tokenizer = given_tokenizer(self.tokenizer_choice, self.decoder_start)
+        bos, eos, keep = special_id(tokenizer, self.decoder_start), special_id(tokenizer, EOS), self.max_len - 1
+        # (source_bos) <s> before the source: the tokenizer's own BOS, whatever the decoder starts from.
+        start, src_keep = [special_id(tokenizer, BOS)] * self.source_bos, keep - self.source_bos
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
             # BOS and EOS are added here, never by a given tokenizer's own post-processor.
-            src = [e.ids for e in tokenizer.encode_batch(batch["src"], add_special_tokens=False)]
+            sources = [self.source_prefix + text for text in batch["src"]] if self.source_prefix else batch["src"]
+            src = [e.ids for e in tokenizer.encode_batch(sources, add_special_tokens=False)]
             tgt = [e.ids for e in tokenizer.encode_batch(batch["tgt"], add_special_tokens=False)]
             return {"src_ids": [start + s[:src_keep] + [eos] for s in src], "tgt_ids": [[bos, *t[:keep], eos] for t in tgt],
                     "fits": [len(s) <= src_keep and len(t) <= keep for s, t in zip(src, tgt)]}
@@ -372,9 +382,9 @@ class TranslationDataModule(TextDataModule):
         if self.tokenizer is None:
             raise RuntimeError("call prepare_data() and setup() before task_inputs()")
         return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
-                "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, BOS),
+                "pad_id": special_id(self.tokenizer, PAD), "bos_id": special_id(self.tokenizer, self.decoder_start),
                 "eos_id": special_id(self.tokenizer, EOS), "tgt_lang": self.tgt_lang,  # BLEU's tokenizer follows it
-                "source_bos": self.source_bos}
+                "source_bos": self.source_bos, "source_prefix": self.source_prefix, "decoder_start": self.decoder_start}
 
     def save_to(self, run_dir: Path) -> None:
         super().save_to(run_dir)

@@ -49,15 +49,17 @@ def special_id(tokenizer: Tokenizer, token: str) -> int:
     return token_id
 
 
-def given_tokenizer(choice: str) -> Tokenizer:
+def given_tokenizer(choice: str, decoder_start: str = BOS) -> Tokenizer:
     """The tokenizer of ``data.tokenizer=<tokenizer.json or a directory holding one>``, as it is;
-    one line when it lacks a special token that translation needs."""
+    one line when it lacks a special token that translation needs (the decoder's first, ``decoder_start``: <s>, or
+    a T5 tokenizer's <pad>)."""
     if choice in TOKENIZER_KINDS:
         raise ConfigError(f"data.tokenizer={choice} is not a translation tokenizer: choose {TRAINED_TOKENIZER} (one BPE "
                           "trained on both languages) or a tokenizer.json file")
     tokenizer = read_tokenizer(choice)
-    for token in (PAD, BOS, EOS):
+    needed = dict.fromkeys((PAD, decoder_start, EOS))
+    for token in needed:
         if tokenizer.token_to_id(token) is None:
-            raise DataError(f"data.tokenizer={choice} has no {token} token, which translation needs ({PAD}, {BOS}, {EOS}): "
+            raise DataError(f"data.tokenizer={choice} has no {token} token, which translation needs ({', '.join(needed)}): "
                             f"add it to the tokenizer, or use data.tokenizer={TRAINED_TOKENIZER}")
     return tokenizer

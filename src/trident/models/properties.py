@@ -28,8 +28,11 @@ IMAGE_TOWER = "image_tower"
 END_OF_TEXT = "end_of_text"  # int | None: the token id whose position the text is pooled at (None: each row's largest)
 # An encoder-decoder (EncoderDecoder): which of its token embeddings and output layer are one matrix (seq2seq.TIE_MODES),
 # a fixed vector added to its logits (BART's final_logits_bias), the token id its decoder's input starts with before BOS,
-# which decoding then forces first (BART's </s>: the input is </s> <s> tokens).
-SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | none
+# which decoding then forces first (BART's </s>: the input is </s> <s> tokens), whether its decoder's output is scaled
+# by d_model**-0.5 before the output layer (T5 v1.0), and the token its decoder starts from in place of BOS (T5's <pad>).
+SHARED_EMBEDDINGS = "shared_embeddings"  # str: all | decoder | embeddings | none
 LOGITS_BIAS = "logits_bias"  # bool
 START_BEFORE_BOS = "start_before_bos"  # int | None
 SOURCE_BOS = "source_bos"  # bool: its encoder reads `<s> tokens </s>` (BART's), not `tokens </s>`
+RESCALED_HEAD = "rescaled_head"  # bool
+DECODER_START = "decoder_start"  # str: the token's text

@@ -9,8 +9,9 @@ from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, Transfor
 from trident.errors import ConfigError
 
 # all: encoder embedding = decoder embedding = output projection (the paper, section 3.4; needs
-# a shared vocabulary); decoder: decoder embedding = output projection; none: three matrices.
-TIE_MODES = ("all", "decoder", "none")
+# a shared vocabulary); decoder: decoder embedding = output projection; embeddings: encoder embedding = decoder
+# embedding, the output projection its own (T5 v1.1); none: three matrices.
+TIE_MODES = ("all", "decoder", "embeddings", "none")
 
 
 def tie_mode(value: str | bool) -> str:
@@ -32,6 +33,8 @@ class EncoderDecoder(nn.Module):
     ``logits_bias``: a fixed (V,) vector added to the logits, a buffer that no optimizer moves (BART's
     ``final_logits_bias``). ``decoder_start_id``: the token the decoder's input starts with before the target's
     BOS (BART's ``decoder_start_token_id``, its EOS); None: the target's BOS itself (trident's own).
+    ``rescale_head`` multiplies the decoder's output by d_model**-0.5 before the output projection (T5 v1.0, whose
+    output projection is its unscaled embedding table).
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class EncoderDecoder(nn.Module):
         scale_embeddings: bool = True,
         logits_bias: bool = False,
         decoder_start_id: int | None = None,
+        rescale_head: bool = False,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -53,12 +57,13 @@ class EncoderDecoder(nn.Module):
         self.tie_embeddings = tie_mode(tie_embeddings)
         self.src_embed = TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
         # With "all" the two names refer to one module: parameters() lists its weight once.
-        share = self.tie_embeddings == "all"
+        share = self.tie_embeddings in ("all", "embeddings")
         self.tgt_embed = self.src_embed if share else TokenEmbedding(vocab_size, cfg.d_model, scale=scale_embeddings)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg, cross_attention=True)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        if self.tie_embeddings != "none":
+        self.head_scale = cfg.d_model**-0.5 if rescale_head else 1.0
+        if self.tie_embeddings in ("all", "decoder"):
             self.head.weight = self.tgt_embed.weight
         else:
             # The same scale as a scaled embedding table, so untied logits start at unit variance too.
@@ -85,7 +90,7 @@ class EncoderDecoder(nn.Module):
         hidden = self.decoder(
             self.tgt_embed(tgt_in), memory=memory, memory_padding_mask=memory_padding_mask, cache=cache
         )  # (B, T, D)
-        logits = self.head(hidden)  # (B, T, V)
+        logits = self.head(hidden if self.head_scale == 1.0 else hidden * self.head_scale)  # (B, T, V)
         return logits if self.logits_bias is None else logits + self.logits_bias
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

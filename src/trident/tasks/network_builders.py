@@ -55,9 +55,11 @@ def electra_generator(backbone: TransformerConfig, *, vocab_size: int, scale_emb
 
 
 def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
-                    scale_embeddings: bool, logits_bias: bool, decoder_start_id: int | None) -> EncoderDecoder:
+                    scale_embeddings: bool, logits_bias: bool = False, decoder_start_id: int | None = None,
+                    rescale_head: bool = False) -> EncoderDecoder:
     return EncoderDecoder(backbone, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings,
-                          scale_embeddings=scale_embeddings, logits_bias=logits_bias, decoder_start_id=decoder_start_id)
+                          scale_embeddings=scale_embeddings, logits_bias=logits_bias, decoder_start_id=decoder_start_id,
+                          rescale_head=rescale_head)
 
 
 def vision_transformer(backbone: TransformerConfig, *, patch_size: int, in_channels: int, num_classes: int,

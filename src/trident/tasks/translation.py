@@ -18,12 +18,15 @@ from torchmetrics import MeanMetric
 from trident.data.base import TridentDataModule
 from trident.data.batching import TranslationBatch
 from trident.data.masking import IGNORE_INDEX
+from trident.data.special_tokens import SEQ_START_TOKEN
 from trident.data.translation import TranslationDataModule, detokenize, language_of
 from trident.errors import ConfigError
 from trident.models.decoding import SCORINGS, Decoding, Hypothesis, beam_search, greedy_decode
 from trident.models.properties import (
+    DECODER_START,
     LOGITS_BIAS,
     MAX_SEQ_LEN,
+    RESCALED_HEAD,
     SCALED_EMBEDDING,
     SHARED_EMBEDDINGS,
     SOURCE_BOS,
@@ -75,12 +78,15 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 
 class TranslationTask(TridentTask):
     NAME = "translation"
-    # What its checkpoint fixes as init_from; what a Hugging Face BART states (trident.weights.adapters.hf_bart).
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id")
+    # What its checkpoint fixes as init_from; what a Hugging Face BART or T5 states (trident.weights.adapters.hf_bart,
+    # hf_t5).
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id", "rescale_head")
+    SOURCE_DATA_SETTINGS = ("decoder_start",)  # the decoder's first token the network was trained from (T5's <pad>)
     OUTSIDE_NETWORK = EncoderDecoder
     FROM_NETWORK: ClassVar[dict[str, str]] = {
         SHARED_EMBEDDINGS: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings", MAX_SEQ_LEN: "data.max_seq_len",
         LOGITS_BIAS: "task.logits_bias", START_BEFORE_BOS: "task.decoder_start_id", SOURCE_BOS: "data.source_bos",
+        RESCALED_HEAD: "task.rescale_head", DECODER_START: "data.decoder_start",
     }
     VALIDATION_METRICS = ("val/loss", "val/ppl", "val/bleu", "val/chrf")
     DATA_MODULE: ClassVar[type[TridentDataModule]] = TranslationDataModule
@@ -100,6 +106,7 @@ class TranslationTask(TridentTask):
         eos_id: int = 2,
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
+        rescale_head: bool = False,
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -118,6 +125,8 @@ class TranslationTask(TridentTask):
         decoder_start_id: int | None = None,
         scoring: str = "auto",
         source_bos: bool = False,
+        source_prefix: str = "",
+        decoder_start: str = SEQ_START_TOKEN,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
         if scoring not in ("auto", *SCORINGS):
@@ -127,7 +136,8 @@ class TranslationTask(TridentTask):
             scoring = "gnmt" if decoder_start_id is None else "transformers"
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
-                                   logits_bias=logits_bias, decoder_start_id=decoder_start_id)
+                                   logits_bias=logits_bias, decoder_start_id=decoder_start_id,
+                                   rescale_head=rescale_head)
         # Read by training and decoding here; the network keeps it too, for its export (decoder_start_token_id).
         self.scoring, self.decoder_start_id = scoring, decoder_start_id
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
@@ -137,6 +147,8 @@ class TranslationTask(TridentTask):
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.source_prefix = source_prefix  # the data's (data.source_prefix): free text to translate gets it too
+        self.decoder_start = decoder_start  # the token of bos_id (data.decoder_start), which a later init_from keeps
         self.test_greedy, self.num_examples = test_greedy, num_examples
         self.bleu_tokenize = choose_bleu_tokenize(bleu_tokenize, tgt_lang)  # the data module passes its tgt_lang
         self.val_nll = MeanMetric()  # token-weighted, for perplexity = exp(mean NLL)
@@ -292,9 +304,11 @@ class TranslationTask(TridentTask):
             raise RuntimeError("this task has no tokenizer: load it from a trident translation checkpoint")
         if not texts:
             return []
-        start = [self.bos_id] * self.source_bos  # as the data wrote the sources it trained on
+        # As the data wrote the sources it trained on: the tokenizer's <s> (bos_id is the decoder's start: T5's <pad>).
+        start = [self.tokenizer.token_to_id(SEQ_START_TOKEN)] * self.source_bos
         keep = self.net.max_positions - 1 - len(start)  # room for EOS (and BOS)
-        encoded = self.tokenizer.encode_batch([t.strip() for t in texts], add_special_tokens=False)
+        sources = [self.source_prefix + t.strip() for t in texts]
+        encoded = self.tokenizer.encode_batch(sources, add_special_tokens=False)
         rows = [start + e.ids[:keep] + [self.eos_id] for e in encoded]
         src = torch.full((len(rows), max(len(r) for r in rows)), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(rows):

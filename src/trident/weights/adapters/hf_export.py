@@ -117,7 +117,7 @@ def write_hf(net: nn.Module, tokenizer: Tokenizer | None, class_names: Sequence[
     run = {key: settings[key] for key in run}  # as the adapter fitted them (RoBERTa's padding id)
     directory.mkdir(parents=True, exist_ok=True)
     # transformers writes generation_config.json for the classes that generate (its GenerationMixin): the causal LM heads
-    # and BART's.
+    # and the encoder-decoders.
     generates = architecture.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
     write_model(directory, adapter.MODEL_TYPE, architecture, settings, run, state, generates)
     if tokenizer is not None:

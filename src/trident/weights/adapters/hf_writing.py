@@ -52,6 +52,9 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "clip": {"initializer_factor": 1.0},
     "roberta": {"add_cross_attention": False, "bos_token_id": 0, "classifier_dropout": None, "eos_token_id": 2,
                 "initializer_range": 0.02, "is_decoder": False, "pad_token_id": 1, "use_cache": True},
+    # T5's: transformers 5 writes tie_word_embeddings true whatever it reads; the export writes the head's own (hf_t5).
+    "t5": {"classifier_dropout": 0.0, "decoder_start_token_id": 0, "eos_token_id": 1, "initializer_factor": 1.0,
+           "is_decoder": False, "pad_token_id": 0, "use_cache": True},
     "albert": {"bos_token_id": 2, "classifier_dropout_prob": 0.1, "eos_token_id": 3, "initializer_range": 0.02,
                "pad_token_id": 0},
     "electra": {"add_cross_attention": False, "bos_token_id": None, "classifier_dropout": None, "eos_token_id": None,
@@ -75,6 +78,9 @@ DEFAULT_LABELS = 2
 DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "vit": lambda settings: {"pooler_output_size": settings.get("pooler_output_size") or settings["hidden_size"]},
     "gemma3_text": lambda settings: {"_sliding_window_pattern": settings.get("sliding_window_pattern", 6)},
+    "t5": lambda settings: {"is_gated_act": settings["feed_forward_proj"].startswith("gated-"),
+                            "dense_act_fn": "gelu_new" if settings["feed_forward_proj"] == "gated-gelu"
+                            else settings["feed_forward_proj"].split("-")[-1]},
 }
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
 GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "decoder_start_token_id",

@@ -16,9 +16,7 @@ from trident.weights.pretrained import PretrainedWeights
 # Encoder-decoders the backbone cannot express exactly (docs/weights.md, "Not converted"): model_type -> what it lacks.
 NOT_EXPRESSIBLE = {
     "marian": "Marian's sinusoidal table layout (all sines, then all cosines), a plain SiLU and final_logits_bias",
-    "t5": "T5's unscaled attention logits (trident always divides by sqrt(head size))",
 }
-NOT_EXPRESSIBLE["mt5"] = NOT_EXPRESSIBLE["t5"]
 
 
 def supported() -> str:
