@@ -50,6 +50,32 @@ def test_logits_with_memory_equal_one_pass_over_the_concatenated_segments(pos_en
     assert (net(ids[:, SEGMENT:]) - whole[:, SEGMENT:]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("pos_encoding", ["rope", "alibi", "relative", "none", "learned", "sinusoidal"])
+def test_without_a_memory_none_of_its_code_runs(pos_encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.memory_length=0 is the model as it was (review): no SegmentMemory is made or read by a pass, a cached
+    decoding or the task's stages; and an empty memory (a first segment) gives the very same bits as no memory."""
+    from trident.backbone import SegmentMemory
+    from trident.tasks.lm import LanguageModelTask
+
+    ids = torch.randint(0, VOCAB, (2, SEGMENT))
+    if pos_encoding not in ("learned", "sinusoidal"):  # refused with a memory
+        net, plain = pair(SEGMENT, pos_encoding=pos_encoding)
+        assert torch.equal(net(ids, memory=net.new_memory()), plain(ids))
+
+    def ran(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the memory's code ran for model.memory_length=0")
+
+    for name in ("__init__", "prefix", "prefix_length", "record", "advance"):
+        monkeypatch.setattr(SegmentMemory, name, ran)
+    torch.manual_seed(0)
+    task = LanguageModelTask(backbone=vars(shape(pos_encoding=pos_encoding)), vocab_size=VOCAB, optimizer={"lr": 1e-3},
+                             scheduler={}).eval()
+    for stage in ("train", "val", "test"):
+        task.outputs((ids, ids), stage)
+    assert generate(task.net, ids[:, :2], SEGMENT - 2, temperature=0.0).shape == (2, SEGMENT)
+    assert not task.memories and task.net.context_length == SEGMENT
+
+
 def test_a_memory_longer_than_a_segment_reaches_back_over_several() -> None:
     net, plain = pair(2 * SEGMENT, pos_encoding="alibi")
     ids = torch.randint(0, VOCAB, (2, 3 * SEGMENT))
