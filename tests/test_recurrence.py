@@ -262,7 +262,7 @@ def test_memory_length_sets_the_contiguous_order_and_refuses_what_breaks_it(tmp_
     assert cfg.data.contiguous is True and compose_config(SMALL, output_dir=tmp_path).data.contiguous is False
     check_config(cfg)
     for override, words in [("data.contiguous=false", "data.contiguous=true"),
-                            ("data.max_seq_len=64", "set them equal"),
+                            ("data.max_seq_len=64", "set data.block_size=64 .*, or data.max_seq_len=32"),
                             ("pos_encoding=learned", "absolute positions"),
                             ("data=chat", "contiguous segments; data=chat")]:
         with pytest.raises(ConfigError, match=words):
