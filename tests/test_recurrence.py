@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from trident.backbone import Encoder, TransformerConfig
 from trident.data.lm import LMDataModule
@@ -237,6 +238,9 @@ def test_each_rank_reads_its_own_contiguous_streams(tmp_path: Path) -> None:
         module.shard = lambda rank=rank: {"num_replicas": 2, "rank": rank}  # type: ignore[method-assign]
         batches[rank] = [x for x, _ in module.train_dataloader()]
     assert len(batches[0]) == len(batches[1])
+    # A DistributedSampler already: Lightning keeps it, not wrapping it in a second sharding of its rows (a 2-process
+    # train.py run with model.memory_length read each rank's own streams, each with its own memory: the review).
+    assert isinstance(module.train_dataloader().sampler, DistributedSampler)
     stream = torch.from_numpy(module.splits["train"].astype("int64"))
     stride = (len(stream) - 1) // 6  # 2 ranks x 3 rows
     for rank in (0, 1):
