@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from trident.backbone import Encoder, TransformerConfig
 from trident.data.lm import LMDataModule
@@ -48,6 +49,32 @@ def test_logits_with_memory_equal_one_pass_over_the_concatenated_segments(pos_en
     torch.testing.assert_close(second, whole[:, SEGMENT:], rtol=0, atol=1e-10)
     # Without the memory the second segment reads differently: the test compares something.
     assert (net(ids[:, SEGMENT:]) - whole[:, SEGMENT:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "alibi", "relative", "none", "learned", "sinusoidal"])
+def test_without_a_memory_none_of_its_code_runs(pos_encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.memory_length=0 is the model as it was (review): no SegmentMemory is made or read by a pass, a cached
+    decoding or the task's stages; and an empty memory (a first segment) gives the very same bits as no memory."""
+    from trident.backbone import SegmentMemory
+    from trident.tasks.lm import LanguageModelTask
+
+    ids = torch.randint(0, VOCAB, (2, SEGMENT))
+    if pos_encoding not in ("learned", "sinusoidal"):  # refused with a memory
+        net, plain = pair(SEGMENT, pos_encoding=pos_encoding)
+        assert torch.equal(net(ids, memory=net.new_memory()), plain(ids))
+
+    def ran(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the memory's code ran for model.memory_length=0")
+
+    for name in ("__init__", "prefix", "prefix_length", "record", "advance"):
+        monkeypatch.setattr(SegmentMemory, name, ran)
+    torch.manual_seed(0)
+    task = LanguageModelTask(backbone=vars(shape(pos_encoding=pos_encoding)), vocab_size=VOCAB, optimizer={"lr": 1e-3},
+                             scheduler={}).eval()
+    for stage in ("train", "val", "test"):
+        task.outputs((ids, ids), stage)
+    assert generate(task.net, ids[:, :2], SEGMENT - 2, temperature=0.0).shape == (2, SEGMENT)
+    assert not task.memories and task.net.context_length == SEGMENT
 
 
 def test_a_memory_longer_than_a_segment_reaches_back_over_several() -> None:
@@ -211,6 +238,9 @@ def test_each_rank_reads_its_own_contiguous_streams(tmp_path: Path) -> None:
         module.shard = lambda rank=rank: {"num_replicas": 2, "rank": rank}  # type: ignore[method-assign]
         batches[rank] = [x for x, _ in module.train_dataloader()]
     assert len(batches[0]) == len(batches[1])
+    # A DistributedSampler already: Lightning keeps it, not wrapping it in a second sharding of its rows (a 2-process
+    # train.py run with model.memory_length read each rank's own streams, each with its own memory: the review).
+    assert isinstance(module.train_dataloader().sampler, DistributedSampler)
     stream = torch.from_numpy(module.splits["train"].astype("int64"))
     stride = (len(stream) - 1) // 6  # 2 ranks x 3 rows
     for rank in (0, 1):
@@ -236,7 +266,7 @@ def test_memory_length_sets_the_contiguous_order_and_refuses_what_breaks_it(tmp_
     assert cfg.data.contiguous is True and compose_config(SMALL, output_dir=tmp_path).data.contiguous is False
     check_config(cfg)
     for override, words in [("data.contiguous=false", "data.contiguous=true"),
-                            ("data.max_seq_len=64", "set them equal"),
+                            ("data.max_seq_len=64", "set data.block_size=64 .*, or data.max_seq_len=32"),
                             ("pos_encoding=learned", "absolute positions"),
                             ("data=chat", "contiguous segments; data=chat")]:
         with pytest.raises(ConfigError, match=words):

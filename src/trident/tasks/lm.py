@@ -221,4 +221,6 @@ def check_memory_run(cfg: DictConfig) -> None:
                           "batch's): remove the data.contiguous=false override")
     if cfg.data.block_size != cfg.data.max_seq_len:
         raise ConfigError(f"model.memory_length: a segment is data.block_size={cfg.data.block_size} tokens in training "
-                          f"and data.max_seq_len={cfg.data.max_seq_len} at inference: set them equal")
+                          f"and data.max_seq_len={cfg.data.max_seq_len} at inference: set data.block_size="
+                          f"{cfg.data.max_seq_len} (an init_from source fixes data.max_seq_len), or data.max_seq_len="
+                          f"{cfg.data.block_size}")
