@@ -95,12 +95,13 @@ class TranslationTask(TridentTask):
         num_examples: int = 8,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         tgt_lang: str | None = None,
         bleu_tokenize: str = "auto",
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
