@@ -142,18 +142,17 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_qlora_trains_as_lora_does_within_the_nf4_error_of_its_base(runs: dict[str, Any]) -> None:
-    """At step 0 the adapters add nothing (B = 0): the two losses differ by the NF4 error of the base alone, the gap
-    NF4 makes. Both runs then take the same batches and optimizer steps; the adapters move both alike, so the gap
-    stays of the order of that error: measured, 0.003 at step 0 and at most 0.004 over six steps (lr 0.003, loss
-    4.3). The tolerance is three times the step-0 gap plus 0.005 of slack (the Adam steps, normalised, amplify
-    small gradient differences): a gap above it is no longer the base's quantization."""
+    """The same batches and optimizer steps on the same base, float or NF4. At step 0 the adapters add nothing
+    (B = 0): the gap is the NF4 error of the base alone, measured 0.0002 nats (the base's quantized weights are off
+    by 9 % of their norm, relative RMS). From then on each adapter follows a gradient taken through weights 9 % off,
+    and AdamW's normalised steps carry that difference into the adapters undamped: the gap measured over the six
+    steps (loss 3.2-3.5) peaks at 0.0037. The tolerance, 0.01 nats (0.3 % of the loss), is 2.7 times that peak:
+    room for other CPUs' rounding, not for a different training."""
     lora, qlora = _losses(runs["lora"]), _losses(runs["qlora"])
     assert sorted(lora) == sorted(qlora) == list(range(6))
-    initial = abs(qlora[0] - lora[0])
-    assert 0 < initial < 0.02, initial  # NF4 changes the base, a little
+    assert 0 < abs(qlora[0] - lora[0]) < 0.002  # NF4 changes the base, a little
     for step in lora:
-        assert abs(qlora[step] - lora[step]) <= 3 * initial + 0.005, (step, lora[step], qlora[step], initial)
-    assert qlora[5] < qlora[0] and lora[5] < lora[0]  # both learn
+        assert abs(qlora[step] - lora[step]) <= 0.01, (step, lora[step], qlora[step])
     hparams = yaml.safe_load(next(runs["qlora"].glob("csv/version_*/hparams.yaml")).read_text())
     assert 4 < hparams["params/nf4_bits_per_value"] < 4.5 and hparams["params/nf4_bytes"] > 0
 
@@ -229,3 +228,29 @@ def test_a_block_that_does_not_divide_the_rows_is_one_line(runs: dict[str, Any],
     with pytest.raises(ConfigError, match=r"does not divide their input width d_model=64: .*finetune.block_size=32"):
         train(compose_config([*RUN, *QLORA, f"init_from={runs['base']}", "finetune.block_size=48"],
                              output_dir=tmp_path / "refused"))
+
+
+def test_fsdp_refuses_nf4_weights_whose_scale_groups_do_not_split_over_its_ranks() -> None:
+    """torchao's NF4 shards under FSDP2 by splitting its rows, codes, block scales and scale groups alike."""
+    task = _task(lora=LORA, nf4=NF4)  # qkv_proj 384x128: 768 blocks of 64, three groups of 256 scales
+    (converter,) = [c for c in task.converters if isinstance(c, NF4Base)]
+    converter.check_shards(task.net, 1)
+    with pytest.raises(ConfigError, match=r"self_attn.qkv_proj \(384x128, 3 groups\) does not split evenly: "
+                                          r"choose finetune.scaler_block_size=128$"):
+        converter.check_shards(task.net, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["ddp_cpu", "fsdp_cpu"])
+def test_qlora_trains_on_two_ranks_under_ddp_and_fsdp(runs: dict[str, Any], tmp_path: Path, trainer: str) -> None:
+    """2 gloo processes: DDP broadcasts rank 0's NF4 weights (each rank quantized the same ones), FSDP2 shards them
+    with torchao's NF4 all-gather (nano's scale groups of 32 split over 2 ranks); the checkpoint is the adapters'."""
+    from .shared_runs import assert_clean, run_script
+
+    run = tmp_path / "run"
+    assert_clean(run_script("train.py", *RUN, "test=false", "trainer.max_steps=2", f"trainer={trainer}", "finetune=qlora",
+                            "finetune.scaler_block_size=32", f"init_from={runs['base']}", f"hydra.run.dir={run}",
+                            cwd=tmp_path))
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["state_dict"] and all(is_lora_parameter(name) for name in saved["state_dict"])
+    assert sum(is_nf4(p) for p in trident.load(run).net.parameters()) == 8

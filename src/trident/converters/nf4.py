@@ -124,6 +124,26 @@ class NF4Base(Converter):
                                              requires_grad=False)
             self.quantized.add(name)
 
+    def check_shards(self, net: nn.Module, shards: int) -> None:
+        """FSDP2 splits each NF4 weight by its rows, and torchao's NF4 splits its codes, block scales and scale
+        groups alike (``fsdp_pre_all_gather``): each weight's rows and groups of ``scaler_block_size`` scales must
+        divide evenly over the ranks."""
+        block, scalers = self.settings["block_size"], self.settings["scaler_block_size"]
+        linears = quantized_linears(net)
+        blocks = {where: linear.weight.numel() // block for where, linear in linears.items()}
+        uneven = [where for where, linear in linears.items()
+                  if linear.out_features % shards or blocks[where] // scalers % shards]
+        if uneven:
+            where, linear = uneven[0], linears[uneven[0]]
+            fits = next((size for size in range(scalers, 1, -1) if size % 2 == 0
+                         and all(count % (size * shards) == 0 for count in blocks.values())), None)
+            fix = (f"choose finetune.scaler_block_size={fits}" if fits is not None and not linear.out_features % shards
+                   else "use trainer=ddp (the adapters are small: each rank holds the whole NF4 base)")
+            raise ConfigError(f"finetune=qlora under FSDP splits each NF4 weight's rows and its groups of finetune."
+                              f"scaler_block_size={scalers} block scales over {shards} ranks, and {where} "
+                              f"({linear.out_features}x{linear.in_features}, {blocks[where] // scalers} groups) does "
+                              f"not split evenly: {fix}")
+
     def trains(self, name: str) -> bool:
         return name not in self.quantized
 
