@@ -172,6 +172,7 @@ def test_a_qlora_checkpoint_holds_no_nf4_and_every_reader_rebuilds_the_run(runs:
     assert evaluate([f"ckpt_path={run}"])["test/loss"] == pytest.approx(runs["qlora_metrics"]["test/loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # two more runs
 def test_a_resumed_qlora_run_equals_the_uninterrupted_one(runs: dict[str, Any], tmp_path: Path) -> None:
     cut = tmp_path / "cut"
     train(compose_config([*runs["tuning"], *QLORA, "trainer.max_steps=3"], output_dir=cut))
