@@ -468,6 +468,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("qlora-without-init-from", "train.py", ["finetune=qlora"], ["finetune=qlora adapts a trained model and none is given: add init_from="]),
     ("qlora-block-does-not-divide-the-rows", "train.py", [*QLORA_TUNE, "finetune.block_size=48"],
      ["finetune.block_size=48, which does not divide their input width d_model=64", "finetune.block_size=32"]),
+    ("qlora-with-ema", "train.py", [*QLORA_TUNE, "callbacks=ema"],
+     ["callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base cannot be copied"]),
     ("qlora-scale-groups-do-not-fill", "train.py", QLORA_TUNE,
      ["finetune=qlora cannot quantize decoder.blocks.0.self_attn.qkv_proj (192x64)", "finetune.scaler_block_size=64"]),
     # Issue 42: FSDP2

@@ -103,6 +103,15 @@ class NF4Base(Converter):
                               f"that divides it (e.g. finetune.block_size={_divisor(width, block)})")
         return chosen
 
+    @classmethod
+    def check_run(cls, cfg: DictConfig) -> None:
+        """Lightning's EMA (``callbacks=ema``) deep-copies the network and averages every weight of it: torchao 0.18's
+        NF4 ``clone`` quantizes the weight again with the default blocks (64, 256), and an NF4 weight has no lerp."""
+        if (cfg.get("callbacks") or {}).get("ema") is not None:
+            raise ConfigError("callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base "
+                              "cannot be copied or averaged (nor need be: it is frozen): drop callbacks=ema (use "
+                              "callbacks=default), or use finetune=lora")
+
     def apply(self, net: nn.Module) -> None:
         from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
