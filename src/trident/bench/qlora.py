@@ -27,12 +27,12 @@ from trident.runs.compose import CONF_DIR
 from trident.tasks.lm import LanguageModelTask
 
 # Llama-style (rope, RMSNorm, SwiGLU, no biases): every linear a whole number of NF4 scale groups (64 x 256 weights).
-LLAMA = {"d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 768, "max_seq_len": 128, "pos_encoding": "rope",
+LLAMA = {"d_model": 256, "n_layers": 2, "n_heads": 4, "d_ff": 768, "max_seq_len": 64, "pos_encoding": "rope",
          "norm": "rmsnorm", "activation": "swiglu", "bias": False, "dropout": 0.0}
 QUICK = {**LLAMA, "d_model": 128, "n_layers": 2, "n_heads": 2, "d_ff": 256, "max_seq_len": 32}
-VOCAB, QUICK_VOCAB = 2048, 64
-BATCH, LENGTH, QUICK_BATCH, QUICK_LENGTH = 8, 128, 2, 32
-STEPS, QUICK_STEPS = 40, 3
+VOCAB, QUICK_VOCAB = 1024, 64
+BATCH, LENGTH, QUICK_BATCH, QUICK_LENGTH = 4, 64, 2, 32
+STEPS, QUICK_STEPS = 20, 3
 RANK, LR = 8, 1e-3
 SUCCESSORS = 4  # the bigram chain's branching: its entropy is log(4) = 1.386 nats a token
 VARIANTS = ("full", "lora", "qlora")
