@@ -147,6 +147,7 @@ SHORT = [*TEXT, "trainer.max_steps=2"]
 SHARDED = "sharded/{}/checkpoints/last.ckpt"
 # finetune=lora on the earlier run (nano: d_model 64), its tokenizer.
 LORA_TUNE = ["data=text_files", "data.files=[corpus.txt]", "finetune=lora", f"init_from=outputs/{PREVIOUS_RUN}"]
+QLORA_TUNE = [*LORA_TUNE[:2], "finetune=qlora", *LORA_TUNE[3:]]
 
 
 def hf_family_files(root: Path) -> None:
@@ -465,6 +466,14 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["init_from=llama_gqa has a vocabulary of 32 tokens"]),
     ("lora-mlm-vocabulary-does-not-fit", "train.py", ["task=mlm", "init_only=embeddings", *LORA_TUNE],
      ["has a vocabulary of"]),
+    # Issue 56: QLoRA (nano: d_model 64; qkv_proj 192x64 holds 192 blocks of 64, out_proj 64)
+    ("qlora-without-init-from", "train.py", ["finetune=qlora"], ["finetune=qlora adapts a trained model and none is given: add init_from="]),
+    ("qlora-block-does-not-divide-the-rows", "train.py", [*QLORA_TUNE, "finetune.block_size=48"],
+     ["finetune.block_size=48, which does not divide their input width d_model=64", "finetune.block_size=32"]),
+    ("qlora-with-ema", "train.py", [*QLORA_TUNE, "callbacks=ema"],
+     ["callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base cannot be copied"]),
+    ("qlora-scale-groups-do-not-fill", "train.py", QLORA_TUNE,
+     ["finetune=qlora cannot quantize decoder.blocks.0.self_attn.qkv_proj (192x64)", "finetune.scaler_block_size=64"]),
     # Issue 42: FSDP2
     ("fsdp-with-ema", "train.py", ["trainer=fsdp_cpu", "callbacks=ema"],
      ["callbacks=ema does not work with FSDP's sharded weights", "use trainer=ddp"]),

@@ -25,7 +25,7 @@ REQUIRED = {"data/text_files": ["data.files=[corpus.txt]"], "data/imagefolder": 
             "experiment/distill_pays_vision": ["teacher_run=run"],
             "experiment/distill_pays_text": ["teacher_run=run", "data.tokenizer=char"],
             # LoRA adapts a trained model (checked here by name only; test_lora.py trains from one).
-            "finetune/lora": ["init_from=run"],
+            "finetune/lora": ["init_from=run"], "finetune/qlora": ["init_from=run"],
             # Distillation needs its teacher (checked here by name only; tests/test_distill.py reads them).
             "distill/kd": ["distill.teacher=run"],
             # Preference pairs and the objective that trains on them go together, from trained weights.

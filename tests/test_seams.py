@@ -109,7 +109,7 @@ class RoundedLM(LanguageModelTask):
 def registered(monkeypatch: pytest.MonkeyPatch) -> None:
     """Step 2: the entry in CONVERTERS (and so a finetune= option)."""
     monkeypatch.setitem(CONVERTERS, RoundWeights.NAME, RoundWeights)
-    monkeypatch.setattr(trident.converters, "FINETUNE_MODES", ("full", *CONVERTERS))
+    monkeypatch.setitem(trident.converters.FINETUNE_MODES, RoundWeights.NAME, (RoundWeights,))
 
 
 def _cfg(finetune: dict[str, Any]) -> Any:
@@ -118,7 +118,8 @@ def _cfg(finetune: dict[str, Any]) -> Any:
 
 def test_a_new_converter_is_checked_on_the_config(registered: None) -> None:
     backbone = TransformerConfig(**BACKBONE)
-    assert converter_settings(_cfg({"name": "round", "step": 0.5}), backbone) == {"lora": None, "round": {"step": 0.5}}
+    assert converter_settings(_cfg({"name": "round", "step": 0.5}), backbone) == {"lora": None, "nf4": None,
+                                                                                    "round": {"step": 0.5}}
     with pytest.raises(ConfigError, match="finetune.step must be a positive number"):
         converter_settings(_cfg({"name": "round", "step": -1.0}), backbone)
 

@@ -25,6 +25,7 @@ PACKAGE_EXTRAS = {
     "onnxscript": ("the ONNX export (trident-export --format onnx)", "export"),
     "gguf": ("the GGUF export (trident-export --format gguf)", "gguf"),
     "lm_eval": ("EleutherAI's evaluation harness (trident-harness)", "eval"),
+    "torchao": ("torchao's quantized weights (finetune=qlora)", "quant"),
 }
 
 

@@ -4,6 +4,7 @@
     python -m trident.bench --only lm generation
     python -m trident.bench --only kv_cache      # grouped-query cache bytes and speed, a sliding window's cache
     python -m trident.bench --only lora          # full fine-tuning vs LoRA of a 124 M LM: bytes, peak RSS, step
+    python -m trident.bench --only qlora         # full vs LoRA vs QLoRA (NF4 base) of a Llama-style LM: bytes, step, loss
     python -m trident.bench --only lora_dpo      # the weights a LoRA DPO run holds: one copy of the base
     python -m trident.bench --only sharding      # FSDP over 1, 2, 4 processes and tensor parallelism vs DDP, per rank
     python -m trident.bench --only startup       # each command's --help, and trident-export of a nano run, from cold
@@ -48,6 +49,7 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "generation": rows_of("generation", "generation_rows"),
     "kv_cache": rows_of("kv_cache", "kv_cache_rows"),
     "lora": rows_of("lora", "lora_rows"),
+    "qlora": rows_of("qlora", "qlora_rows"),
     "lora_dpo": rows_of("preference", "lora_dpo_rows"),
     "batching": rows_of("data", "batching_rows"),
     "bf16": rows_of("steps", "bf16_rows"),

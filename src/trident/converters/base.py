@@ -80,6 +80,10 @@ class Converter(ABC):
     def merge(self, net: nn.Module) -> None:
         """Fold the change into ``net``'s plain layers, in place (an export writes what the base's format reads)."""
 
+    def check_shards(self, net: nn.Module, shards: int) -> None:
+        """What FSDP's split of the converted ``net``'s weights over ``shards`` ranks needs (one ``ConfigError``
+        line): nothing, for plain tensors."""
+
     def switched_off(self, net: nn.Module) -> AbstractContextManager[None]:
         """A context in which ``net`` runs as it was before :meth:`apply` (its loaded weights), for a converter that
         :attr:`SWITCHES_OFF`; one that cannot (e.g. weights quantized in place) leaves the loaded network to a copy."""

@@ -33,9 +33,10 @@ class LoRA(Converter):
 
     @classmethod
     def check(cls, cfg: DictConfig, settings: dict[str, Any], backbone: TransformerConfig) -> dict[str, Any]:
-        if not cfg.get("init_from"):
-            raise ConfigError("finetune=lora adapts a trained model and none is given: add init_from=<a run, checkpoint "
-                              "or Hugging Face directory> (or use finetune=full to train from scratch)")
+        if not cfg.get("init_from"):  # finetune=lora, or qlora (LoRA on an NF4 base)
+            raise ConfigError(f"finetune={settings.get('name', cls.NAME)} adapts a trained model and none is given: add "
+                              "init_from=<a run, checkpoint or Hugging Face directory> (or use finetune=full to train "
+                              "from scratch)")
         chosen = {key: settings.get(key) for key in LORA_KEYS}
         targets = chosen["targets"]
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):

@@ -26,7 +26,8 @@ from trident.weights.pretrained import PretrainedWeights
 from trident.weights.sources import COPY_DIR
 from trident.weights.transfer import TransferRow, transfer_weights
 
-#: Where each converter's artifact is written and read (by its name).
+#: Where each converter's artifact is written and read (by its name); a converter absent hands on none (finetune=qlora's
+#: NF4 base is its source quantized again).
 ARTIFACT_FILES: dict[str, ArtifactFiles] = {LoRA.NAME: AdapterFiles()}
 
 
@@ -88,4 +89,5 @@ def write_artifacts(task: TridentTask, run_dir: Path, init_from: str, best: str 
     """What each converter of ``task`` hands on beside the checkpoints (e.g. ``<run>/adapter``): of the ``best``
     checkpoint's weights when there is one."""
     for converter in task.converters:
-        converter.write_artifact(task.net, run_dir, init_from, best, ARTIFACT_FILES[converter.NAME])
+        if converter.NAME in ARTIFACT_FILES:
+            converter.write_artifact(task.net, run_dir, init_from, best, ARTIFACT_FILES[converter.NAME])

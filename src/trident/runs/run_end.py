@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from trident.converters.nf4 import nf4_bytes
 from trident.runs.sweeps import STOPPED_EARLY_BEST, STOPPED_EARLY_STEP
 from trident.tasks.base import TridentTask
 from trident.tracking.loggers import record_summary
@@ -25,6 +26,11 @@ def report_trainable(task: TridentTask, loggers: list[Any]) -> None:
     counts = trainable_parameters(task.net)
     log.info("Trainable parameters: %d of %d (%.2f%%)", counts["params/trainable"], counts["params/total"],
              100 * counts["params/trainable_share"])
+    stored, values = nf4_bytes(task.net)
+    if values:  # finetune=qlora: what the quantized base takes, its block scales included
+        counts.update({"params/nf4_bytes": stored, "params/nf4_bits_per_value": 8 * stored / values})
+        log.info("NF4 base: %d weights in %d bytes (%.3f bits a weight, block scales included)", values, stored,
+                 8 * stored / values)
     for logger in loggers:
         logger.log_hyperparams(counts)
     record_summary(loggers, counts)

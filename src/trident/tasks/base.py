@@ -161,6 +161,7 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         scheduler: dict[str, Any],
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -171,7 +172,8 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         self.optimizer_cfg, self.scheduler_cfg = optimizer, scheduler
         self.tokenizer = Tokenizer.from_str(tokenizer_json) if tokenizer_json else None
         self.tokenizer_settings: dict[str, str] = {}  # an init_from source's chat template and special tokens
-        # lora: finetune=lora's settings, applied by the lifecycle once the networks are built (trident.converters).
+        # lora, nf4: finetune=lora's (and qlora's) settings, applied by the lifecycle once the networks are built
+        # (trident.converters).
         self.converters: list[Converter] = []  # those applied (trident.tasks.networks.convert_networks)
         # Frozen companions by name (a teacher, a reference policy) and where their weights are read from: kept out of
         # the module tree, so no state dict, optimizer or checkpoint holds them (trident.tasks.networks).

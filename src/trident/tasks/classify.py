@@ -59,12 +59,13 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         class_token_in_text: bool = False,
         pooler: bool | str = False,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
     ) -> None:
         check_pool(stack, pool)
         check_finetuning(freeze_backbone_steps, layer_decay, head_lr)
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         num_classes = len(class_names)
         self.net = sequence_classifier(self.backbone_config, vocab_size=vocab_size, class_names=class_names,
                                        stack=stack, pool=pool, scale_embeddings=scale_embeddings,

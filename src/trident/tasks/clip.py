@@ -97,9 +97,10 @@ class ContrastiveImageTextTask(TridentTask):
         image: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = clip(self.backbone_config, vocab_size=vocab_size, eos_id=eos_id, embed_dim=embed_dim, text=text,
                         image=image, image_size=image_size, patch_size=patch_size, in_channels=in_channels)
         self.objective = self.chosen_objective()

@@ -93,10 +93,11 @@ class ElectraTask(TridentTask):
         seed: int = 0,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,  # every task's hyperparameter: none here (validate_config refuses one)
     ) -> None:
         check_weight(discriminator_weight)
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = replaced_token_detector(self.backbone_config, vocab_size=vocab_size,
                                            scale_embeddings=scale_embeddings)
         self.generator = electra_generator(self.backbone_config, vocab_size=vocab_size,

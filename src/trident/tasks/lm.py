@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from trident.backbone import SegmentMemory
-from trident.converters import CONVERTERS, converters_of
+from trident.converters import chosen_converters, converters_of
 from trident.data.base import TridentDataModule
 from trident.data.lm import LMDataModule
 from trident.data.tokenization import plain_encoder
@@ -57,11 +57,12 @@ class LanguageModelTask(TridentTask):
         sampling: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         reference: str | None = None,
         distill: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
                              scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
@@ -97,9 +98,8 @@ class LanguageModelTask(TridentTask):
 
     @classmethod
     def initial_copies(cls, cfg: DictConfig) -> tuple[str, ...]:
-        chosen = CONVERTERS.get(str((cfg.get("finetune") or {}).get("name", "full")))
         objective = build_objective(cfg.task.get("objective"), cls.NAME, cls.TRAINS_WITH)
-        return (REFERENCE,) if objective.copies_initial(can_switch_off([chosen] if chosen else [])) else ()
+        return (REFERENCE,) if objective.copies_initial(can_switch_off(chosen_converters(cfg))) else ()
 
     def on_fit_start(self) -> None:
         self.objective.start(self)  # at the initial weights: e.g. DPO's reference policy

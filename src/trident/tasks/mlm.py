@@ -63,9 +63,10 @@ class MaskedLanguageModelTask(TridentTask):
         num_examples: int = 4,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = masked_lm(self.backbone_config, vocab_size=vocab_size, scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)

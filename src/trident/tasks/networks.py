@@ -219,9 +219,11 @@ def all_networks(task: TaskNetworks | Any) -> list[nn.Module]:
 
 def shard_networks(task: TaskNetworks, mesh: DeviceMesh, precision: str) -> None:
     """FSDP (and tensor parallelism) over ``mesh``: each network of ``task``, companions included."""
-    from trident.parallel.fsdp import parallelize  # Lightning's strategies: a network read for export needs none
+    from trident.parallel.fsdp import DATA_PARALLEL, parallelize  # Lightning's strategies: an export needs none
 
     for net in all_networks(task):
+        for converter in task.converters:  # e.g. the NF4 base's scale groups, split over the ranks
+            converter.check_shards(net, mesh[DATA_PARALLEL].size())
         parallelize(net, mesh, precision)
 
 

@@ -117,6 +117,7 @@ class TranslationTask(TridentTask):
         num_examples: int = 8,
         tokenizer_json: str | None = None,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         tgt_lang: str | None = None,
         bleu_tokenize: str = "auto",
         objective: dict[str, Any] | None = None,
@@ -128,7 +129,7 @@ class TranslationTask(TridentTask):
         source_prefix: str = "",
         decoder_start: str = SEQ_START_TOKEN,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         if scoring not in ("auto", *SCORINGS):
             raise ConfigError(f"task.scoring={scoring} is not a beam scoring: choose auto or one of {', '.join(SCORINGS)}")
         # auto: as the convention the decoder was trained in decodes (BART's, with its start before <s>: as generate).

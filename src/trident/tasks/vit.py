@@ -62,10 +62,11 @@ class ImageClassificationTask(ClassHead, TridentTask):
         mixup: dict[str, Any] | None = None,
         num_figure_images: int = 16,
         lora: dict[str, Any] | None = None,
+        nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
         distill: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(backbone, optimizer, scheduler, lora=lora, objective=objective)
+        super().__init__(backbone, optimizer, scheduler, lora=lora, nf4=nf4, objective=objective)
         self.net = vision_transformer(self.backbone_config, patch_size=patch_size, in_channels=in_channels,
                                       num_classes=num_classes, pool=pool)
         self.class_names, self.mean, self.std = list(class_names), list(mean), list(std)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from trident.converters.nf4 import holds
 from trident.errors import DataError
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, FrozenBase
 from trident.weights.lora_adapter import base_of
@@ -55,11 +56,11 @@ def fingerprint(weights: dict[str, Tensor], names: list[str]) -> str:
 
 def frozen_base_of(net: nn.Module, source: str, weights: dict[str, Tensor]) -> FrozenBase:
     """The base of ``net`` (adapters on, ``weights`` of ``source`` loaded): its frozen parameters that hold the
-    source's tensor of their name unchanged. A parameter the source did not give as it is (resampled, new)
+    source's tensor of their name unchanged (or quantized from it: finetune=qlora's NF4 base, quantized again when read). A parameter the source did not give as it is (resampled, new)
     stays in the checkpoints."""
     names = [name for name, tensor in net.state_dict(keep_vars=True).items()
              if isinstance(tensor, nn.Parameter) and not tensor.requires_grad and name in weights
-             and weights[name].shape == tensor.shape and torch.equal(weights[name].to(tensor.dtype), tensor.detach())]
+             and holds(tensor, weights[name])]
     return FrozenBase(source, names, fingerprint(weights, names), in_net=True)
 
 

@@ -26,6 +26,7 @@ from trident.backbone import LoRALinear
 from trident.errors import ConfigError
 from trident.extras import require_package
 from trident.tasks.base import TridentTask
+from trident.tasks.networks import merge_network
 from trident.weights.adapters import (
     hf_albert,
     hf_bert,
@@ -151,6 +152,10 @@ def write_peft(task: TridentTask, directory: Path) -> None:
     if settings is None:
         raise ConfigError("--format peft writes a finetune=lora run's adapters and this run has none: "
                           "export it with --format hf")
+    # finetune=qlora: the converters applied after LoRA (its NF4 base) are folded away, the base dequantized: the
+    # adapters were trained on those values, and peft puts them on a float base.
+    names = [converter.NAME for converter in task.converters]
+    merge_network(task.net, task.converters[names.index("lora") + 1:])
     adapter = adapter_for_network(task.net)
     layout = layout_for(adapter, task.net)
     _, _, hf_state = adapter.from_trident(task.net)  # refuses, as the hf export does, a base it cannot write
