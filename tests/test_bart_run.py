@@ -113,3 +113,17 @@ def test_targets_as_long_as_the_position_table_leave_no_room_for_the_decoder_sta
                                           r"data.max_len=63 or less$"):
         train(compose_config([*(o for o in SMALL_MT if o != "model=nano"), *parallel_files(tmp_path / "corpus", WORDS, seed=0),
                               f"init_from={tmp_path / 'bart'}"], output_dir=tmp_path / "run"))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    # trident's own run: data.max_seq_len follows data.max_len, so only a larger table makes room.
+    (["task.decoder_start_id=2"], (r"^data.max_len=64 leaves no room for the decoder's start token .*: set "
+                                   r"data.max_seq_len=65 or more$")),
+    (["task.decoder_start_id=100000", "data.max_seq_len=65"],
+     r"^task.decoder_start_id=100000 is not a token id of the vocabulary \(0 to \d+\): "),
+    (["task.decoder_start_id=abc", "data.max_seq_len=65"], r"^task.decoder_start_id=abc is not a token id "),
+])
+def test_a_decoder_start_that_cannot_serve_is_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        train(compose_config([*SMALL_MT, *parallel_files(tmp_path / "corpus", WORDS, seed=0), *overrides],
+                             output_dir=tmp_path / "run"))
