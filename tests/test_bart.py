@@ -210,3 +210,14 @@ def test_trident_s_own_convention_still_decodes_with_gnmt_scores_under_auto() ->
             length = len(hypothesis.tokens) + 1
             assert hypothesis.score == pytest.approx(score, abs=1e-4)
             assert hypothesis.normalized_score == pytest.approx(hypothesis.score / ((5 + length) / 6) ** 0.6, rel=1e-6)
+
+
+def test_a_decoder_start_counts_in_the_flops_of_a_step(tmp_path: Path) -> None:
+    """The decoder reads `</s> <s> tokens`: one position more than the data's decoder input, in the model FLOPs (MFU)."""
+    from trident.training.flops import encoder_decoder_flops
+
+    save_bart(tmp_path)
+    task = task_from(read_pretrained(tmp_path))
+    batch = {"src": padded([9, 4], 9, seed=1)[0], "tgt_in": padded([6, 2], 6, seed=2)[0],
+             "tgt_out": padded([6, 2], 6, seed=3)[0], "src_text": ["", ""], "tgt_text": ["", ""]}
+    assert task.flops_per_batch(batch) == encoder_decoder_flops(task.net.cfg, VOCAB, 2, 9, 7)  # type: ignore[arg-type]

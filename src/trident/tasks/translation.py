@@ -180,7 +180,7 @@ class TranslationTask(TridentTask):
 
     def flops_per_batch(self, batch: TranslationBatch) -> int:
         """Model FLOPs of one training step on ``batch``, padding included (forward and backward, for MFU)."""
-        (size, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+        (size, src_len), tgt_len = batch["src"].shape, self.decoder_io(batch)[0].size(1)  # with a decoder start
         return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len)
 
     def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
