@@ -189,3 +189,35 @@ def test_a_network_bart_cannot_hold_is_one_line() -> None:
     pre_norm = TransformerConfig(**(vars(cfg) | {"norm_first": True}))
     with pytest.raises(ConfigError, match=r"^model.norm_first=True has no BART \(hf export\) equivalent"):
         to_transformers(EncoderDecoder(pre_norm, VOCAB, pad_id=PAD))
+
+
+def test_trident_s_own_convention_still_decodes_with_gnmt_scores_under_auto() -> None:
+    """No decoder start (trident's own runs): scoring=auto ranks by GNMT's ((5 + L) / 6) ** alpha, and a hypothesis's
+    score is its tokens' and EOS's log-probabilities under teacher forcing, EOS forced at the limit included."""
+    task = TranslationTask({"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 48, "dropout": 0.0, "max_seq_len": 30},
+                           VOCAB, {}, {}, pad_id=PAD, bos_id=BOS, eos_id=EOS, beam_size=4, length_penalty=0.6,
+                           max_len_a=0.0, max_len_b=6).eval()
+    assert task.scoring == "gnmt"
+    randomise(task.net, seed=4, std=0.3)
+    src, src_mask = padded([9, 6, 3], 9, seed=5)
+    src[torch.arange(3), src_mask.sum(1) - 1] = EOS
+    with torch.no_grad():
+        hypotheses = task.decode_ids(src, beam_size=4)
+        for row, hypothesis in zip(src, hypotheses, strict=True):
+            ids = torch.tensor([[BOS, *hypothesis.tokens, EOS]])
+            log_probs = task.net(row[None], ids[:, :-1]).log_softmax(-1)  # (1, L, V)
+            score = float(log_probs[0].gather(1, ids[0, 1:, None]).sum())
+            length = len(hypothesis.tokens) + 1
+            assert hypothesis.score == pytest.approx(score, abs=1e-4)
+            assert hypothesis.normalized_score == pytest.approx(hypothesis.score / ((5 + length) / 6) ** 0.6, rel=1e-6)
+
+
+def test_a_decoder_start_counts_in_the_flops_of_a_step(tmp_path: Path) -> None:
+    """The decoder reads `</s> <s> tokens`: one position more than the data's decoder input, in the model FLOPs (MFU)."""
+    from trident.training.flops import encoder_decoder_flops
+
+    save_bart(tmp_path)
+    task = task_from(read_pretrained(tmp_path))
+    batch = {"src": padded([9, 4], 9, seed=1)[0], "tgt_in": padded([6, 2], 6, seed=2)[0],
+             "tgt_out": padded([6, 2], 6, seed=3)[0], "src_text": ["", ""], "tgt_text": ["", ""]}
+    assert task.flops_per_batch(batch) == encoder_decoder_flops(task.net.cfg, VOCAB, 2, 9, 7)  # type: ignore[arg-type]

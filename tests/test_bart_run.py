@@ -6,6 +6,8 @@ generation settings, and ``trident-translate`` on the run prints what transforme
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,57 @@ def test_targets_as_long_as_the_position_table_leave_no_room_for_the_decoder_sta
                                           r"data.max_len=63 or less$"):
         train(compose_config([*(o for o in SMALL_MT if o != "model=nano"), *parallel_files(tmp_path / "corpus", WORDS, seed=0),
                               f"init_from={tmp_path / 'bart'}"], output_dir=tmp_path / "run"))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    # trident's own run: data.max_seq_len follows data.max_len, so only a larger table makes room.
+    (["task.decoder_start_id=2"], (r"^data.max_len=64 leaves no room for the decoder's start token .*: set "
+                                   r"data.max_seq_len=65 or more$")),
+    (["task.decoder_start_id=100000", "data.max_seq_len=65"],
+     r"^task.decoder_start_id=100000 is not a token id of the vocabulary \(0 to \d+\): "),
+    (["task.decoder_start_id=abc", "data.max_seq_len=65"], r"^task.decoder_start_id=abc is not a token id "),
+])
+def test_a_decoder_start_that_cannot_serve_is_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        train(compose_config([*SMALL_MT, *parallel_files(tmp_path / "corpus", WORDS, seed=0), *overrides],
+                             output_dir=tmp_path / "run"))
+
+
+OLDER_READER = """
+import json, sys, torch, transformers
+folder = sys.argv[1]
+src, mask = torch.load(folder + "/src.pt")
+model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder + "/export").eval()
+found = {"version": transformers.__version__}
+for beams in (1, 4):
+    with torch.no_grad():
+        out = model.generate(input_ids=src, attention_mask=mask.long(), num_beams=beams, max_length=10, do_sample=False,
+                             bad_words_ids=[[1], [0]], length_penalty=1.0, early_stopping="never")
+    found[str(beams)] = [[t for t in row.tolist() if t != 1] for row in out]
+print(json.dumps(found))
+"""
+
+
+def test_the_oldest_allowed_transformers_generates_from_the_export_as_the_run_decodes(tmp_path: Path) -> None:
+    """transformers 4 reads forced_bos_token_id from generation_config.json alone (config.json states no generation
+    setting beside BartConfig's defaults, so 4.x keeps the file rather than rebuild it from config.json)."""
+    from tests.test_bart import EOS, padded, task_from
+    from tests.test_export_older_transformers import older_python, transformers_floor
+    from trident.weights import read_pretrained
+    from trident.weights.adapters.hf_export import write_hf
+
+    python = older_python(transformers_floor())
+    save_bart(tmp_path / "source", seed=8)
+    task = task_from(read_pretrained(tmp_path / "source"), length_penalty=1.0, max_len_a=0.0, max_len_b=9)
+    write_hf(task.net, None, None, tmp_path / "export")
+    src, mask = padded([13, 8, 5, 3], 13, seed=9)
+    src[torch.arange(4), mask.sum(1) - 1] = EOS
+    torch.save((src, mask), tmp_path / "src.pt")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    read = subprocess.run([str(python), "-c", OLDER_READER, str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          check=False, env=env)
+    assert read.returncode == 0, read.stderr[-3000:]
+    found = json.loads(read.stdout.strip().splitlines()[-1])
+    assert found["version"].startswith(f"{transformers_floor()}.")
+    for beams in (1, 4):
+        assert found[str(beams)] == [[EOS, *h.tokens, EOS] for h in task.decode_ids(src, beam_size=beams)]

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="a .ckpt file or a train.py run directory")
     parser.add_argument("texts", nargs="*", help="sentences to translate (default: read lines from stdin)")
     parser.add_argument("--beam-size", type=int, default=None, help="1 = greedy (default: the run's task.beam_size)")
-    parser.add_argument("--length-penalty", type=float, default=None, help="GNMT alpha (default: the run's)")
+    parser.add_argument("--length-penalty", type=float, default=None, help="alpha of the run's task.scoring (GNMT or length ** alpha; default: the run's)")
     parser.add_argument("--max-len-a", type=float, default=None, help="max length = a * source length + b")
     parser.add_argument("--max-len-b", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")

@@ -20,7 +20,7 @@ from trident.data.batching import TranslationBatch
 from trident.data.masking import IGNORE_INDEX
 from trident.data.special_tokens import SEQ_START_TOKEN
 from trident.data.translation import TranslationDataModule, detokenize, language_of
-from trident.errors import ConfigError
+from trident.errors import ConfigError, is_int
 from trident.models.decoding import SCORINGS, Decoding, Hypothesis, beam_search, greedy_decode
 from trident.models.properties import (
     DECODER_START,
@@ -132,6 +132,9 @@ class TranslationTask(TridentTask):
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         if scoring not in ("auto", *SCORINGS):
             raise ConfigError(f"task.scoring={scoring} is not a beam scoring: choose auto or one of {', '.join(SCORINGS)}")
+        if decoder_start_id is not None and not (is_int(decoder_start_id) and 0 <= decoder_start_id < vocab_size):
+            raise ConfigError(f"task.decoder_start_id={decoder_start_id} is not a token id of the vocabulary (0 to "
+                              f"{vocab_size - 1}): set one (BART's </s>), or null to start the decoder from <s>")
         # auto: as the convention the decoder was trained in decodes (BART's, with its start before <s>: as generate).
         if scoring == "auto":
             scoring = "gnmt" if decoder_start_id is None else "transformers"
@@ -164,8 +167,10 @@ class TranslationTask(TridentTask):
         super().validate_config(cfg)
         start, longest, table = cfg.task.get("decoder_start_id"), cfg.data.get("max_len"), cfg.data.get("max_seq_len")
         if start is not None and longest is not None and table is not None and longest >= table:
+            # A source's table is fixed (BART's max_position_embeddings); trident's own follows data.max_len by default.
+            fix = f"data.max_len={table - 1} or less" if cfg.get("init_from") else f"data.max_seq_len={longest + 1} or more"
             raise ConfigError(f"data.max_len={longest} leaves no room for the decoder's start token (task.decoder_start_id="
-                              f"{start}) in the {table} positions of data.max_seq_len: set data.max_len={table - 1} or less")
+                              f"{start}) in the {table} positions of data.max_seq_len: set {fix}")
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.net(src, tgt_in)
@@ -188,7 +193,7 @@ class TranslationTask(TridentTask):
 
     def flops_per_batch(self, batch: TranslationBatch) -> int:
         """Model FLOPs of one training step on ``batch``, padding included (forward and backward, for MFU)."""
-        (size, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+        (size, src_len), tgt_len = batch["src"].shape, self.decoder_io(batch)[0].size(1)  # with a decoder start
         return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len)
 
     def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
