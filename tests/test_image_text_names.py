@@ -17,6 +17,7 @@ from trident.data.images import NormalizedArrays
 from trident.errors import ConfigError
 
 from .conftest import compose_config
+from .test_vit_pipeline import write_idx
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -128,3 +129,26 @@ def test_a_tokenizer_file_only_warns_of_an_untrained_name(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING, logger="trident.data.image_text"):
         data.setup("fit")
     assert "no training caption holds their names" in caplog.text
+
+
+def test_a_name_source_of_other_classes_is_refused(tmp_path: Path) -> None:
+    """Fashion-MNIST has ten classes as MNIST has: its clothes would train captioned "zero" ... "nine" (found by the
+    review: only the count was compared)."""
+    images, labels = np.zeros((600, 28, 28)), np.arange(600) % 10
+    for split, count in (("train", 600), ("t10k", 10)):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", images[:count])
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", labels[:count])
+    data = _default(["data.name_source=fashion_mnist", f"data.data_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"data.name_source=fashion_mnist's classes \['T-shirt/top', .* are not "
+                                          r"data.source=mnist_5k's \['0', .*digits for mnist_5k\), or data.name_source=null"):
+        data.setup("fit")
+
+
+def test_a_name_trained_only_inside_a_template_word_is_not_refused() -> None:
+    """Zero-shot classification encodes the templates filled with each name: with the template "{}s" the captions and the
+    prompts hold "eights", never the bare "eight", which the check must not ask for (found by the review)."""
+    data = _default(["data.templates=['the {}s']"])
+    data.setup("fit")
+    assert "the eights" in data.datasets["train"].pairs.captions
+    with pytest.raises(ConfigError, match=r"data.zero_shot_classes \['eight', 'nine'\]: no training caption"):
+        _default(["data.templates=['the {}s']", "data.name_source=null"]).setup("fit")

@@ -257,9 +257,10 @@ class ImageTextDataModule(ImageSettingsDataModule):
         return {"data_dir": self.data_dir, "validation_size": self.validation_size, "test_size": self.test_size,
                 "split_seed": self.split_seed, "image_size": self.image_size}
 
-    def _name_images(self, classes: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def _name_images(self, classes: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         """``data.name_source``'s images (N, H, W) and labels (N,), every split of it (it is never evaluated), cut to
-        ``data.name_source_size`` after one fixed shuffle; None without one."""
+        ``data.name_source_size`` after one fixed shuffle; None without one. ``classes``: data.source's own class names,
+        which the name source's must equal (its labels index data.class_names as data.source's do)."""
         if self.name_source is None:
             return None
         if self.name_source not in PACKAGED:
@@ -273,9 +274,10 @@ class ImageTextDataModule(ImageSettingsDataModule):
             raise ConfigError(f"data.name_source_frame={frame}: give a side from 1 to data.image_size={self.image_size}, "
                               "or null to fill the image")
         data = load_image_source(self.name_source, self._source_options() | {"image_size": frame})
-        if len(data.class_names) != classes:
-            raise ConfigError(f"data.name_source={self.name_source} has {len(data.class_names)} classes; data.source="
-                              f"{self.source} has {classes}: choose a name source of the same classes, in label order")
+        if data.class_names != classes:  # the same count is not enough: digits captioned as Fashion-MNIST's clothes
+            raise ConfigError(f"data.name_source={self.name_source}'s classes {data.class_names} are not data.source="
+                              f"{self.source}'s {classes}: choose a name source of the same classes, in label order "
+                              "(digits for mnist_5k), or data.name_source=null")
         parts = [data.splits[split] for split in SPLITS]  # packaged sources are arrays
         images, labels = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         size = len(labels) if self.name_source_size is None else self.name_source_size
@@ -297,7 +299,7 @@ class ImageTextDataModule(ImageSettingsDataModule):
             raise ConfigError(f"data.zero_shot_classes names {unknown}, which are not classes of data.source="
                               f"{self.source}: choose among {', '.join(names)}")
         held_out = {names.index(name) for name in self.zero_shot_classes}
-        named = self._name_images(len(names))
+        named = self._name_images(data.class_names)
         pairs = {}
         for split in SPLITS:
             images, labels = data.splits[split]  # the packaged sources are arrays
@@ -350,13 +352,19 @@ class ImageTextDataModule(ImageSettingsDataModule):
             self.datasets[split] = PairDataset(split_pairs, ids, transform, self.in_channels)
 
     def _check_names_train(self, captions: list[str]) -> None:
-        """Each zero-shot class's name is tokens some training caption holds, or one line naming the fix: else its
-        embedding stays as initialised and its zero-shot accuracy at chance. A tokenizer file (a pre-trained CLIP's)
-        may have learnt the words before: then a warning."""
-        assert self.tokenizer is not None
-        trained = set(caption_ids(self.tokenizer, captions, self.max_length).unique().tolist())
-        untrained = [name for name in self.zero_shot_classes
-                     if not set(caption_ids(self.tokenizer, [name], self.max_length).unique().tolist()) <= trained]
+        """Each zero-shot class's prompts (every template filled with its name, as zero-shot classification encodes
+        them) are tokens some training caption holds, or one line naming the fix: else its word's embedding stays as
+        initialised and its zero-shot accuracy at chance. The prompts, not the bare name: a template "{}s" trains
+        "eights", never "eight". A tokenizer file (a pre-trained CLIP's) may have learnt the words before: a warning."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        trained = set(caption_ids(tokenizer, captions, self.max_length).unique().tolist())
+
+        def prompt_tokens(name: str) -> set[int]:
+            prompts = [template.format(name) for template in self.templates]
+            return set(caption_ids(tokenizer, prompts, self.max_length).unique().tolist())
+
+        untrained = [name for name in self.zero_shot_classes if not prompt_tokens(name) <= trained]
         if not untrained:
             return
         problem = (f"data.zero_shot_classes {untrained}: no training caption holds their names (data.name_source="
