@@ -6,7 +6,12 @@ Sources (``data.source``):
 - a packaged image set (``mnist_5k``, ``digits``, ``fashion_mnist``: trident.data.image_sources), each image captioned
   from its class name by one of ``data.templates`` (image i takes template i mod K); the classes named in
   ``data.zero_shot_classes`` are held out of training (their images stay in validation and test), for zero-shot
-  classification by class names and the templates;
+  classification by class names and the templates. Their names are learnt from ``data.name_source``, a second packaged
+  set of the same classes in another style (the default: scikit-learn's 8x8 digits, upscaled into MNIST's 20 x 20
+  box of the 28 x 28 field, ``data.name_source_frame``): all its images, of every class, train (up to ``data.name_source_size``) and none is evaluated, so the held-out classes' words have
+  trained embeddings while none of the evaluated source's images of them trained. A zero-shot class whose name no
+  training caption holds (no name source) is refused with a word-level tokenizer: its embedding would stay as
+  initialised and its zero-shot accuracy stay at chance;
 - a JSONL, CSV or parquet file of pairs, its ``data.image_column`` a path (relative to the file's folder) and its
   ``data.caption_column`` the caption; or a folder holding ``captions.jsonl`` / ``.csv`` / ``.parquet``. Its pairs
   are split into train / validation / test by ``data.validation_size`` / ``data.test_size`` (one fixed shuffle). Its
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
@@ -42,6 +49,8 @@ from trident.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
 
 PACKAGED = ("mnist_5k", "digits", "fashion_mnist")
 CAPTION_FILES = ("captions.jsonl", "captions.csv", "captions.parquet")
@@ -85,6 +94,16 @@ def caption_ids(tokenizer: Tokenizer, texts: list[str], length: int) -> Tensor:
         ids = [token for token in encoding.ids if token != eos][: length - 1]
         rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return rows
+
+
+def framed(images: np.ndarray, frame: int, size: int) -> np.ndarray:
+    """uint8 images (N, H, W) resized to ``frame`` x ``frame`` (bilinear: values stay in range) and centred on a
+    ``size`` x ``size`` black field, as MNIST fits its digits into a 20 x 20 box of its 28 x 28 images."""
+    pixels = torch.from_numpy(images).float()[:, None]  # (N, 1, H, W)
+    if pixels.shape[-2:] != (frame, frame):
+        pixels = F.interpolate(pixels, size=(frame, frame), mode="bilinear", align_corners=False).round()
+    before = (size - frame) // 2
+    return F.pad(pixels, (before, size - frame - before) * 2)[:, 0].to(torch.uint8).numpy()  # (N, size, size)
 
 
 @dataclass
@@ -195,6 +214,9 @@ class ImageTextDataModule(ImageSettingsDataModule):
         class_names: list[str] | None = None,
         templates: list[str] | None = None,
         zero_shot_classes: list[str] | None = None,
+        name_source: str | None = None,
+        name_source_size: int | None = None,
+        name_source_frame: int | None = None,
         tokenizer: str | None = None,
         cache_dir: str | None = None,
         max_length: int = 16,
@@ -219,6 +241,7 @@ class ImageTextDataModule(ImageSettingsDataModule):
         self.class_names = list(class_names or [])
         self.templates = list(templates or ["{}"])
         self.zero_shot_classes = list(zero_shot_classes or [])
+        self.name_source, self.name_source_size, self.name_source_frame = name_source, name_source_size, name_source_frame
         if any("{}" not in template for template in self.templates):
             raise ConfigError(f"data.templates={self.templates}: each template needs a {{}} for the class name")
         self.tokenizer_choice, self.max_length = tokenizer, max_length  # cache_dir: read from the config (staging)
@@ -230,10 +253,42 @@ class ImageTextDataModule(ImageSettingsDataModule):
     def prepare_data(self) -> None:
         """Nothing to fetch: packaged images, or files on disk."""
 
+    def _source_options(self) -> dict[str, Any]:
+        return {"data_dir": self.data_dir, "validation_size": self.validation_size, "test_size": self.test_size,
+                "split_seed": self.split_seed, "image_size": self.image_size}
+
+    def _name_images(self, classes: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """``data.name_source``'s images (N, H, W) and labels (N,), every split of it (it is never evaluated), cut to
+        ``data.name_source_size`` after one fixed shuffle; None without one. ``classes``: data.source's own class names,
+        which the name source's must equal (its labels index data.class_names as data.source's do)."""
+        if self.name_source is None:
+            return None
+        if self.name_source not in PACKAGED:
+            raise ConfigError(f"data.name_source={self.name_source} is not a packaged source: choose one of "
+                              f"{', '.join(PACKAGED)} other than data.source, or null")
+        if self.name_source == self.source:
+            raise ConfigError(f"data.name_source={self.name_source} is data.source: its validation and test images would "
+                              "train; choose another packaged source (e.g. digits for mnist_5k), or null")
+        frame = self.image_size if self.name_source_frame is None else self.name_source_frame
+        if not 1 <= frame <= self.image_size:
+            raise ConfigError(f"data.name_source_frame={frame}: give a side from 1 to data.image_size={self.image_size}, "
+                              "or null to fill the image")
+        data = load_image_source(self.name_source, self._source_options() | {"image_size": frame})
+        if data.class_names != classes:  # the same count is not enough: digits captioned as Fashion-MNIST's clothes
+            raise ConfigError(f"data.name_source={self.name_source}'s classes {data.class_names} are not data.source="
+                              f"{self.source}'s {classes}: choose a name source of the same classes, in label order "
+                              "(digits for mnist_5k), or data.name_source=null")
+        parts = [data.splits[split] for split in SPLITS]  # packaged sources are arrays
+        images, labels = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        size = len(labels) if self.name_source_size is None else self.name_source_size
+        if not 1 <= size <= len(labels):
+            raise ConfigError(f"data.name_source_size={size}: give a count from 1 to the {len(labels)} images of "
+                              f"data.name_source={self.name_source}, or null for all")
+        keep = np.random.default_rng(self.split_seed).permutation(len(labels))[:size]
+        return framed(images[keep], frame, self.image_size), labels[keep]
+
     def _packaged(self) -> dict[str, Pairs]:
-        options = {"data_dir": self.data_dir, "validation_size": self.validation_size, "test_size": self.test_size,
-                   "split_seed": self.split_seed, "image_size": self.image_size}
-        data = load_image_source(self.source, options)
+        data = load_image_source(self.source, self._source_options())
         names = self.class_names or data.class_names
         if len(names) != len(data.class_names):
             raise ConfigError(f"data.class_names names {len(names)} classes; data.source={self.source} has "
@@ -244,12 +299,15 @@ class ImageTextDataModule(ImageSettingsDataModule):
             raise ConfigError(f"data.zero_shot_classes names {unknown}, which are not classes of data.source="
                               f"{self.source}: choose among {', '.join(names)}")
         held_out = {names.index(name) for name in self.zero_shot_classes}
+        named = self._name_images(data.class_names)
         pairs = {}
         for split in SPLITS:
             images, labels = data.splits[split]  # the packaged sources are arrays
-            if split == "train":  # the held-out classes never train
+            if split == "train":  # the held-out classes never train; the name source's images of every class do
                 keep = ~np.isin(labels, list(held_out))
                 images, labels = images[keep], labels[keep]
+                if named is not None:
+                    images, labels = np.concatenate([images, named[0]]), np.concatenate([labels, named[1]])
             dataset: Dataset[tuple[Tensor, int]]
             if images.shape[1:3] == (self.image_size, self.image_size):
                 dataset = NormalizedArrays(images, labels, self.mean, self.std)
@@ -287,10 +345,35 @@ class ImageTextDataModule(ImageSettingsDataModule):
             self.tokenizer = word_tokenizer(texts)
         else:
             self.tokenizer = read_tokenizer(self.tokenizer_choice)
+        self._check_names_train(pairs["train"].captions)
         transform = eval_transform(self.image_size, self.mean, self.std)
         for split, split_pairs in pairs.items():
             ids = caption_ids(self.tokenizer, split_pairs.captions, self.max_length)
             self.datasets[split] = PairDataset(split_pairs, ids, transform, self.in_channels)
+
+    def _check_names_train(self, captions: list[str]) -> None:
+        """Each zero-shot class's prompts (every template filled with its name, as zero-shot classification encodes
+        them) are tokens some training caption holds, or one line naming the fix: else its word's embedding stays as
+        initialised and its zero-shot accuracy at chance. The prompts, not the bare name: a template "{}s" trains
+        "eights", never "eight". A tokenizer file (a pre-trained CLIP's) may have learnt the words before: a warning."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        trained = set(caption_ids(tokenizer, captions, self.max_length).unique().tolist())
+
+        def prompt_tokens(name: str) -> set[int]:
+            prompts = [template.format(name) for template in self.templates]
+            return set(caption_ids(tokenizer, prompts, self.max_length).unique().tolist())
+
+        untrained = [name for name in self.zero_shot_classes if not prompt_tokens(name) <= trained]
+        if not untrained:
+            return
+        problem = (f"data.zero_shot_classes {untrained}: no training caption holds their names (data.name_source="
+                   f"{self.name_source}), so the text tower never learns them")
+        if self.tokenizer_choice is None:
+            raise ConfigError(f"{problem} and their zero-shot accuracy stays at chance: set data.name_source=digits "
+                              "(another source of the same classes trains their names), or data.zero_shot_classes=[]")
+        log.warning("%s: unless the tokenizer's pre-trained text tower (init_from) knows them, their zero-shot accuracy "
+                    "stays at chance", problem)
 
     def task_inputs(self) -> dict[str, Any]:
         assert self.tokenizer is not None, "call setup() before task_inputs()"

@@ -235,9 +235,15 @@ class ContrastiveImageTextTask(TridentTask):
         for way, scores in zip(DIRECTIONS, (similarity, similarity.T), strict=True):
             for k in RECALL_AT:
                 self.log(f"{stage}/{way}_r{k}", recall_at(scores, k))
-        accuracy = self.zero_shot_accuracy(image, labels)
+        accuracy = self.zero_shot_accuracy(image, labels, self.zero_shot_classes)
         if accuracy is not None:
             self.log(f"{stage}/zero_shot_acc", accuracy, prog_bar=stage == "val")
+            # What guessing scores, for a report to compare against: one of the zero-shot classes at random.
+            self.log(f"{stage}/zero_shot_chance", 1 / len(self.zero_shot_classes))
+        # Every image of the split among every class name (chance 1 / classes): the names seen in training too.
+        every = self.zero_shot_accuracy(image, labels, self.class_names)
+        if every is not None and self.class_names != self.zero_shot_classes:
+            self.log(f"{stage}/all_classes_acc", every)
 
     def prompt_ids(self, classes: list[str]) -> Tensor:
         """(C, K, T) ids of every template filled with each class name, encoded as the data encodes captions."""
@@ -246,17 +252,17 @@ class ContrastiveImageTextTask(TridentTask):
         ids = caption_ids(self.tokenizer, texts, self.net.text.decoder.cfg.max_seq_len)
         return ids.reshape(len(classes), len(self.templates), -1).to(self.device)
 
-    def zero_shot_accuracy(self, image: Tensor, labels: Tensor) -> float | None:
-        """The share of the images of the zero-shot classes (normalised features (N, E), class labels (N,)) whose
-        nearest class embedding is their own; None without classes or images of them."""
-        if not self.zero_shot_classes or self.tokenizer is None:
+    def zero_shot_accuracy(self, image: Tensor, labels: Tensor, classes: list[str]) -> float | None:
+        """The share of the images of ``classes`` (normalised features (N, E), class labels (N,)) whose nearest
+        embedding among those of ``classes`` is their own class's; None without classes or images of them."""
+        if not classes or self.tokenizer is None:
             return None
-        indices = torch.tensor([self.class_names.index(name) for name in self.zero_shot_classes], device=labels.device)
+        indices = torch.tensor([self.class_names.index(name) for name in classes], device=labels.device)
         chosen = (labels[:, None] == indices[None, :]).any(dim=1)
         if not chosen.any():
             return None
         with torch.no_grad():
-            classifier = zero_shot_classifier(self.net, self.prompt_ids(self.zero_shot_classes)).float()  # (C, E)
+            classifier = zero_shot_classifier(self.net, self.prompt_ids(classes)).float()  # (C, E)
         predicted = indices[(image[chosen] @ classifier.T).argmax(dim=1)]
         return float((predicted == labels[chosen]).float().mean())
 
