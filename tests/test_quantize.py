@@ -303,3 +303,17 @@ def test_out_never_replaces_the_runs_checkpoints(lm_run: Path, tmp_path: Path, m
         [str(lm_run), "--bits", "8", "--out", str(other)], tmp_path, monkeypatch)
     assert source.read_bytes() == before and (other / "last.ckpt").read_bytes() == before
     assert not (lm_run / "last.ckpt").exists() and not (lm_run / "quantization.json").exists()
+
+
+def test_the_tied_head_stays_float_and_tied(lm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LM's head is its token embedding: read back float and still the same tensor; without torchao, reading the
+    quantized model is one line naming the [quant] extra."""
+    from trident.extras import MissingExtra
+
+    quantize_checkpoint(lm_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt", 4, 32)
+    net = trident.load(tmp_path / "last.ckpt").net
+    assert net.head.weight is net.embed.weight and type(net.head.weight) is nn.Parameter
+    assert net.head.weight.dtype == torch.float32
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    with pytest.raises(MissingExtra, match=r"needs trident's \[quant\] extra"):
+        trident.load(tmp_path / "last.ckpt")
