@@ -317,3 +317,14 @@ def test_the_tied_head_stays_float_and_tied(lm_run: Path, tmp_path: Path, monkey
     monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
     with pytest.raises(MissingExtra, match=r"needs trident's \[quant\] extra"):
         trident.load(tmp_path / "last.ckpt")
+
+
+def test_an_ema_runs_raw_weights_stay_behind(lm_run: Path, tmp_path: Path) -> None:
+    """callbacks=ema's checkpoint holds the average as its state dict and the raw float weights beside it: the
+    quantized file holds the quantized average alone."""
+    source = tmp_path / "ema.ckpt"
+    checkpoint = torch.load(lm_run / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["current_model_state"] = {key: value.clone() for key, value in checkpoint["state_dict"].items()}
+    torch.save(checkpoint, source)
+    quantize_checkpoint(source, tmp_path / "q" / "last.ckpt", 8, None)
+    assert "current_model_state" not in torch.load(tmp_path / "q" / "last.ckpt", weights_only=True)
