@@ -328,3 +328,23 @@ def test_an_ema_runs_raw_weights_stay_behind(lm_run: Path, tmp_path: Path) -> No
     torch.save(checkpoint, source)
     quantize_checkpoint(source, tmp_path / "q" / "last.ckpt", 8, None)
     assert "current_model_state" not in torch.load(tmp_path / "q" / "last.ckpt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_lora_run_quantized_is_tested_with_its_adapters_folded_in(
+        lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
+    """A finetune=lora run (one step on the reference run): the quantized file holds the merged weights, and eval.py
+    (the command's "after" too) tests it as they are, not through the run's finetune=lora settings."""
+    from trident.commands import quantize
+    from trident.runs.evaluation import evaluate
+    from trident.runs.pipeline import train
+
+    from .conftest import SMALL, compose_config
+
+    run = tmp_path / "lora"
+    train(compose_config([*SMALL, "trainer.max_steps=1", "finetune=lora", f"init_from={lm_reference_run[0]}"],
+                         output_dir=run))
+    quantize.main([str(run), "--bits", "8"])
+    after = json.loads((run / "quantized-int8" / "quantization.json").read_text())["metrics"]["after"]
+    assert evaluate([f"ckpt_path={run / 'quantized-int8'}", "trainer.limit_test_batches=1.0"])["test/loss"] == \
+        pytest.approx(after["test/loss"], rel=1e-6)

@@ -101,6 +101,7 @@ def evaluate(arguments: list[str], write: bool = True) -> dict[str, float]:
     import lightning as L
     from omegaconf import OmegaConf
 
+    from trident.converters.weight_only import QUANTIZED_KEY
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
     from trident.tasks.base import GENERATE
     from trident.tasks.frozen_base import reading
@@ -111,6 +112,8 @@ def evaluate(arguments: list[str], write: bool = True) -> dict[str, float]:
 
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path", weights=False)  # fails on a damaged file before the data is prepared
+    if QUANTIZED_KEY in saved:  # trident-quantize folded the run's converters (finetune=lora) into its weights
+        cfg.finetune = {"name": "full"}
     L.seed_everything(cfg.get("seed", 0), workers=True)
     with companions_beside(find_run_config(checkpoint).parent):  # a companion the run recorded relative to itself
         datamodule, task = build_data_and_task(cfg, backbone, "test")
