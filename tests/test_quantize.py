@@ -348,3 +348,17 @@ def test_a_lora_run_quantized_is_tested_with_its_adapters_folded_in(
     after = json.loads((run / "quantized-int8" / "quantization.json").read_text())["metrics"]["after"]
     assert evaluate([f"ckpt_path={run / 'quantized-int8'}", "trainer.limit_test_batches=1.0"])["test/loss"] == \
         pytest.approx(after["test/loss"], rel=1e-6)
+
+
+def test_a_failed_evaluation_leaves_no_model_without_its_report(lm_run: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from trident.commands import quantize
+    from trident.runs import evaluation
+
+    def fails(arguments: list[str], write: bool = True) -> dict[str, float]:
+        raise DataError("the test data is gone")
+
+    monkeypatch.setattr(evaluation, "evaluate", fails)
+    with pytest.raises(SystemExit):
+        quantize.main([str(lm_run), "--bits", "8", "--out", str(tmp_path / "q")])
+    assert not (tmp_path / "q").exists()

@@ -123,12 +123,13 @@ def main(argv: list[str] | None = None) -> None:
 
     created: list[Path] = []
 
-    def remove_empty() -> None:
+    def remove_created() -> None:
+        # A folder this call made held nothing before: a model that failed its evaluation leaves with it, not without
+        # its report.
         for folder in created:
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
 
-    run_with_clear_errors(run, cleanup=remove_empty)
+    run_with_clear_errors(run, cleanup=remove_created)
 
 
 if __name__ == "__main__":
