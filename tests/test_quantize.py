@@ -214,10 +214,16 @@ def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, fl
     from trident.runs.harness import harness_model
     from trident.runs.harness_tasks import task_manager
     from trident.runs.pipeline import build_data_and_task, check_config
+    from trident.weights.checkpoint_files import checkpoint_of
 
     run = tmp_path / "run"
     shutil.copytree(lm_reference_run[0], run, ignore=shutil.ignore_patterns("wandb", "csv"))
-    quantize.main([str(run), "--bits", "4"])
+    own = run / "eval" / f"{checkpoint_of(run).stem}.json"  # eval.py's results of the run's checkpoint
+    own.parent.mkdir()
+    own.write_text("{}")
+    # The run tested one batch (SMALL): --eval keeps it so (the command's default is the whole split).
+    quantize.main([str(run), "--bits", "4", "--eval", "trainer.limit_test_batches=1"])
+    assert own.read_text() == "{}"
     table = capsys.readouterr().out
     report = json.loads((run / "quantized-int4" / "quantization.json").read_text())
     assert report["bits"] == 4 and report["group_size"] == 32 and "test/loss" in table
@@ -257,3 +263,102 @@ def test_the_command_on_a_trained_run(lm_reference_run: tuple[Path, dict[str, fl
     model = harness_model(run / "quantized-int4", batch_size=1, chat=False)
     results = simple_evaluate(model=model, tasks=["tiny_mc"], task_manager=task_manager(["tiny_mc"], str(tasks)))
     assert results is not None and "acc,none" in results["results"]["tiny_mc"]
+
+
+def fake_evaluate(calls: list[tuple[list[str], bool]]) -> object:
+    """eval.py's evaluate, recording its arguments (these runs have no data to test on)."""
+    def evaluate(arguments: list[str], write: bool = True) -> dict[str, float]:
+        calls.append((arguments, write))
+        return {"test/loss": 1.0}
+    return evaluate
+
+
+def test_the_whole_test_split_before_and_after(lm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both evaluations test the same batches: every one of the split unless --eval limits them (a run trained with
+    trainer.limit_test_batches would test part of it), and neither replaces the run's own eval.py results."""
+    from trident.commands import quantize
+    from trident.runs import evaluation
+
+    calls: list[tuple[list[str], bool]] = []
+    monkeypatch.setattr(evaluation, "evaluate", fake_evaluate(calls))
+    quantize.main([str(lm_run), "--bits", "8", "--out", str(tmp_path / "q")])
+    quantize.main([str(lm_run), "--bits", "8", "--out", str(tmp_path / "q"), "--eval", "trainer.limit_test_batches=3"])
+    (before, write_before), (after, write_after) = calls[:2]
+    assert before[1:] == after[1:] == ["trainer.limit_test_batches=1.0"] and not write_before and not write_after
+    assert calls[2][0][1:] == calls[3][0][1:] == ["trainer.limit_test_batches=1.0", "trainer.limit_test_batches=3"]
+    report = json.loads((tmp_path / "q" / "quantization.json").read_text())  # the second run replaced the first's
+    assert report["eval_overrides"] == ["trainer.limit_test_batches=1.0", "trainer.limit_test_batches=3"]
+
+
+def test_out_never_replaces_the_runs_checkpoints(lm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = lm_run / "checkpoints" / "last.ckpt"
+    before = source.read_bytes()
+    for out in (lm_run / "checkpoints", lm_run):
+        line = refused([str(lm_run), "--bits", "8", "--out", str(out)], tmp_path, monkeypatch)
+        assert "holds the run's own checkpoints" in line and "pass another folder" in line, line
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(source, other / "last.ckpt")  # a float checkpoint elsewhere
+    assert "holds the run's own checkpoints (or one trident-quantize did not write)" in refused(
+        [str(lm_run), "--bits", "8", "--out", str(other)], tmp_path, monkeypatch)
+    assert source.read_bytes() == before and (other / "last.ckpt").read_bytes() == before
+    assert not (lm_run / "last.ckpt").exists() and not (lm_run / "quantization.json").exists()
+
+
+def test_the_tied_head_stays_float_and_tied(lm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LM's head is its token embedding: read back float and still the same tensor; without torchao, reading the
+    quantized model is one line naming the [quant] extra."""
+    from trident.extras import MissingExtra
+
+    quantize_checkpoint(lm_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt", 4, 32)
+    net = trident.load(tmp_path / "last.ckpt").net
+    assert net.head.weight is net.embed.weight and type(net.head.weight) is nn.Parameter
+    assert net.head.weight.dtype == torch.float32
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    with pytest.raises(MissingExtra, match=r"needs trident's \[quant\] extra"):
+        trident.load(tmp_path / "last.ckpt")
+
+
+def test_an_ema_runs_raw_weights_stay_behind(lm_run: Path, tmp_path: Path) -> None:
+    """callbacks=ema's checkpoint holds the average as its state dict and the raw float weights beside it: the
+    quantized file holds the quantized average alone."""
+    source = tmp_path / "ema.ckpt"
+    checkpoint = torch.load(lm_run / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["current_model_state"] = {key: value.clone() for key, value in checkpoint["state_dict"].items()}
+    torch.save(checkpoint, source)
+    quantize_checkpoint(source, tmp_path / "q" / "last.ckpt", 8, None)
+    assert "current_model_state" not in torch.load(tmp_path / "q" / "last.ckpt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_lora_run_quantized_is_tested_with_its_adapters_folded_in(
+        lm_reference_run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
+    """A finetune=lora run (one step on the reference run): the quantized file holds the merged weights, and eval.py
+    (the command's "after" too) tests it as they are, not through the run's finetune=lora settings."""
+    from trident.commands import quantize
+    from trident.runs.evaluation import evaluate
+    from trident.runs.pipeline import train
+
+    from .conftest import SMALL, compose_config
+
+    run = tmp_path / "lora"
+    train(compose_config([*SMALL, "trainer.max_steps=1", "finetune=lora", f"init_from={lm_reference_run[0]}"],
+                         output_dir=run))
+    quantize.main([str(run), "--bits", "8"])
+    after = json.loads((run / "quantized-int8" / "quantization.json").read_text())["metrics"]["after"]
+    assert evaluate([f"ckpt_path={run / 'quantized-int8'}", "trainer.limit_test_batches=1.0"])["test/loss"] == \
+        pytest.approx(after["test/loss"], rel=1e-6)
+
+
+def test_a_failed_evaluation_leaves_no_model_without_its_report(lm_run: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from trident.commands import quantize
+    from trident.runs import evaluation
+
+    def fails(arguments: list[str], write: bool = True) -> dict[str, float]:
+        raise DataError("the test data is gone")
+
+    monkeypatch.setattr(evaluation, "evaluate", fails)
+    with pytest.raises(SystemExit):
+        quantize.main([str(lm_run), "--bits", "8", "--out", str(tmp_path / "q")])
+    assert not (tmp_path / "q").exists()

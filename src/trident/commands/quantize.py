@@ -27,6 +27,8 @@ from trident.errors import run_with_clear_errors
 REPORT = "quantization.json"
 # The test metric that counts trainable parameters (trident.training.callbacks.ModelCosts).
 FROZEN_COUNT = "trainable_params"
+# The evaluations' first override (a later --eval trainer.limit_test_batches=N wins): every test batch.
+WHOLE_SPLIT = "trainer.limit_test_batches=1.0"
 
 
 def positive_int(text: str) -> int:
@@ -63,6 +65,22 @@ def table(report: dict[str, Any]) -> str:
                      for row in [header, *rows])
 
 
+def refuse_float_target(out: Path, run_dir: Path) -> None:
+    """One line when ``out`` would put the quantized model where the run's own checkpoints are (the run's folder or its
+    ``checkpoints/``: eval.py and the readers would take it for the run's) or would replace a checkpoint
+    trident-quantize did not write; an earlier quantized model in ``out`` is replaced."""
+    from trident.converters.weight_only import QUANTIZED_KEY
+    from trident.errors import ConfigError
+    from trident.weights.checkpoint_files import read_checkpoint
+
+    target = out / "last.ckpt"
+    if (out.resolve() in (run_dir.resolve(), (run_dir / "checkpoints").resolve())
+            or (target.exists() and QUANTIZED_KEY not in read_checkpoint(target, "--out", weights=False))):
+        raise ConfigError(f"--out {str(out)!r} holds the run's own checkpoints (or one trident-quantize did not write), "
+                          f"which the quantized model would replace or pass for: pass another folder, or no --out "
+                          f"(<run>/quantized-int<bits>)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trident-quantize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = checkpoint_of(args.run)
         config = find_run_config(checkpoint)  # the test split is the run's: its config, before any work
         out = args.out or config.parent / f"quantized-int{args.bits}"
+        refuse_float_target(out, config.parent)
         if not out.exists():
             created.append(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -93,20 +112,24 @@ def main(argv: list[str] | None = None) -> None:
         quantized = quantize_checkpoint(checkpoint, out / "last.ckpt", args.bits, group_size)
         if config.parent.resolve() not in out.resolve().parents:  # outside the run: eval.py and trident-chat read it
             shutil.copy(config, out / config.name)
-        metrics = {"before": evaluate([f"ckpt_path={checkpoint}", *args.eval]),
-                   "after": evaluate([f"ckpt_path={quantized.path}", *args.eval])}
-        report = {**quantized.record(), "eval_overrides": args.eval, "metrics": metrics}
+        # The whole test split unless --eval says otherwise: a run trained with trainer.limit_test_batches tested a
+        # part of it, which its config (read by eval.py) would keep. Both evaluations see the same batches.
+        overrides = [WHOLE_SPLIT, *args.eval]
+        metrics = {"before": evaluate([f"ckpt_path={checkpoint}", *overrides], write=False),
+                   "after": evaluate([f"ckpt_path={quantized.path}", *overrides], write=False)}
+        report = {**quantized.record(), "eval_overrides": overrides, "metrics": metrics}
         (out / REPORT).write_text(json.dumps(report, indent=1))
         sys.stdout.write(f"{table(report)}\nquantized model in {quantized.path}, report in {out / REPORT}\n")
 
     created: list[Path] = []
 
-    def remove_empty() -> None:
+    def remove_created() -> None:
+        # A folder this call made held nothing before: a model that failed its evaluation leaves with it, not without
+        # its report.
         for folder in created:
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
 
-    run_with_clear_errors(run, cleanup=remove_empty)
+    run_with_clear_errors(run, cleanup=remove_created)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ embedding outside the blocks, every bias and norm.
 ``group_size`` inputs when given). int4: ``IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(g))``:
 symmetric, a scale per group of ``g`` inputs (32 by default). torchao's ``Int4WeightOnlyConfig`` packs for CUDA
 kernels only (tinygemm, mslk: "Requires mslk >= 1.0.0" on a CPU), and the CPU's int4 tensor holds each value in an
-int8: in memory int4 takes as many bytes as int8 (plus more scales); in the checkpoint it is packed two a byte.
+int8: in memory int4 takes more bytes than int8 (a byte a value as int8, plus a scale and zero point a group); in
+the checkpoint it is packed two a byte.
 
 **In a checkpoint** (:data:`QUANTIZED_KEY`): each layer's quantized tensors under torchao's names (``qdata``,
 ``scale``, ``zero_point``), as plain tensors, so the file reads with ``torch.load(weights_only=True)`` without

@@ -93,12 +93,15 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     return cfg, checkpoint
 
 
-def evaluate(arguments: list[str]) -> dict[str, float]:
-    """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics."""
+def evaluate(arguments: list[str], write: bool = True) -> dict[str, float]:
+    """Rebuild data and task as train.py did, then test the checkpoint; returns the test metrics, also written to
+    ``<run>/eval/`` unless ``write`` is False (trident-quantize: its report holds them, and the run's own results
+    of its checkpoint, scored by eval.py with other overrides perhaps, stay as they are)."""
     cfg, checkpoint = load_config(arguments)
     import lightning as L
     from omegaconf import OmegaConf
 
+    from trident.converters.weight_only import QUANTIZED_KEY
     from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
     from trident.tasks.base import GENERATE
     from trident.tasks.frozen_base import reading
@@ -109,6 +112,8 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
 
     backbone = check_config(cfg)
     saved = read_checkpoint(checkpoint, "ckpt_path", weights=False)  # fails on a damaged file before the data is prepared
+    if QUANTIZED_KEY in saved:  # trident-quantize folded the run's converters (finetune=lora) into its weights
+        cfg.finetune = {"name": "full"}
     L.seed_everything(cfg.get("seed", 0), workers=True)
     with companions_beside(find_run_config(checkpoint).parent):  # a companion the run recorded relative to itself
         datamodule, task = build_data_and_task(cfg, backbone, "test")
@@ -128,7 +133,7 @@ def evaluate(arguments: list[str]) -> dict[str, float]:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     run_dir = find_run_config(checkpoint).parent
     out = run_dir / "eval" / f"{result_name(checkpoint, run_dir)}.json"
-    if trainer.is_global_zero:
+    if write and trainer.is_global_zero:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"ckpt_path": str(checkpoint), "overrides": arguments, "metrics": metrics}, indent=1))
         print(f"metrics written to {out}")

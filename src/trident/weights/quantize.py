@@ -29,9 +29,11 @@ from trident.converters.weight_only import (
 )
 from trident.errors import DataError
 
-# What a run's checkpoint holds to train on, which the quantized model leaves behind; and a finetune=lora checkpoint's
-# record of the base it leaves out (the quantized file holds every weight).
-_TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "trident_frozen_base")
+# What a run's checkpoint holds to train on, which the quantized model leaves behind (callbacks=ema's raw weights,
+# current_model_state, included: the state dict holds the average, which is quantized); and a finetune=lora
+# checkpoint's record of the base it leaves out (the quantized file holds every weight).
+_TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "current_model_state",
+                   "trident_frozen_base")
 
 
 @dataclass
