@@ -255,3 +255,30 @@ def test_qlora_trains_on_two_ranks_under_ddp_and_fsdp(runs: dict[str, Any], tmp_
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["state_dict"] and all(is_lora_parameter(name) for name in saved["state_dict"])
     assert sum(is_nf4(p) for p in trident.load(run).net.parameters()) == 8
+
+
+def test_a_qlora_dpo_reference_is_the_nf4_base_with_its_adapters_off() -> None:
+    """objective=dpo under finetune=qlora: the reference policy is the policy's own NF4 base with the adapters off (as
+    TRL with peft on a bitsandbytes 4-bit base: ``disable_adapter``), no float copy of the base: at the start the
+    policy is its reference (DPO's loss log 2), where a float copy would differ from it by the NF4 error."""
+    from omegaconf import OmegaConf
+
+    from trident.data.preference import PreferenceBatch
+    from trident.objectives.preference import answer_logps
+
+    cfg = OmegaConf.create({"finetune": {"name": "qlora"}, "task": {"objective": {"name": "dpo"}}})
+    assert LanguageModelTask.initial_copies(cfg) == ()  # no frozen float copy is written or held
+    policy = LanguageModelTask(WIDE, VOCAB, OPTIMIZER, SCHEDULER, lora=LORA, nf4=NF4, objective={"name": "dpo"})
+    ids = torch.randint(0, VOCAB, (4, 12), generator=torch.Generator().manual_seed(2))
+    batch = PreferenceBatch(ids, torch.roll(ids, -1, 1), torch.empty(0))
+    policy.net.eval()
+    with torch.no_grad():
+        start = answer_logps(policy.net(batch.inputs), batch.targets)[0]
+        for name, param in policy.net.named_parameters():
+            if ".lora_B." in name:  # the adapters moved: the policy is no longer its reference
+                param.normal_(generator=torch.Generator().manual_seed(len(name)))
+        moved = answer_logps(policy.net(batch.inputs), batch.targets)[0]
+    assert not policy.companions
+    torch.testing.assert_close(policy.objective.reference_logps(policy, batch), start, rtol=0, atol=0)
+    assert (moved - start).abs().min() > 1e-3
+    assert sum(is_nf4(p) for p in policy.net.parameters()) == 4 * WIDE["n_layers"]  # the base stayed quantized

@@ -18,6 +18,7 @@ left out and refilled from the source, which a load quantizes again (torchao's `
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -77,8 +78,11 @@ class NF4Base(Converter):
 
     NAME: ClassVar[str] = "nf4"
     FREEZES_SOURCE: ClassVar[bool] = True
-    # The weights are quantized in place: the network as loaded is gone (a DPO reference is then a frozen copy).
-    SWITCHES_OFF: ClassVar[bool] = False
+    # The weights are quantized in place and the quantized base is what the run starts from: switched off, the base
+    # stays NF4 (LoRA's adapters off give the initial policy), as TRL with peft on a bitsandbytes 4-bit base takes
+    # the reference policy (``disable_adapter``); a float copy of the base would hold 8 times its bytes and differ
+    # from the initial policy by the NF4 error (DPO's loss at the start no longer log 2).
+    SWITCHES_OFF: ClassVar[bool] = True
 
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__(settings)
@@ -155,6 +159,10 @@ class NF4Base(Converter):
 
     def trains(self, name: str) -> bool:
         return name not in self.quantized
+
+    def switched_off(self, net: nn.Module) -> AbstractContextManager[None]:
+        """The base as the run starts from it: quantized (nothing to undo; LoRA switches its adapters off)."""
+        return nullcontext()
 
     def merge(self, net: nn.Module) -> None:
         """Each NF4 weight back to a float one: torchao's dequantization, in the dtype it was quantized from."""
