@@ -192,6 +192,11 @@ def test_the_merged_hf_export_gives_trident_loads_logits(runs: dict[str, Any], t
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=0, atol=1e-4)
         assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+        # Not the source's float weights plus the adapters (what the run never computed): they are far from it.
+        source = trident.load(runs["base"]).net.state_dict()
+        for name, linear in quantized_linears(tuned.net).items():
+            linear.weight = torch.nn.Parameter(source[f"{name}.weight"], requires_grad=False)
+        assert (model(ids).logits - tuned.net(ids)).abs().max() > 1e-2
 
 
 def test_the_peft_adapter_is_for_the_dequantized_base(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -228,6 +233,21 @@ def test_a_missing_torchao_names_the_quant_extra(runs: dict[str, Any], monkeypat
 def test_a_block_that_does_not_divide_the_rows_is_one_line(runs: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"does not divide their input width d_model=64: .*finetune.block_size=32"):
         train(compose_config([*RUN, *QLORA, f"init_from={runs['base']}", "finetune.block_size=48"],
+                             output_dir=tmp_path / "refused"))
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_a_precision_that_casts_the_weights_is_one_line(runs: dict[str, Any], tmp_path: Path, precision: str) -> None:
+    """Lightning's *-true precisions cast the network with ``module.to(dtype)``: an NF4 weight then keeps its codes
+    and gains a dense copy of itself in the new dtype (``set_data``), more bytes than LoRA's plain base."""
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
+    net = _task(lora=LORA, nf4=NF4).net
+    HalfPrecision(precision).convert_module(net)
+    weight = next(p for p in net.parameters() if is_nf4(p))
+    assert weight.untyped_storage().nbytes() == weight.numel() * 2  # what a refusal spares: the dense copy
+    with pytest.raises(ConfigError, match=rf"^trainer.precision={precision} casts every weight .* use precision=bf16"):
+        train(compose_config([*RUN, *QLORA, f"init_from={runs['base']}", f"trainer.precision={precision}"],
                              output_dir=tmp_path / "refused"))
 
 

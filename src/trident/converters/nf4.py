@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 #: The keys of ``finetune=qlora`` that quantize the base (the task's ``nf4`` hyperparameter).
 NF4_KEYS = ("block_size", "scaler_block_size")
+#: Lightning's precisions whose plugin casts the network's weights (``convert_module``); 32-true and the mixed ones do not.
+CASTING_PRECISIONS = ("bf16-true", "16-true", "64-true", "64", "transformer-engine", "transformer-engine-float16")
 
 
 def quantized_linears(net: nn.Module) -> dict[str, nn.Linear]:
@@ -109,8 +111,16 @@ class NF4Base(Converter):
 
     @classmethod
     def check_run(cls, cfg: DictConfig) -> None:
-        """Lightning's EMA (``callbacks=ema``) deep-copies the network and averages every weight of it: torchao 0.18's
+        """Lightning's true-precision plugins (``trainer.precision=bf16-true``) cast the network with ``module.to``,
+        which torchao 0.18's NF4 answers with a dense copy in the new dtype (``set_data``: the codes stay beside it).
+        Lightning's EMA (``callbacks=ema``) deep-copies the network and averages every weight of it: torchao 0.18's
         NF4 ``clone`` quantizes the weight again with the default blocks (64, 256), and an NF4 weight has no lerp."""
+        precision = str((cfg.get("trainer") or {}).get("precision", ""))
+        if precision in CASTING_PRECISIONS:
+            raise ConfigError(f"trainer.precision={precision} casts every weight of the network (module.to), and an NF4 "
+                              "weight cast so keeps its codes and gains a dense copy of itself (more bytes than "
+                              "finetune=lora's base): use precision=bf16 (bf16-mixed: the matmuls in bf16, the adapters "
+                              "in float32), or finetune=lora")
         if (cfg.get("callbacks") or {}).get("ema") is not None:
             raise ConfigError("callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base "
                               "cannot be copied or averaged (nor need be: it is frozen): drop callbacks=ema (use "
