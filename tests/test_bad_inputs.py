@@ -472,6 +472,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
      ["finetune.block_size=48, which does not divide their input width d_model=64", "finetune.block_size=32"]),
     ("qlora-with-ema", "train.py", [*QLORA_TUNE, "callbacks=ema"],
      ["callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base cannot be copied"]),
+    ("qlora-with-bf16-true", "train.py", [*QLORA_TUNE, "trainer.precision=bf16-true"],
+     ["trainer.precision=bf16-true casts every weight of the network", "use precision=bf16"]),
     ("qlora-scale-groups-do-not-fill", "train.py", QLORA_TUNE,
      ["finetune=qlora cannot quantize decoder.blocks.0.self_attn.qkv_proj (192x64)", "finetune.scaler_block_size=64"]),
     # Issue 42: FSDP2

@@ -192,6 +192,11 @@ def test_the_merged_hf_export_gives_trident_loads_logits(runs: dict[str, Any], t
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tuned.net(ids), rtol=0, atol=1e-4)
         assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+        # Not the source's float weights plus the adapters (what the run never computed): they are far from it.
+        source = trident.load(runs["base"]).net.state_dict()
+        for name, linear in quantized_linears(tuned.net).items():
+            linear.weight = torch.nn.Parameter(source[f"{name}.weight"], requires_grad=False)
+        assert (model(ids).logits - tuned.net(ids)).abs().max() > 1e-2
 
 
 def test_the_peft_adapter_is_for_the_dequantized_base(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -231,6 +236,21 @@ def test_a_block_that_does_not_divide_the_rows_is_one_line(runs: dict[str, Any],
                              output_dir=tmp_path / "refused"))
 
 
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_a_precision_that_casts_the_weights_is_one_line(runs: dict[str, Any], tmp_path: Path, precision: str) -> None:
+    """Lightning's *-true precisions cast the network with ``module.to(dtype)``: an NF4 weight then keeps its codes
+    and gains a dense copy of itself in the new dtype (``set_data``), more bytes than LoRA's plain base."""
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
+    net = _task(lora=LORA, nf4=NF4).net
+    HalfPrecision(precision).convert_module(net)
+    weight = next(p for p in net.parameters() if is_nf4(p))
+    assert weight.untyped_storage().nbytes() == weight.numel() * 2  # what a refusal spares: the dense copy
+    with pytest.raises(ConfigError, match=rf"^trainer.precision={precision} casts every weight .* use precision=bf16"):
+        train(compose_config([*RUN, *QLORA, f"init_from={runs['base']}", f"trainer.precision={precision}"],
+                             output_dir=tmp_path / "refused"))
+
+
 def test_fsdp_refuses_nf4_weights_whose_scale_groups_do_not_split_over_its_ranks() -> None:
     """torchao's NF4 shards under FSDP2 by splitting its rows, codes, block scales and scale groups alike."""
     task = _task(lora=LORA, nf4=NF4)  # qkv_proj 384x128: 768 blocks of 64, three groups of 256 scales
@@ -255,3 +275,30 @@ def test_qlora_trains_on_two_ranks_under_ddp_and_fsdp(runs: dict[str, Any], tmp_
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["state_dict"] and all(is_lora_parameter(name) for name in saved["state_dict"])
     assert sum(is_nf4(p) for p in trident.load(run).net.parameters()) == 8
+
+
+def test_a_qlora_dpo_reference_is_the_nf4_base_with_its_adapters_off() -> None:
+    """objective=dpo under finetune=qlora: the reference policy is the policy's own NF4 base with the adapters off (as
+    TRL with peft on a bitsandbytes 4-bit base: ``disable_adapter``), no float copy of the base: at the start the
+    policy is its reference (DPO's loss log 2), where a float copy would differ from it by the NF4 error."""
+    from omegaconf import OmegaConf
+
+    from trident.data.preference import PreferenceBatch
+    from trident.objectives.preference import answer_logps
+
+    cfg = OmegaConf.create({"finetune": {"name": "qlora"}, "task": {"objective": {"name": "dpo"}}})
+    assert LanguageModelTask.initial_copies(cfg) == ()  # no frozen float copy is written or held
+    policy = LanguageModelTask(WIDE, VOCAB, OPTIMIZER, SCHEDULER, lora=LORA, nf4=NF4, objective={"name": "dpo"})
+    ids = torch.randint(0, VOCAB, (4, 12), generator=torch.Generator().manual_seed(2))
+    batch = PreferenceBatch(ids, torch.roll(ids, -1, 1), torch.empty(0))
+    policy.net.eval()
+    with torch.no_grad():
+        start = answer_logps(policy.net(batch.inputs), batch.targets)[0]
+        for name, param in policy.net.named_parameters():
+            if ".lora_B." in name:  # the adapters moved: the policy is no longer its reference
+                param.normal_(generator=torch.Generator().manual_seed(len(name)))
+        moved = answer_logps(policy.net(batch.inputs), batch.targets)[0]
+    assert not policy.companions
+    torch.testing.assert_close(policy.objective.reference_logps(policy, batch), start, rtol=0, atol=0)
+    assert (moved - start).abs().min() > 1e-3
+    assert sum(is_nf4(p) for p in policy.net.parameters()) == 4 * WIDE["n_layers"]  # the base stayed quantized

@@ -18,6 +18,7 @@ left out and refilled from the source, which a load quantizes again (torchao's `
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 #: The keys of ``finetune=qlora`` that quantize the base (the task's ``nf4`` hyperparameter).
 NF4_KEYS = ("block_size", "scaler_block_size")
+#: Lightning's precisions whose plugin casts the network's weights (``convert_module``); 32-true and the mixed ones do not.
+CASTING_PRECISIONS = ("bf16-true", "16-true", "64-true", "64", "transformer-engine", "transformer-engine-float16")
 
 
 def quantized_linears(net: nn.Module) -> dict[str, nn.Linear]:
@@ -77,8 +80,11 @@ class NF4Base(Converter):
 
     NAME: ClassVar[str] = "nf4"
     FREEZES_SOURCE: ClassVar[bool] = True
-    # The weights are quantized in place: the network as loaded is gone (a DPO reference is then a frozen copy).
-    SWITCHES_OFF: ClassVar[bool] = False
+    # The weights are quantized in place and the quantized base is what the run starts from: switched off, the base
+    # stays NF4 (LoRA's adapters off give the initial policy), as TRL with peft on a bitsandbytes 4-bit base takes
+    # the reference policy (``disable_adapter``); a float copy of the base would hold 8 times its bytes and differ
+    # from the initial policy by the NF4 error (DPO's loss at the start no longer log 2).
+    SWITCHES_OFF: ClassVar[bool] = True
 
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__(settings)
@@ -105,8 +111,16 @@ class NF4Base(Converter):
 
     @classmethod
     def check_run(cls, cfg: DictConfig) -> None:
-        """Lightning's EMA (``callbacks=ema``) deep-copies the network and averages every weight of it: torchao 0.18's
+        """Lightning's true-precision plugins (``trainer.precision=bf16-true``) cast the network with ``module.to``,
+        which torchao 0.18's NF4 answers with a dense copy in the new dtype (``set_data``: the codes stay beside it).
+        Lightning's EMA (``callbacks=ema``) deep-copies the network and averages every weight of it: torchao 0.18's
         NF4 ``clone`` quantizes the weight again with the default blocks (64, 256), and an NF4 weight has no lerp."""
+        precision = str((cfg.get("trainer") or {}).get("precision", ""))
+        if precision in CASTING_PRECISIONS:
+            raise ConfigError(f"trainer.precision={precision} casts every weight of the network (module.to), and an NF4 "
+                              "weight cast so keeps its codes and gains a dense copy of itself (more bytes than "
+                              "finetune=lora's base): use precision=bf16 (bf16-mixed: the matmuls in bf16, the adapters "
+                              "in float32), or finetune=lora")
         if (cfg.get("callbacks") or {}).get("ema") is not None:
             raise ConfigError("callbacks=ema averages every weight of the network, and finetune=qlora's NF4 base "
                               "cannot be copied or averaged (nor need be: it is frozen): drop callbacks=ema (use "
@@ -155,6 +169,10 @@ class NF4Base(Converter):
 
     def trains(self, name: str) -> bool:
         return name not in self.quantized
+
+    def switched_off(self, net: nn.Module) -> AbstractContextManager[None]:
+        """The base as the run starts from it: quantized (nothing to undo; LoRA switches its adapters off)."""
+        return nullcontext()
 
     def merge(self, net: nn.Module) -> None:
         """Each NF4 weight back to a float one: torchao's dequantization, in the dtype it was quantized from."""
