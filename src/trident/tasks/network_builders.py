@@ -25,18 +25,31 @@ from trident.models.clip import CLIP
 NetworkBuilder = Callable[..., nn.Module]
 
 
-def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: bool,
+def table_rows(vocab_size: int, rows: int | None) -> int:
+    """The rows of a network's token table: the tokenizer's ``vocab_size`` tokens, or ``rows`` (``task.embedding_rows``)
+    where a source's table is padded past its tokenizer (Qwen2: 151936 rows, 151665 tokens; T5: 32128, 32100). The
+    extra rows are kept as the source has them, so that its weights load and the export writes them back."""
+    if rows is None:
+        return vocab_size
+    if rows < vocab_size:
+        raise ConfigError(f"task.embedding_rows={rows} is below the tokenizer's {vocab_size} tokens: drop "
+                          "task.embedding_rows (an init_from source with a padded token table sets it)")
+    return rows
+
+
+def causal_lm(backbone: TransformerConfig, *, vocab_size: int, embedding_rows: int | None, tie_embeddings: bool,
               scale_embeddings: bool) -> CausalLM:
-    return CausalLM(backbone, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
+    return CausalLM(backbone, table_rows(vocab_size, embedding_rows), tie_embeddings=tie_embeddings,
+                    scale_embeddings=scale_embeddings)
 
 
 def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool) -> MaskedLM:
     return MaskedLM(backbone, vocab_size, scale_embeddings=scale_embeddings)
 
 
-def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
-                    scale_embeddings: bool, rescale_head: bool = False) -> EncoderDecoder:
-    return EncoderDecoder(backbone, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings,
+def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, embedding_rows: int | None, pad_id: int,
+                    tie_embeddings: str | bool, scale_embeddings: bool, rescale_head: bool = False) -> EncoderDecoder:
+    return EncoderDecoder(backbone, table_rows(vocab_size, embedding_rows), pad_id=pad_id, tie_embeddings=tie_embeddings,
                           scale_embeddings=scale_embeddings, rescale_head=rescale_head)
 
 

@@ -68,7 +68,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], tokenize: str = 
 
 class TranslationTask(TridentTask):
     NAME = "translation"
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "rescale_head")  # what its checkpoint fixes as init_from
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "rescale_head", "embedding_rows")  # what its checkpoint fixes as init_from
     SOURCE_DATA_SETTINGS = ("decoder_start",)  # the decoder's first token the network was trained from (T5's <pad>)
     OUTSIDE_NETWORK = EncoderDecoder  # T5
     FROM_NETWORK: ClassVar[dict[str, str]] = {
@@ -93,6 +93,7 @@ class TranslationTask(TridentTask):
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
         rescale_head: bool = False,
+        embedding_rows: int | None = None,
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -111,12 +112,12 @@ class TranslationTask(TridentTask):
         decoder_start: str = SEQ_START_TOKEN,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, objective=objective)
-        self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
-                                   tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
+        self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, embedding_rows=embedding_rows,
+                                   pad_id=pad_id, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
                                    rescale_head=rescale_head)
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
-        add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
+        add_teacher(self, distill, vocab_size=self.net.vocab_size)  # distill=kd: a teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
