@@ -181,3 +181,11 @@ def test_a_bleu_tokenizer_sacrebleu_lacks_is_one_line(tmp_path: Path, capsys: py
         "error: task.bleu_tokenize=zhh is not a sacreBLEU tokenizer: choose auto or one of none, zh, 13a"
     )
     assert not (tmp_path / "run" / "checkpoints").exists(), "fails before any work"
+
+
+def test_padding_fraction_counts_a_decoder_start_that_is_the_padding_token_as_real(tmp_path: Path) -> None:
+    """data.decoder_start=<pad> (T5's start token is its padding id): the same batches as with <s>, the same padding
+    fraction (the start position was counted as padding)."""
+    fractions = [one_step(mt_config(tmp_path / name, f"data.decoder_start='{start}'"))["train/padding_fraction"]
+                 for name, start in (("bos", "<s>"), ("pad", "<pad>"))]
+    assert fractions[1] == pytest.approx(fractions[0], abs=1e-6)

@@ -165,7 +165,8 @@ class TranslationTask(TridentTask):
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, _ = self.objective(self, batch, TRAIN)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
-        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
+        # tgt_in's real positions are tgt_out's (shifted by one): its start token may be the padding id (T5's <pad>).
+        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_out"].ne(self.pad_id).sum())
         # Each metric of the optimizer step's global batch, logged once per step (TridentTask.on_before_optimizer_step):
         # the NLL over its target tokens (the objective's part nll_loss, logged as the loss is); padding over its
         # positions. What token-budget batching is for: compute spent on padding (fairseq keeps it small).
