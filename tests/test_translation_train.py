@@ -183,6 +183,7 @@ def test_a_bleu_tokenizer_sacrebleu_lacks_is_one_line(tmp_path: Path, capsys: py
     assert not (tmp_path / "run" / "checkpoints").exists(), "fails before any work"
 
 
+@pytest.mark.slow
 def test_padding_fraction_counts_a_decoder_start_that_is_the_padding_token_as_real(tmp_path: Path) -> None:
     """data.decoder_start=<pad> (T5's start token is its padding id): the same batches as with <s>, the same padding
     fraction (the start position was counted as padding)."""
