@@ -63,16 +63,15 @@ def test_init_from_a_qwen2_directory_padded_past_its_tokenizer_fine_tunes_resume
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("single_thread")
-def test_init_from_a_t5_directory_padded_past_its_tokenizer_fine_tunes_and_exports_every_row(tmp_path: Path) -> None:
+def test_init_from_a_hub_shaped_t5_directory_fine_tunes_and_exports_every_row(tmp_path: Path) -> None:
+    """As google/t5-v1_1-small: spiece.model alone, a token table padded past the tokenizer transformers converts."""
     from tests.conftest import compose_config
-    from tests.t5_helpers import save_t5, t5_tokenizer
     from tests.test_t5 import SENTENCES
     from tests.test_translation_init_from import write_tsv
     from tests.test_translation_train import SMALL_MT
     from trident.runs.pipeline import train
 
-    tokens = t5_tokenizer().get_vocab_size()
-    save_t5(tmp_path / "t5", "v1.0", vocab_size=tokens + EXTRA)
+    _spiece_t5(tmp_path / "t5", EXTRA)
     held_out = [("the light was god", "das licht war gott")]
     splits = {name: write_tsv(tmp_path / f"{name}.tsv", SENTENCES * 8 if name == "train" else held_out)
               for name in ("train", "validation", "test")}
@@ -80,7 +79,7 @@ def test_init_from_a_t5_directory_padded_past_its_tokenizer_fine_tunes_and_expor
     overrides = [o for o in SMALL_MT if o != "model=nano"]
     train(compose_config([*overrides, "data=parallel_files", f"data.files={{{files}}}", f"init_from={tmp_path / 't5'}",
                           "trainer.max_steps=1", "test=false", "logger=none"], output_dir=tmp_path / "run"))
-    _exported_logits_agree(tmp_path / "run", tmp_path / "hf", tokens, translation=True)
+    _exported_logits_agree(tmp_path / "run", tmp_path / "hf", 128, translation=True)
 
 
 def test_embedding_rows_below_the_tokenizer_is_one_line() -> None:
@@ -89,3 +88,46 @@ def test_embedding_rows_below_the_tokenizer_is_one_line() -> None:
     assert (table_rows(10, None), table_rows(10, 16)) == (10, 16)
     with pytest.raises(ConfigError, match=r"task.embedding_rows=8 is below the tokenizer's 10 tokens"):
         table_rows(10, 8)
+
+
+def _spiece_t5(directory: Path, extra: int) -> None:
+    """A T5 directory shaped as the hub's google/t5-v1_1-*: ``spiece.model`` alone (no tokenizer.json), its token
+    table ``extra`` rows past the tokenizer transformers converts it to (its pieces and 100 ``<extra_id_*>``)."""
+    spm = pytest.importorskip("sentencepiece")
+    from tests.test_t5 import SENTENCES
+
+    directory.mkdir()
+    (directory / "corpus.txt").write_text("\n".join(text for pair in SENTENCES * 20 for text in pair))
+    spm.SentencePieceTrainer.train(input=str(directory / "corpus.txt"), model_prefix=str(directory / "spiece"),
+                                   vocab_size=28, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                   minloglevel=2)
+    (directory / "corpus.txt").unlink()
+    config = transformers.T5Config(vocab_size=28 + 100 + extra, d_model=16, d_kv=4, d_ff=16, num_layers=1, num_heads=2,
+                                   decoder_start_token_id=0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(directory)
+
+
+def test_a_t5_directory_with_spiece_model_alone_reads_the_tokenizer_transformers_converts(tmp_path: Path) -> None:
+    from trident.weights import read_pretrained
+
+    _spiece_t5(tmp_path / "t5", EXTRA)
+    read = read_pretrained(tmp_path / "t5")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "t5")
+    assert read.tokenizer is not None and read.tokenizer.get_vocab_size() == len(theirs) == 128
+    text = "god said let there be light <extra_id_0> das wort"
+    assert read.tokenizer.encode(text).ids == theirs(text).input_ids
+    assert read.vocab_size == 128 + EXTRA
+
+
+def test_a_sentencepiece_model_without_its_converters_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from trident.weights.adapters.hf_files import read_tokenizer
+
+    (tmp_path / "spiece.model").write_bytes(b"")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else found(name, *a))
+    with pytest.raises(ConfigError, match=r"SentencePiece model alone.*\(sentencepiece not installed\): pip install "
+                                          r"'trident\[sentencepiece\]'"):
+        read_tokenizer(tmp_path)
