@@ -80,6 +80,15 @@ def test_init_from_a_hub_shaped_t5_directory_fine_tunes_and_exports_every_row(tm
     train(compose_config([*overrides, "data=parallel_files", f"data.files={{{files}}}", f"init_from={tmp_path / 't5'}",
                           "trainer.max_steps=1", "test=false", "logger=none"], output_dir=tmp_path / "run"))
     _exported_logits_agree(tmp_path / "run", tmp_path / "hf", 128, translation=True)
+    import trident
+
+    task = trident.load(tmp_path / "run").eval()
+    src = torch.tensor([[5, 9, 7, 1]])
+    first = task.decode_ids(src, beam_size=1)[0].tokens[0]
+    with torch.no_grad():  # every extra row scores as twice the first token's: the argmax, were it not banned
+        task.net.head.weight[128:] = 2 * task.net.head.weight[first]
+    for beam_size in (1, 4):
+        assert all(token < 128 for token in task.decode_ids(src, beam_size=beam_size)[0].tokens)
 
 
 def test_embedding_rows_below_the_tokenizer_is_one_line() -> None:

@@ -121,6 +121,8 @@ class TranslationTask(TridentTask):
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        # Never generated, as PAD and BOS: a source's token rows past the tokenizer (task.embedding_rows), no token's.
+        self.padded_rows = tuple(range(vocab_size, self.net.vocab_size))
         self.source_prefix = source_prefix  # the data's (data.source_prefix): free text to translate gets it too
         self.decoder_start = decoder_start  # the token of bos_id (data.decoder_start), which a later init_from keeps
         self.test_greedy, self.num_examples = test_greedy, num_examples
@@ -238,7 +240,8 @@ class TranslationTask(TridentTask):
     def decode_ids(self, src: Tensor, *, beam_size: int, use_cache: bool = True) -> list[Hypothesis]:
         """Translate (B, S) source ids (each ending in EOS, right-padded) with greedy or beam search: one
         hypothesis per row, in order."""
-        decoding = Decoding(self.bos_id, self.eos_id, self.max_len_a, self.max_len_b, (self.pad_id, self.bos_id), use_cache)
+        decoding = Decoding(self.bos_id, self.eos_id, self.max_len_a, self.max_len_b,
+                            (self.pad_id, self.bos_id, *self.padded_rows), use_cache)
         if beam_size <= 1:
             hypotheses = greedy_decode(self.net, src, decoding)
         else:
