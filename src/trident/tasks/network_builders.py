@@ -4,8 +4,8 @@ from a checkpoint alone (its hyperparameters) for the commands that need the net
 (``trident-export --format hf``, ``trident-sample``, ``trident-chat``), which then start without Lightning.
 
 A builder takes the backbone's :class:`TransformerConfig` and, by keyword, the task's hyperparameters it reads
-(its parameters' names are the task constructor's; no defaults here: the constructor's are the only ones, and a
-checkpoint that lacks one of them is rebuilt as its task). A task without a builder here is always read as its task.
+(its parameters' names are the task constructor's; a default here only for a setting younger than some checkpoints,
+the constructor's, so that they still build alone; a checkpoint that lacks another is rebuilt as its task). A task without a builder here is always read as its task.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def table_rows(vocab_size: int, rows: int | None) -> int:
     return rows
 
 
-def causal_lm(backbone: TransformerConfig, *, vocab_size: int, embedding_rows: int | None, tie_embeddings: bool,
-              scale_embeddings: bool) -> CausalLM:
+def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: bool, scale_embeddings: bool,
+              embedding_rows: int | None = None) -> CausalLM:
     return CausalLM(backbone, table_rows(vocab_size, embedding_rows), tie_embeddings=tie_embeddings,
                     scale_embeddings=scale_embeddings)
 
@@ -47,8 +47,8 @@ def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings:
     return MaskedLM(backbone, vocab_size, scale_embeddings=scale_embeddings)
 
 
-def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, embedding_rows: int | None, pad_id: int,
-                    tie_embeddings: str | bool, scale_embeddings: bool, rescale_head: bool = False) -> EncoderDecoder:
+def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
+                    scale_embeddings: bool, rescale_head: bool = False, embedding_rows: int | None = None) -> EncoderDecoder:
     return EncoderDecoder(backbone, table_rows(vocab_size, embedding_rows), pad_id=pad_id, tie_embeddings=tie_embeddings,
                           scale_embeddings=scale_embeddings, rescale_head=rescale_head)
 
@@ -132,7 +132,8 @@ def build_from_settings(task: str | None, settings: Mapping[str, Any]) -> nn.Mod
     backbone = settings.get("backbone")
     if build is None or not isinstance(backbone, Mapping):
         return None
-    names = list(inspect.signature(build).parameters)[1:]
-    if any(name not in settings for name in names):
+    parameters = list(inspect.signature(build).parameters.values())[1:]
+    # A setting younger than the checkpoint (embedding_rows) has its builder default, the constructor's.
+    if any(p.name not in settings and p.default is inspect.Parameter.empty for p in parameters):
         return None
-    return build(TransformerConfig(**backbone), **{name: settings[name] for name in names})
+    return build(TransformerConfig(**backbone), **{p.name: settings[p.name] for p in parameters if p.name in settings})
