@@ -171,6 +171,19 @@ def test_missing_parallel_file_through_the_pipeline(tmp_path: Path) -> None:
         train(cfg)
 
 
+def test_training_pairs_all_held_out_are_one_line(tmp_path: Path) -> None:
+    """Every training pair repeats a validation or test sentence (left out of training): one line, not a traceback."""
+    rows = "".join(f"{src}\t{tgt}\n" for src, tgt in [("the word", "das wort"), ("the light", "das licht")])
+    files = [tmp_path / f"{name}.tsv" for name in ("train", "validation", "test")]
+    for path in files:
+        path.write_text(rows)
+    cfg = mt_config(tmp_path, "data=parallel_files", "logger=none",
+                    "data.files={" + ",".join(f"{path.stem}:{path}" for path in files) + "}")
+    with pytest.raises(DataError, match="every training pair of data.source=files shares a sentence with the validation"):
+        train(cfg)
+    assert not (tmp_path / "run" / "config_resolved.yaml").exists()
+
+
 def test_a_bleu_tokenizer_sacrebleu_lacks_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """task.bleu_tokenize reaches the task through the pipeline, with data.tgt_lang beside it."""
     cfg = mt_config(tmp_path, "task.bleu_tokenize=zhh", "logger=none")
@@ -181,3 +194,12 @@ def test_a_bleu_tokenizer_sacrebleu_lacks_is_one_line(tmp_path: Path, capsys: py
         "error: task.bleu_tokenize=zhh is not a sacreBLEU tokenizer: choose auto or one of none, zh, 13a"
     )
     assert not (tmp_path / "run" / "checkpoints").exists(), "fails before any work"
+
+
+@pytest.mark.slow
+def test_padding_fraction_counts_a_decoder_start_that_is_the_padding_token_as_real(tmp_path: Path) -> None:
+    """data.decoder_start=<pad> (T5's start token is its padding id): the same batches as with <s>, the same padding
+    fraction (the start position was counted as padding)."""
+    fractions = [one_step(mt_config(tmp_path / name, f"data.decoder_start='{start}'"))["train/padding_fraction"]
+                 for name, start in (("bos", "<s>"), ("pad", "<pad>"))]
+    assert fractions[1] == pytest.approx(fractions[0], abs=1e-6)

@@ -49,6 +49,9 @@ class WeightsSource(Protocol):
     def tokenizer(self) -> Tokenizer | None: ...
 
     @property
+    def vocab_size(self) -> int | None: ...  # rows of its token table where an outside source states them
+
+    @property
     def tokenizer_settings(self) -> Mapping[str, str]: ...  # its chat template and special tokens
 
 

@@ -328,6 +328,10 @@ class TranslationDataModule(TextDataModule):
             batched=True, desc="Removing held-out sentences from train",
         )
         overlap = before - len(pairs["train"])
+        if len(pairs["train"]) == 0:
+            raise DataError(f"every training pair of data.source={self.source} shares a sentence with the validation or "
+                            "test split (such pairs are left out of training): use held-out sentences the training "
+                            "data does not have")
         if self.tokenizer_choice == TRAINED_TOKENIZER:
             tokenizer = train_shared_bpe(pairs["train"], self.vocab_size_target)
         else:

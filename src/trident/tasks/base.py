@@ -348,6 +348,9 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
         import hydra.utils
 
         fixed = {f"task.{key}": value for key, value in source.task_options.items() if key in cfg.task}
+        rows, tokenizer = source.vocab_size, source.tokenizer
+        if "embedding_rows" in cfg.task and rows is not None and tokenizer is not None and rows > tokenizer.get_vocab_size():
+            fixed["task.embedding_rows"] = rows  # a token table padded past its tokenizer (network_builders.table_rows)
         return fixed | hydra.utils.get_class(cfg.data._target_).settings_from_source(source, cfg.data, explicit)
 
     @classmethod

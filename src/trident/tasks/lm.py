@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 class LanguageModelTask(TridentTask):
     NAME = "lm"
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings")  # what its checkpoint fixes as init_from
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "embedding_rows")  # what its checkpoint fixes as init_from
     OUTSIDE_NETWORK = CausalLM  # GPT-2, Llama and its cousins, Gemma
     FROM_NETWORK: ClassVar[dict[str, str]] = {TIED_HEAD: "task.tie_embeddings", SCALED_EMBEDDING: "task.scale_embeddings",
                                               MAX_SEQ_LEN: "data.max_seq_len"}
@@ -53,6 +53,7 @@ class LanguageModelTask(TridentTask):
         scheduler: dict[str, Any],
         tie_embeddings: bool = True,
         scale_embeddings: bool = False,
+        embedding_rows: int | None = None,
         sample_prompts: list[str] | None = None,
         sampling: dict[str, Any] | None = None,
         tokenizer_json: str | None = None,
@@ -63,16 +64,16 @@ class LanguageModelTask(TridentTask):
         distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
-        self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
-                             scale_embeddings=scale_embeddings)
+        self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, embedding_rows=embedding_rows,
+                             tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
         # reference: where a frozen copy of the initial policy is read (DPO in full fine-tuning; a run names
         # <run>/init/reference.safetensors, trident.runs.lifecycle): a companion, sharded like net, never saved.
         if reference is not None and self.objective.copies_initial(can_switch_off(converters_of(self.hparams))):
-            reference_net = causal_lm(self.backbone_config, vocab_size=vocab_size, tie_embeddings=tie_embeddings,
-                                      scale_embeddings=scale_embeddings)
+            reference_net = causal_lm(self.backbone_config, vocab_size=vocab_size, embedding_rows=embedding_rows,
+                                      tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
             self.add_companion(REFERENCE, reference_net, reference, initial_of="net")
-        add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
+        add_teacher(self, distill, vocab_size=self.net.vocab_size)  # distill=kd: a teacher of the same vocabulary
         self.sample_prompts = list(sample_prompts or [])
         self.sampling = dict(sampling or {})
         check_filters(self.sampling.get("top_k"), self.sampling.get("top_p"),  # fail before training, not after

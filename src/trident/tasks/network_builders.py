@@ -4,8 +4,8 @@ from a checkpoint alone (its hyperparameters) for the commands that need the net
 (``trident-export --format hf``, ``trident-sample``, ``trident-chat``), which then start without Lightning.
 
 A builder takes the backbone's :class:`TransformerConfig` and, by keyword, the task's hyperparameters it reads
-(its parameters' names are the task constructor's; no defaults here: the constructor's are the only ones, and a
-checkpoint that lacks one of them is rebuilt as its task). A task without a builder here is always read as its task.
+(its parameters' names are the task constructor's; a default here only for a setting younger than some checkpoints,
+the constructor's, so that they still build alone; a checkpoint that lacks another is rebuilt as its task). A task without a builder here is always read as its task.
 """
 
 from __future__ import annotations
@@ -34,9 +34,22 @@ from trident.models.electra_generator import generator_config
 NetworkBuilder = Callable[..., nn.Module]
 
 
-def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: bool,
-              scale_embeddings: bool) -> CausalLM:
-    return CausalLM(backbone, vocab_size, tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
+def table_rows(vocab_size: int, rows: int | None) -> int:
+    """The rows of a network's token table: the tokenizer's ``vocab_size`` tokens, or ``rows`` (``task.embedding_rows``)
+    where a source's table is padded past its tokenizer (Qwen2: 151936 rows, 151665 tokens; T5: 32128, 32100). The
+    extra rows are kept as the source has them, so that its weights load and the export writes them back."""
+    if rows is None:
+        return vocab_size
+    if rows < vocab_size:
+        raise ConfigError(f"task.embedding_rows={rows} is below the tokenizer's {vocab_size} tokens: drop "
+                          "task.embedding_rows (an init_from source with a padded token table sets it)")
+    return rows
+
+
+def causal_lm(backbone: TransformerConfig, *, vocab_size: int, tie_embeddings: bool, scale_embeddings: bool,
+              embedding_rows: int | None = None) -> CausalLM:
+    return CausalLM(backbone, table_rows(vocab_size, embedding_rows), tie_embeddings=tie_embeddings,
+                    scale_embeddings=scale_embeddings)
 
 
 def masked_lm(backbone: TransformerConfig, *, vocab_size: int, scale_embeddings: bool) -> MaskedLM:
@@ -56,8 +69,8 @@ def electra_generator(backbone: TransformerConfig, *, vocab_size: int, scale_emb
 
 def encoder_decoder(backbone: TransformerConfig, *, vocab_size: int, pad_id: int, tie_embeddings: str | bool,
                     scale_embeddings: bool, logits_bias: bool = False, decoder_start_id: int | None = None,
-                    rescale_head: bool = False) -> EncoderDecoder:
-    return EncoderDecoder(backbone, vocab_size, pad_id=pad_id, tie_embeddings=tie_embeddings,
+                    rescale_head: bool = False, embedding_rows: int | None = None) -> EncoderDecoder:
+    return EncoderDecoder(backbone, table_rows(vocab_size, embedding_rows), pad_id=pad_id, tie_embeddings=tie_embeddings,
                           scale_embeddings=scale_embeddings, logits_bias=logits_bias, decoder_start_id=decoder_start_id,
                           rescale_head=rescale_head)
 
@@ -148,10 +161,11 @@ def build_others_from_settings(task: str | None, settings: Mapping[str, Any]) ->
 
 
 def _build(build: NetworkBuilder, settings: Mapping[str, Any]) -> nn.Module | None:
-    names = list(inspect.signature(build).parameters)[1:]
-    if any(name not in settings for name in names):
+    parameters = list(inspect.signature(build).parameters.values())[1:]
+    # A setting younger than the checkpoint (embedding_rows) has its builder default, the constructor's.
+    if any(p.name not in settings and p.default is inspect.Parameter.empty for p in parameters):
         return None
-    return build(TransformerConfig(**settings["backbone"]), **{name: settings[name] for name in names})
+    return build(TransformerConfig(**settings["backbone"]), **{p.name: settings[p.name] for p in parameters if p.name in settings})
 
 
 def build_from_settings(task: str | None, settings: Mapping[str, Any]) -> nn.Module | None:

@@ -182,9 +182,12 @@ def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, se
         **source.model, "pos_encoding": source.pos_encoding, "pos_encoding_options": source.pos_encoding_options,
         **task.backbone_geometry(data, options, source.model)}  # a DeiT teacher file: its distillation token
     check_geometry(name, task, cfg, backbone, {**data, **settings})
-    known = {**options, **data, "vocab_size": source.vocab_size, "num_classes": source.classes}
+    # A token table's rows past the tokenizer are the teacher's own (an outside one's vocab_size counts them), never the
+    # student's task.embedding_rows; None (one row per token) is a value.
+    known = {**options, **data, "vocab_size": source.vocab_size, "num_classes": source.classes,
+             "embedding_rows": source.task_options.get("embedding_rows")}
     takes = builder_parameters(builder)
-    missing = [key for key in takes if key not in settings and known.get(key) is None]
+    missing = [key for key in takes if key not in settings and known.get(key) is None and key != "embedding_rows"]
     if missing:
         raise ConfigError(f"{name} does not state its {missing[0]}: pass a trident run of the teacher")
     built = {key: settings[key] if key in settings else known[key] for key in takes}

@@ -80,7 +80,8 @@ class TranslationTask(TridentTask):
     NAME = "translation"
     # What its checkpoint fixes as init_from; what a Hugging Face BART or T5 states (trident.weights.adapters.hf_bart,
     # hf_t5).
-    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id", "rescale_head")
+    SOURCE_SETTINGS = ("tie_embeddings", "scale_embeddings", "logits_bias", "decoder_start_id", "rescale_head",
+                       "embedding_rows")
     SOURCE_DATA_SETTINGS = ("decoder_start",)  # the decoder's first token the network was trained from (T5's <pad>)
     OUTSIDE_NETWORK = EncoderDecoder
     FROM_NETWORK: ClassVar[dict[str, str]] = {
@@ -107,6 +108,7 @@ class TranslationTask(TridentTask):
         tie_embeddings: str | bool = "all",
         scale_embeddings: bool = True,
         rescale_head: bool = False,
+        embedding_rows: int | None = None,
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -135,10 +137,12 @@ class TranslationTask(TridentTask):
         if decoder_start_id is not None and not (is_int(decoder_start_id) and 0 <= decoder_start_id < vocab_size):
             raise ConfigError(f"task.decoder_start_id={decoder_start_id} is not a token id of the vocabulary (0 to "
                               f"{vocab_size - 1}): set one (BART's </s>), or null to start the decoder from <s>")
-        # auto: as the convention the decoder was trained in decodes (BART's, with its start before <s>: as generate).
+        # auto: as the convention the decoder was trained in decodes: a Hugging Face source's (BART's start before <s>,
+        # T5's <pad> in place of it) as generate; trident's own (the decoder from <s>) with GNMT's penalty.
         if scoring == "auto":
-            scoring = "gnmt" if decoder_start_id is None else "transformers"
-        self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, pad_id=pad_id,
+            scoring = "gnmt" if decoder_start_id is None and decoder_start == SEQ_START_TOKEN else "transformers"
+        self.net = encoder_decoder(self.backbone_config, vocab_size=vocab_size, embedding_rows=embedding_rows,
+                                   pad_id=pad_id,
                                    tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings,
                                    logits_bias=logits_bias, decoder_start_id=decoder_start_id,
                                    rescale_head=rescale_head)
@@ -147,10 +151,12 @@ class TranslationTask(TridentTask):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.source_bos = source_bos  # the data's (data.source_bos): free text to translate starts with <s> too
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
-        add_teacher(self, distill, vocab_size=vocab_size)  # distill=kd: a frozen teacher of the same vocabulary
+        add_teacher(self, distill, vocab_size=self.net.vocab_size)  # distill=kd: a teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        # Never generated, as PAD and BOS: a source's token rows past the tokenizer (task.embedding_rows), no token's.
+        self.padded_rows = tuple(range(vocab_size, self.net.vocab_size))
         self.source_prefix = source_prefix  # the data's (data.source_prefix): free text to translate gets it too
         self.decoder_start = decoder_start  # the token of bos_id (data.decoder_start), which a later init_from keeps
         self.test_greedy, self.num_examples = test_greedy, num_examples
@@ -219,7 +225,8 @@ class TranslationTask(TridentTask):
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, _ = self.objective(self, batch, TRAIN)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
-        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_in"].ne(self.pad_id).sum())
+        # tgt_in's real positions are tgt_out's (shifted by one): its start token may be the padding id (T5's <pad>).
+        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_out"].ne(self.pad_id).sum())
         # Each metric of the optimizer step's global batch, logged once per step (TridentTask.on_before_optimizer_step):
         # the NLL over its target tokens (the objective's part nll_loss, logged as the loss is); padding over its
         # positions. What token-budget batching is for: compute spent on padding (fairseq keeps it small).
@@ -294,7 +301,7 @@ class TranslationTask(TridentTask):
         start = self.decoder_start_id
         # BART's convention: the decoder starts from its start token and must generate <s> first (forced_bos_token_id).
         decoding = Decoding(self.bos_id if start is None else start, self.eos_id, self.max_len_a, self.max_len_b,
-                            (self.pad_id, self.bos_id), use_cache, first_id=None if start is None else self.bos_id,
+                            (self.pad_id, self.bos_id, *self.padded_rows), use_cache, first_id=None if start is None else self.bos_id,
                             scoring=self.scoring)
         if beam_size <= 1:
             hypotheses = greedy_decode(self.net, src, decoding)

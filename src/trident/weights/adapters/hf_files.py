@@ -14,8 +14,9 @@ from torch import Tensor
 
 from trident.data.chat_template import chat_template_of, special_tokens_of
 from trident.data.special_tokens import CLS_TOKEN, SEP_TOKEN, UNK_TOKEN
-from trident.errors import DataError
+from trident.errors import ConfigError, DataError
 
+SENTENCEPIECE_FILES = ("spiece.model", "tokenizer.model")  # T5's and ALBERT's name; Llama 2's
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Names of older checkpoints that transformers renames on load, in every model (its "legacy" conversion):
 # the norms of Google's original BERT (bert-base-uncased on the Hub) and the models converted like it.
@@ -66,14 +67,33 @@ def _read_weights(path: Path) -> dict[str, Tensor]:
 
 def read_tokenizer(directory: Path) -> Tokenizer | None:
     """``tokenizer.json`` if present; else GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE)
-    or BERT's ``vocab.txt`` (WordPiece), built the way those tokenizers are defined."""
+    or BERT's ``vocab.txt`` (WordPiece), built the way those tokenizers are defined; else a SentencePiece model as
+    transformers converts it."""
     if (directory / "tokenizer.json").is_file():
         return Tokenizer.from_file(str(directory / "tokenizer.json"))
     if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
         return _byte_level_bpe(directory)
     if (directory / "vocab.txt").is_file():
         return _wordpiece(directory)
+    if any((directory / name).is_file() for name in SENTENCEPIECE_FILES):
+        return _converted_sentencepiece(directory)
     return None
+
+
+def _converted_sentencepiece(directory: Path) -> Tokenizer:
+    """A SentencePiece model alone (the hub's google/t5-v1_1-*: ``spiece.model``, no ``tokenizer.json``) as the fast
+    tokenizer transformers converts it to when it loads the directory (T5's 100 ``<extra_id_*>`` tokens included)."""
+    import importlib.util
+
+    missing = [name for name in ("transformers", "sentencepiece", "google.protobuf")
+               if importlib.util.find_spec(name.partition(".")[0]) is None]
+    if missing:
+        raise ConfigError(f"{directory} holds its tokenizer as a SentencePiece model alone, which trident converts with "
+                          f"transformers, sentencepiece and protobuf ({', '.join(missing)} not installed): pip install "
+                          "'trident[sentencepiece]', or save a tokenizer.json beside it with transformers")
+    import transformers  # here: the other readers need no transformers
+
+    return transformers.AutoTokenizer.from_pretrained(directory).backend_tokenizer
 
 
 def read_tokenizer_settings(directory: Path) -> dict[str, str]:
