@@ -195,6 +195,15 @@ UNCHECKED = {
     ("## The reference row", "(about 60 % of one pass)"): "a property of the corpus, not of a run",
     ("## Positional encodings", "d_model^-0.5"): "the exponent of a formula, not a result",
     ("## Preference tuning", "SFT alone: 0.175"): "trident-harness on the SFT run, docs/results/dpo_beta/sft_harness.json",
+    ("## CLIP's zero-shot", "cosine 0.998"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "above 0.98"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "for 0.33 of"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "and 0.27 of"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "for 0.69 of"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "and 0.18"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "at 0.62"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "(69 % of"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
+    ("## CLIP's zero-shot", "only 7 % of"): "a one-seed diagnostic after the sweep (its command in the text), in no jobs.csv",
 }
 
 

@@ -52,7 +52,7 @@ TASKS_HEADER = re.compile(r"^\| setting( \| \w+: \S+)+ \|$")
 # Columns the text may quote besides the tables' metrics, with their decimals.
 EXTRA_COLUMNS = {"job_wall_s": 1, "val/ppl": 1, "test/ppl": 1, "val/bleu": 3,
                  "test/kv_cache_bytes_per_token": 0, "test/greedy_tokens_per_s": 1,
-                 "test/trainable_params": 0}
+                 "test/trainable_params": 0, "test/all_classes_acc": 3}
 METRIC_DECIMALS = 3
 
 
