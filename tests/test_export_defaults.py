@@ -26,6 +26,7 @@ VOCAB = 40
 DATA_INPUTS: dict[str, dict[str, Any]] = {
     "lm": {"vocab_size": VOCAB},
     "mlm": {"vocab_size": VOCAB, "mask_id": 4, "pad_id": 0, "num_regular_tokens": VOCAB - 5},
+    "electra": {"vocab_size": VOCAB, "mask_id": 4, "pad_id": 0, "num_regular_tokens": VOCAB - 5},
     "translation": {"vocab_size": VOCAB, "pad_id": 0, "bos_id": 1, "eos_id": 2},
     "classify": {"vocab_size": VOCAB, "class_names": ["a", "b", "c"], "majority_accuracy": {"validation": 0.5, "test": 0.5}},
     "vit": {"num_classes": 3, "image_size": 28, "in_channels": 1, "patch_size": 7, "class_names": ["a", "b", "c"],

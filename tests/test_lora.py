@@ -83,7 +83,9 @@ def _lora_task(task: TridentTask) -> TridentTask:
     return type(task)(**{**task.hparams, "lora": LORA})
 
 
-@pytest.mark.parametrize("plain", _every_task(), ids=lambda task: f"{task.NAME}-{task.hparams.get('pool', '')}")
+# task=electra pre-trains both its networks and refuses finetune=lora in one line (tests/test_electra_task.py).
+@pytest.mark.parametrize("plain", [task for task in _every_task() if task.NAME != "electra"],
+                         ids=lambda task: f"{task.NAME}-{task.hparams.get('pool', '')}")
 def test_only_adapters_and_the_new_head_get_gradients(plain: TridentTask) -> None:
     torch.manual_seed(0)
     task = _lora_task(plain)

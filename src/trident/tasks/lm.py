@@ -129,7 +129,7 @@ class LanguageModelTask(TridentTask):
                 return net(inputs, documents=documents[0])
             # model.memory_length: the batch's rows continue the previous batch's of the stage (data.contiguous, which
             # the student's memory turns on): the student and a teacher with a memory each carry their own.
-            if self.net.cfg.memory_length and net.cfg.memory_length:
+            if self.backbone_config.memory_length and net.cfg.memory_length:
                 return net(inputs, memory=self.stage_memory(stage if net is self.net else f"{stage}/teacher", net))
             return net(inputs)
 

@@ -29,12 +29,14 @@ from trident.tasks.base import TridentTask
 from trident.tasks.networks import merge_network
 from trident.weights.adapters import (
     hf_albert,
+    hf_bart,
     hf_bert,
     hf_clip,
     hf_electra,
     hf_gemma,
     hf_gpt2,
     hf_roberta,
+    hf_t5,
     hf_vit,
     llama_style,
 )
@@ -85,12 +87,14 @@ VIT = (_encoder("vit.encoder.layer", ("attention.attention.query", "attention.at
 LAYOUTS: dict[str, tuple[PeftLayout, ...]] = {hf_gpt2.FORMAT: (GPT2,), hf_bert.ADAPTER.FORMAT: (BERT,), hf_vit.FORMAT: VIT,
                                              hf_gemma.GEMMA2.FORMAT: (LLAMA,), hf_gemma.GEMMA3.FORMAT: (LLAMA,)}
 # Families whose adapters the peft export does not place, each with why: --format hf merges them. CLIP has two stacks;
-# ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's and ELECTRA's layouts are not compared
-# with peft yet.
+# ALBERT's shared layers are one module for several of trident's blocks; RoBERTa's, ELECTRA's, BART's and T5's layouts are
+# not compared with peft yet.
 NO_LAYOUT = {hf_clip.FORMAT: "--format peft writes the adapters of one stack and a CLIPModel has two",
              hf_albert.ADAPTER.FORMAT: "--format peft places an adapter a layer and ALBERT's layers share their modules",
              hf_roberta.ADAPTER.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft",
-             hf_electra.ADAPTER.FORMAT: "--format peft has no layout of ELECTRA's modules checked against peft"}
+             hf_electra.ADAPTER.FORMAT: "--format peft has no layout of ELECTRA's modules checked against peft",
+             hf_bart.FORMAT: "--format peft has no layout of BART's modules checked against peft",
+             hf_t5.T5.FORMAT: "--format peft has no layout of T5's modules checked against peft"}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:
