@@ -338,7 +338,8 @@ class TranslationDataModule(TextDataModule):
             tokenizer = given_tokenizer(self.tokenizer_choice, self.decoder_start)
         bos, eos, keep = special_id(tokenizer, self.decoder_start), special_id(tokenizer, EOS), self.max_len - 1
         # (source_bos) <s> before the source: the tokenizer's own BOS, whatever the decoder starts from.
-        start, src_keep = [special_id(tokenizer, BOS)] * self.source_bos, keep - self.source_bos
+        start = [special_id(tokenizer, BOS)] if self.source_bos else []  # T5's tokenizer has no <s>
+        src_keep = keep - len(start)
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
             # BOS and EOS are added here, never by a given tokenizer's own post-processor.

@@ -318,7 +318,7 @@ class TranslationTask(TridentTask):
         if not texts:
             return []
         # As the data wrote the sources it trained on: the tokenizer's <s> (bos_id is the decoder's start: T5's <pad>).
-        start = [self.tokenizer.token_to_id(SEQ_START_TOKEN)] * self.source_bos
+        start = [self.tokenizer.token_to_id(SEQ_START_TOKEN)] if self.source_bos else []
         keep = self.net.max_positions - 1 - len(start)  # room for EOS (and BOS)
         sources = [self.source_prefix + t.strip() for t in texts]
         encoded = self.tokenizer.encode_batch(sources, add_special_tokens=False)
