@@ -38,7 +38,7 @@ from trident.models import MaskedLM, ReplacedTokenDetector
 from trident.models.electra_generator import check_generator_size, share_embeddings
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
 from trident.parallel.fsdp import shards_weights
-from trident.tasks.base import NetInput, TridentTask, token_input
+from trident.tasks.base import TridentTask
 from trident.tasks.mlm import STAGES, MaskedLanguageModelTask
 from trident.tasks.network_builders import electra_generator, replaced_token_detector
 from trident.tasks.teacher import check_distill_run
@@ -148,19 +148,12 @@ class ElectraTask(TridentTask):
             raise ConfigError("task=electra's generator and discriminator share their embedding, which "
                               "trainer=fsdp would shard once per network: use trainer=ddp (or one device)")
 
-    def forward(self, ids: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``ids``: (B, T) -> the discriminator's logits (B, T) that each token was replaced."""
-        return self.net(ids, key_padding_mask=key_padding_mask)
-
-    @classmethod
-    def other_stack(cls, task: DictConfig, source_stack: str) -> tuple[str, str]:
-        return f"task={cls.NAME}", f"fine-tune it with task=lm or task=classify task.stack={source_stack}"
-
-    def example_input(self) -> list[NetInput]:
-        return token_input(self.net)
-
-    def throughput_units(self, batch: Tensor) -> dict[str, int]:
-        return {"tokens": batch.numel(), "samples": batch.size(0)}
+    # An encoder over blocks of token ids, as task=mlm's: called on (B, T) ids (the discriminator's logits (B, T) that
+    # each token was replaced), pointed to lm/classify for a causal source, its example input and throughput units.
+    forward = MaskedLanguageModelTask.forward
+    other_stack = MaskedLanguageModelTask.__dict__["other_stack"]
+    example_input = MaskedLanguageModelTask.example_input
+    throughput_units = MaskedLanguageModelTask.throughput_units
 
     def flops_per_batch(self, batch: Tensor) -> int:
         """Model FLOPs of one training step on ``batch``: the generator as a masked LM, the discriminator's stack on
