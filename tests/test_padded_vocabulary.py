@@ -140,3 +140,25 @@ def test_a_sentencepiece_model_without_its_converters_is_one_line(tmp_path: Path
     with pytest.raises(ConfigError, match=r"SentencePiece model alone.*\(sentencepiece not installed\): pip install "
                                           r"'trident\[sentencepiece\]'"):
         read_tokenizer(tmp_path)
+
+
+def test_auto_scoring_follows_a_hugging_face_decoder_start_and_decoding_never_emits_padded_rows() -> None:
+    """task.scoring=auto: GNMT for trident's own convention, transformers' for a T5 start (<pad> in place of <s>) or
+    a BART start (before <s>); a table padded past the tokenizer (task.embedding_rows) never decodes its extra rows,
+    even where they score highest."""
+    from trident.tasks.translation import TranslationTask
+
+    from .test_task_contract import BACKBONE, OPTIMIZER, SCHEDULER
+
+    assert TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER).scoring == "gnmt"
+    assert TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, decoder_start="<pad>").scoring == "transformers"
+    assert TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, decoder_start_id=2).scoring == "transformers"
+    torch.manual_seed(0)
+    task = TranslationTask(BACKBONE, 11, OPTIMIZER, SCHEDULER, embedding_rows=14, logits_bias=True).eval()
+    assert task.net.vocab_size == 14 and task.padded_rows == (11, 12, 13)
+    with torch.no_grad():
+        task.net.logits_bias[11:] = 100.0  # the extra rows would win every step
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    for beam_size in (1, 3):
+        tokens = [t for h in task.decode_ids(src, beam_size=beam_size) for t in h.tokens]
+        assert tokens and max(tokens) < 11, (beam_size, tokens)
