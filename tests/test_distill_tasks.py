@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
 
 from trident.data.base import TridentDataModule
 from trident.errors import ConfigError
@@ -84,6 +85,23 @@ def lm_teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def lm_config(tmp_path: Path, teacher: Path | str, *overrides: str) -> DictConfig:
     return compose_config([*SMALL, "distill=kd", f"distill.teacher={teacher}", *overrides], output_dir=tmp_path / "run")
+
+
+def test_a_distilling_steps_model_flops_hold_the_teachers_forward(tmp_path: Path) -> None:
+    """The FLOPs the Throughput callback and the budget read (flops_per_batch) of a distilling step equal torch's FLOP
+    counter over the step: the student's forward and backward and the teacher's forward (a deeper, wider one)."""
+    explicit = "model.attn_impl=explicit"  # the FLOP counter has no formula for the CPU flash kernel
+    teacher_cfg = compose_config([*SMALL, "model.n_layers=3", "model.d_model=32", explicit],
+                                 output_dir=tmp_path / "teacher_run")
+    teacher = save_as_run(build_data_and_task(teacher_cfg, check_config(teacher_cfg), "fit")[1], tmp_path / "teacher")
+    datamodule, task = built_with_data(lm_config(tmp_path, teacher, explicit), tmp_path / "run")
+    batch = next(iter(datamodule.split_loader("train", train=True)))
+    with FlopCounterMode(display=False) as counter:
+        task.objective(task, batch, "train")[0].summed.backward()
+    assert task.flops_per_batch(batch) == counter.get_total_flops()
+    student = type_of(lm_config(tmp_path, teacher, explicit)).flops_per_batch
+    task.companions = {}  # the student alone counts less by the teacher's forward
+    assert student(task, batch) < counter.get_total_flops()
 
 
 def test_the_lm_teacher_is_frozen_and_out_of_the_state_dict(tmp_path: Path, lm_teacher: Path) -> None:

@@ -80,6 +80,33 @@ def test_vit_flops_equal_the_flop_counter(pool: str) -> None:
     assert expected == counted_training_flops(lambda: model(images))
 
 
+@pytest.mark.parametrize("attention", [{}, {"attention": "performer", "attn_impl": "sdpa", "performer": {"features": 12}},
+                                       {"attention": "linformer", "linformer": {"k": 8}}],
+                         ids=["softmax", "performer", "linformer"])
+def test_a_frozen_networks_forward_flops_equal_the_flop_counter(attention: dict[str, object]) -> None:
+    """A distillation teacher's count (training=False): one forward without gradients, for each network a teacher
+    can be, and for self-attention that is not softmax's."""
+    def forward_flops(forward: Callable[[], Tensor]) -> int:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            forward()
+        return counter.get_total_flops()
+
+    cfg = tiny_cfg("swiglu", **attention)
+    if cfg.attention != "linformer":  # an encoder's only
+        model, ids = CausalLM(cfg, 50), torch.randint(0, 50, (3, 16))
+        assert causal_lm_flops(cfg, 50, 3, 16, training=False) == forward_flops(lambda: model(ids))
+        model = EncoderDecoder(cfg, 50, tie_embeddings="none")
+        src, tgt = torch.randint(1, 50, (3, 12)), torch.randint(1, 50, (3, 9))
+        # Performer's cross-attention is softmax's on SDPA, which the counter counts a little apart
+        # (tests/test_linear_attention_review.py).
+        assert encoder_decoder_flops(cfg, 50, 3, 12, 9, training=False) == pytest.approx(
+            forward_flops(lambda: model(src, tgt)), rel=1e-3 if cfg.attention == "performer" else 0)
+    cfg = tiny_cfg("gelu", pos_encoding="learned", **vit_geometry(16, 4, "cls"), **attention)
+    model = VisionTransformer(cfg, patch_size=4, in_channels=3, num_classes=10, pool="cls")
+    expected = vit_flops(cfg, batch=3, patch_size=4, in_channels=3, num_classes=10, training=False)
+    assert expected == forward_flops(lambda: model(torch.randn(3, 3, 16, 16)))
+
+
 def test_attention_term_grows_with_the_square_of_the_length() -> None:
     cfg = tiny_cfg("gelu")
     # Doubling the length doubles the per-token terms and quadruples the attention term.

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
@@ -23,9 +23,9 @@ from trident.parallel.fsdp import shards_weights
 from trident.tasks.base import NetInput, TridentTask, token_ids
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import sequence_classifier
-from trident.tasks.teacher import add_teacher, taught
+from trident.tasks.teacher import add_teacher, taught, teacher_flops
 from trident.training.finetuning import FROZEN_FOR_GOOD, check_finetuning, layerwise_groups
-from trident.training.flops import FORWARD_AND_BACKWARD, stack_flops
+from trident.training.flops import passes, stack_flops
 from trident.training.optim import positional_parameter_names
 
 Batch = tuple[Tensor, Tensor, Tensor]  # ids (B, T), padding mask (B, T), labels (B,)
@@ -129,10 +129,15 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         return {"tokens": int((~batch[1]).sum()), "samples": batch[0].size(0)}
 
     def flops_per_batch(self, batch: Batch) -> int:
-        """Model FLOPs of one training step (the padded batch, as computed) for MFU."""
+        """Model FLOPs of one training step (the padded batch, as computed) for MFU, and the forward of its teacher
+        (distill=kd)."""
         size, length = batch[0].shape
-        head = FORWARD_AND_BACKWARD * 2 * self.net.cfg.d_model * len(self.class_names) * size
-        return stack_flops(self.net.cfg, size, length, causal=False) + head
+
+        def flops(net: nn.Module, training: bool) -> int:
+            head = passes(training) * 2 * net.cfg.d_model * len(self.class_names) * size
+            return stack_flops(net.cfg, size, length, causal=False, training=training) + head
+
+        return flops(self.net, True) + teacher_flops(self, lambda teacher: flops(teacher, False))
 
     def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
         """Freezing for N steps: the backbone's gradients are dropped before each of the first N

@@ -23,7 +23,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import GENERATE, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import causal_lm
 from trident.tasks.networks import can_switch_off
-from trident.tasks.teacher import add_teacher, taught
+from trident.tasks.teacher import add_teacher, taught, teacher_flops
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import causal_lm_flops
 
@@ -116,8 +116,11 @@ class LanguageModelTask(TridentTask):
         return {"tokens": batch[0].numel(), "samples": batch[0].size(0)}
 
     def flops_per_batch(self, batch: tuple[Tensor, ...]) -> int:
-        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
-        return causal_lm_flops(self.net.cfg, self.net.vocab_size, *batch[0].shape)
+        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU), and the forward of its
+        teacher (distill=kd)."""
+        size, length = batch[0].shape
+        return causal_lm_flops(self.net.cfg, self.net.vocab_size, size, length) + teacher_flops(
+            self, lambda teacher: causal_lm_flops(teacher.cfg, teacher.vocab_size, size, length, training=False))
 
     def outputs(self, batch: tuple[Tensor, ...], stage: str) -> Outputs:
         """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``) their

@@ -166,6 +166,14 @@ def taught(task: TaskWithTeacher, outputs: Outputs, stage: str, run: Callable[[n
     return TaughtOutputs(outputs.logits, outputs.targets, teacher=scores, taught=taught_logits)
 
 
+def teacher_flops(task: TaskWithTeacher, forward: Callable[[nn.Module], int]) -> int:
+    """The FLOPs of the teacher's forward on a training batch (``forward(teacher)``: the task's count of its network,
+    forward only), or 0 without a teacher: each training step runs it (:func:`taught`), so the step's model FLOPs
+    (trident.training.flops) hold it beside the student's forward and backward."""
+    teacher = task.companions.get(TEACHER)
+    return 0 if teacher is None else forward(teacher)
+
+
 def teacher_record(task: type[TaskWithTeacher], cfg: DictConfig, source: Any, settings: Mapping[str, Any] | None = None,
                    builder: str | None = None) -> dict[str, Any]:
     """What ``task`` needs to build the teacher read from ``source`` (a trident.weights.pretrained.PretrainedWeights; a

@@ -37,7 +37,7 @@ from trident.objectives import TRAIN, Outputs
 from trident.parallel.fsdp import whole_weights
 from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
 from trident.tasks.network_builders import encoder_decoder
-from trident.tasks.teacher import add_teacher, taught
+from trident.tasks.teacher import add_teacher, taught, teacher_flops
 from trident.tracking.text_logging import log_text_table
 from trident.training.flops import encoder_decoder_flops
 
@@ -200,7 +200,10 @@ class TranslationTask(TridentTask):
     def flops_per_batch(self, batch: TranslationBatch) -> int:
         """Model FLOPs of one training step on ``batch``, padding included (forward and backward, for MFU)."""
         (size, src_len), tgt_len = batch["src"].shape, self.decoder_io(batch)[0].size(1)  # with a decoder start
-        return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len)
+        # distill=kd: the teacher's forward on the same batch too.
+        return encoder_decoder_flops(self.net.cfg, self.net.vocab_size, size, src_len, tgt_len) + teacher_flops(
+            self, lambda teacher: encoder_decoder_flops(teacher.cfg, teacher.vocab_size, size, src_len, tgt_len,
+                                                        training=False))
 
     def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
         """The decoder's logits (B, T, V) under teacher forcing and the target tokens (B, T), IGNORE_INDEX at the

@@ -21,7 +21,7 @@ from trident.parallel.tensor_parallel import is_tensor_parallel
 from trident.tasks.base import NetInput, TridentTask
 from trident.tasks.class_head import ClassHead, publish_confusion
 from trident.tasks.network_builders import vision_transformer
-from trident.tasks.teacher import TEACHER, add_teacher, pixels_for_teacher, renormalised, taught
+from trident.tasks.teacher import TEACHER, add_teacher, pixels_for_teacher, renormalised, taught, teacher_flops
 from trident.tracking.figures import image_grid_figure, publish_figure, unnormalize
 from trident.training.flops import vit_flops
 from trident.training.optim import parameter_groups
@@ -112,10 +112,17 @@ class ImageClassificationTask(ClassHead, TridentTask):
         return {"images": batch[0].size(0)}
 
     def flops_per_batch(self, batch: Batch) -> int:
-        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU)."""
-        hp = self.hparams
-        return vit_flops(self.net.encoder.cfg, batch=batch[0].size(0), patch_size=hp.patch_size,
-                         in_channels=hp.in_channels, num_classes=hp.num_classes)
+        """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU), and the forward of its
+        teacher (distill=kd: its own patches, classes and heads)."""
+        hp, size = self.hparams, batch[0].size(0)
+
+        def forward(teacher: nn.Module) -> int:
+            patches = teacher.patch_embed.proj  # the (D, C, p, p) convolution
+            return vit_flops(teacher.encoder.cfg, batch=size, patch_size=patches.kernel_size[0],
+                             in_channels=patches.in_channels, num_classes=teacher.head.out_features, training=False)
+
+        return vit_flops(self.net.encoder.cfg, batch=size, patch_size=hp.patch_size, in_channels=hp.in_channels,
+                         num_classes=hp.num_classes) + teacher_flops(self, forward)
 
     def _inputs(self, batch: Batch, stage: str) -> Batch:
         """``batch``'s images and labels (B,); in training under Mixup / CutMix, the mixed images and their mixed

@@ -15,6 +15,10 @@ padded tensor shapes, since padded positions are computed too.
 Self-attention counts the matmuls of its ``model.attention`` (:func:`self_attention_flops`): Performer has no
 (T_q, T_k) scores but its features and sums (linear in T), Linformer projects the keys and values to ``k`` rows
 before attending to them; cross-attention is softmax's always.
+
+A frozen network that only runs forward in the step (a distillation teacher, ``distill=kd``) costs its forward
+alone: every count takes ``training=False`` for it (:func:`passes`), and the task adds it to the student's
+(trident.tasks.teacher.teacher_flops): the step does that work, and MFU says how well the device is used.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from trident.backbone import CHUNK, GATED_ACTIVATIONS, TransformerConfig, defaul
 log = logging.getLogger(__name__)
 
 FORWARD_AND_BACKWARD = 3  # the backward pass costs two forward passes
+
+
+def passes(training: bool) -> int:
+    """Forward passes' worth of FLOPs a trained matmul costs (3: forward and backward), or a frozen network's (1)."""
+    return FORWARD_AND_BACKWARD if training else 1
 
 
 def query_width(cfg: TransformerConfig) -> int:
@@ -50,14 +59,15 @@ def block_matmul_params(cfg: TransformerConfig) -> int:
     return attention + (ffn_in + cfg.d_ff) * cfg.d_model
 
 
-def attention_flops(cfg: TransformerConfig, queries: int, keys: int) -> int:
-    """Forward + backward FLOPs of the score matmuls of one layer: QK^T and AV, 2 FLOPs per pair and query channel
-    each (every query head scores its keys, however many query heads share them)."""
-    return FORWARD_AND_BACKWARD * 2 * 2 * query_width(cfg) * queries * keys
+def attention_flops(cfg: TransformerConfig, queries: int, keys: int, *, training: bool = True) -> int:
+    """Forward + backward FLOPs (forward alone unless ``training``) of the score matmuls of one layer: QK^T and AV,
+    2 FLOPs per pair and query channel each (every query head scores its keys, however many query heads share them)."""
+    return passes(training) * 2 * 2 * query_width(cfg) * queries * keys
 
 
-def self_attention_flops(cfg: TransformerConfig, queries: int, keys: int, *, causal: bool) -> int:
-    """Forward + backward FLOPs of one layer's self-attention after its projections, as ``model.attention`` computes it.
+def self_attention_flops(cfg: TransformerConfig, queries: int, keys: int, *, causal: bool, training: bool = True) -> int:
+    """Forward + backward FLOPs (forward alone unless ``training``) of one layer's self-attention after its
+    projections, as ``model.attention`` computes it.
 
     * softmax: :func:`attention_flops` (the (T_q, T_k) scores).
     * performer (m features, e = head_dim + 1: the values and the denominator's column of ones): the features of the
@@ -67,33 +77,38 @@ def self_attention_flops(cfg: TransformerConfig, queries: int, keys: int, *, cau
       and 2 C e per head and position) and its state in and out (2 m e each; a single chunk's state out has no backward).
       The causal count grows linearly in T too, but CHUNK times (m + e) / (2 m e) above the bidirectional one.
     * linformer (k rows): E K and F V (2 k head_dim per key-value head and key each), then softmax over the k rows."""
+    times = passes(training)
     if cfg.attention == "performer":
         m, e = cfg.performer["features"] or default_features(cfg.head_dim), cfg.head_dim + 1
-        features = 2 * 2 * m * query_width(cfg) * (queries + keys)  # forward + input gradient
+        features = (2 if training else 1) * 2 * m * query_width(cfg) * (queries + keys)  # forward + input gradient
         if not causal:
-            return features + FORWARD_AND_BACKWARD * 2 * cfg.n_heads * m * e * (queries + keys)
+            return features + times * 2 * cfg.n_heads * m * e * (queries + keys)
         chunks = -(-queries // CHUNK)
         block = 2 * cfg.n_heads * CHUNK * (CHUNK * m + CHUNK * e + m * e)  # the (C, C) block and the state in
         state_out = 2 * cfg.n_heads * CHUNK * m * e
         if chunks == 1:  # its state out is computed, but read by nothing: no backward
-            return features + FORWARD_AND_BACKWARD * block + state_out
+            return features + times * block + state_out
         # The chunks' states out are one batched product: its backward covers the last (unread) one too.
-        return features + FORWARD_AND_BACKWARD * chunks * (block + state_out)
+        return features + times * chunks * (block + state_out)
     if cfg.attention == "linformer":
         rows = cfg.linformer["k"]
-        return FORWARD_AND_BACKWARD * 2 * 2 * rows * key_value_width(cfg) * keys + attention_flops(cfg, queries, rows)
-    return attention_flops(cfg, queries, keys)
+        return (times * 2 * 2 * rows * key_value_width(cfg) * keys
+                + attention_flops(cfg, queries, rows, training=training))
+    return attention_flops(cfg, queries, keys, training=training)
 
 
-def stack_flops(cfg: TransformerConfig, batch: int, length: int, *, causal: bool) -> int:
-    """One training step of a self-attention stack (encoder, or ``causal`` decoder) on (batch, length) tokens."""
-    matmuls = FORWARD_AND_BACKWARD * 2 * cfg.n_layers * block_matmul_params(cfg) * batch * length
-    return matmuls + cfg.n_layers * batch * self_attention_flops(cfg, length, length, causal=causal)
+def stack_flops(cfg: TransformerConfig, batch: int, length: int, *, causal: bool, training: bool = True) -> int:
+    """One training step (one forward unless ``training``) of a self-attention stack (encoder, or ``causal``
+    decoder) on (batch, length) tokens."""
+    matmuls = passes(training) * 2 * cfg.n_layers * block_matmul_params(cfg) * batch * length
+    return matmuls + cfg.n_layers * batch * self_attention_flops(cfg, length, length, causal=causal, training=training)
 
 
-def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int) -> int:
-    """One training step of a decoder-only LM on (batch, length) tokens, the output head included."""
-    return stack_flops(cfg, batch, length, causal=True) + FORWARD_AND_BACKWARD * 2 * cfg.d_model * vocab_size * batch * length
+def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, *, training: bool = True) -> int:
+    """One training step (one forward unless ``training``) of a decoder-only LM on (batch, length) tokens, the output
+    head included."""
+    head = passes(training) * 2 * cfg.d_model * vocab_size * batch * length
+    return stack_flops(cfg, batch, length, causal=True, training=training) + head
 
 
 def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, predicted: int) -> int:
@@ -104,35 +119,37 @@ def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length:
     return stack_flops(cfg, batch, length, causal=False) + head
 
 
-def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, src_len: int, tgt_len: int) -> int:
-    """One training step of the translation model: encoder on the source, decoder with
-    cross-attention on the target (its keys/values projected from the source), output head."""
+def encoder_decoder_flops(cfg: TransformerConfig, vocab_size: int, batch: int, src_len: int, tgt_len: int, *,
+                          training: bool = True) -> int:
+    """One training step (one forward unless ``training``) of the translation model: encoder on the source, decoder
+    with cross-attention on the target (its keys/values projected from the source), output head."""
     d, layers = cfg.d_model, cfg.n_layers
-    per_token = FORWARD_AND_BACKWARD * 2
+    per_token = passes(training) * 2
     encoder = per_token * layers * block_matmul_params(cfg) * batch * src_len
-    encoder += layers * batch * self_attention_flops(cfg, src_len, src_len, causal=False)
+    encoder += layers * batch * self_attention_flops(cfg, src_len, src_len, causal=False, training=training)
     # Decoder: self-attention and feed-forward, plus the cross-attention query and output
     # projections on target tokens; the cross-attention key/value projection on source tokens.
     decoder = per_token * layers * (block_matmul_params(cfg) + 2 * d * query_width(cfg)) * batch * tgt_len
     decoder += per_token * layers * 2 * d * key_value_width(cfg) * batch * src_len
-    decoder += layers * batch * (self_attention_flops(cfg, tgt_len, tgt_len, causal=True)
-                                 + attention_flops(cfg, tgt_len, src_len))
+    decoder += layers * batch * (self_attention_flops(cfg, tgt_len, tgt_len, causal=True, training=training)
+                                 + attention_flops(cfg, tgt_len, src_len, training=training))
     head = per_token * d * vocab_size * batch * tgt_len
     return encoder + decoder + head
 
 
-def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channels: int, num_classes: int) -> int:
-    """One training step of a ViT: patch projection, encoder over prefix + patch tokens, class head (and DeiT's
-    distillation head, which every step runs: its logits are averaged in or taught)."""
+def vit_flops(cfg: TransformerConfig, *, batch: int, patch_size: int, in_channels: int, num_classes: int,
+              training: bool = True) -> int:
+    """One training step (one forward unless ``training``) of a ViT: patch projection, encoder over prefix + patch
+    tokens, class head (and DeiT's distillation head, which every step runs: its logits are averaged in or taught)."""
     if cfg.grid is None:
         raise ValueError("vit_flops needs a TransformerConfig with a patch grid")
     patches = cfg.grid[0] * cfg.grid[1]
     tokens = cfg.num_prefix_tokens + patches
-    per_token = FORWARD_AND_BACKWARD * 2
+    per_token = passes(training) * 2
     # The pixels need no gradient: the patch projection costs its forward and weight gradient only.
-    patch_embed = 2 * 2 * in_channels * patch_size**2 * cfg.d_model * patches
+    patch_embed = (2 if training else 1) * 2 * in_channels * patch_size**2 * cfg.d_model * patches
     encoder = per_token * cfg.n_layers * block_matmul_params(cfg) * tokens
-    encoder += cfg.n_layers * self_attention_flops(cfg, tokens, tokens, causal=False)
+    encoder += cfg.n_layers * self_attention_flops(cfg, tokens, tokens, causal=False, training=training)
     heads = 1 + int(cfg.distillation_token)
     head = heads * per_token * cfg.d_model * num_classes  # one pooled vector per image and head
     return batch * (patch_embed + encoder + head)
