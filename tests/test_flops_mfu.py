@@ -71,6 +71,21 @@ def test_attention_shape_flops_equal_the_flop_counter(shape: dict[str, int]) -> 
     assert encoder_decoder_flops(cfg, 50, 3, 12, 9) == counted_training_flops(lambda: model(src, tgt))
 
 
+@pytest.mark.parametrize("memory_length", [8, 16, 40])
+def test_segment_memory_flops_equal_the_flop_counter(memory_length: int) -> None:
+    """model.memory_length: each layer projects Q, K, V over [memory; segment] and attends to memory + segment keys;
+    counted at a full memory (shorter, as long as and longer than the 16-token segments)."""
+    cfg = tiny_cfg("swiglu", pos_encoding="rope", max_seq_len=16, memory_length=memory_length)
+    model = CausalLM(cfg, 50)
+    memory = model.new_memory()
+    for _ in range(3):  # a full memory: 3 segments of 16 tokens fill up to 48 states
+        model(torch.randint(0, 50, (3, 16)), memory=memory)
+    assert memory.held == memory_length
+    counted = counted_training_flops(lambda: model(torch.randint(0, 50, (3, 16)), memory=memory))
+    assert causal_lm_flops(cfg, 50, 3, 16) == counted
+    assert causal_lm_flops(cfg, 50, 3, 16) > causal_lm_flops(cfg, 50, 3, 16, memory=False)
+
+
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_vit_flops_equal_the_flop_counter(pool: str) -> None:
     cfg = tiny_cfg("gelu", pos_encoding="learned", **vit_geometry(16, 4, pool))

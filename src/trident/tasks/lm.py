@@ -117,10 +117,12 @@ class LanguageModelTask(TridentTask):
 
     def flops_per_batch(self, batch: tuple[Tensor, ...]) -> int:
         """Model FLOPs of one training step on ``batch`` (forward and backward, for MFU), and the forward of its
-        teacher (distill=kd)."""
+        teacher (distill=kd), which reads a memory of its own only beside a student's."""
         size, length = batch[0].shape
+        memory = bool(self.backbone_config.memory_length)
         return causal_lm_flops(self.net.cfg, self.net.vocab_size, size, length) + teacher_flops(
-            self, lambda teacher: causal_lm_flops(teacher.cfg, teacher.vocab_size, size, length, training=False))
+            self, lambda teacher: causal_lm_flops(teacher.cfg, teacher.vocab_size, size, length, training=False,
+                                                  memory=memory))
 
     def outputs(self, batch: tuple[Tensor, ...], stage: str) -> Outputs:
         """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``) their

@@ -104,11 +104,27 @@ def stack_flops(cfg: TransformerConfig, batch: int, length: int, *, causal: bool
     return matmuls + cfg.n_layers * batch * self_attention_flops(cfg, length, length, causal=causal, training=training)
 
 
-def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, *, training: bool = True) -> int:
+def causal_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, *, training: bool = True,
+                    memory: bool = True) -> int:
     """One training step (one forward unless ``training``) of a decoder-only LM on (batch, length) tokens, the output
-    head included."""
+    head included; with ``model.memory_length`` M, the memory's too (:func:`memory_flops`) where the network reads it
+    (``memory``: a teacher's memory stays unread beside a student without one)."""
     head = passes(training) * 2 * cfg.d_model * vocab_size * batch * length
-    return stack_flops(cfg, batch, length, causal=True, training=training) + head
+    recurrence = memory_flops(cfg, batch, length, training=training) if memory else 0
+    return stack_flops(cfg, batch, length, causal=True, training=training) + head + recurrence
+
+
+def memory_flops(cfg: TransformerConfig, batch: int, length: int, *, training: bool = True) -> int:
+    """What a full memory of ``model.memory_length`` M states per layer (trident.backbone.memory) adds to a stack's
+    step on (batch, length) tokens: each layer projects Q, K and V over [memory; segment] in one matmul (the memory's
+    queries dropped after it) and its queries score M more keys. The backward of that projection runs over the
+    memory's rows too (the weight gradient needs them; the input gradient is one matmul over the whole). Counted at
+    a full memory: the first ceil(M / length) segments of an epoch read fewer states, as the budget's first batch."""
+    states = cfg.memory_length
+    if not states:
+        return 0
+    projection = passes(training) * 2 * (query_width(cfg) + 2 * key_value_width(cfg)) * cfg.d_model * states
+    return cfg.n_layers * batch * (projection + attention_flops(cfg, length, states, training=training))
 
 
 def masked_lm_flops(cfg: TransformerConfig, vocab_size: int, batch: int, length: int, predicted: int) -> int:
