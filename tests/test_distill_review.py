@@ -9,33 +9,38 @@ from pathlib import Path
 import pytest
 import torch
 
-from trident.errors import TridentError
-
 from .test_distill_tasks import built, lm_config, lm_teacher  # noqa: F401  # lm_teacher: the shared fixture
 
 
-def test_a_distilled_checkpoint_away_from_its_run_names_the_missing_teacher_copy(tmp_path: Path,
-                                                                                  lm_teacher: Path) -> None:  # noqa: F811
-    """``trident.load`` of a distilled student's checkpoint copied out of its run (without ``<run>/init/teacher.*``)
-    says in one line that the teacher's copy is missing and where it is looked for, not that the checkpoint is
-    "corrupt or truncated" (the ConfigError was caught with torch.load's read errors)."""
-    import trident
-
-    task = built(lm_config(tmp_path, lm_teacher), tmp_path / "run")
+def test_trident_load_of_a_distilled_run_builds_the_student_alone(tmp_path: Path, lm_teacher: Path) -> None:  # noqa: F811
+    """``trident.load`` reads a distilled student's checkpoint for evaluation and export, and eval.py tests it: the
+    student alone, without building its teacher or reading the teacher's copy (``<run>/init/teacher.*``), so a
+    checkpoint copied out of its run loads too (it was refused for the missing teacher files), its logits the
+    student's."""
     import lightning
+    from omegaconf import OmegaConf
 
+    import trident
+    from trident.commands.evaluate import evaluate
+
+    cfg = lm_config(tmp_path, lm_teacher)
+    task = built(cfg, tmp_path / "run")
+    OmegaConf.save(cfg, tmp_path / "run" / "config_resolved.yaml")
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
                   "pytorch-lightning_version": lightning.__version__}
     task.on_save_checkpoint(checkpoint)
     (tmp_path / "run" / "checkpoints").mkdir()
     torch.save(checkpoint, tmp_path / "run" / "checkpoints" / "last.ckpt")
-    assert trident.load(tmp_path / "run").companions["teacher"] is not None  # in its run: the teacher is rebuilt
     (tmp_path / "alone").mkdir()
     shutil.copy(tmp_path / "run" / "checkpoints" / "last.ckpt", tmp_path / "alone" / "last.ckpt")
-    with pytest.raises(TridentError) as caught:
-        trident.load(tmp_path / "alone" / "last.ckpt")
-    message = str(caught.value)
-    assert "corrupt" not in message and "teacher.json" in message and "\n" not in message
+    ids = torch.randint(0, task.net.vocab_size, (2, 8))
+    for source in (tmp_path / "run", tmp_path / "alone" / "last.ckpt"):
+        loaded = trident.load(source)
+        assert loaded.companions == {} and loaded.hparams.distill is None
+        torch.testing.assert_close(loaded.net(ids), task.net.eval()(ids), rtol=0, atol=0)
+    for copy in (tmp_path / "run" / "init").glob("teacher.*"):
+        copy.unlink()
+    assert "test/loss" in evaluate([f"ckpt_path={tmp_path / 'run'}", "trainer.limit_test_batches=1"], write=False)
 
 
 def test_a_teacher_whose_embedding_is_padded_past_the_shared_tokenizer_distils(tmp_path: Path) -> None:

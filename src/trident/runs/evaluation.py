@@ -85,6 +85,8 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
     # names its base by it (a LoRA checkpoint's frozen base is refilled from <run>/init, trident.weights.frozen_base).
     for group in ("model", "task"):
         cfg[group].pop("pretrained", None)
+    if "distill" in cfg:  # a teacher (distill=kd) serves the training loss alone: the test scores the student only
+        cfg.distill = {"name": "none", "teacher": None}
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     from trident.weights.init_from import stage_run_source

@@ -5,9 +5,9 @@ run's copy of its weights.
 A run reads the source once, through the readers ``init_from`` uses (a trident run or checkpoint, a Hugging Face
 directory, a timm ViT file: trident.weights.teacher.stage_teacher), and writes ``<run>/init/teacher.json`` (the
 teacher's network: its task, backbone and builder settings, its vocabulary or classes) and
-``<run>/init/teacher.safetensors`` (its weights), as it copies an ``init_from`` source to ``<run>/init``: a resume,
-eval.py and ``trident.load`` of the run build the teacher again from that copy (found beside the run or the
-checkpoint read), wherever the source has gone. The teacher is never in the task's state dict, its checkpoints or
+``<run>/init/teacher.safetensors`` (its weights), as it copies an ``init_from`` source to ``<run>/init``: a resume
+builds the teacher again from that copy (found beside the run), wherever the source has gone; eval.py and
+``trident.load`` read the student alone (trident.weights.checkpoints.load_task_checkpoint). The teacher is never in the task's state dict, its checkpoints or
 its exports; it is sharded and moved like the student and stays in eval mode without gradients.
 """
 

@@ -79,7 +79,7 @@ RETIRED_SETTINGS = frozenset({"pretrained"})
 
 def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFinder | None = None) -> TaskT:
     """Rebuild ``task_class`` from ``path`` (a checkpoint or a run directory: :func:`checkpoint_of`) on the
-    CPU, in eval mode, with its tokenizer (text tasks). ``find_base`` finds a ``finetune=lora`` checkpoint's
+    CPU, in eval mode, with its tokenizer (text tasks); a distilled run's student alone (no teacher). ``find_base`` finds a ``finetune=lora`` checkpoint's
     frozen base (trident.weights.sources'; this module sits below the readers of sources): without it such a
     checkpoint is refused in one line."""
     path = checkpoint_of(path)
@@ -92,13 +92,16 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFin
             f"checkpoint {str(path)!r} is not a trident {task_name} checkpoint (it has the setting {foreign[0]!r}): "
             f"use a checkpoint of a task={task_name} run (last.ckpt or best-*.ckpt)"
         )
+    # A distilled run's teacher (distill=kd) serves its training loss alone: a task read to evaluate, sample or export
+    # is the student, without building the teacher or needing its files (<run>/init/teacher.*).
+    student = {"distill": None} if settings.get("distill") is not None else {}
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
         # A finetune=lora checkpoint's base is found (trident.tasks.frozen_base); a companion the run recorded
         # relative to itself (DPO's reference), in the folders that hold the checkpoint, wherever the run is now.
         with reading(path, find_base), companions_beside(*path.resolve().parents):
-            task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True)
+            task = task_class.load_from_checkpoint(source, map_location="cpu", weights_only=True, **student)
     except TridentError:
         raise  # the task's own one line (e.g. a companion's copy not beside the checkpoint), not "corrupt"
     except READ_ERRORS as err:
