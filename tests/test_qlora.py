@@ -111,6 +111,29 @@ def test_a_merge_dequantizes_then_adds_the_adapters() -> None:
         torch.testing.assert_close(qlora.net(ids), before, rtol=0, atol=1e-5)
 
 
+def test_a_qlora_checkpoint_whose_base_is_gone_names_finetune_qlora(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finetune=qlora checkpoint (its NF4 base left out) read where its base is gone: trident-export's one line
+    names the mode the user ran, finetune=qlora (it said finetune=lora)."""
+    import lightning
+
+    from trident.weights.frozen_base import frozen_base_of
+
+    from .entry_points import run_in_process
+
+    task = _task(lora=LORA, nf4=NF4)
+    task.frozen_base = frozen_base_of(task.net, str(tmp_path / "gone"), _task().net.state_dict())
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                  "pytorch-lightning_version": lightning.__version__}
+    task.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "qlora.ckpt")
+    result = run_in_process("trident.commands.export", ["qlora.ckpt", "--format", "safetensors", "--out", "exported"],
+                            tmp_path, monkeypatch)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.last_line.startswith("error: ") and "holds a finetune=qlora run's adapters without the frozen base" \
+        in result.last_line and "finetune=lora" not in result.last_line, result.last_line
+
+
 # --- runs: a Llama-style base (rmsnorm, swiglu, grouped-query attention), LoRA and QLoRA on it ---------------------
 
 RUN = [*SMALL, "logger=none", "scheduler=constant", "callbacks.throughput=null", "callbacks.lr_monitor=null",

@@ -27,19 +27,27 @@ NET = "net."
 @dataclass
 class FrozenBase:
     """The base of a LoRA network: ``source`` (init_from, absolute), the ``names`` of the network's tensors it
-    fills (state-dict keys, without ``net.``), their ``fingerprint``; ``in_net``: the network holds them now."""
+    fills (state-dict keys, without ``net.``), their ``fingerprint``; ``in_net``: the network holds them now;
+    ``finetune``: the mode of the run, as its error lines name it (lora, or qlora: :func:`finetune_of`)."""
 
     source: str
     names: list[str]
     fingerprint: str
     in_net: bool = field(default=False, compare=False)
+    finetune: str = field(default="lora", compare=False)
 
     def record(self) -> dict[str, Any]:
         return {"source": self.source, "fingerprint": self.fingerprint, "tensors": list(self.names)}
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> FrozenBase:
-        return cls(str(record["source"]), list(record["tensors"]), str(record["fingerprint"]))
+    def from_record(cls, record: dict[str, Any], finetune: str = "lora") -> FrozenBase:
+        return cls(str(record["source"]), list(record["tensors"]), str(record["fingerprint"]), finetune=finetune)
+
+
+def finetune_of(checkpoint: dict[str, Any]) -> str:
+    """The ``finetune`` mode of the run that wrote ``checkpoint`` with its base left out: qlora where its base is
+    stored in NF4 (its hyperparameters' ``nf4``), else lora."""
+    return "qlora" if (checkpoint.get("hyper_parameters") or {}).get("nf4") else "lora"
 
 
 #: Finds a base's tensors for the checkpoint at the path being read (None: not known), read with the network's head
@@ -79,7 +87,7 @@ def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | 
     record = checkpoint.get(FROZEN_BASE_KEY)
     if not isinstance(record, dict):
         return known
-    wanted = FrozenBase.from_record(record)
+    wanted = FrozenBase.from_record(record, finetune_of(checkpoint))
     if known is not None and known.in_net and known.fingerprint == wanted.fingerprint:
         own = net.state_dict()
         weights = {name: own[name].detach() for name in wanted.names}
@@ -96,7 +104,7 @@ def refill_base(checkpoint: dict[str, Any], net: nn.Module, known: FrozenBase | 
 def _find(wanted: FrozenBase, path: Path | None, n_heads: int | None) -> dict[str, Tensor]:
     reader = _reading.get()
     if reader is None:  # e.g. Lightning's load_from_checkpoint called by hand
-        raise DataError(f"{path or 'the checkpoint'} holds a finetune=lora run's adapters without the frozen base they "
+        raise DataError(f"{path or 'the checkpoint'} holds a finetune={wanted.finetune} run's adapters without the frozen base they "
                         f"adapt (init_from={wanted.source}): read it with trident.load(<the checkpoint>), which puts "
                         "the base back")
     reading_path, find = reader

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from trident.converters.nf4 import holds
 from trident.errors import DataError
-from trident.tasks.frozen_base import FROZEN_BASE_KEY, FrozenBase
+from trident.tasks.frozen_base import FROZEN_BASE_KEY, FrozenBase, finetune_of
 from trident.weights.lora_adapter import base_of
 
 if TYPE_CHECKING:
@@ -72,19 +72,21 @@ def keep_base_out(task: TaskInCheckpoint, weights: dict[str, Any], init_from: st
     if not resumed:  # the record names it as the run's adapter.json does
         task.frozen_base = frozen_base_of(task.net, base_of(init_from), weights)
     elif saved is not None and FROZEN_BASE_KEY in saved:
-        task.frozen_base = base_from_source(task.net, saved[FROZEN_BASE_KEY], weights, init_from)
+        task.frozen_base = base_from_source(task.net, saved[FROZEN_BASE_KEY], weights, init_from, finetune_of(saved))
     # FSDP loads a checkpoint's weights itself, before the task's on_load_checkpoint: the base is in the network by
     # then, and the checkpoint's part alone is loaded.
     task.strict_loading = False
 
 
-def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, Tensor], given: str) -> FrozenBase:
+def base_from_source(net: nn.Module, record: dict[str, Any], weights: dict[str, Tensor], given: str,
+                     finetune: str) -> FrozenBase:
     """A resumed run's base (``record``, from its checkpoint) put into ``net`` from the ``weights`` of its source
-    (``given``: how the run names it), before the checkpoint is loaded (FSDP loads the saved part alone)."""
-    wanted = FrozenBase.from_record(record)
+    (``given``: how the run names it), before the checkpoint is loaded (FSDP loads the saved part alone);
+    ``finetune``: the run's mode (lora, qlora), as the error line names it."""
+    wanted = FrozenBase.from_record(record, finetune)
     differs = base_difference(wanted, weights, given)
     if differs is not None:
-        raise DataError(f"resume: the run's checkpoint holds its finetune=lora adapters without the frozen base they "
+        raise DataError(f"resume: the run's checkpoint holds its finetune={wanted.finetune} adapters without the frozen base they "
                         f"adapt, init_from={wanted.source} ({len(wanted.names)} tensors), and {differs}: resume with "
                         "init_from=<the base the run was trained on>")
     net.load_state_dict({name: weights[name] for name in wanted.names}, strict=False)

@@ -140,5 +140,5 @@ def find_base(wanted: FrozenBase, checkpoint: Path | None, n_heads: int | None =
             differs = base_difference(wanted, weights, str(candidate))
             if differs is None:
                 return weights
-    raise DataError(f"{where} holds a finetune=lora run's adapters without the frozen base they adapt, "
+    raise DataError(f"{where} holds a finetune={wanted.finetune} run's adapters without the frozen base they adapt, "
                     f"{shown} ({len(wanted.names)} tensors), and {differs}: {fix}")
