@@ -164,6 +164,32 @@ def test_readers_that_need_float_weights_refuse_one(lm_run: Path, tmp_path: Path
             read(quantized)
 
 
+def test_a_quantized_checkpoint_as_a_teacher_or_averaged_is_one_line_naming_its_float_source(
+        lm_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """distill.teacher reads float weights (the line said init_from), and averaging would mix float parts with one
+    input's int layers (two quantized checkpoints averaged silently; one beside a float one: "different weights"):
+    each is one line that names the float checkpoint it was quantized from."""
+    from trident.runs.pipeline import configured_task_class
+    from trident.weights.teacher import stage_teacher
+
+    from .conftest import SMALL, compose_config
+
+    source = lm_run / "checkpoints" / "last.ckpt"
+    quantized = quantize_checkpoint(source, tmp_path / "int8.ckpt", 8, None).path
+    cfg = compose_config([*SMALL, "distill=kd", f"distill.teacher={quantized}"], output_dir=tmp_path / "run")
+    with pytest.raises(DataError, match=rf"holds int8 weights written by trident-quantize and distill.teacher reads "
+                                        rf"float weights: use the checkpoint it was quantized from, {source}"):
+        stage_teacher(configured_task_class(cfg), cfg, tmp_path / "run", resumed=False)
+    for inputs in ([quantized, quantized], [source, quantized]):
+        result = run_in_process("trident.commands.average_checkpoints", [*map(str, inputs), "-o", "averaged.ckpt"],
+                                tmp_path, monkeypatch)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert (f"checkpoint '{quantized}' holds int8 weights written by trident-quantize and an average is taken of "
+                f"float weights (average those, then quantize the average): use the checkpoint it was quantized from, "
+                f"{source}") in result.last_line
+        assert not (tmp_path / "averaged.ckpt").exists()
+
+
 def test_a_record_that_does_not_fit_the_network_is_one_line(lm_run: Path, tmp_path: Path) -> None:
     """A record whose tensors this torchao does not make (another version's names or shapes) is refused, not loaded."""
     path = quantize_checkpoint(lm_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt", 4, 32).path

@@ -89,9 +89,13 @@ def average_checkpoints(paths: list[Path], output: Path) -> dict[str, Any]:
         raise ConfigError("give at least one checkpoint to average")
     import torch
 
+    from trident.converters.weight_only import refuse_quantized
     from trident.tasks.frozen_base import FROZEN_BASE_KEY
 
     checkpoints = [_load(path) for path in paths]
+    for path, checkpoint in zip(paths, checkpoints, strict=True):  # its int layers are in a record, not the weights
+        refuse_quantized(checkpoint, path, "an average is taken of float weights (average those, then quantize the "
+                         "average)")
     bases = {str((c.get(FROZEN_BASE_KEY) or {}).get("fingerprint")) for c in checkpoints}
     if len(bases) > 1:  # a LoRA run's adapters on one base each: means over other bases mean nothing
         raise DataError("the checkpoints adapt different frozen bases (finetune=lora from other init_from weights): "

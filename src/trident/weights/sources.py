@@ -36,13 +36,14 @@ DERIVED_SETTINGS = ("pos_encoding", "pos_encoding_options", "max_seq_len", "grid
 # The copy of the source inside the run directory: the run stays self-contained.
 COPY_DIR = "init"
 
-def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights:
+def read_init_source(path: str, n_heads: int | None = None, setting: str = "init_from") -> PretrainedWeights:
     """The source ``init_from=path`` names: a trident checkpoint, a run directory, or the copy of a
     source inside a run (``<run>/init``). ``n_heads`` (``model.n_heads=``) states the head count of a
-    timm file, which does not record it."""
+    timm file, which does not record it. ``setting``: the setting that names it, as error lines say
+    (``distill.teacher`` reads its teacher here too)."""
     location = Path(path)
     if not location.exists():
-        raise DataError(f"init_from={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
+        raise DataError(f"{setting}={path} not found: pass a trident checkpoint (.ckpt), a train.py run directory, "
                         "a Hugging Face model directory, a timm ViT file or an open_clip directory")
     if (location / "source.json").is_file():
         return read_source_copy(location)
@@ -56,24 +57,25 @@ def read_init_source(path: str, n_heads: int | None = None) -> PretrainedWeights
 
         if file_adapter_for(location) is not None:  # a format its files name (open_clip's directory)
             return _from_outside(path, n_heads)
-        raise DataError(f"init_from={path} is a directory that holds no model: pass a trident checkpoint or run "
+        raise DataError(f"{setting}={path} is a directory that holds no model: pass a trident checkpoint or run "
                         "directory (checkpoints/*.ckpt), or a Hugging Face model directory (config.json + weights)")
-    return _from_trident_checkpoint(path, checkpoint_of(location))
+    return _from_trident_checkpoint(path, checkpoint_of(location), setting)
 
 
-def _from_trident_checkpoint(path: str, checkpoint_path: Path) -> PretrainedWeights:
+def _from_trident_checkpoint(path: str, checkpoint_path: Path, setting: str) -> PretrainedWeights:
     # The task's side (Lightning): a trident checkpoint source only; a LoRA run's own copy of its source, which its
     # readers find first (find_base), is read without it.
     from trident.weights.checkpoints import load_task_checkpoint
     from trident.weights.task_class import task_class_of
 
-    checkpoint = read_checkpoint(checkpoint_path, "init_from")
-    refuse_quantized(checkpoint, checkpoint_path, "init_from starts from float weights")
+    checkpoint = read_checkpoint(checkpoint_path, setting)
+    # A quantized model's int8/int4 layers serve evaluation (trident.load): a run starts from, or distils from, floats.
+    refuse_quantized(checkpoint, checkpoint_path, f"{setting} reads float weights")
     task_class = task_class_of(checkpoint, checkpoint_path)
     settings: dict[str, Any] = dict(checkpoint.get("hyper_parameters") or {})
     backbone = dict(settings.get("backbone") or {})
     if not backbone:
-        raise DataError(f"init_from={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
+        raise DataError(f"{setting}={path}: {str(checkpoint_path)!r} holds no backbone settings: it was not written by train.py")
     model = {k: v for k, v in backbone.items() if k not in TRAINING_SETTINGS and k not in DERIVED_SETTINGS}
     # What the weights' own task says they were built with (TridentTask.SOURCE_SETTINGS, SOURCE_DATA_SETTINGS).
     task_options, data_options = task_class.stated_as_source(settings)

@@ -31,7 +31,7 @@ def stage_teacher(task: type[TridentTask], cfg: DictConfig, run_dir: Path, resum
     record_path, weights_path = run_dir / TEACHER_RECORD, run_dir / TEACHER_WEIGHTS
     if resumed and record_path.is_file() and weights_path.is_file():
         return
-    source = read_init_source(settings.teacher, settings.n_heads)
+    source = read_init_source(settings.teacher, settings.n_heads, "distill.teacher")
     run: dict[str, Any] = {}  # a trident run's own hyperparameters and the task class that built it
     if source.format == "trident" and not Path(source.source, "source.json").is_file():
         checkpoint = read_checkpoint(checkpoint_of(Path(source.source)), "distill.teacher", weights=False)
