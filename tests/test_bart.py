@@ -83,7 +83,8 @@ def test_bart_logits_equal_those_of_transformers_with_padding_in_source_and_targ
     assert (weights.format, weights.task, weights.model["family"]) == ("hf-bart", "translation", "bart")
     assert weights.task_options == {"tie_embeddings": "all", "scale_embeddings": bool(settings), "logits_bias": True,
                                     "decoder_start_id": EOS}
-    assert weights.data_options["max_seq_len"] == 40, "the rows past BART's offset of 2"
+    # BART reads `<s> tokens </s>`: its data sets data.source_bos (what it writes: test_translation_init_from.py).
+    assert weights.data_options == {"max_seq_len": 40, "source_bos": True}, "the rows past BART's offset of 2"
     net = task_from(weights).net
     src, src_mask = padded([15, 9, 4], 15, seed=1)
     tgt, tgt_mask = padded([12, 7, 3], 12, seed=2)

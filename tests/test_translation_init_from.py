@@ -18,6 +18,7 @@ import trident
 from trident.data.translation import TranslationDataModule
 from trident.errors import ConfigError, DataError, run_with_clear_errors
 from trident.runs.pipeline import build_data_and_task, check_config, train
+from trident.tasks.translation import TranslationTask
 
 from .conftest import SMALL, compose_config, one_step
 from .test_init_from import FROZEN, _first_val_batch, _history, _nano_block_parameters, _table
@@ -157,6 +158,40 @@ def test_data_tokenizer_file_is_used_as_it_is(tmp_path: Path) -> None:
         ids = [vocab[w] for w in text.split()] + [vocab["</s>"]]  # looked up by hand: no post-processor's <s>
         assert src.tolist() == ids + [vocab["<pad>"]] * (len(src) - len(ids)), "padded with the file's <pad>"
         assert tgt_in.tolist()[: len(target.split()) + 1] == [vocab["<s>"], *(vocab[w] for w in target.split())]
+
+
+@pytest.mark.parametrize("source_bos", [True, False])
+def test_data_source_bos_writes_sources_as_bart_s_tokenizer_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  source_bos: bool) -> None:
+    """data.source_bos (a BART source sets it): every source the data module writes, and every free text the task
+    translates, is `<s> tokens </s>` as a tokenizer whose post-processor follows BART's convention encodes it; without
+    it `tokens </s>`. A fast check of what only the slow tests/test_bart_run.py covered (a bug dropping the <s> had
+    slipped the fast tests)."""
+    vocab = _odd_tokenizer(tmp_path / "tokenizer.json", WORDS)  # its post-processor: <s> $A </s>
+    reference = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    parallel_files(tmp_path / "corpus", WORDS, seed=0)
+    files = {name: str(tmp_path / "corpus" / f"{name}.tsv") for name in ("train", "validation", "test")}
+    module = TranslationDataModule(source="files", files=files, tokenizer=str(tmp_path / "tokenizer.json"), max_len=16,
+                                   max_tokens=64, cache_dir=str(tmp_path / "cache"), source_bos=source_bos)
+    module.prepare_data()
+    module.setup("fit")
+
+    def expected(text: str) -> list[int]:
+        ids = reference.encode(text).ids  # [<s>, tokens, </s>]
+        return ids if source_bos else ids[1:]
+
+    for split in ("train", "validation"):
+        batch = next(iter(module.split_loader(split, train=split == "train")))
+        for text, row in zip(batch["src_text"], batch["src"].tolist(), strict=True):
+            assert row[: row.index(vocab["</s>"]) + 1] == expected(text), (split, text)
+    inputs = module.task_inputs()
+    assert inputs["source_bos"] is source_bos
+    backbone = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_seq_len": 16, "pos_encoding": "learned"}
+    task = TranslationTask(backbone, optimizer={}, scheduler={}, **inputs)
+    seen: list[list[int]] = []
+    monkeypatch.setattr(task, "decode_ids", lambda src, **_: seen.extend(src.tolist()) or [])
+    task.translate(["the cat sees a dog"])
+    assert seen == [expected("the cat sees a dog")]
 
 
 def test_a_run_with_a_tokenizer_directory_trains_on_its_vocabulary(tmp_path: Path) -> None:
