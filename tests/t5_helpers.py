@@ -23,7 +23,8 @@ EOS_ID = 1
 SIZES = {"d_model": 24, "d_kv": 8, "d_ff": 40, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
          "relative_attention_max_distance": 20, "layer_norm_epsilon": 1e-3, "dropout_rate": 0.0}
 VERSIONS = {"v1.0": {"feed_forward_proj": "relu", "tie_word_embeddings": True},
-            "v1.1": {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}}
+            "v1.1": {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+            "mt5": {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}}  # MT5ForConditionalGeneration
 
 
 def t5_tokenizer() -> Tokenizer:
@@ -40,15 +41,18 @@ def t5_tokenizer() -> Tokenizer:
 
 
 def save_t5(path: Path, version: str, *, seed: int = 0, eos_boost: float = 0.0, **settings: Any) -> torch.nn.Module:
-    """A T5ForConditionalGeneration of ``version`` with every parameter randomised, saved at ``path`` with its tokenizer,
-    as transformers loads it back (eval mode). v1.1's output layer is its own ``lm_head`` (the hub's v1.1 files: a
-    config with tie_word_embeddings false and the tensor), which transformers 5 does not build from a config alone.
+    """A T5ForConditionalGeneration of ``version`` (``mt5``: an MT5ForConditionalGeneration) with every parameter
+    randomised, saved at ``path`` with its tokenizer, as transformers loads it back (eval mode). v1.1's and mT5's output
+    layer is its own ``lm_head`` (the hub's files: a config with tie_word_embeddings false and the tensor), which
+    transformers 5 does not build from a config alone.
     ``eos_boost``: added to the EOS row of the output layer, so that decoding ends at various lengths."""
     import transformers
 
     tokenizer = t5_tokenizer()
     options = SIZES | VERSIONS[version] | {"vocab_size": tokenizer.get_vocab_size(), "decoder_start_token_id": 0} | settings
-    model = randomise(transformers.T5ForConditionalGeneration(transformers.T5Config(**options)), seed=seed, std=0.3)
+    family = "MT5" if version == "mt5" else "T5"
+    config_class, model_class = (getattr(transformers, f"{family}{kind}") for kind in ("Config", "ForConditionalGeneration"))
+    model = randomise(model_class(config_class(**options)), seed=seed, std=0.3)
     model.save_pretrained(path)
     tokenizer.save(str(path / "tokenizer.json"))
     state = load_file(str(path / "model.safetensors"))
@@ -61,7 +65,7 @@ def save_t5(path: Path, version: str, *, seed: int = 0, eos_boost: float = 0.0, 
     head = "lm_head.weight" if "lm_head.weight" in state else "shared.weight"
     state[head][EOS_ID] += eos_boost * state[head].std() * torch.sign(torch.randn(state[head].size(1), generator=generator))
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return transformers.T5ForConditionalGeneration.from_pretrained(path).eval()
+    return model_class.from_pretrained(path).eval()
 
 
 def t5_net(weights: PretrainedWeights, max_seq_len: int = 64) -> EncoderDecoder:

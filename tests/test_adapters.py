@@ -44,6 +44,7 @@ EXPORTED_AS: dict[str, dict[str, object]] = {
     "hf-roberta": {"family": "roberta"},  # declared only: an undeclared MaskedLM is BERT
     "hf-electra": {"family": "electra"},  # declared only (a ReplacedTokenDetector of no family is ELECTRA's too)
     "hf-t5": {"pos_encoding": "relative", "norm": "rmsnorm"},  # an EncoderDecoder
+    "hf-mt5": {"pos_encoding": "relative", "norm": "rmsnorm", "family": "mt5"},  # declared only: undeclared, T5
     "hf-bart": {"family": "bart"},  # an EncoderDecoder, declared
 }
 

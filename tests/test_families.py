@@ -26,7 +26,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # family -> the task its network serves (the export's network kind).
 TASKS = {"gpt2": "lm", "bert": "mlm", "vit": "vit", "llama": "lm", "mistral": "lm", "qwen2": "lm", "qwen3": "lm",
          "gemma2": "lm", "gemma3": "lm", "clip": "clip", "albert": "mlm", "roberta": "mlm",
-         "electra": "mlm", "bart": "translation", "t5": "translation"}
+         "electra": "mlm", "bart": "translation", "t5": "translation",
+         "mt5": "translation"}
 
 
 def rope_lm(**settings: object) -> CausalLM:

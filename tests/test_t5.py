@@ -103,6 +103,45 @@ def test_the_export_loads_in_transformers_with_equal_logits_and_reads_back_exact
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("the light").input_ids[-1] == EOS_ID
 
 
+def test_mt5_reads_with_transformers_logits_and_exports_what_save_pretrained_writes(tmp_path: Path) -> None:
+    """mT5 (MT5ForConditionalGeneration: T5 v1.1 with its own lm_head, never scaled) reads as model.family=mt5 with
+    transformers' logits, and exports as mT5: the weights byte for byte those save_pretrained writes, the config
+    theirs but for tie_word_embeddings (false beside the lm_head, as the hub's mT5 files: transformers 5 writes true
+    whatever the head, and 4 reads true as a tied head, scaled); read back exactly. A head mT5 cannot state (T5 v1.0's
+    scaled one) is one line."""
+    reference = save_t5(tmp_path / "source", "mt5")
+    weights = read_pretrained(tmp_path / "source")
+    assert (weights.format, weights.model["family"], weights.pos_encoding) == ("hf-mt5", "mt5", "relative")
+    assert weights.task_options == {"tie_embeddings": "embeddings", "scale_embeddings": False, "rescale_head": False}
+    net = t5_net(weights)
+    src, src_mask, tgt, tgt_mask = padded_pairs(weights.vocab_size)
+    with torch.no_grad():
+        expected = reference(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
+                             decoder_attention_mask=tgt_mask.long()).logits
+        torch.testing.assert_close(net(src, tgt)[tgt_mask], expected[tgt_mask], atol=1e-5, rtol=1e-5)
+        write_hf(net, weights.tokenizer, None, tmp_path / "hf")
+    reference.save_pretrained(tmp_path / "transformers")
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "transformers" / "model.safetensors").read_bytes()
+    ours, theirs = (json.loads((tmp_path / side / "config.json").read_text()) for side in ("hf", "transformers"))
+    assert (ours.pop("tie_word_embeddings"), theirs.pop("tie_word_embeddings")) == (False, True)
+    assert ours == theirs and ours["architectures"] == ["MT5ForConditionalGeneration"]
+    exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported).__name__ == "MT5ForConditionalGeneration"
+    with torch.no_grad():
+        logits = exported(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
+                          decoder_attention_mask=tgt_mask.long()).logits
+    torch.testing.assert_close(logits[tgt_mask], expected[tgt_mask], atol=1e-5, rtol=1e-5)
+    back = read_pretrained(tmp_path / "hf")
+    assert back.task_options == weights.task_options and back.model == weights.model
+    own = net.state_dict()
+    assert back.state_dict.keys() == own.keys() and all(torch.equal(back.state_dict[k], t) for k, t in own.items())
+    save_t5(tmp_path / "v1.0", "v1.0")
+    v10 = t5_net(read_pretrained(tmp_path / "v1.0"))
+    v10.cfg.family = "mt5"  # declared mT5, its head scaled as T5 v1.0's
+    with pytest.raises(ConfigError, match=r"has no mT5 \(hf export\) equivalent: it never scales the decoder's output"):
+        write_hf(v10, None, None, tmp_path / "refused")
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     ({"num_decoder_layers": 3}, (r"num_decoder_layers=3 beside num_layers=2 \(trident's encoder and decoder have one "
                                  r"model.n_layers\), which trident cannot reproduce exactly$")),

@@ -17,7 +17,7 @@ from trident.errors import ConfigError, choose, is_int, is_number
 # (trident.weights.adapters.registry; conf/architecture/<family>.yaml sets the switches and this name). null: a
 # stack of trident's own, which the hf export writes as the family whose settings it has.
 FAMILIES = ("gpt2", "bert", "vit", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "clip", "albert",
-            "roberta", "electra", "bart", "t5")
+            "roberta", "electra", "bart", "t5", "mt5")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""T5 (``T5ForConditionalGeneration``, v1.0 and v1.1) <-> trident's ``EncoderDecoder`` (task=translation).
+"""T5 (``T5ForConditionalGeneration``, v1.0 and v1.1) and mT5 (``MT5ForConditionalGeneration``) <-> trident's
+``EncoderDecoder`` (task=translation).
 
 T5 is the backbone's pre-norm encoder-decoder with these settings (Raffel et al. 2020; transformers' modeling_t5):
 - relative positions (``pos_encoding=relative``): one learned bias per head and bucket, held by the first layer of each
@@ -12,6 +13,12 @@ T5 is the backbone's pre-norm encoder-decoder with these settings (Raffel et al.
   or its own ``lm_head`` (v1.1, ``embeddings``); v1.0 scales the decoder's output by d_model**-0.5 before it
   (``task.rescale_head``; transformers' ``scale_decoder_outputs``, which older configs say by ``tie_word_embeddings``);
 - the decoder starts from ``decoder_start_token_id`` (T5's ``<pad>``: ``data.decoder_start``).
+
+mT5 (Xue et al. 2021) is T5 v1.1 on a larger vocabulary, its files the same (``model_type`` ``mt5``, read as
+``model.family=mt5`` and written back as mT5): its output layer its own (``lm_head``) or the embedding, never scaled
+(transformers 5's MT5 has no ``scale_decoder_outputs``), so a network that rescales it is one line at export; the
+export states ``tie_word_embeddings`` false with its ``lm_head``, as the hub's mT5 files do (transformers 5 writes
+true whatever the head, and 4 would read true as a tied, scaled head).
 
 Dropout is not part of the weights: T5 also drops inside its feed-forward and after the final norms, which trident does
 not (training differs there; inference is equal).
@@ -170,6 +177,11 @@ class T5Family(ModelTypeNames):
 
     model_type: str  # config.json's "model_type": "t5"
     architecture: str  # the transformers class: "T5ForConditionalGeneration"
+    name: str  # how error lines name it: "T5"
+    # Whether its config states a decoder output scaled before the output layer (T5 v1.0's; mT5 never scales it).
+    scales_head: bool = True
+    # Whether it writes an encoder-decoder that declares no family, by its settings (T5), or declared ones only (mT5).
+    writes_undeclared: bool = True
 
     NETWORK: ClassVar[type[EncoderDecoder]] = EncoderDecoder
     SPECIAL_TOKENS: ClassVar[dict[str, str]] = SPECIAL_TOKENS
@@ -180,7 +192,7 @@ class T5Family(ModelTypeNames):
 
     @property
     def TARGET(self) -> str:
-        return "T5 (hf export)"
+        return f"{self.name} (hf export)"
 
     def to_trident(self, config: dict[str, Any], state: dict[str, Tensor], tokenizer: Tokenizer | None,
                    source: str) -> OutsideNetwork:
@@ -196,13 +208,16 @@ class T5Family(ModelTypeNames):
             source=source, format=self.FORMAT, network=EncoderDecoder, model=model, pos_encoding="relative",
             pos_encoding_options={"num_buckets": int(config["relative_attention_num_buckets"]),
                                   "max_distance": int(config["relative_attention_max_distance"])},
-            properties={SHARED_EMBEDDINGS: tie, SCALED_EMBEDDING: False, RESCALED_HEAD: rescaled_head(config),
+            properties={SHARED_EMBEDDINGS: tie, SCALED_EMBEDDING: False,
+                        RESCALED_HEAD: self.scales_head and rescaled_head(config),
                         DECODER_START: start_token or SEQ_PAD_TOKEN},
             state_dict=out, tokenizer=tokenizer, vocab_size=int(config["vocab_size"]),
         )
 
     def from_trident(self, net: EncoderDecoder) -> tuple[str, dict[str, Any], dict[str, Tensor]]:
         _require_t5(net, self.TARGET)
+        require_property(self.scales_head or net.head_scale == 1.0, EncoderDecoder, RESCALED_HEAD, True, self.TARGET,
+                         "it never scales the decoder's output")
         cfg = net.cfg
         projection = next(name for name, activation in ACTIVATIONS.items() if activation == cfg.activation)
         # tie_word_embeddings says both tying and scaling to transformers 4; 5 reads it as scale_decoder_outputs and
@@ -218,8 +233,9 @@ class T5Family(ModelTypeNames):
         return self.architecture, config, state_to_hf(net.state_dict(), cfg, tie)
 
     def writes(self, net: EncoderDecoder) -> bool:
-        """An encoder-decoder of relative positions and RMSNorm that declares no family is written as T5."""
-        return net.cfg.pos_encoding == "relative" and net.cfg.norm == "rmsnorm"
+        """An encoder-decoder of relative positions and RMSNorm that declares no family is written as T5 (mT5 writes
+        only those declared model.family=mt5)."""
+        return self.writes_undeclared and net.cfg.pos_encoding == "relative" and net.cfg.norm == "rmsnorm"
 
     @staticmethod
     def with_run(settings: dict[str, Any], state: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -231,4 +247,6 @@ class T5Family(ModelTypeNames):
         return settings | {"pad_token_id": pad, "decoder_start_token_id": pad if start is None else start}, state
 
 
-T5 = T5Family(model_type="t5", architecture="T5ForConditionalGeneration")
+T5 = T5Family(model_type="t5", architecture="T5ForConditionalGeneration", name="T5")
+MT5 = T5Family(model_type="mt5", architecture="MT5ForConditionalGeneration", name="mT5", scales_head=False,
+               writes_undeclared=False)

@@ -55,6 +55,9 @@ CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     # T5's: transformers 5 writes tie_word_embeddings true whatever it reads; the export writes the head's own (hf_t5).
     "t5": {"classifier_dropout": 0.0, "decoder_start_token_id": 0, "eos_token_id": 1, "initializer_factor": 1.0,
            "is_decoder": False, "pad_token_id": 0, "use_cache": True},
+    # mT5's: its class writes tie_word_embeddings true whatever the head; the export writes false beside its lm_head.
+    "mt5": {"bos_token_id": None, "classifier_dropout": 0.0, "decoder_start_token_id": 0, "eos_token_id": 1,
+            "initializer_factor": 1.0, "is_decoder": False, "pad_token_id": 0, "use_cache": True},
     "albert": {"bos_token_id": 2, "classifier_dropout_prob": 0.1, "eos_token_id": 3, "initializer_range": 0.02,
                "pad_token_id": 0},
     "electra": {"add_cross_attention": False, "bos_token_id": None, "classifier_dropout": None, "eos_token_id": None,
@@ -78,9 +81,8 @@ DEFAULT_LABELS = 2
 DERIVED: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "vit": lambda settings: {"pooler_output_size": settings.get("pooler_output_size") or settings["hidden_size"]},
     "gemma3_text": lambda settings: {"_sliding_window_pattern": settings.get("sliding_window_pattern", 6)},
-    "t5": lambda settings: {"is_gated_act": settings["feed_forward_proj"].startswith("gated-"),
-                            "dense_act_fn": "gelu_new" if settings["feed_forward_proj"] == "gated-gelu"
-                            else settings["feed_forward_proj"].split("-")[-1]},
+    "t5": lambda settings: t5_activation(settings["feed_forward_proj"]),
+    "mt5": lambda settings: t5_activation(settings["feed_forward_proj"]),
 }
 # The config entries GenerationConfig.from_model_config takes where set (the others are its own defaults, not written).
 GENERATION_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "decoder_start_token_id",
@@ -91,6 +93,12 @@ GENERATION_ONLY = ("forced_bos_token_id",)
 MODEL_MAX_LENGTH = int(1e30)
 # The class name transformers 4 knows the tokenizer by (5 names it TokenizersBackend and reads this name too).
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def t5_activation(projection: str) -> dict[str, Any]:
+    """What T5Config and MT5Config derive from ``feed_forward_proj``: whether it is gated, and its activation."""
+    return {"is_gated_act": projection.startswith("gated-"),
+            "dense_act_fn": "gelu_new" if projection == "gated-gelu" else projection.split("-")[-1]}
 
 
 def write_json(path: Path, content: Mapping[str, Any]) -> None:

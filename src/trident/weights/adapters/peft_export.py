@@ -94,7 +94,8 @@ NO_LAYOUT = {hf_clip.FORMAT: "--format peft writes the adapters of one stack and
              hf_roberta.ADAPTER.FORMAT: "--format peft has no layout of RoBERTa's modules checked against peft",
              hf_electra.ADAPTER.FORMAT: "--format peft has no layout of ELECTRA's modules checked against peft",
              hf_bart.FORMAT: "--format peft has no layout of BART's modules checked against peft",
-             hf_t5.T5.FORMAT: "--format peft has no layout of T5's modules checked against peft"}
+             hf_t5.T5.FORMAT: "--format peft has no layout of T5's modules checked against peft",
+             hf_t5.MT5.FORMAT: "--format peft has no layout of mT5's modules checked against peft"}
 
 
 def layout_for(adapter: Adapter, net: nn.Module) -> PeftLayout:

@@ -32,7 +32,7 @@ from trident.weights.adapters.base import Adapter, FileAdapter
 ADAPTERS: tuple[Adapter, ...] = (
     hf_gpt2, hf_bert.ADAPTER, hf_vit, hf_llama.ADAPTER, hf_mistral.ADAPTER, hf_qwen2.ADAPTER, hf_qwen3.ADAPTER,
     hf_gemma.GEMMA2, hf_gemma.GEMMA3, hf_albert.ADAPTER, hf_roberta.ADAPTER, hf_electra.ADAPTER,
-    hf_clip, hf_bart, hf_t5.T5,
+    hf_clip, hf_bart, hf_t5.T5, hf_t5.MT5,
 )
 FILE_ADAPTERS: tuple[FileAdapter, ...] = (timm_vit, open_clip_files)
 
