@@ -14,7 +14,8 @@ padded tensor shapes, since padded positions are computed too.
 
 Self-attention counts the matmuls of its ``model.attention`` (:func:`self_attention_flops`): Performer has no
 (T_q, T_k) scores but its features and sums (linear in T), Linformer projects the keys and values to ``k`` rows
-before attending to them; cross-attention is softmax's always.
+before attending to them; cross-attention is softmax's always. A segment-recurrence memory (``model.memory_length``)
+adds its projections and keys (:func:`memory_flops`).
 
 A frozen network that only runs forward in the step (a distillation teacher, ``distill=kd``) costs its forward
 alone: every count takes ``training=False`` for it (:func:`passes`), and the task adds it to the student's
