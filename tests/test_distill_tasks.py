@@ -104,6 +104,26 @@ def test_a_distilling_steps_model_flops_hold_the_teachers_forward(tmp_path: Path
     assert student(task, batch) < counter.get_total_flops()
 
 
+def test_a_distilling_classify_steps_model_flops_equal_the_flop_counter(tmp_path: Path) -> None:
+    """task=classify counts what its networks compute: the [CLS] vector a network prepends (task.pool=cls on a text
+    without its own class token) is one more position in every layer, and a pooler (task.pooler) one more dense layer;
+    the teacher's forward counted by its own settings (a pooler, mean pooling), the student's by its own."""
+    from tests.test_classify import CLASSIFY_SMALL
+
+    explicit = "model.attn_impl=explicit"  # the FLOP counter has no formula for the CPU flash kernel
+    teacher_cfg = compose_config([*CLASSIFY_SMALL, "model.n_layers=1", "model.d_model=32", "task.pool=mean",
+                                  "task.pooler=true", explicit], output_dir=tmp_path / "teacher_run")
+    teacher = save_as_run(build_data_and_task(teacher_cfg, check_config(teacher_cfg), "fit")[1], tmp_path / "teacher")
+    cfg = compose_config([*CLASSIFY_SMALL, "distill=kd", f"distill.teacher={teacher}", "task.pooler=gelu", explicit],
+                         output_dir=tmp_path / "run")
+    datamodule, task = built_with_data(cfg, tmp_path / "run")
+    assert task.net.prepends_cls and not task.companions[TEACHER].prepends_cls
+    batch = next(iter(datamodule.split_loader("train", train=True)))
+    with FlopCounterMode(display=False) as counter:
+        task.objective(task, batch, "train")[0].summed.backward()
+    assert task.flops_per_batch(batch) == counter.get_total_flops()
+
+
 def test_the_lm_teacher_is_frozen_and_out_of_the_state_dict(tmp_path: Path, lm_teacher: Path) -> None:
     task = built(lm_config(tmp_path, lm_teacher), tmp_path / "run")
     teacher = task.companions[TEACHER]

@@ -134,8 +134,12 @@ class SequenceClassificationTask(ClassHead, TridentTask):
         size, length = batch[0].shape
 
         def flops(net: nn.Module, training: bool) -> int:
-            head = passes(training) * 2 * net.cfg.d_model * len(self.class_names) * size
-            return stack_flops(net.cfg, size, length, causal=False, training=training) + head
+            # The head's dense layers (a pooler's, then the class projection) on one pooled vector per text.
+            weights = sum(layer.in_features * layer.out_features for layer in net.head.modules() if isinstance(layer, nn.Linear))
+            head = passes(training) * 2 * weights * size
+            # A [CLS] vector the network prepends (task.pool=cls, no class token in the text) is one more position.
+            positions = length + int(net.prepends_cls)
+            return stack_flops(net.cfg, size, positions, causal=False, training=training) + head
 
         return flops(self.net, True) + teacher_flops(self, lambda teacher: flops(teacher, False))
 
