@@ -25,7 +25,7 @@ def test_trident_load_of_a_distilled_run_builds_the_student_alone(tmp_path: Path
 
     cfg = lm_config(tmp_path, lm_teacher)
     task = built(cfg, tmp_path / "run")
-    OmegaConf.save(cfg, tmp_path / "run" / "config_resolved.yaml")
+    (tmp_path / "run" / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))  # as train.py writes it
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
                   "pytorch-lightning_version": lightning.__version__}
     task.on_save_checkpoint(checkpoint)

@@ -18,7 +18,7 @@ from trident.errors import ConfigError
 from trident.runs.pipeline import build_data_and_task, build_trainer, check_config
 from trident.tasks.base import TridentTask
 from trident.tasks.networks import companions_beside
-from trident.tasks.teacher import TEACHER, TEACHER_RECORD
+from trident.tasks.teacher import TEACHER, TEACHER_RECORD, TEACHER_WEIGHTS
 from trident.weights.checkpoint_files import checkpoint_of
 from trident.weights.teacher import stage_teacher
 
@@ -236,17 +236,22 @@ def test_a_teacher_of_another_vocabulary_is_refused(tmp_path: Path, lm_teacher: 
 @pytest.mark.slow
 def test_train_py_distils_an_lm_from_a_trident_run(tmp_path: Path, lm_reference_run: tuple[Path, dict[str, float]]) -> None:
     """train.py, 3 steps, from the shared reference lm run (4 heads, ALiBi) into a 1-layer RoPE student: the losses
-    logged apart, the teacher copied into the run and out of its checkpoints, and rebuilt from that copy by
-    trident.load (the source no longer needed)."""
+    logged apart, the teacher copied into the run and out of its checkpoints; trident.load reads the student alone,
+    and a resume of the run (after that load) builds the teacher again from its copy and distils on."""
     import csv
+
+    from safetensors.torch import load_file
 
     import trident
     from tests.shared_runs import assert_clean, run_script
+    from trident.runs.pipeline import train
 
     teacher_run = lm_reference_run[0]
+    teacher = tmp_path / "teacher"  # the shared run, by a name that goes away
+    teacher.symlink_to(teacher_run, target_is_directory=True)
     run_dir = tmp_path / "student"
     result = run_script("train.py", *SMALL, "trainer.max_steps=3", "model.n_layers=1", "distill=kd",
-                        f"distill.teacher={teacher_run}", "distill.temperature=1.5", "logger=csv", "test=false",
+                        f"distill.teacher={teacher}", "distill.temperature=1.5", "logger=csv", "test=false",
                         f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert_clean(result)
     rows = [row for path in run_dir.rglob("metrics.csv") for row in csv.DictReader(path.open()) if row.get("train/loss")]
@@ -260,8 +265,11 @@ def test_train_py_distils_an_lm_from_a_trident_run(tmp_path: Path, lm_reference_
         assert saved and all(name.startswith("net.") for name in saved)  # the student's network alone
         assert sum(value.numel() for value in saved.values()) < sum(value.numel() for value in source.values())
     loaded = trident.load(run_dir)
-    teacher = loaded.companions[TEACHER]
-    assert teacher.cfg.n_layers == 2 and loaded.net.cfg.n_layers == 1
-    for name, value in teacher.state_dict().items():
-        torch.testing.assert_close(value, source[f"net.{name}"], rtol=0, atol=0)
-    assert not any(p.requires_grad for p in teacher.parameters())
+    assert loaded.companions == {} and loaded.net.cfg.n_layers == 1  # evaluation and export: the student alone
+    copy = load_file(str(run_dir / TEACHER_WEIGHTS))
+    assert copy and all(torch.equal(value, source[f"net.{name}"]) for name, value in copy.items())
+    teacher.unlink()  # the source gone: the resume reads the run's copy
+    resumed = train(compose_config([*SMALL, "trainer.max_steps=4", "model.n_layers=1", "distill=kd",
+                                    f"distill.teacher={teacher}", "distill.temperature=1.5", "test=false",
+                                    f"resume={run_dir}"], output_dir=run_dir))
+    assert resumed["train/distill_loss"] > 0  # the teacher's term: it was built again

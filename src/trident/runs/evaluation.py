@@ -87,6 +87,9 @@ def load_config(arguments: list[str]) -> tuple[DictConfig, Path]:
         cfg[group].pop("pretrained", None)
     if "distill" in cfg:  # a teacher (distill=kd) serves the training loss alone: the test scores the student only
         cfg.distill = {"name": "none", "teacher": None}
+        # config_resolved.yaml holds the task's copy of the group resolved (task.distill), not ${distill}.
+        if "distill" in cfg.task:
+            cfg.task.distill = cfg.distill
     if os.environ.get("TRIDENT_CACHE_DIR") and "cache_dir" in cfg.data:  # image data has no cache
         cfg.data.cache_dir = os.environ["TRIDENT_CACHE_DIR"]
     from trident.weights.init_from import stage_run_source
