@@ -17,41 +17,33 @@ from trident.backbone.positional.rope_scaling import check_scaling, scaled_frequ
 from trident.errors import ConfigError
 
 
-def _halves(x: Tensor) -> Tensor:
-    """(..., hs) -> (..., 2, hs/2), a view: [..., 0, :] is the first half of each head, [..., 1, :] the second."""
-    return x.unflatten(-1, (2, x.size(-1) // 2))
-
-
-def _rotate_into(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, direction: int) -> Tensor:
-    """``out`` = ``x`` rotated by +angle (``direction`` 1) or -angle (-1: the backward, the rotation's transpose),
-    written in place in three passes and no copy: out = x * cos, then on the halves out1 -= x2 * sin1,
-    out2 += x1 * sin2 (sin's two halves are equal; signs flipped for -angle). ``x``: (..., hs); cos, sin: (..., hs)
-    broadcastable to it."""
-    torch.mul(x, cos, out=out)
-    out_halves, x_halves, sin_half = _halves(out), _halves(x), sin[..., : sin.size(-1) // 2]
-    out_halves[..., 0, :].addcmul_(x_halves[..., 1, :], sin_half, value=-direction)
-    out_halves[..., 1, :].addcmul_(x_halves[..., 0, :], sin_half, value=direction)
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, direction: int) -> Tensor:
+    """``x`` (..., hs) rotated by +angle (``direction`` 1) or -angle (-1: the backward, the rotation's transpose) in
+    three passes and no copy: out = x * cos, then in place on its halves out1 -= x2 * sin1, out2 += x1 * sin1 (the
+    tables' two halves are equal; signs flipped for -angle). cos, sin: (..., hs) broadcastable to ``x``."""
+    half = x.size(-1) // 2
+    out = x * cos
+    sin_half = sin[..., :half]
+    out[..., :half].addcmul_(x[..., half:], sin_half, value=-direction)
+    out[..., half:].addcmul_(x[..., :half], sin_half, value=direction)
     return out
 
 
 class _Rotation(torch.autograd.Function):
     """Rope's rotation with its backward written out. Eager autograd through ``x * cos + rotate_half(x) * sin``
     copies the halves into new tensors (``cat``) forward and backward and keeps a product per term; here each
-    direction writes one output in place."""
+    direction is three passes into one output. (The ``ctx`` form of ``forward``: ``setup_context``'s costs twice
+    the Python time per call, which small models on a CPU feel.)"""
 
     @staticmethod
-    def forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
-        return _rotate_into(torch.empty_like(x), x, cos, sin, 1)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
-        _, cos, sin = inputs
+    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, 1)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        return _rotate_into(torch.empty_like(grad), grad, cos, sin, -1), None, None
+        return _rotate(grad, cos, sin, -1), None, None
 
 
 def _rotate_traced(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -69,7 +61,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if torch.compiler.is_compiling():
         return _rotate_traced(x, cos, sin)
-    return _Rotation.apply(x, cos, sin)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Rotation.apply(x, cos, sin)
+    return _rotate(x, cos, sin, 1)  # no graph to record (decoding, evaluation): no Function's call either
 
 
 @register_pos_encoding
