@@ -15,6 +15,7 @@ from trident.backbone import TransformerBlock, apply_rotary
 from trident.bench.levers import _lm, _loss, _shape
 from trident.bench.results import Row, Settings, milliseconds, speedup
 from trident.bench.timing import Budget, interleaved, synchronize, training_step
+from trident.models import generate
 
 
 def cat_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -81,6 +82,7 @@ def passes_rows(settings: Settings) -> list[Row]:
             step()
 
     steps = interleaved({"new": step, "replaced": replaced_step}, budget)
+    decoding = _decoding(model, ids, settings, budget)
     shape = f"(B, nh, T, hs) = {tuple(q.shape)}"
     return [
         Row("passes", f"rope rotation without cat, forward + backward, {shape}", f"new {milliseconds(rope['new'])}",
@@ -94,4 +96,29 @@ def passes_rows(settings: Settings) -> list[Row]:
             f"new {milliseconds(steps['new'])}", f"replaced forms {milliseconds(steps['replaced'])}",
             f"{speedup(steps['new'], steps['replaced']):.2f}x faster", "-", "-",
             "the same model and weights, the three replaced forms patched back in for the baseline"),
+        Row("passes", f"greedy decoding with a KV cache, the same model: {decoding['tokens']:.0f} tokens after "
+            f"a {decoding['prompt']:.0f}-token prompt", f"new {milliseconds(decoding['new'])}",
+            f"replaced forms {milliseconds(decoding['replaced'])}",
+            f"{speedup(decoding['new'], decoding['replaced']):.2f}x faster", "-", "-",
+            "one position per call: the rotation without a graph runs no autograd Function"),
     ]
+
+
+def _decoding(model: nn.Module, ids: Tensor, settings: Settings, budget: Budget) -> dict[str, float]:
+    """Seconds per greedy generation of the LM row's model (eval), new and with the replaced forms, in turns."""
+    context = ids.size(1) - 1  # the model's max_seq_len
+    prompt = ids[:1, : min(16, context // 4)]
+    tokens = context - prompt.size(1)  # the rest of the context, one position at a time
+    model.eval()
+
+    def run() -> None:
+        generate(model, prompt, tokens, temperature=0.0)
+        synchronize(settings.device)
+
+    def replaced_run() -> None:
+        with replaced_forms():
+            run()
+
+    times = interleaved({"new": run, "replaced": replaced_run}, budget)
+    model.train()
+    return {**times, "tokens": float(tokens), "prompt": float(prompt.size(1))}
