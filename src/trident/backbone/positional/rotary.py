@@ -34,7 +34,7 @@ class _Rotation(torch.autograd.Function):
     copies the halves into new tensors (``cat``) forward and backward and keeps a product per term; here each
     direction is three passes into one output. Kept lean (the ``ctx`` form, slices rather than reshaped views): a
     Function's Python cost per call is what small models on a CPU feel, and a first version with ``setup_context``
-    and ``empty_like`` was slower than the cat form below 10^5 elements."""
+    and ``empty_like`` was slower than the cat form on (4, 4, 32, 64) queries."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
