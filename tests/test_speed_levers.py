@@ -156,7 +156,7 @@ def test_compile_option_compiles_the_network_in_place() -> None:
     compile_network(task, True)
     assert task.net._compiled_call_impl is not None  # nn.Module.compile: calls go through torch.compile
     assert list(task.state_dict()) == names  # checkpoints keep their parameter names
-    with pytest.raises(ConfigError, match="compile must be true or false"):
+    with pytest.raises(ConfigError, match="compile must be true, false or blocks"):
         compile_network(_Task(), "yes")
 
 

@@ -29,6 +29,7 @@ from trident.backbone.memory import RecurrentCache, SegmentMemory
 from trident.backbone.parallel_plan import VOCABULARY_PLAN, Columns, Heads, ParallelPlan, Rows, Split
 from trident.backbone.positional import (
     PositionalEncoding,
+    apply_rotary,
     available_pos_encodings,
     bidirectional_pos_encodings,
     pos_encoding_class,
@@ -67,6 +68,7 @@ __all__ = [
     "TransformerStack",
     "adapters_off",
     "add_lora",
+    "apply_rotary",
     "available_pos_encodings",
     "bidirectional_pos_encodings",
     "build_attention_mask",

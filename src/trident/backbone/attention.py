@@ -173,7 +173,8 @@ class MultiHeadAttention(nn.Module):
         k = self.k_norm(self._split_heads(k, self.n_kv_heads))
         v = self._split_heads(v, self.n_kv_heads)
         if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            cos, sin = (table.to(q.dtype) for table in rope)  # cast once for q and k (bf16 under autocast)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if prefix is not None:
             q = q[:, :, -length:]  # (B, nh, T, hs)
         if cache is not None:

@@ -184,7 +184,7 @@ class TransformerStack(nn.Module):
                  for window in dict.fromkeys(self.windows)}
         memory_mask = padding_allowed(memory_padding_mask) if memory_padding_mask is not None else None
         h = self.embedding_norm(self.pos_encoding.add_to_embeddings(x, embedded_positions))  # (B, T, E)
-        if self.training:  # dropout returns its input otherwise: one call less per decoding step
+        if self.training and self.dropout.p:  # dropout returns its input otherwise: one call less per step
             h = self.dropout(h)
         h = self.embedding_projection(h)  # (B, T, E) -> (B, T, D); the identity without a factorised embedding
         all_weights: list[Tensor | None] = []

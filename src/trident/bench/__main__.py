@@ -57,6 +57,7 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "fused": rows_of("levers", "fused_rows"),
     "sdpa": rows_of("levers", "sdpa_rows"),
     "checkpointing": rows_of("levers", "checkpointing_rows"),
+    "passes": rows_of("passes", "passes_rows"),
     "linear_attention": rows_of("linear_attention", "linear_attention_rows"),
     "workers": rows_of("data", "workers_rows"),
     "data": rows_of("preparation", "preparation_rows"),

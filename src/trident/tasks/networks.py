@@ -17,7 +17,8 @@
 4. **Shard**: ``trainer=fsdp``: every network, companions included, on Lightning's device mesh
    (``configure_model`` -> :func:`shard_networks`).
 5. **Compile**: ``compile=true``: every network in place (:func:`compile_network`: ``nn.Module.compile``, whose
-   graph is traced at the first call, after sharding), so parameter names and checkpoints stay as they are.
+   graph is traced at the first call, after sharding), so parameter names and checkpoints stay as they are;
+   ``compile=blocks``: each Transformer block in place instead (the FSDP units of step 4).
 
 Companions are kept outside the module tree: no state dict, optimizer, DDP reducer or checkpoint sees them;
 they follow the task's device and dtype (``TridentTask._apply``), stay in eval mode and never train.
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from trident.backbone import TransformerBlock
 from trident.converters import Converter, converters_of
 from trident.errors import ConfigError, DataError
 
@@ -227,11 +229,22 @@ def shard_networks(task: TaskNetworks, mesh: DeviceMesh, precision: str) -> None
         parallelize(net, mesh, precision)
 
 
-def compile_network(task: TaskNetworks, enabled: Any) -> None:
-    """``compile=true``: torch.compile each network of ``task`` in place (``nn.Module.compile``), so
-    parameter names, checkpoints and the LightningModule hooks stay as they are."""
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"compile must be true or false, got {enabled!r}")
-    if enabled:
+def compile_network(task: TaskNetworks, mode: Any) -> None:
+    """``compile=true``: torch.compile each network of ``task`` in place (``nn.Module.compile``), so parameter
+    names, checkpoints and the LightningModule hooks stay as they are. ``compile=blocks``: each Transformer block
+    in place instead, as torchtitan's ``apply_compile`` does: the blocks of a stack share one graph (compiled
+    once, not once per layer), the rest runs eagerly, and FSDP still shards those very blocks, after they are
+    compiled (torchtitan's order too: configure_model shards at fit, after this)."""
+    if not (isinstance(mode, bool) or mode == "blocks"):
+        raise ConfigError(f"compile must be true, false or blocks, got {mode!r}: true compiles the whole network, "
+                          "blocks each Transformer block on its own")
+    if mode is True:
         for net in all_networks(task):
             net.compile()
+    elif mode == "blocks":
+        blocks = [module for net in all_networks(task) for module in net.modules() if isinstance(module, TransformerBlock)]
+        if not blocks:
+            raise ConfigError(f"compile=blocks found no Transformer block in {type(task).__name__}'s networks: "
+                              "use compile=true (the whole network)")
+        for block in blocks:
+            block.compile()

@@ -6,7 +6,7 @@ dot product q_m . k_n depends on the positions only through the offset m - n.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -17,15 +17,54 @@ from trident.backbone.positional.rope_scaling import check_scaling, scaled_frequ
 from trident.errors import ConfigError
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, direction: int) -> Tensor:
+    """``x`` (..., hs) rotated by +angle (``direction`` 1) or -angle (-1: the backward, the rotation's transpose) in
+    three passes and no copy: out = x * cos, then in place on its halves out1 -= x2 * sin1, out2 += x1 * sin1 (the
+    tables' two halves are equal; signs flipped for -angle). cos, sin: (..., hs) broadcastable to ``x``."""
+    half = x.size(-1) // 2
+    out = x * cos
+    sin_half = sin[..., :half]
+    out[..., :half].addcmul_(x[..., half:], sin_half, value=-direction)
+    out[..., half:].addcmul_(x[..., :half], sin_half, value=direction)
+    return out
+
+
+class _Rotation(torch.autograd.Function):
+    """Rope's rotation with its backward written out. Eager autograd through ``x * cos + rotate_half(x) * sin``
+    copies the halves into new tensors (``cat``) forward and backward and keeps a product per term; here each
+    direction is three passes into one output. Kept lean (the ``ctx`` form, slices rather than reshaped views): a
+    Function's Python cost per call is what small models on a CPU feel, and a first version with ``setup_context``
+    and ``empty_like`` was slower than the cat form on (4, 4, 32, 64) queries."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, 1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, -1), None, None
+
+
+def _rotate_traced(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The same rotation as pure functions of ``x``, for torch.compile and torch.export: the compiler fuses
+    these into one kernel (a Function's in-place writes would only hide them from it)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    cos1, sin1 = cos[..., : x1.size(-1)], sin[..., : x1.size(-1)]
+    return torch.cat((x1 * cos1 - x2 * sin1, x2 * cos1 + x1 * sin1), dim=-1)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` (B, nh, T, hs) by the angles whose cos/sin are (T, hs), or (B, 1, T, hs) for packed rows."""
-    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+    """Rotate ``x`` (B, nh, T, hs) by the angles whose cos/sin are (T, hs), or (B, 1, T, hs) for packed rows: the
+    two halves of each head as (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) (GPT-NeoX's and transformers' layout).
+    cos and sin are cast to ``x``'s dtype first, as transformers does."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if torch.compiler.is_compiling():
+        return _rotate_traced(x, cos, sin)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Rotation.apply(x, cos, sin)
+    return _rotate(x, cos, sin, 1)  # no graph to record (decoding, evaluation): no Function's call either
 
 
 @register_pos_encoding
@@ -77,12 +116,22 @@ class RotaryEncoding(PositionalEncoding):
             angles = positions.float()[..., None] * self.inv_freq  # (T, hs/2), or (B, T, hs/2) for per-row positions
         else:
             rows, cols, is_patch = grid_coordinates(positions, self.grid, self.num_prefix_tokens)
-            angles = torch.cat((rows.float()[:, None] * self.inv_freq, cols.float()[:, None] * self.inv_freq), dim=1)
+            # (T, 2) coordinates times the frequencies: rows' pairs, then columns' pairs, (T, hs/2)
+            angles = (torch.stack((rows, cols), dim=1).float()[..., None] * self.inv_freq).flatten(1)
             angles = angles * is_patch[:, None]  # (T, hs/2); zero angle = identity for prefix tokens
-        angles = torch.cat((angles, angles), dim=-1)  # (T, hs): one angle per rotated pair
         if positions.dim() == 2:  # each row its own positions (left-padded prompts): (B, 1, T, hs), broadcast over heads
             angles = angles[:, None]
-        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+        return self._cos_sin(angles, self.attention_factor)
+
+    @staticmethod
+    def _cos_sin(angles: Tensor, factor: float) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of (..., hs/2) ``angles``, each (..., hs) with its two halves equal (one angle per rotated pair),
+        times ``factor``: cos and sin write the doubled table themselves, no copy of the angles first."""
+        doubled = angles[..., None, :].expand(*angles.shape[:-1], 2, angles.size(-1))  # (..., 2, hs/2), a view
+        cos, sin = doubled.cos().flatten(-2), doubled.sin().flatten(-2)  # (..., hs)
+        if factor == 1.0:  # x * 1.0 is x: no pass over the tables
+            return cos, sin
+        return cos * factor, sin * factor
 
     def _per_document(self, documents: Tensor) -> tuple[Tensor, Tensor]:
         """Dynamic NTK over rows packed with several documents (``documents``: (B, T) ids): each document is
@@ -99,8 +148,7 @@ class RotaryEncoding(PositionalEncoding):
                              scaled_frequencies(self.scaling, self.base, self.rotated, n, documents.device)[0]
                              for n in seen.tolist()])  # (U, hs/2)
         angles = positions.float()[..., None] * freqs[which]  # (B, T, hs/2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, hs)
-        return angles.cos(), angles.sin()
+        return self._cos_sin(angles[:, None], 1.0)  # (B, 1, T, hs) each
 
     def _follow_length(self, length: int, device: torch.device) -> None:
         """Dynamic NTK: recompute the frequencies for a sequence longer than any since the last reset,
