@@ -68,7 +68,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     so that every rank runs the same number of steps, as DDP requires.
 
     With ``buckets`` each example costs its bucket's length, and a batch holds at most its bucket's rows
-    (:class:`LengthBuckets`): examples are taken in order of bucket (at random within one) and a bucket's last few,
+    (:class:`LengthBuckets`): examples are taken in order of bucket (then of length) and a bucket's last few,
     too few for a batch, go on into the next bucket's first batch, padded to its length, so that an epoch has few
     batches short of their rows (:func:`collate_pairs` fills those up).
 
