@@ -218,6 +218,25 @@ def test_throughput_reports_an_epoch_shorter_than_its_window(monkeypatch: pytest
     assert len(trainer.rows) == 1
 
 
+def test_a_validation_between_steps_stays_out_of_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps end at 10, 11, 12; a validation runs from 12.5 to 32.5 (a translation's greedy decoding); steps end at
+    33 and 34: the window of 4 steps after the first is 4 seconds of training, not 24."""
+    clock = iter([10.0, 11.0, 12.0, 12.5, 32.5, 33.0, 34.0])
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    module, trainer = counting_module(), FakeTrainer()
+    callback = Throughput(window=4, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    callback.on_train_epoch_start(trainer, module)
+    for _ in range(3):
+        trainer.batch_end(callback, module)
+    callback.on_validation_start(trainer, module)
+    callback.on_validation_end(trainer, module)
+    for _ in range(2):
+        trainer.batch_end(callback, module)
+    assert trainer.rows == [(4, pytest.approx({"throughput/tokens_per_sec": 100.0, "throughput/flops_per_sec": 1e6,
+                                               "throughput/mfu": 0.1}))]
+
+
 def test_throughput_counts_data_parallel_replicas_not_tensor_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """4 processes as 2 tensor-parallel groups of 2: two batches per step, not four (the ranks of a group share
     one); MFU is over the peak of all 4 devices."""

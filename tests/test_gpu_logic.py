@@ -1,5 +1,6 @@
 """The GPU-side decisions that a CPU can check: a forced SDPA kernel's refusal in CUDA's wording is
-one clear ConfigError, and MFU takes the table peak of the GPU by its name (H100, H200)."""
+one clear ConfigError, MFU takes the table peak of the GPU by its name (H100, H200), and translation attends
+without cuDNN's per-shape plans."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from trident.backbone import Decoder
 from trident.bench.levers import sdpa_rows
 from trident.bench.results import Settings
 from trident.errors import ConfigError
+from trident.models.seq2seq import EncoderDecoder
 from trident.training.callbacks import Throughput
 from trident.training.flops import device_peak_flops
 
 from .backbone_helpers import make_cfg
+from .conftest import compose_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -105,3 +108,26 @@ def test_sdpa_bench_row_reports_a_refusing_kernel_instead_of_stopping(monkeypatc
     (row,) = sdpa_rows(settings)
     assert row.notes.endswith("refused these inputs: flash")
     assert row.trident.startswith("auto ") and "flash" not in row.trident and row.reference.startswith("math ")
+
+
+def test_translation_attends_without_cudnn_and_no_cudnn_matches_auto_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """task=translation sets model.sdpa_backend=no_cudnn: every SDPA call runs with cuDNN's kernel switched off (it
+    plans anew for each shape), the others left to PyTorch; on a CPU the same kernel as auto, the same output."""
+    assert compose_config(["task=translation"]).model.sdpa_backend == "no_cudnn"
+    assert compose_config(["task=lm"]).model.sdpa_backend == "auto", "fixed shapes: PyTorch's own choice"
+    sdpa, cudnn_on = F.scaled_dot_product_attention, []
+
+    def recording(*args: object, **kwargs: object) -> torch.Tensor:
+        cudnn_on.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 4, 5, 6, 2]])  # (B, S), padded: boolean masks
+    tgt = torch.tensor([[1, 5, 6, 0], [1, 7, 8, 9]])  # (B, T)
+    outputs = {}
+    for backend in ("auto", "no_cudnn"):
+        torch.manual_seed(0)
+        outputs[backend] = EncoderDecoder(make_cfg(sdpa_backend=backend), 12, pad_id=0).eval()(src, tgt)
+        assert set(cudnn_on) == {backend == "auto"}, "cuDNN allowed in every call under auto, in none under no_cudnn"
+        cudnn_on.clear()
+    torch.testing.assert_close(outputs["no_cudnn"], outputs["auto"], rtol=0, atol=0)

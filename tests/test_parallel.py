@@ -40,7 +40,8 @@ def mesh(tmp_path: Path) -> Iterator[DeviceMesh]:
 
 
 def backbone(**options: object) -> TransformerConfig:
-    return TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=16, **{"dropout": 0.0, **options})  # type: ignore[arg-type]
+    settings = {"n_layers": 2, "dropout": 0.0, **options}
+    return TransformerConfig(d_model=32, n_heads=4, d_ff=64, max_seq_len=16, **settings)  # type: ignore[arg-type]
 
 
 def test_each_block_then_the_root_is_one_fsdp_unit(mesh: DeviceMesh) -> None:
@@ -53,6 +54,26 @@ def test_each_block_then_the_root_is_one_fsdp_unit(mesh: DeviceMesh) -> None:
         assert all(isinstance(p, DTensor) for p in net.parameters())
         parallelize(net, mesh, "32-true")  # configure_model again (the test after fit): nothing changes
         assert [m for m in net.modules() if isinstance(m, FSDPModule)] == units
+
+
+def prefetched(unit: FSDPModule, direction: str) -> list[object]:
+    return list(getattr(unit._get_fsdp_state(), f"_states_to_{direction}_prefetch"))  # FSDP2's own lists
+
+
+def test_each_block_prefetches_the_next_in_forward_and_the_one_before_in_backward(mesh: DeviceMesh) -> None:
+    """torchtitan's explicit prefetch, within each stack in block order (the encoder's last block prefetches none of
+    the decoder's); shared blocks (model.share_layers) run out of order and prefetch nothing."""
+    net = EncoderDecoder(backbone(n_layers=3), vocab_size=50)
+    parallelize(net, mesh, "32-true")
+    for stack in (net.encoder, net.decoder):
+        states = [block._get_fsdp_state() for block in stack.blocks]
+        assert [prefetched(block, "forward") for block in stack.blocks] == [[states[1]], [states[2]], []]
+        assert [prefetched(block, "backward") for block in stack.blocks] == [[], [states[0]], [states[1]]]
+    shared = CausalLM(backbone(n_layers=4, share_layers=2), vocab_size=50)
+    parallelize(shared, mesh, "32-true")
+    assert all(not prefetched(block, way) for block in shared.decoder.blocks for way in ("forward", "backward"))
+    tokens = torch.randint(0, 50, (2, 8))
+    net(tokens, tokens).sum().backward()  # prefetching runs: forward and backward as before
 
 
 def test_bf16_runs_bf16_weights_and_reduces_in_fp32(mesh: DeviceMesh) -> None:

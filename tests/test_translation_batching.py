@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
-from trident.data.batching import TokenBudgetBatchSampler
+from trident.data.batching import LengthBuckets, TokenBudgetBatchSampler, collate_pairs
+from trident.data.translation import TranslationDataModule
+from trident.errors import ConfigError
+from trident.models.seq2seq import EncoderDecoder
+
+from .backbone_helpers import make_cfg
 
 # Tiny tensors: intra-op threads only contend for the shared cores.
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -82,3 +91,62 @@ def test_max_sentences_caps_batch_size() -> None:
 def test_example_longer_than_the_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="longer than the token budget max_tokens=50"):
         TokenBudgetBatchSampler([10, 60], [10, 20], max_tokens=50)
+
+
+def test_length_buckets_give_each_bucket_one_shape_and_every_example_once_over_ddp_ranks() -> None:
+    """Sampler and collate alone, with DDP's halved batches: still one (rows, length) per bucket."""
+    src, tgt = lengths(n=997)
+    buckets = LengthBuckets(multiple=16, longest=130, max_tokens=700)
+    items = [(np.arange(1, n + 1), np.arange(1, m + 2), "", "") for n, m in zip(src, tgt)]  # ids: 1..n, BOS..EOS
+    for world_size in (1, 2):
+        samplers = [TokenBudgetBatchSampler(src, tgt, max_tokens=700, seed=5, num_replicas=world_size, rank=rank,
+                                            buckets=buckets) for rank in range(world_size)]
+        shares = [list(sampler) for sampler in samplers]
+        assert len({len(share) for share in shares}) == 1
+        indices = [i for share in shares for batch in share for i in batch]
+        assert sorted(indices) == list(range(len(src)))
+        shapes = {collate_pairs([items[i] for i in batch], buckets=buckets)["src"].shape
+                  for share in shares for batch in share}
+        assert len(shapes) <= len(range(16, 130 + 15, 16)), f"{len(shapes)} shapes for 9 buckets"
+        assert all(rows * length <= 700 for rows, length in shapes)
+
+
+def test_buckets_refuse_a_multiple_that_is_not_a_positive_number() -> None:
+    with pytest.raises(ConfigError, match="data.length_multiple must be a positive number of tokens or null, got 0"):
+        TranslationDataModule(length_multiple=0)
+
+
+def test_bucketed_epoch_takes_few_shapes_drops_no_token_and_leaves_the_loss_unchanged(tmp_path: Path) -> None:
+    """Through the data module: an epoch of data.length_multiple=8 batches has at most max_len / 8 shapes (batch,
+    source, target), every training pair's tokens exactly once, and the summed NLL and its token count of each padded
+    batch (filler rows included) equal those of the same pairs padded to their longest (float64)."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{'word ' * (1 + i % 23)}{i}\t{'Wort ' * (1 + (i * 7) % 29)}{i}\n" for i in range(400)))
+    options = {"source": "files", "files": str(path), "vocab_size": 300, "max_len": 48, "max_tokens": 400,
+               "split": [0.9, 0.05, 0.05], "cache_dir": str(tmp_path / "cache")}
+    module = TranslationDataModule(**options, length_multiple=8)
+    module.prepare_data()
+    module.setup()
+    batches = list(module.train_dataloader())
+    shapes = {(*b["src"].shape, b["tgt_in"].size(1)) for b in batches}
+    assert len(shapes) <= 48 // 8 < len(batches), shapes
+    assert all(rows * length <= 400 for rows, length, _ in shapes)
+    real_rows = [(tuple(s[s != 0].tolist()), tuple(t[t != 0].tolist()))
+                 for b in batches for s, t, keep in zip(b["src"], b["tgt_out"], b["tgt_out"].ne(0).any(1)) if keep]
+    dataset = module.datasets["train"]
+    expected = [(tuple(s.tolist()), tuple(t[1:].tolist())) for s, t in zip(dataset.src_ids, dataset.tgt_ids)]
+    assert sorted(real_rows) == sorted(expected), "every pair's tokens once, no token dropped"
+
+    torch.manual_seed(0)
+    net = EncoderDecoder(make_cfg(max_seq_len=48), module.task_inputs()["vocab_size"], pad_id=0).double().eval()
+    assert any(not bool(b["tgt_out"].ne(0).any(1).all()) for b in batches), "filler rows tested too"
+    for batch in batches:
+        keep = batch["tgt_out"].ne(0).any(1)
+        items = [(s[s != 0].numpy(), np.concatenate(([1], t[t != 0].numpy())), "", "")
+                 for s, t in zip(batch["src"][keep], batch["tgt_out"][keep])]
+        unpadded = collate_pairs(items)
+        with torch.no_grad():
+            losses = [F.cross_entropy(net(b["src"], b["tgt_in"]).flatten(0, 1), b["tgt_out"].flatten(),
+                                      ignore_index=0, reduction="sum") for b in (batch, unpadded)]
+        assert batch["tgt_out"].ne(0).sum() == unpadded["tgt_out"].ne(0).sum()
+        assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-9)

@@ -24,7 +24,7 @@ from .test_gpu_precision import BF16_LOSS_TOLERANCE
 
 pytestmark = pytest.mark.slow
 
-FSDP_ONE_GPU = ["trainer=fsdp", "trainer.devices=1", "precision=bf16",
+FSDP_ONE_GPU = ["trainer=fsdp", "trainer.devices=1", "precision=bf16", "compile=false",
                 "+callbacks.record_rank._target_=tests.sharding_helpers.RecordRank"]
 STEPS = 60
 # The nano LM, no logger or test pass: only the optimizer steps differ between the runs compared.
@@ -68,7 +68,7 @@ def test_every_task_trains_under_fsdp_on_one_gpu_over_nccl(task: str, tmp_path: 
 def test_fsdp_in_bf16_trains_the_lm_as_plain_bf16_does(lm_fsdp: Path, tmp_path: Path) -> None:
     """FSDP's policy runs bf16 copies of the weights (autocast casts them per matmul): the same updates within
     bf16's rounding, so the last losses agree as bf16's agree with fp32's (tests/gpu/test_gpu_precision.py)."""
-    plain = train(tmp_path, *LM_60, "trainer=gpu", "precision=bf16",
+    plain = train(tmp_path, *LM_60, "trainer=gpu", "precision=bf16", "compile=false",
                   "+callbacks.record_rank._target_=tests.sharding_helpers.RecordRank")
     sharded_losses, plain_losses = record(lm_fsdp)["losses"], record(plain)["losses"]
     assert len(sharded_losses) == len(plain_losses) == STEPS

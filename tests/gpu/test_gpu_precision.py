@@ -17,7 +17,7 @@ from .probes import TrainingProbe
 STEPS = 60
 # The nano LM on Shakespeare characters, no dropout (model=nano), one GPU, no logger or test pass:
 # only the optimizer steps differ between the runs compared here.
-GPU_RUN = ("trainer=gpu", "logger=none", "test=false", "data.block_size=64", "data.batch_size=32",
+GPU_RUN = ("trainer=gpu", "compile=false", "logger=none", "test=false", "data.block_size=64", "data.batch_size=32",
            f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}",
            "+callbacks.probe._target_=tests.gpu.probes.TrainingProbe")
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 per operation). On this project's CPU the

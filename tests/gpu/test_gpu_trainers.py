@@ -16,7 +16,8 @@ from trident.tracking.wandb_files import find_offline_runs
 from ..conftest import ROOT
 from .runs import TASK_RUNS
 
-TRAINERS = {"gpu": ["trainer=gpu"], "ddp_1": ["trainer=ddp", "trainer.devices=1"]}
+# Eager (compile=false): the presets' compile=blocks has its own tests; here each trainer's loop and logger.
+TRAINERS = {"gpu": ["trainer=gpu", "compile=false"], "ddp_1": ["trainer=ddp", "trainer.devices=1", "compile=false"]}
 
 
 @pytest.mark.slow

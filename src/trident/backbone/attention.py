@@ -20,12 +20,16 @@ from trident.errors import ConfigError, choose
 
 # model.sdpa_backend: the kernel torch.nn.attention.sdpa_kernel forces; "auto" lets SDPA choose. On
 # CPU only math and flash (a CPU flash kernel) exist; efficient and cudnn are CUDA kernels.
-SDPA_KERNELS: dict[str, SDPBackend | None] = {
+# "no_cudnn": auto's choice without cuDNN. PyTorch puts cuDNN first on Hopper/Blackwell with cuDNN > 9.15, and cuDNN
+# builds an execution plan for each new shape (tens to hundreds of ms): batches that change shape every step
+# (translation's token budgets) or every token (KV-cache decoding) would pay it each time (docs/gpu.md).
+SDPA_KERNELS: dict[str, SDPBackend | list[SDPBackend] | None] = {
     "auto": None,
     "math": SDPBackend.MATH,
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "no_cudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
 }
 # How PyTorch says that the forced kernel refuses these inputs: the CPU dispatcher's and the CUDA
 # dispatcher's wording (the latter after warnings that name the kernel's reasons, e.g. a mask).

@@ -56,7 +56,7 @@ class TransformerConfig:
     mlp_bias: bool | None = None  # biases of the feed-forward layers; None = follow bias
     max_seq_len: int = 1024  # longest sequence the positional encoding must serve
     attn_impl: str = "sdpa"  # sdpa (fast, fused) | explicit (also returns weights)
-    sdpa_backend: str = "auto"  # auto | math | flash | efficient | cudnn (attn_impl=sdpa only)
+    sdpa_backend: str = "auto"  # auto | no_cudnn | math | flash | efficient | cudnn (attn_impl=sdpa only)
     # Recompute each block's activations in the backward pass instead of storing them: less
     # memory (one block's activations instead of all) for about one more forward pass of compute.
     activation_checkpointing: bool = False

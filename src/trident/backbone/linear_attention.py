@@ -89,8 +89,9 @@ def check_attention(cfg: AttentionSettings, encoding: type[PositionalEncoding]) 
                           "model.attention=softmax")
     if cfg.attention == "performer":
         check_performer(performer)
+        # no_cudnn (task=translation's) names no kernel either: PyTorch's choice among those that plan nothing.
         for key, value, default in (("attn_impl", cfg.attn_impl, "sdpa"), ("sdpa_backend", cfg.sdpa_backend, "auto")):
-            if value != default:
+            if value != default and (key, value) != ("sdpa_backend", "no_cudnn"):
                 raise ConfigError(f"{name} computes its attention itself, without SDPA kernels or attention weights: "
                                   f"drop model.{key}={value} (keep {default}), or use model.attention=softmax")
         if cfg.attn_dropout:

@@ -6,17 +6,56 @@ A batch of ``n`` examples costs ``n * max_len`` tokens, where ``max_len`` is the
 included. Examples are sorted by length (ties broken at random each epoch), cut greedily into
 batches that stay within the budget, and the batch order is shuffled each epoch.
 :func:`collate_pairs` pads a batch of sentence pairs into tensors.
+
+With :class:`LengthBuckets` the batches take few shapes: both sides of a batch are padded to one length, its
+longest side rounded up to a multiple (a bucket), and its rows to the bucket's batch size, budget // length, with
+filler rows (a real row's source, no target: they add nothing to the loss). A batch's shape then follows from its
+bucket alone, so an epoch holds at most one shape per bucket, which a compiled network or a per-shape attention
+plan (cuDNN's) builds once instead of every step (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Sampler
+
+from trident.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LengthBuckets:
+    """Padded lengths in steps of ``multiple`` up to ``longest`` (the positional table's length), and each bucket's
+    batch size under the token budget ``max_tokens`` (at most ``max_sentences``)."""
+
+    multiple: int
+    longest: int
+    max_tokens: int
+    max_sentences: int | None = None
+
+    @classmethod
+    def of(cls, multiple: int | None, longest: int, max_tokens: int) -> LengthBuckets | None:
+        """``data.length_multiple``'s buckets, or None for ``null`` (each batch padded to its longest sentence)."""
+        if multiple is None:
+            return None
+        if not (isinstance(multiple, int) and not isinstance(multiple, bool) and multiple > 0):
+            raise ConfigError(f"data.length_multiple must be a positive number of tokens or null, got {multiple!r}: "
+                              "set e.g. data.length_multiple=16, or null to pad each batch to its longest sentence")
+        return cls(multiple, longest, max_tokens)
+
+    def length(self, longest_side: int) -> int:
+        """The padded length of a batch whose longest side is ``longest_side`` tokens."""
+        return min(-(-longest_side // self.multiple) * self.multiple, self.longest)
+
+    def rows(self, length: int) -> int:
+        """The batch size of the bucket of padded ``length``: as many rows as the budget holds."""
+        rows = max(1, self.max_tokens // length)
+        return rows if self.max_sentences is None else min(rows, self.max_sentences)
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -27,6 +66,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     see disjoint batches that together cover each example exactly once per epoch. The global
     number of batches is made divisible by ``num_replicas`` (by halving the fullest batches),
     so that every rank runs the same number of steps, as DDP requires.
+
+    With ``buckets`` each example costs its bucket's length, and a batch holds at most its bucket's rows
+    (:class:`LengthBuckets`): examples are taken in order of bucket (then of length) and a bucket's last few,
+    too few for a batch, go on into the next bucket's first batch, padded to its length, so that an epoch has few
+    batches short of their rows (:func:`collate_pairs` fills those up).
 
     The epoch advances by itself at the start of every pass; ``set_epoch`` sets it explicitly.
     ``shuffle=False`` yields batches in length order; ``reshuffle_each_epoch=False`` shuffles once
@@ -46,6 +90,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         max_sentences: int | None = None,
+        buckets: LengthBuckets | None = None,
     ) -> None:
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
@@ -56,6 +101,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas})")
         self.lengths = np.maximum(self.src_lengths, self.tgt_lengths)  # (N,) padded cost per example
+        self.buckets = buckets
+        if buckets is not None:  # (N,) the padded length of each example's bucket
+            self.lengths = np.array([buckets.length(int(n)) for n in self.lengths], dtype=np.int64)
         too_long = np.flatnonzero(self.lengths > max_tokens)
         if too_long.size:
             raise ValueError(
@@ -96,6 +144,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return _make_divisible(batches, self.num_replicas)
 
     def _fill(self, order: np.ndarray) -> list[list[int]]:
+        if self.buckets is not None:
+            return self._fill_buckets(order, self.buckets)
         batches: list[list[int]] = []
         batch: list[int] = []
         batch_max = 0
@@ -108,6 +158,24 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 batch, new_max = [], length
             batch.append(index)
             batch_max = new_max
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _fill_buckets(self, order: np.ndarray, buckets: LengthBuckets) -> list[list[int]]:
+        """Batches of their bucket's rows, ``order`` sorted by bucket; a bucket's remainder leads the next bucket's
+        first batch where it fits in that batch's rows, else it is a batch of its own (filled up when collated)."""
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        for index in order.tolist():
+            rows = buckets.rows(int(self.lengths[index]))
+            if len(batch) >= rows:  # the remainder of a shorter bucket, too many for this bucket's rows
+                batches.append(batch)
+                batch = []
+            batch.append(index)
+            if len(batch) == rows:
+                batches.append(batch)
+                batch = []
         if batch:
             batches.append(batch)
         return batches
@@ -147,14 +215,25 @@ class TranslationBatch(TypedDict):
     tgt_text: list[str]
 
 
-def collate_pairs(items: list[tuple[np.ndarray, np.ndarray, str, str]], pad_id: int = 0) -> TranslationBatch:
-    def pad(rows: list[np.ndarray]) -> Tensor:
-        out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
-        for i, row in enumerate(rows):
+def collate_pairs(items: list[tuple[np.ndarray, np.ndarray, str, str]], pad_id: int = 0,
+                  buckets: LengthBuckets | None = None) -> TranslationBatch:
+    """Right-padded tensors of a batch of pairs; with ``buckets`` both sides padded to the batch's bucket length
+    (S = T) and filler rows up to its rows: the first pair's source, a target of padding only (no loss, no tokens
+    counted: :meth:`TranslationTask.throughput_units` counts the rows with a target)."""
+    src_rows, tgt_rows = [item[0] for item in items], [item[1] for item in items]
+    src_width, tgt_width = max(len(r) for r in src_rows), max(len(r) for r in tgt_rows)
+    rows = len(items)
+    if buckets is not None:
+        length = buckets.length(max(src_width, tgt_width - 1))  # tgt_width - 1: the decoder's side, BOS or EOS off
+        src_width, tgt_width, rows = length, length + 1, buckets.rows(length)
+
+    def pad(sequences: list[np.ndarray], width: int) -> Tensor:
+        out = torch.full((rows, width), pad_id, dtype=torch.long)
+        for i, row in enumerate(sequences):
             out[i, : len(row)] = torch.from_numpy(row.astype(np.int64))
         return out
 
-    src = pad([item[0] for item in items])  # (B, S)
-    tgt = pad([item[1] for item in items])  # (B, T + 1)
+    src = pad(src_rows + [src_rows[0]] * (rows - len(items)), src_width)  # (B, S)
+    tgt = pad(tgt_rows, tgt_width)  # (B, T + 1): filler rows all padding
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:],
             "src_text": [item[2] for item in items], "tgt_text": [item[3] for item in items]}

@@ -41,7 +41,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset
 
 from trident.data.base import TextDataModule
-from trident.data.batching import TokenBudgetBatchSampler, collate_pairs
+from trident.data.batching import LengthBuckets, TokenBudgetBatchSampler, collate_pairs
 from trident.data.cache import content_key, fresh_staging, publish_cache
 from trident.data.corpora import load_dataset_or_explain, package_path
 from trident.data.parallel_files import load_parallel_files
@@ -255,6 +255,7 @@ class TranslationDataModule(TextDataModule):
         max_len: int = 256,
         max_tokens: int = 4096,
         eval_max_tokens: int | None = None,
+        length_multiple: int | None = None,
         split: tuple[float, float, float] = (0.96, 0.02, 0.02),
         test_on_validation: bool = False,
         cache_dir: str = "outputs/cache",
@@ -275,6 +276,8 @@ class TranslationDataModule(TextDataModule):
                 f"data.max_tokens={max_tokens} (eval {eval_max_tokens}) cannot hold one sentence of data.max_len={max_len} "
                 "tokens: raise data.max_tokens or lower data.max_len"
             )
+        # Training batches padded to few shapes (trident.data.batching.LengthBuckets); evaluation decodes each real row.
+        self.buckets = LengthBuckets.of(length_multiple, max_len, max_tokens)
         self.source = source
         all_options: dict[str, dict[str, Any]] = {
             "files": {"files": files}, "hub": {"path": hub_path, "name": hub_config}, "bible": {},
@@ -376,12 +379,12 @@ class TranslationDataModule(TextDataModule):
             src_lengths, tgt_lengths, self.max_tokens if train else self.eval_max_tokens,
             # Evaluation batches in one fixed random order: `limit_val_batches` then takes the same
             # subset of all lengths at every validation, not the shortest sentences.
-            shuffle=True, reshuffle_each_epoch=train, seed=self.seed,
+            shuffle=True, reshuffle_each_epoch=train, seed=self.seed, buckets=self.buckets if train else None,
             **self.shard(),
         )
         pad_id = special_id(self.tokenizer, PAD) if self.tokenizer is not None else 0
-        return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=functools.partial(collate_pairs, pad_id=pad_id),
-                          **self.loader_options())
+        collate = functools.partial(collate_pairs, pad_id=pad_id, buckets=self.buckets if train else None)
+        return DataLoader(self.datasets[split], batch_sampler=sampler, collate_fn=collate, **self.loader_options())
 
     def task_inputs(self) -> dict[str, Any]:
         if self.tokenizer is None:

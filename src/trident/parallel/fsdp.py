@@ -11,6 +11,7 @@ splits the network over each group's ranks, then FSDP shards every piece over th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +24,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-from trident.backbone import TransformerBlock
+from trident.backbone import TransformerBlock, TransformerStack
 from trident.errors import ConfigError
 from trident.parallel.distributed_checkpoint import save_sharded
 from trident.parallel.tensor_parallel import TENSOR_PARALLEL, check_world_size, keep_optimizer_rows, tensor_parallelize
@@ -165,12 +166,27 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, precision: str) -> None:
     for block in net.modules():
         if isinstance(block, TransformerBlock):
             fully_shard(block, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=True)
+    for stack in net.modules():
+        if isinstance(stack, TransformerStack):
+            prefetch_next_blocks(stack)
     # The root's weights (embeddings, head) stay gathered from forward to backward: the backward needs them first.
     fully_shard(net, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=False)
     # A network run through other methods than forward (CLIP's encode_image / encode_text) names them: FSDP gathers
     # the root's weights around them too.
     for method in getattr(net, "FORWARD_METHODS", ()):
         register_fsdp_forward_method(net, method)
+
+
+def prefetch_next_blocks(stack: TransformerStack) -> None:
+    """Each sharded block of ``stack`` gathers the next one's weights as its forward starts, and the one before as its
+    backward starts (torchtitan's explicit prefetch): the all-gather runs beside the block's compute instead of
+    before the next block's. Only where layer i runs block i (no model.share_layers, whose blocks run out of order)."""
+    blocks = [block for block in stack.blocks if isinstance(block, FSDPModule)]
+    if len(blocks) != len(stack.blocks) or list(stack.block_of_layer) != list(range(len(blocks))):
+        return
+    for block, following in itertools.pairwise(blocks):
+        block.set_modules_to_forward_prefetch([following])
+        following.set_modules_to_backward_prefetch([block])
 
 
 @contextmanager

@@ -3,6 +3,7 @@ where ``conf/`` is, and the config's own resolvers."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -65,6 +66,21 @@ def slurm_tasks_per_node(devices: Any, gpus_per_node: int | None) -> int:
     return device_count(devices) or gpus_per_node or 1
 
 
+# Loader workers a GPU preset starts per device: past this many, collating trident's prepared examples gains nothing.
+MAX_LOADER_WORKERS = 8
+
+
+def loader_workers(devices: Any) -> int:
+    """The GPU presets' ``data.num_workers``: ``min(8, CPUs this process may use / devices of this node)``, at least 1;
+    ``trainer.devices=-1``/``auto`` counts the GPUs there are. Each DDP rank starts its own workers, so the node's CPUs
+    are shared among its devices (a Slurm job's CPUs per task are what the process may use)."""
+    import torch  # the GPUs are counted only when a preset asks, as the run starts
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    per_node = device_count(devices) or max(1, torch.cuda.device_count())
+    return max(1, min(MAX_LOADER_WORKERS, cpus // per_node))
+
+
 def model_name(model: str, *, _root_: DictConfig) -> str:
     """``run_name``'s model part: ``model.name``, or with ``init_from`` the source's name, since the source fixes the
     architecture (a run from ``models/TinyLlama-1.1B`` is ``lm-chat-TinyLlama-1.1B-...``, not ``lm-chat-tiny-...``):
@@ -88,6 +104,8 @@ def model_name(model: str, *, _root_: DictConfig) -> str:
 # process, before any job imports the pipeline).
 OmegaConf.register_new_resolver("trident.slurm_gpus_per_node", slurm_gpus_per_node, replace=True)
 OmegaConf.register_new_resolver("trident.slurm_tasks_per_node", slurm_tasks_per_node, replace=True)
+# conf/trainer/_fast.yaml's data.num_workers (trainer=gpu, ddp, fsdp).
+OmegaConf.register_new_resolver("trident.loader_workers", loader_workers, replace=True)
 # conf/train.yaml's run_name (and with it the run directory's name) reads this.
 OmegaConf.register_new_resolver("trident.model_name", model_name, replace=True)
 # conf/data/shakespeare.yaml's data.contiguous: on for a model with a memory (model.memory_length > 0).

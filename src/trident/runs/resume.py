@@ -248,7 +248,7 @@ def checkpoint_to_resume(resume: str | None, ckpt_path: str | None, run_dir: Pat
 
 # Data settings that say how batches are loaded, not which data: a resumed run may change them.
 LOADING_SETTINGS = frozenset({"batch_size", "block_size", "num_workers", "pin_memory", "persistent_workers", "cache_dir", "max_tokens",
-                              "eval_max_tokens", "augment", "sample_prompts", "seed", "max_seq_len", "tokenizer"})
+                              "eval_max_tokens", "length_multiple", "augment", "sample_prompts", "seed", "max_seq_len", "tokenizer"})
 
 
 def check_resume_continues(checkpoint: dict[str, Any], path: Path, data: DictConfig, vocabulary: dict[str, int] | None) -> None:

@@ -193,9 +193,15 @@ class TranslationTask(TridentTask):
 
     def throughput_units(self, batch: TranslationBatch) -> dict[str, int]:
         """Real (non-padding) source and target tokens, and sentence pairs."""
-        src_tokens = int(batch["src"].ne(self.pad_id).sum())
-        tgt_tokens = int(batch["tgt_out"].ne(self.pad_id).sum())
-        return {"tokens": src_tokens + tgt_tokens, "target_tokens": tgt_tokens, "samples": batch["src"].size(0)}
+        src_tokens, tgt_tokens, pairs = self._real(batch)
+        return {"tokens": src_tokens + tgt_tokens, "target_tokens": tgt_tokens, "samples": pairs}
+
+    def _real(self, batch: TranslationBatch) -> tuple[int, int, int]:
+        """Source tokens, target tokens and pairs of ``batch``'s rows with a target: a length bucket's filler rows
+        (trident.data.batching.collate_pairs) repeat a source and have none."""
+        targets = batch["tgt_out"].ne(self.pad_id)  # (B, T)
+        rows = targets.any(dim=1)  # (B,)
+        return int(batch["src"][rows].ne(self.pad_id).sum()), int(targets.sum()), int(rows.sum())
 
     def flops_per_batch(self, batch: TranslationBatch) -> int:
         """Model FLOPs of one training step on ``batch``, padding included (forward and backward, for MFU)."""
@@ -229,7 +235,7 @@ class TranslationTask(TridentTask):
         loss, _ = self.objective(self, batch, TRAIN)
         padded = batch["src"].numel() + batch["tgt_in"].numel()
         # tgt_in's real positions are tgt_out's (shifted by one): its start token may be the padding id (T5's <pad>).
-        real = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_out"].ne(self.pad_id).sum())
+        real = sum(self._real(batch)[:2])
         # Each metric of the optimizer step's global batch, logged once per step (TridentTask.on_before_optimizer_step):
         # the NLL over its target tokens (the objective's part nll_loss, logged as the loss is); padding over its
         # positions. What token-budget batching is for: compute spent on padding (fairseq keeps it small).

@@ -35,7 +35,9 @@ class Throughput(L.Callback):
     The task names its units through ``throughput_units(batch) -> {"tokens": n, ...}`` and its
     model FLOPs through ``flops_per_batch(batch)`` (hooks every trident.tasks.base.TridentTask
     implements; trident.training.flops), summed over the micro-batches of each step; the wall-clock window
-    runs from one optimizer step's end to another's, so it measures what a user waits for. Each window is one
+    runs from one optimizer step's end to another's, so it measures what a user waits for in training, less the
+    validations that run in between (decoding a translation's validation split takes longer than many steps, and
+    would read as a slow step and a low MFU: the rate is training's). Each window is one
     row, at the step it ended with (trident.tracking.steps), sent to the loggers directly: logged through the
     LightningModule, its values would repeat, stale, in every training row until the next window. An epoch's
     last window is logged when the epoch ends, however short: epochs of fewer steps than ``window`` still report.
@@ -56,6 +58,7 @@ class Throughput(L.Callback):
         self._last_end = 0.0
         self._last_step = 0
         self._steps = 0
+        self._validation_start: float | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dtype = compute_dtype(str(trainer.precision))
@@ -82,6 +85,14 @@ class Throughput(L.Callback):
         self._steps, self._last_end, self._last_step = self._steps + 1, now, training_row_step(trainer)
         if self._steps >= self.window:
             self._log(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._start is not None and self._validation_start is not None:  # a window under way: it skips the pass
+            self._start += time.perf_counter() - self._validation_start
+        self._validation_start = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._steps:  # the window the epoch ended in; it ends at the last batch, before any validation
