@@ -161,7 +161,7 @@ def prepared_step(workload: Workload, cfg: DictConfig, settings: Settings, size:
 
 def measure(workload: Workload, variant: Variant, settings: Settings, start_batch: int) -> Measured:
     """``variant``'s training step at the largest of ``start_batch``, its half, its quarter... that fits."""
-    base = workload.compose()
+    base = workload.base
     result = Measured(f"{workload.KEY}-{variant.name}", workload.describe(base), target=workload.TARGET)
     if variant.needs and OmegaConf.select(base, variant.needs, default=_ABSENT) is _ABSENT:
         result.status = f"not available: this tree has no {variant.needs} for task={base.task.name}"
@@ -201,16 +201,16 @@ def measure_variants(workload: Workload, variants: tuple[Variant, ...], settings
                      start_batch: int | None = None, deadline: float = float("inf")) -> Iterator[Measured]:
     """Each of ``variants`` in turn; a failure (a compile error, an OOM at batch 1) becomes its row, not the end.
     No variant starts within 20 s of ``deadline`` (epoch seconds)."""
-    start = start_batch or workload.max_batch(workload.compose())
+    start = start_batch or workload.max_batch(workload.base)
     for variant in variants:
         if time.time() > deadline - 20:
             return
         try:
             result = measure(workload, variant, settings, start)
-        except Exception as err:  # noqa: BLE001 - one variant's failure must not lose the others
+        except Exception as err:  # one variant's failure (a compile error, an OOM at batch 1) must not lose the others
             log.exception("%s-%s failed", workload.KEY, variant.name)
             first_line = (str(err).strip().splitlines() or [""])[0]
-            result = Measured(f"{workload.KEY}-{variant.name}", workload.describe(workload.compose()),
+            result = Measured(f"{workload.KEY}-{variant.name}", workload.describe(workload.base),
                               status=f"failed: {type(err).__name__}: {first_line}"[:300], target=workload.TARGET)
         _reset(settings.device)
         if result.status == "ok" and result.batch is not None:

@@ -22,7 +22,15 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from trident.bench.mfu import FSDP_TARGET, SPEED_VARIANTS, Measured, Variant, measure_variants, ratio_to_plain, target_of
+from trident.bench.mfu import (
+    FSDP_TARGET,
+    SPEED_VARIANTS,
+    Measured,
+    Variant,
+    measure_variants,
+    ratio_to_plain,
+    target_of,
+)
 from trident.bench.results import Settings
 from trident.bench.workloads import WORKLOADS
 
@@ -65,18 +73,19 @@ def table(measured: dict[str, Measured]) -> list[str]:
             + f" | {target} | {met} | {row.first_seconds:.1f} s | "
             + (f"{row.memory_gib:.1f} GiB" if row.memory_gib is not None else "-") + " | ok |")
     lines += ["", *(f"- {key}: {text}" for key, text in workloads.items()),
-              f"- MFU: the task's model FLOPs (flops_per_batch, as the Throughput callback counts them) per second over "
-              f"the device's bf16 peak; FSDP rows: also their step time over the plain variant's (target <= "
-              f"{FSDP_TARGET}x); first step: allocation and compilation.",
+              (f"- MFU: the task's model FLOPs (flops_per_batch, as the Throughput callback counts them) per second over "
+               f"the device's bf16 peak; FSDP rows: also their step time over the plain variant's (target <= "
+               f"{FSDP_TARGET}x); first step: allocation and compilation."),
               "- Variants (train.py overrides): " + "; ".join(f"{v.name}: {' '.join(v.overrides)}" for v in SPEED_VARIANTS)]
     return lines
 
 
-def chosen(patterns: list[str], measured: dict[str, Measured]) -> dict[str, list[Variant]]:
-    """The variants to measure per workload: names matching a pattern, not in the record yet."""
+def chosen(patterns: list[str], measured: dict[str, Measured], task: str | None = None) -> dict[str, list[Variant]]:
+    """The variants to measure per workload (of ``task`` alone where given): names matching a pattern, not in the
+    record yet."""
     todo: dict[str, list[Variant]] = {}
     for name, (key, variant) in ROWS.items():
-        if name not in measured and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+        if name not in measured and key == (task or key) and any(fnmatch.fnmatchcase(name, p) for p in patterns):
             todo.setdefault(key, []).append(variant)
     return todo
 
@@ -86,6 +95,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="default: cuda")
     parser.add_argument("--only", nargs="+", default=["*"], help="row name patterns (lm-*, *-fsdp*); default all")
+    parser.add_argument("--task", choices=[kind.KEY for kind in WORKLOADS], help="this task's rows only")
     parser.add_argument("--record", type=Path, default=Path("speed.json"), help="measured rows (JSON), read and extended")
     parser.add_argument("--out", type=Path, default=Path("speed.md"), help="the table (markdown), rewritten per row")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start no row within 20 s of it")
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(table(measured)) + "\n")
     for kind in WORKLOADS:
-        variants = chosen(args.only, measured).get(kind.KEY)
+        variants = chosen(args.only, measured, args.task).get(kind.KEY)
         if not variants:
             continue
         # A later call goes on from the batch an earlier one found for this task.

@@ -15,6 +15,7 @@ what the ``Throughput`` callback logs in training. ``--quick`` builds ``model=na
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -51,6 +52,11 @@ class Workload(ABC):
     def compose(self, variant: Sequence[str] = ()) -> DictConfig:
         """The config ``python train.py <overrides> <variant>`` composes."""
         return compose_train_config([*self.OVERRIDES, *(self.QUICK if self.quick else ()), *variant])
+
+    @functools.cached_property
+    def base(self) -> DictConfig:
+        """The config without a variant (composed once: a composition takes a second or two)."""
+        return self.compose()
 
     def build(self, cfg: DictConfig) -> TridentTask:
         """The task train.py builds from ``cfg`` (trident.runs.pipeline.build_data_and_task), with the data's inputs
