@@ -220,3 +220,19 @@ def test_speed_table_reads_targets_ratios_and_gaps_from_the_record(tmp_path: Pat
         "lm": [v for v in SPEED_VARIANTS if v.name == "bf16-blocks-chunk"],
         "translation": [v for v in SPEED_VARIANTS if v.name == "bf16-fsdp"],
         "vit": [v for v in SPEED_VARIANTS if v.name == "bf16-fsdp"]}
+
+
+def test_speed_command_keeps_each_row_and_a_second_call_measures_only_what_is_missing(
+        tmp_path: Path, single_thread: None) -> None:
+    """``python -m trident.bench.speed``: the record (JSON) and the table (markdown) hold each row once measured; a
+    second call on the same record (gpu_check.sh on a warm machine) leaves the measured rows as they are."""
+    args = ["--device", "cpu", "--quick", "--task", "translation", "--only", "translation-bf16", "--repeats", "1",
+            "--record", str(tmp_path / "speed.json"), "--out", str(tmp_path / "speed.md")]
+    assert speed.main(args) == 0
+    first = speed.read_record(tmp_path / "speed.json")
+    assert list(first) == ["translation-bf16"] and first["translation-bf16"].status == "ok"
+    table = (tmp_path / "speed.md").read_text()
+    assert re.search(r"\| translation-bf16 \| 8 \| [\d.]+ ms \| [\d,]+ target_tokens/s \| [\d.]+% \| >= 30% MFU", table)
+    assert "| lm-bf16 | - |" in table and "- translation: translation model=nano" in table
+    assert speed.main(args) == 0
+    assert speed.read_record(tmp_path / "speed.json") == first
