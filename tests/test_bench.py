@@ -181,7 +181,7 @@ def test_every_speed_variant_runs_on_cpu_at_nano_size(kind: type[Workload], monk
                                                       single_thread: None) -> None:
     """Issue #57's variant list end to end at model=nano: eager, compile=true and compile=blocks (traced by dynamo;
     inductor's code generation would take minutes a variant here: the eager backend runs the graphs), FSDP2 on a
-    one-rank gloo mesh, the chunked loss where the task has task.loss_chunk."""
+    one-rank gloo mesh, the loss on the whole logits (task.loss_chunk=0) where the task has task.loss_chunk."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     results = list(measure_variants(kind(quick=True), SPEED_VARIANTS, Settings(torch.device("cpu"), True, 0, 1)))
     assert [r.name for r in results] == [f"{kind.KEY}-{v.name}" for v in SPEED_VARIANTS]
@@ -217,7 +217,7 @@ def test_speed_table_reads_targets_ratios_and_gaps_from_the_record(tmp_path: Pat
     assert lines["translation-bf16"].endswith("| not run |")
     assert set(lines) - {"run"} == set(speed.ROWS)
     assert speed.chosen(["lm-*", "*-fsdp"], measured) == {
-        "lm": [v for v in SPEED_VARIANTS if v.name == "bf16-blocks-chunk"],
+        "lm": [v for v in SPEED_VARIANTS if v.name == "bf16-blocks-whole-logits"],
         "translation": [v for v in SPEED_VARIANTS if v.name == "bf16-fsdp"],
         "vit": [v for v in SPEED_VARIANTS if v.name == "bf16-fsdp"]}
 

@@ -1,6 +1,6 @@
 """Issue #57's table: lm, translation and vit at ``model=base`` in bf16, eager and compiled (``compile=true`` and
-``compile=blocks``), plain and FSDP2 at one GPU, and the chunked cross-entropy where the task has it
-(trident.bench.mfu's SPEED_VARIANTS): MFU, tokens (target tokens, images) per second, against the issue's targets.
+``compile=blocks``), plain and FSDP2 at one GPU, with the task's default loss and, where the task has task.loss_chunk,
+on the whole logits too (trident.bench.mfu's SPEED_VARIANTS): MFU, tokens (target tokens, images) per second, against the issue's targets.
 
     python -m trident.bench.speed --device cuda --record speed.json --out speed.md        # every row
     python -m trident.bench.speed --device cuda --only 'lm-*' --record speed.json --out speed.md --deadline EPOCH

@@ -89,6 +89,10 @@ class Workload(ABC):
     def sizes(self, cfg: DictConfig) -> str:
         return f"d={cfg.model.d_model}, {cfg.model.n_layers} layers"
 
+    def loss(self, cfg: DictConfig) -> str:
+        """The loss's chunking where the task has it (task.loss_chunk: tokens scored at a time; 0: whole logits)."""
+        return f", task.loss_chunk={cfg.task.loss_chunk}" if "loss_chunk" in cfg.task else ""
+
 
 class LanguageModel(Workload):
     KEY, UNIT, TARGET = "lm", "tokens", 0.45
@@ -109,7 +113,8 @@ class LanguageModel(Workload):
         return 2 if self.quick else 64
 
     def describe(self, cfg: DictConfig) -> str:
-        return f"LM model={cfg.model.name} ({self.sizes(cfg)}), {cfg.data.block_size} tokens, vocab {self.vocab()}"
+        return (f"LM model={cfg.model.name} ({self.sizes(cfg)}), {cfg.data.block_size} tokens, vocab {self.vocab()}"
+                + self.loss(cfg))
 
 
 class Translation(Workload):
@@ -147,7 +152,7 @@ class Translation(Workload):
         layers = cfg.model.n_layers
         return (f"translation model={cfg.model.name} (d={cfg.model.d_model}, {layers}+{layers} layers), pairs of "
                 f"{self.bucket() - self.bucket() // 8}-{self.bucket()} tokens (data.max_tokens={cfg.data.max_tokens}), "
-                f"vocab {cfg.data.vocab_size}")
+                f"vocab {cfg.data.vocab_size}{self.loss(cfg)}")
 
 
 class ImageClassifier(Workload):
