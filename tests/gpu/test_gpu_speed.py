@@ -12,9 +12,10 @@ from trident.bench.results import Settings
 from trident.bench.workloads import Translation
 
 
-def test_speed_rows_measure_plain_and_fsdp_steps_on_cuda(cuda: torch.device) -> None:
+def test_speed_rows_measure_plain_and_fsdp_steps_on_cuda() -> None:
     eager = [variant for variant in SPEED_VARIANTS if variant.name in ("bf16", "bf16-fsdp")]
-    results = list(measure_variants(Translation(quick=True), tuple(eager), Settings(cuda, True, 1, 2)))
+    # The device as `python -m trident.bench.speed --device cuda` names it: no index.
+    results = list(measure_variants(Translation(quick=True), tuple(eager), Settings(torch.device("cuda"), True, 1, 2)))
     assert [result.status for result in results] == ["ok", "ok"], [result.status for result in results]
     for result in results:
         assert result.peak_flops and result.mfu is not None and 0 < result.mfu < 1

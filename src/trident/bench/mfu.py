@@ -120,7 +120,7 @@ def one_rank_mesh(device: torch.device) -> Iterator[DeviceMesh]:
     of this process alone (NCCL on a GPU, gloo on a CPU), taken down after unless one was already there."""
     created = not dist.is_initialized()
     if created:
-        if device.type == "cuda":
+        if device.type == "cuda" and device.index is not None:  # (plain "cuda": the current device)
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
