@@ -91,7 +91,7 @@ for stage in "${STAGES[@]}"; do
         speed)  # one process per task; each row kept in speed.json once measured
             dry=(); (( DRY_RUN )) && dry=(--dry-run)
             python3 scripts/gpu_check.py speed "$LOGS" --deadline $(( DEADLINE - 20 )) --only "${SPEED[@]}" "${dry[@]}"
-            [[ -f "$LOGS/speed.md" ]] && cp "$LOGS/speed.md" "$OUT/" ;;
+            [[ -f "$LOGS/speed.md" ]] && cp "$LOGS/speed.md" "$OUT/" && cat "$LOGS/speed.md" ;;
         train)
             dry=(); (( DRY_RUN )) && dry=(--dry-run)
             python3 scripts/gpu_check.py trainings "$LOGS" --steps "$STEPS" --deadline $(( DEADLINE - 20 )) \

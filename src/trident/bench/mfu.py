@@ -210,7 +210,8 @@ def measure_variants(workload: Workload, variants: tuple[Variant, ...], settings
         except Exception as err:  # one variant's failure (a compile error, an OOM at batch 1) must not lose the others
             log.exception("%s-%s failed", workload.KEY, variant.name)
             first_line = (str(err).strip().splitlines() or [""])[0]
-            result = Measured(f"{workload.KEY}-{variant.name}", workload.describe(workload.base),
+            # (Described by its key alone: composing the config may be what failed.)
+            result = Measured(f"{workload.KEY}-{variant.name}", workload.KEY,
                               status=f"failed: {type(err).__name__}: {first_line}"[:300], target=workload.TARGET)
         _reset(settings.device)
         if result.status == "ok" and result.batch is not None:

@@ -60,11 +60,11 @@ def table(measured: dict[str, Measured]) -> list[str]:
         if row is None:
             lines.append(f"| {name} | - | - | - | - | - | - | - | - | not run |")
             continue
-        workloads.setdefault(key, row.workload)
         target, met = target_of(row, variant, measured)
         if row.status != "ok":
             lines.append(f"| {name} | - | - | - | - | {target} | - | - | - | {row.status.replace('|', '/')} |")
             continue
+        workloads.setdefault(key, row.workload)
         assert row.seconds is not None and row.units is not None and row.first_seconds is not None
         mfu, ratio = row.mfu, ratio_to_plain(row, variant, measured)
         lines.append(
