@@ -171,6 +171,8 @@ def run_speed(out: Path, deadline: float, dry_run: bool, only: Sequence[str] = (
             except subprocess.TimeoutExpired:
                 failed, status = failed + 1, "stopped at the deadline"
         print(f"speed {task}: {status} in {time.time() - now:.0f} s", flush=True)
+        if status != "exit status 0":  # the cause, where the device tool's output shows it (an import error, say)
+            print("\n".join((logs / f"speed-{task}.log").read_text().splitlines()[-15:]), flush=True)
     return 1 if failed else 0
 
 

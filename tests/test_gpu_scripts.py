@@ -108,21 +108,28 @@ def test_gpu_check_speed_passes_the_row_patterns_to_one_process_per_task(tmp_pat
     assert deadlines == sorted(deadlines) and deadlines[-1] <= time.time() + 300 - 20  # shares of the stage's time
 
 
-def test_speed_stage_shares_the_time_left_and_stops_at_the_deadline(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_speed_stage_shares_the_time_left_and_stops_at_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Each task may start rows until an equal share of what is left (the time one leaves goes to the next); each
-    process is killed at the stage's deadline at the latest; under 30 s left none starts."""
+    process is killed at the stage's deadline at the latest; under 30 s left none starts; a failed process's last
+    lines are printed (the device tool returns the output's tail)."""
     clock = [1000.0]
     calls: list[tuple[list[str], float | None]] = []
 
     def run(command: list[str], timeout: float | None = None, **kwargs: object) -> subprocess.CompletedProcess[str]:
         calls.append((command, timeout))
         clock[0] += 50  # each task takes 50 s
-        return subprocess.CompletedProcess(command, 0)
+        failed = "vit" in command
+        if failed:
+            kwargs["stdout"].write("ModuleNotFoundError: No module named 'hydra'\n")  # type: ignore[attr-defined]
+        return subprocess.CompletedProcess(command, int(failed))
 
     monkeypatch.setattr(gpu_check.time, "time", lambda: clock[0])
     monkeypatch.setattr(gpu_check.subprocess, "run", run)
-    assert gpu_check.run_speed(tmp_path, deadline=1300.0, dry_run=False) == 0
+    assert gpu_check.run_speed(tmp_path, deadline=1300.0, dry_run=False) == 1  # vit's process failed
+    printed = capsys.readouterr().out
+    assert printed.startswith("speed lm: exit status 0 in 50 s\nspeed translation: exit status 0 in 50 s\nspeed vit: ")
+    assert printed.endswith("\nModuleNotFoundError: No module named 'hydra'\n")
     shares = [float(command[command.index("--deadline") + 1]) for command, _ in calls]
     assert shares == [1100.0, 1050.0 + 250 / 2, 1300.0]  # 300 s / 3; then 250 s / 2; then the rest
     assert [timeout for _, timeout in calls] == [300.0, 250.0, 200.0]
