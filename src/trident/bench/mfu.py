@@ -74,7 +74,7 @@ SPEED_VARIANTS = (
     Variant("bf16-compile", (BF16, WHOLE)),
     Variant("bf16-blocks-whole-logits", (BF16, BLOCKS, "task.loss_chunk=0"), needs="task.loss_chunk"),
 )
-FSDP_TARGET = 1.2  # issue #57: FSDP at one GPU within 1.2x of plain's step time
+FSDP_TARGET = 1.2  # issue #57: FSDP at one GPU within 1.2x of plain's time per item (its step time at equal batches)
 # Lightning's precision setting -> the autocast dtype of the step (fp32: none).
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": torch.float32}
 _ABSENT = object()
@@ -222,18 +222,20 @@ def measure_variants(workload: Workload, variants: tuple[Variant, ...], settings
 
 
 def ratio_to_plain(result: Measured, variant: Variant, measured: dict[str, Measured]) -> float | None:
-    """A sharded variant's step time over its plain variant's (same task), where both were measured."""
+    """A sharded variant's time per item (token, target token, image) over its plain variant's (same task), where
+    both were measured: the step times' ratio at equal batches, and still the rates' where the sharded step fit only
+    a smaller batch (it starts from the plain variant's and halves on OOM), whose shorter step must not pass."""
     plain = measured.get(f"{result.name.split('-', 1)[0]}-{variant.plain}") if variant.plain else None
-    if plain is None or not plain.seconds or not result.seconds:
+    if plain is None or not plain.seconds or not result.seconds or not plain.units or not result.units:
         return None
-    return result.seconds / plain.seconds
+    return (result.seconds / result.units) / (plain.seconds / plain.units)
 
 
 def target_of(result: Measured, variant: Variant, measured: dict[str, Measured]) -> tuple[str, str]:
-    """(target, met) of a row: the step time against plain's for a sharded variant, the task's MFU in bf16."""
+    """(target, met) of a row: the time per item against plain's for a sharded variant, the task's MFU in bf16."""
     if variant.plain is not None:
         ratio = ratio_to_plain(result, variant, measured)
-        return f"<= {FSDP_TARGET}x {variant.plain}'s step", "-" if ratio is None else ("yes" if ratio <= FSDP_TARGET else "**no**")
+        return f"<= {FSDP_TARGET}x {variant.plain}'s time per item", "-" if ratio is None else ("yes" if ratio <= FSDP_TARGET else "**no**")
     if BF16 not in variant.overrides or result.target is None:
         return "-", "-"
     mfu = result.mfu
@@ -252,7 +254,7 @@ def as_row(group: str, result: Measured, variant: Variant, measured: dict[str, M
         group, f"{result.workload}, {variant.name}: batch {result.batch}",
         f"{milliseconds(result.seconds)}; {result.units / result.seconds:,.0f} {result.unit}/s",
         f"peak {result.peak_flops / 1e12:.4g} TFLOP/s ({result.dtype})" if result.peak_flops else "no peak known",
-        (f"MFU {mfu:.1%}" if mfu is not None else "-") + (f"; {ratio:.2f}x {variant.plain}'s step" if ratio else ""),
+        (f"MFU {mfu:.1%}" if mfu is not None else "-") + (f"; {ratio:.2f}x {variant.plain}'s time per item" if ratio else ""),
         target, met,
         f"{' '.join(variant.overrides)}; first step {result.first_seconds:.1f} s; "
         + (f"peak memory {result.memory_gib:.1f} GiB; " if result.memory_gib is not None else "")

@@ -74,8 +74,9 @@ def table(measured: dict[str, Measured]) -> list[str]:
             + (f"{row.memory_gib:.1f} GiB" if row.memory_gib is not None else "-") + " | ok |")
     lines += ["", *(f"- {key}: {text}" for key, text in workloads.items()),
               (f"- MFU: the task's model FLOPs (flops_per_batch, as the Throughput callback counts them) per second over "
-               f"the device's bf16 peak; FSDP rows: also their step time over the plain variant's (target <= "
-               f"{FSDP_TARGET}x); first step: allocation and compilation."),
+               f"the device's bf16 peak; FSDP rows: also their time per item (token, target token, image) over the plain "
+               f"variant's, its step time's ratio at equal batches (target <= {FSDP_TARGET}x); first step: allocation "
+               f"and compilation."),
               "- Variants (train.py overrides): " + "; ".join(f"{v.name}: {' '.join(v.overrides)}" for v in SPEED_VARIANTS)]
     return lines
 
