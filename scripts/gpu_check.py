@@ -2,6 +2,7 @@
 
     python scripts/gpu_check.py extract-translation .gpu_bundle/data/bible_en_de   # here: the Bible pairs as TSV
     python scripts/gpu_check.py trainings OUT [--steps 200] [--deadline EPOCH] [--dry-run] [--only PATTERN ...]
+    python scripts/gpu_check.py speed OUT [--deadline EPOCH] [--dry-run] [--only PATTERN ...]    # issue #57's table
     python scripts/gpu_check.py summary OUT                                        # OUT/summary.md
 """
 
@@ -30,6 +31,7 @@ SPLITS = ("train", "validation", "test")
 COMMON = ["logger=csv", "test=false", "print_config=false", "callbacks.progress_bar=null",
           "callbacks.model_summary=null", "+callbacks.device_stats._target_=lightning.pytorch.callbacks.DeviceStatsMonitor"]
 PRECISIONS = ("fp32", "fp16", "bf16")
+TASKS = ("lm", "translation", "vit")  # the trainings' and the speed rows' (trident.bench.workloads' keys)
 
 
 def task_overrides(task: str, steps: int) -> list[str]:
@@ -69,7 +71,7 @@ def trainings(steps: int, output_root: Path) -> list[Training]:
     """Per task: fp32, fp16 and bf16 eager, bf16 compiled, and bf16 under trainer=fsdp. Translation is not
     compiled: its batches change shape every step (token budget), so torch.compile would recompile and mislead."""
     runs = []
-    for task in ("lm", "translation", "vit"):
+    for task in TASKS:
         variants = [(precision, False, "") for precision in PRECISIONS]
         variants += [] if task == "translation" else [("bf16", True, "")]
         variants += [("bf16", False, "-fsdp")]
@@ -139,6 +141,41 @@ def run_trainings(out: Path, steps: int, deadline: float, dry_run: bool, only: S
     return runs
 
 
+def run_speed(out: Path, deadline: float, dry_run: bool, only: Sequence[str] = ("*",)) -> int:
+    """Issue #57's table (trident.bench.speed): one process per task, so that a fatal CUDA error or a hung compile
+    costs that task's rows only. Each task may start rows until its share of the time left (the tasks still to run
+    share it equally: what one leaves, the next gets) and is stopped at ``deadline``. Every row is kept in
+    ``out/speed.json`` once measured: a later call on the same (warm) machine measures only the rows it lacks
+    (a task with none left costs its process's start, a few seconds)."""
+    record, table, logs = out / "speed.json", out / "speed.md", out / "logs"
+    failed = 0
+    for index, task in enumerate(TASKS):
+        now = time.time()
+        share_end = now + (deadline - now) / (len(TASKS) - index)
+        command = [sys.executable, "-m", "trident.bench.speed", "--device", "cuda", "--task", task, "--only", *only,
+                   "--record", str(record), "--out", str(table), "--deadline", f"{share_end:.0f}"]
+        if dry_run:
+            print(shlex.join(command))
+            continue
+        if deadline - now < 30:
+            break  # the rest stay "not run"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"speed-{task}.log").open("a") as log:
+            log.write(shlex.join(command) + "\n\n")
+            log.flush()
+            try:
+                done_process = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                              timeout=None if deadline == float("inf") else deadline - now, check=False)
+                failed += done_process.returncode != 0
+                status = f"exit status {done_process.returncode}"
+            except subprocess.TimeoutExpired:
+                failed, status = failed + 1, "stopped at the deadline"
+        print(f"speed {task}: {status} in {time.time() - now:.0f} s", flush=True)
+        if status != "exit status 0":  # the cause, where the device tool's output shows it (an import error, say)
+            print("\n".join((logs / f"speed-{task}.log").read_text().splitlines()[-15:]), flush=True)
+    return 1 if failed else 0
+
+
 def junit_summary(path: Path) -> list[str]:
     if not path.exists():
         return ["not run (no junit.xml)"]
@@ -174,9 +211,12 @@ def write_summary(out: Path) -> Path:
     """OUT/summary.md from what the stages left in OUT (each part says 'not run' when absent)."""
     env = out / "env.txt"
     bench = out / "bench.md"
+    speed = out / "speed.md"
     parts = [
         "# GPU check", "", "## Environment", "", "```", env.read_text().strip() if env.exists() else "not recorded", "```",
         "", "## pytest -m gpu", "", *junit_summary(out / "junit.xml"),
+        "", "## Issue #57: speed at model=base (python -m trident.bench.speed)", "",
+        *(speed.read_text().splitlines() if speed.exists() else ["not run (no speed.md)"]),
         "", "## Short trainings", "", *trainings_table(out / "trainings.json"),
         "", "## python -m trident.bench --device cuda", "",
         *(bench.read_text().splitlines()[2:] if bench.exists() else ["not run (no bench.md)"]),
@@ -213,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start no run after it")
     train.add_argument("--dry-run", action="store_true", help="print the commands only")
     train.add_argument("--only", nargs="+", default=["*"], help="name patterns of the trainings to run (lm-*, *-fsdp)")
+    speed = commands.add_parser("speed", help="issue #57's table: lm, translation and vit at model=base, one process each")
+    speed.add_argument("out", type=Path)
+    speed.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: stop then")
+    speed.add_argument("--dry-run", action="store_true", help="print the commands only")
+    speed.add_argument("--only", nargs="+", default=["*"], help="row name patterns (lm-*, *-fsdp*)")
     summary = commands.add_parser("summary", help="write OUT/summary.md")
     summary.add_argument("out", type=Path)
     args = parser.parse_args(argv)
@@ -222,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_trainings(args.out, args.steps, args.deadline, args.dry_run, args.only)
         chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, pattern) for pattern in args.only)]
         return 0 if args.dry_run or all(r.status == "ok" for r in chosen) else 1
+    elif args.command == "speed":
+        return run_speed(args.out, args.deadline, args.dry_run, args.only)
     else:
         print(write_summary(args.out))
     return 0

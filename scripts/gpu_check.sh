@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Run THERE, on the lent GPU machine (docs/gpu.md), from the repository root, with .gpu_bundle/ carried
 # (scripts/gpu_bundle.sh made it here). Writes everything under $OUT (at most 8 files come back):
-#   summary.md      environment, each GPU test's result, the trainings table, the benchmark table
+#   summary.md      environment, each GPU test's result, issue #57's speed table, the trainings table, the benchmark table
 #   junit.xml       pytest -m gpu
+#   speed.md        issue #57's table: lm, translation, vit at model=base (python -m trident.bench.speed)
 #   bench.md        python -m trident.bench --device cuda
 #   trainings.json  short real trainings per task in fp32/fp16/bf16 and compiled
 #   env.txt         GPU, driver, torch, CUDA, cuDNN, package versions
-#   logs.tar.gz     every log (pytest, bench, each training)
+#   logs.tar.gz     every log (pytest, speed and its speed.json, bench, each training)
 #
-#   scripts/gpu_check.sh [--dry-run] [--budget SECONDS] [STAGE ...]    STAGE: tests bench train (default: all three)
+#   scripts/gpu_check.sh [--dry-run] [--budget SECONDS] [STAGE ...]    STAGE: tests speed bench train (default: all four)
 #
 # A device command may run 10 minutes: the stages share --budget seconds (default 560) and each
 # one stops at the deadline, keeping what it finished; the summary is written in any case. The
-# trainings go on where they stopped when called again on the same machine while it is warm
-# (their record lives in /tmp/gpu_check_logs). GPU_CHECK_STEPS (default 100) sets their length,
-# GPU_CHECK_TRAININGS which of them run (name patterns, e.g. "translation-* *-fsdp"; default all),
-# GPU_CHECK_BENCH_ROWS the benchmark rows (GPU rows first, so a deadline cuts the CPU-minded ones).
+# speed rows and the trainings go on where they stopped when called again on the same machine while
+# it is warm (their records live in /tmp/gpu_check_logs). GPU_CHECK_SPEED picks the speed rows (name
+# patterns, e.g. "lm-* *-fsdp*"; default all; `python -m trident.bench.speed --list` names them),
+# GPU_CHECK_STEPS (default 100) sets the trainings' length, GPU_CHECK_TRAININGS which of them run (name
+# patterns, e.g. "translation-* *-fsdp"; default all), GPU_CHECK_BENCH_ROWS the benchmark rows (GPU rows
+# first, so a deadline cuts the CPU-minded ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,12 +29,12 @@ while (( $# )); do
     case $1 in
         --dry-run) DRY_RUN=1 ;;
         --budget) BUDGET=$2; shift ;;
-        tests|bench|train) STAGES+=("$1") ;;
-        *) echo "error: unknown argument '$1': use --dry-run, --budget SECONDS, or stages tests bench train" >&2; exit 2 ;;
+        tests|speed|bench|train) STAGES+=("$1") ;;
+        *) echo "error: unknown argument '$1': use --dry-run, --budget SECONDS, or stages tests speed bench train" >&2; exit 2 ;;
     esac
     shift
 done
-(( ${#STAGES[@]} )) || STAGES=(tests bench train)
+(( ${#STAGES[@]} )) || STAGES=(tests speed bench train)
 
 OUT=${OUT:-$PWD/gpu_check_out}
 BUNDLE=${GPU_BUNDLE:-.gpu_bundle}
@@ -40,6 +43,7 @@ LOGS=/tmp/gpu_check_logs
 DEADLINE=$(( $(date +%s) + BUDGET ))
 STEPS=${GPU_CHECK_STEPS:-100}
 read -ra TRAININGS <<< "${GPU_CHECK_TRAININGS:-*}"  # patterns: read splits them without expanding them
+read -ra SPEED <<< "${GPU_CHECK_SPEED:-*}"
 BENCH_ROWS=${GPU_CHECK_BENCH_ROWS:-mfu compile sdpa bf16 lm vit_b16 translation generation fused checkpointing pipeline}
 
 run() {  # print the command; run it unless --dry-run
@@ -84,6 +88,10 @@ for stage in "${STAGES[@]}"; do
             # shellcheck disable=SC2086  # the rows are words
             run timeout --signal=INT --kill-after=15 "$(left)" python3 -m trident.bench --device cuda \
                 --only $BENCH_ROWS --out "$OUT/bench.md" 2>&1 | tee "$LOGS/bench.log" | tail -40 ;;
+        speed)  # one process per task; each row kept in speed.json once measured
+            dry=(); (( DRY_RUN )) && dry=(--dry-run)
+            python3 scripts/gpu_check.py speed "$LOGS" --deadline $(( DEADLINE - 20 )) --only "${SPEED[@]}" "${dry[@]}"
+            [[ -f "$LOGS/speed.md" ]] && cp "$LOGS/speed.md" "$OUT/" && cat "$LOGS/speed.md" ;;
         train)
             dry=(); (( DRY_RUN )) && dry=(--dry-run)
             python3 scripts/gpu_check.py trainings "$LOGS" --steps "$STEPS" --deadline $(( DEADLINE - 20 )) \

@@ -8,8 +8,10 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +19,7 @@ from types import ModuleType
 import datasets
 import pytest
 
+from trident.bench.workloads import WORKLOADS
 from trident.data.translation import load_pairs
 from trident.runs.pipeline import check_config, train
 
@@ -73,6 +76,11 @@ def test_dry_run_lists_every_stage_without_running_it(tmp_path: Path) -> None:
     assert any(line.startswith("+ python3 -m pip install -q --no-index --no-deps") for line in lines)
     assert any("python3 -m pytest -m gpu" in line and f"--junitxml={tmp_path}/junit.xml" in line for line in lines)
     assert any("python3 -m trident.bench --device cuda" in line for line in lines)
+    speed = [line for line in lines if "-m trident.bench.speed --device cuda" in line]
+    assert [line.split("--task ")[1].split()[0] for line in speed] == list(gpu_check.TASKS)
+    assert all("--record /tmp/gpu_check_logs/speed.json --out /tmp/gpu_check_logs/speed.md" in line for line in speed)
+    stages = [line.split()[1] for line in lines if line.startswith("== ")]
+    assert stages == ["tests", "speed", "bench", "train"]  # the speed table right after the standing check
     trainings = [line for line in lines if "train.py" in line]
     assert len(trainings) == len(gpu_check.trainings(200, tmp_path)) == 14
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
@@ -86,6 +94,52 @@ def test_gpu_check_trainings_picks_the_trainings_by_name_pattern(tmp_path: Path)
     names = [line.rsplit("/", 1)[-1] for line in result.stdout.splitlines() if "train.py" in line]
     assert names == ["lm-bf16-fsdp", "translation-fp32", "translation-fp16", "translation-bf16",
                      "translation-bf16-fsdp", "vit-bf16-fsdp"]
+
+
+def test_gpu_check_speed_passes_the_row_patterns_to_one_process_per_task(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_SPEED": "lm-* *-fsdp*"}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", "--budget", "300", "speed"],
+                            capture_output=True, text=True, env=env, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    commands = [shlex.split(line) for line in result.stdout.splitlines() if "trident.bench.speed" in line]
+    assert [c[c.index("--task") + 1] for c in commands] == ["lm", "translation", "vit"]
+    assert all(c[c.index("--only") + 1:c.index("--record")] == ["lm-*", "*-fsdp*"] for c in commands)
+    deadlines = [float(c[c.index("--deadline") + 1]) for c in commands]
+    assert deadlines == sorted(deadlines) and deadlines[-1] <= time.time() + 300 - 20  # shares of the stage's time
+
+
+def test_speed_stage_shares_the_time_left_and_stops_at_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each task may start rows until an equal share of what is left (the time one leaves goes to the next); each
+    process is killed at the stage's deadline at the latest; under 30 s left none starts; a failed process's last
+    lines are printed (the device tool returns the output's tail)."""
+    clock = [1000.0]
+    calls: list[tuple[list[str], float | None]] = []
+
+    def run(command: list[str], timeout: float | None = None, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        calls.append((command, timeout))
+        clock[0] += 50  # each task takes 50 s
+        failed = "vit" in command
+        if failed:
+            kwargs["stdout"].write("ModuleNotFoundError: No module named 'hydra'\n")  # type: ignore[attr-defined]
+        return subprocess.CompletedProcess(command, int(failed))
+
+    monkeypatch.setattr(gpu_check.time, "time", lambda: clock[0])
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    assert gpu_check.run_speed(tmp_path, deadline=1300.0, dry_run=False) == 1  # vit's process failed
+    printed = capsys.readouterr().out
+    assert printed.startswith("speed lm: exit status 0 in 50 s\nspeed translation: exit status 0 in 50 s\nspeed vit: ")
+    assert printed.endswith("\nModuleNotFoundError: No module named 'hydra'\n")
+    shares = [float(command[command.index("--deadline") + 1]) for command, _ in calls]
+    assert shares == [1100.0, 1050.0 + 250 / 2, 1300.0]  # 300 s / 3; then 250 s / 2; then the rest
+    assert [timeout for _, timeout in calls] == [300.0, 250.0, 200.0]
+    assert (tmp_path / "logs" / "speed-vit.log").read_text().startswith(shlex.join(calls[-1][0]))
+    calls.clear()
+    assert gpu_check.run_speed(tmp_path, deadline=clock[0] + 29, dry_run=False) == 0 and calls == []
+
+
+def test_the_speed_stage_runs_the_tasks_the_bench_measures() -> None:
+    assert gpu_check.TASKS == tuple(kind.KEY for kind in WORKLOADS)
 
 
 def test_unknown_argument_is_one_error_line(tmp_path: Path) -> None:
@@ -130,6 +184,9 @@ def test_metrics_and_summary_are_read_back_from_a_real_run(tmp_path: Path, singl
     row = next(line for line in summary.splitlines() if line.startswith("| lm-bf16 |"))
     assert "| ok | 12.5 |" in row and "tokens/s" in row and "| 3.2 |" in row
     assert "not run (no bench.md)" in summary and "not recorded" in summary
+    assert "## Issue #57: speed at model=base (python -m trident.bench.speed)\n\nnot run (no speed.md)" in summary
+    (out / "speed.md").write_text("| run | batch |\n|---|---|\n| lm-bf16 | 64 |\n")
+    assert "(python -m trident.bench.speed)\n\n| run | batch |\n|---|---|\n| lm-bf16 | 64 |\n" in gpu_check.write_summary(out).read_text()
 
 
 def test_translation_extract_reads_back_as_the_same_pairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

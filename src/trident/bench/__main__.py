@@ -11,6 +11,7 @@
     python -m trident.bench --only linear_attention  # softmax vs Performer vs Linformer, lengths 512 to 16,384
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
     python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
+    python -m trident.bench --device cuda --only speed     # issue #57's table (also: python -m trident.bench.speed)
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "data": rows_of("preparation", "preparation_rows"),
     "data_2gb": rows_of("preparation", "big_corpus_rows"),
     "mfu": rows_of("mfu", "mfu_rows"),
+    "speed": rows_of("mfu", "speed_rows"),
     "sharding": rows_of("sharding", "sharding_rows"),
     "startup": rows_of("startup", "startup_rows"),
 }
@@ -72,8 +74,8 @@ NOT_QUICK = ("compile",)
 GPU_ONLY = ("mfu",)
 # Only when named: minutes of disk-bound work (a 2 GB corpus, --only data_2gb); five multi-process train.py
 # runs, one after the other (--only sharding); fresh processes timed from their start, which want the machine to
-# themselves (--only startup).
-ON_REQUEST = ("data_2gb", "sharding", "startup")
+# themselves (--only startup); eleven compilations of model=base networks (--only speed).
+ON_REQUEST = ("data_2gb", "sharding", "startup", "speed")
 
 log = logging.getLogger("trident.bench")
 

@@ -1,159 +1,281 @@
-"""GPU-scale rows: the LM at ``model=base`` and ViT-B/16 (``model=base``, 224 px, patch 16), one
-training step in bf16, fp16 and fp32 and compiled in bf16: step time, tokens or images per second,
-model FLOPs utilisation against the device's peak (trident.training.flops) and peak memory.
+"""GPU-scale rows: lm, translation and vit at ``model=base`` (trident.bench.workloads: the tasks train.py builds),
+one training step under each variant of a list: step time, tokens (target tokens, images) per second, model FLOPs
+utilisation against the device's peak (trident.training.flops) and peak memory.
 
-The batch fills the device: the largest power of two up to a cap whose training step fits in
-memory. Sizes come from conf/model/base.yaml, the ones ``python train.py model=base`` trains.
+A variant is a name and train.py overrides (``precision=bf16``, ``compile=blocks``, ``trainer=fsdp``,
+``task.loss_chunk=...``): the step is built as a run with those overrides builds it. ``compile`` goes through the
+run's own helper (trident.tasks.networks.compile_network, traced at the first call); a sharding strategy
+(``trainer=fsdp``) shards every network as ``configure_model`` does (trident.tasks.networks.shard_networks: each
+Transformer block its own FSDP2 unit, then the root) on a one-rank device mesh of this process. Adding a variant is
+one entry of :data:`PRECISION_VARIANTS` (the ``mfu`` rows) or :data:`SPEED_VARIANTS` (issue #57's table, the
+``speed`` rows).
+
+The batch fills the device: the task's batch (translation: its token budget), halved until a training step fits.
+Every variant of a task after the first starts from the first's batch (compiling each halving would cost minutes).
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from omegaconf import OmegaConf
-from torch import Tensor, nn
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trident.backbone import TransformerConfig
 from trident.bench.results import Row, Settings, milliseconds
 from trident.bench.timing import Budget, interleaved, training_step
-from trident.models import CausalLM
-from trident.models.vit import VisionTransformer, vit_geometry
-from trident.runs.compose import CONF_DIR
-from trident.training.flops import causal_lm_flops, compute_dtype, device_peak_flops, vit_flops
+from trident.bench.workloads import WORKLOADS, Batch, Workload
+from trident.objectives import TRAIN
+from trident.parallel.fsdp import DATA_PARALLEL, shards_weights
+from trident.parallel.tensor_parallel import TENSOR_PARALLEL
+from trident.tasks.base import TridentTask
+from trident.tasks.networks import compile_network, shard_networks
+from trident.training.flops import compute_dtype, device_peak_flops
+from trident.training.optim import build_optimizer
 
-# GPT-2's vocabulary padded to a multiple of 64 (nanoGPT), at GPT-2's context: the usual shape
-# for an MFU figure of a base-size LM.
-LM_VOCAB, LM_LENGTH, LM_MAX_BATCH = 50304, 1024, 64
-VIT_IMAGE, VIT_PATCH, VIT_CLASSES, VIT_MAX_BATCH = 224, 16, 1000, 512
-# Lightning's precision setting per compared dtype: autocast dtype and the peak's dtype follow it.
-PRECISIONS = {"bf16": ("bf16-mixed", torch.bfloat16), "fp16": ("16-mixed", torch.float16),
-              "fp32": ("32-true", torch.float32)}
-LM_MFU_TARGET = 0.45  # issue 12: LM model=base in bf16 at a batch that fills the GPU
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Workload:
-    """One model and how to feed it a batch of a given size."""
+class Variant:
+    """One way to run a task's training step: train.py overrides under a short name (the row's, after the task's)."""
 
     name: str
-    unit: str  # what a sample is: tokens or images
-    build: Callable[[], nn.Module]
-    loss: Callable[[nn.Module, int], Callable[[], Tensor]]  # (model, batch) -> loss closure
-    flops: Callable[[int], int]  # model FLOPs of one training step at this batch
-    units: Callable[[int], int]  # tokens or images per step at this batch
-    max_batch: int
+    overrides: tuple[str, ...]
+    plain: str | None = None  # a sharded variant: the unsharded variant whose step it is compared with
+    needs: str | None = None  # a config key the variant sets, which a task's config may lack (then: not available)
 
 
-def base_config(quick: bool, **geometry: object) -> TransformerConfig:
-    """``conf/model/base.yaml`` as a backbone config (tiny sizes under --quick)."""
-    if quick:
-        return TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, **geometry)
-    # The size file extends the shared architecture file (its Hydra defaults list): compose as Hydra does.
-    size = OmegaConf.load(CONF_DIR / "model" / "base.yaml")
-    shared = [OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml") for name in size.pop("defaults", [])]
-    sizes = OmegaConf.to_container(OmegaConf.merge(*shared, size))
-    sizes.pop("name")  # type: ignore[union-attr]
-    return TransformerConfig(**sizes, **geometry)  # type: ignore[arg-type]
+BF16, EAGER, WHOLE, BLOCKS, FSDP = "precision=bf16", "compile=false", "compile=true", "compile=blocks", "trainer=fsdp"
+
+# The mfu rows: each precision eagerly, and bf16 compiled whole (fp16 without Lightning's gradient scaler: its
+# unscaling and inf checks, a few elementwise passes over the gradients, are not timed).
+PRECISION_VARIANTS = (
+    Variant("bf16", (BF16, EAGER)),
+    Variant("fp16", ("precision=fp16", EAGER)),
+    Variant("fp32", ("precision=fp32", EAGER)),
+    Variant("bf16-compile", (BF16, WHOLE)),
+)
+# Issue #57's table, cheapest first (a deadline cuts the compiled ones): eager, compiled per block, compiled whole;
+# plain and FSDP2 at one GPU; each with the task's default loss (the chunked cross-entropy where the task has
+# task.loss_chunk), and compiled per block with the loss on the whole logits (task.loss_chunk=0) to compare.
+SPEED_VARIANTS = (
+    Variant("bf16", (BF16, EAGER)),
+    Variant("bf16-fsdp", (BF16, EAGER, FSDP), plain="bf16"),
+    Variant("bf16-blocks", (BF16, BLOCKS)),
+    Variant("bf16-fsdp-blocks", (BF16, BLOCKS, FSDP), plain="bf16-blocks"),
+    Variant("bf16-compile", (BF16, WHOLE)),
+    Variant("bf16-blocks-whole-logits", (BF16, BLOCKS, "task.loss_chunk=0"), needs="task.loss_chunk"),
+)
+FSDP_TARGET = 1.2  # issue #57: FSDP at one GPU within 1.2x of plain's time per item (its step time at equal batches)
+# Lightning's precision setting -> the autocast dtype of the step (fp32: none).
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": torch.float32}
+_ABSENT = object()
 
 
-def lm_workload(settings: Settings) -> Workload:
-    length, vocab = (16, 64) if settings.quick else (LM_LENGTH, LM_VOCAB)
-    cfg = base_config(settings.quick, max_seq_len=length, pos_encoding="rope")
+@dataclass
+class Measured:
+    """One variant of one workload: what it measured, or why it did not."""
 
-    def loss(model: nn.Module, batch: int) -> Callable[[], Tensor]:
-        ids = torch.randint(0, vocab, (batch, length + 1), device=settings.device)
-        return lambda: F.cross_entropy(model(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten())
+    name: str  # <workload key>-<variant name>, e.g. lm-bf16-fsdp
+    workload: str  # the workload's description
+    status: str = "not run"  # ok | failed: <error> | not available: <why>
+    batch: int | None = None
+    seconds: float | None = None  # median step
+    first_seconds: float | None = None  # the first step: allocation, compilation
+    units: float | None = None  # tokens, target tokens or images per step (the task's throughput_units)
+    unit: str = ""
+    flops: int | None = None  # model FLOPs per step (the task's flops_per_batch)
+    peak_flops: float | None = None  # of the step's compute dtype on this device
+    dtype: str = ""
+    memory_gib: float | None = None  # peak allocated, CUDA only
+    target: float | None = None  # the task's bf16 MFU target
 
-    return Workload(
-        f"LM model=base (d={cfg.d_model}, {cfg.n_layers} layers), {length} tokens, vocab {vocab}", "tokens",
-        lambda: CausalLM(cfg, vocab), loss, lambda batch: causal_lm_flops(cfg, vocab, batch, length),
-        lambda batch: batch * length, 2 if settings.quick else LM_MAX_BATCH,
-    )
-
-
-def vit_workload(settings: Settings) -> Workload:
-    image, patch, classes = (16, 4, 10) if settings.quick else (VIT_IMAGE, VIT_PATCH, VIT_CLASSES)
-    cfg = base_config(settings.quick, pos_encoding="learned", norm_eps=1e-6, **vit_geometry(image, patch, "cls"))
-
-    def loss(model: nn.Module, batch: int) -> Callable[[], Tensor]:
-        images = torch.randn(batch, 3, image, image, device=settings.device)
-        labels = torch.randint(0, classes, (batch,), device=settings.device)
-        return lambda: F.cross_entropy(model(images).float(), labels)
-
-    return Workload(
-        f"ViT-B/{patch} model=base (d={cfg.d_model}, {cfg.n_layers} layers), {image} px, {classes} classes", "images",
-        lambda: VisionTransformer(cfg, patch_size=patch, in_channels=3, num_classes=classes),
-        loss, lambda batch: vit_flops(cfg, batch=batch, patch_size=patch, in_channels=3, num_classes=classes),
-        lambda batch: batch, 2 if settings.quick else VIT_MAX_BATCH,
-    )
+    @property
+    def mfu(self) -> float | None:
+        if self.flops is None or not self.seconds or not self.peak_flops:
+            return None
+        return self.flops / self.seconds / self.peak_flops
 
 
-def _free_memory(device: torch.device) -> None:
+def _reset(device: torch.device) -> None:
+    """Forget the last variant: its tensors, and its compiled graphs (a block's code is shared by every task: dynamo
+    would count their graphs towards one recompile limit, then run the rest eagerly)."""
+    torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def fitting_step(
-    workload: Workload, settings: Settings, dtype: torch.dtype, compiled: bool, start_batch: int
-) -> tuple[int, Callable[[], None]]:
-    """The largest batch among ``start_batch``, its half, its quarter... whose training step fits in
-    the device's memory, with that step (its first call already made: it allocates, or compiles)."""
-    batch = start_batch
-    while True:
-        _free_memory(settings.device)
-        torch.manual_seed(0)
-        model = workload.build().to(settings.device)
-        if compiled:
-            model.compile()
-        step = training_step(model, workload.loss(model, batch), settings.device, dtype)
+@contextmanager
+def one_rank_mesh(device: torch.device) -> Iterator[DeviceMesh]:
+    """The device mesh ``trainer=fsdp`` gives one process (data parallel x tensor parallel, 1 x 1), on a process group
+    of this process alone (NCCL on a GPU, gloo on a CPU), taken down after unless one was already there."""
+    created = not dist.is_initialized()
+    if created:
+        if device.type == "cuda" and device.index is not None:  # (plain "cuda": the current device)
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    try:
+        yield init_device_mesh(device.type, (1, 1), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def mean_loss(task: TridentTask, batch: Batch) -> Tensor:
+    """The training loss the task's objective gives ``batch``: its sum over the trained items over their count."""
+    loss, _ = task.objective(task, batch, TRAIN)
+    return loss.summed / loss.count
+
+
+def optimizer_of(task: TridentTask) -> torch.optim.Optimizer:
+    """The optimizer ``configure_optimizers`` builds (from the run's ``optimizer`` config over the task's parameter
+    groups; its schedule left out: one learning rate is as fast as another)."""
+    groups = task.parameter_groups(float(task.optimizer_cfg.get("weight_decay", 0.0)))
+    return build_optimizer(task.net, task.optimizer_cfg, groups=groups)
+
+
+def prepared_step(workload: Workload, cfg: DictConfig, settings: Settings, size: int,
+                  mesh: DeviceMesh | None) -> tuple[Callable[[], None], TridentTask, Batch]:
+    """One training step of the task ``cfg`` builds, on a batch of ``size``: built, compiled and sharded in the order
+    of a run (the lifecycle compiles, then ``configure_model`` shards; the graph is traced at the first call)."""
+    torch.manual_seed(0)
+    task = workload.build(cfg).to(settings.device)
+    compile_network(task, cfg.get("compile", False))
+    if mesh is not None:
+        shard_networks(task, mesh, str(cfg.trainer.precision))
+    batch = workload.batch(cfg, size, settings.device)
+    dtype, clip = AUTOCAST[str(cfg.trainer.precision)], cfg.trainer.get("gradient_clip_val")
+    step = training_step(task, lambda: mean_loss(task, batch), settings.device, dtype, optimizer_of(task), clip)
+    return step, task, batch
+
+
+def measure(workload: Workload, variant: Variant, settings: Settings, start_batch: int) -> Measured:
+    """``variant``'s training step at the largest of ``start_batch``, its half, its quarter... that fits."""
+    base = workload.base
+    result = Measured(f"{workload.KEY}-{variant.name}", workload.describe(base), target=workload.TARGET)
+    if variant.needs and OmegaConf.select(base, variant.needs, default=_ABSENT) is _ABSENT:
+        result.status = f"not available: this tree has no {variant.needs} for task={base.task.name}"
+        return result
+    cfg = workload.compose(variant.overrides)
+    size = start_batch
+    with ExitStack() as stack:
+        mesh = stack.enter_context(one_rank_mesh(settings.device)) if shards_weights(cfg.trainer.get("strategy")) else None
+        while True:
+            _reset(settings.device)
+            step, task, batch = prepared_step(workload, cfg, settings, size, mesh)
+            try:
+                start = time.perf_counter()
+                step()
+                result.first_seconds = time.perf_counter() - start
+                break
+            except torch.OutOfMemoryError:
+                if size == 1:
+                    raise
+            del step, task, batch
+            size //= 2
+        result.seconds = interleaved({"step": step}, Budget(settings.warmup, settings.repeats))["step"]
+        precision = str(cfg.trainer.precision)
+        result.dtype = compute_dtype(precision)
+        result.peak_flops = device_peak_flops(settings.device, result.dtype)
+        result.batch, result.unit = size, workload.UNIT
+        result.units = task.throughput_units(batch)[workload.UNIT]
+        result.flops = task.flops_per_batch(batch)  # the Throughput callback's count
+        if settings.device.type == "cuda":
+            result.memory_gib = torch.cuda.max_memory_allocated(settings.device) / 2**30
+        result.status = "ok"
+        del step, task, batch
+    return result
+
+
+def measure_variants(workload: Workload, variants: tuple[Variant, ...], settings: Settings,
+                     start_batch: int | None = None, deadline: float = float("inf")) -> Iterator[Measured]:
+    """Each of ``variants`` in turn; a failure (a compile error, an OOM at batch 1) becomes its row, not the end.
+    No variant starts within 20 s of ``deadline`` (epoch seconds)."""
+    start = start_batch or workload.max_batch(workload.base)
+    for variant in variants:
+        if time.time() > deadline - 20:
+            return
         try:
-            step()
-            return batch, step
-        except torch.OutOfMemoryError:
-            if batch == 1:
-                raise
-        del model, step
-        batch //= 2
+            result = measure(workload, variant, settings, start)
+        except Exception as err:  # one variant's failure (a compile error, an OOM at batch 1) must not lose the others
+            log.exception("%s-%s failed", workload.KEY, variant.name)
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            # (Described by its key alone: composing the config may be what failed.)
+            result = Measured(f"{workload.KEY}-{variant.name}", workload.KEY,
+                              status=f"failed: {type(err).__name__}: {first_line}"[:300], target=workload.TARGET)
+        _reset(settings.device)
+        if result.status == "ok" and result.batch is not None:
+            start = result.batch
+        log.info("%s: %s", result.name, result.status)
+        yield result
 
 
-def workload_rows(workload: Workload, group: str, settings: Settings, target: float | None) -> list[Row]:
-    # --quick is a smoke test of the rows: one variant (fp16 matmuls crawl on CPUs; compiling takes minutes).
-    variants = [("bf16", False)] if settings.quick else [*((name, False) for name in PRECISIONS), ("bf16", True)]
-    rows, bf16_batch = [], workload.max_batch
-    for dtype_name, compiled in variants:
-        precision, dtype = PRECISIONS[dtype_name]
-        # The compiled step starts from the eager bf16 batch (compiling each halving would cost minutes).
-        found, step = fitting_step(workload, settings, dtype, compiled, bf16_batch if compiled else workload.max_batch)
-        if (dtype_name, compiled) == ("bf16", False):
-            bf16_batch = found
-        seconds = interleaved({"step": step}, Budget(settings.warmup, settings.repeats))["step"]
-        peak_flops = device_peak_flops(settings.device, compute_dtype(precision))
-        mfu = workload.flops(found) / seconds / peak_flops if peak_flops else None
-        memory = (f"peak memory {torch.cuda.max_memory_allocated(settings.device) / 2**30:.1f} GiB"
-                  if settings.device.type == "cuda" else "peak memory: CUDA only")
-        label = f"{dtype_name}{', compiled' if compiled else ''}"
-        checked = target is not None and dtype_name == "bf16"
-        rows.append(Row(
-            group, f"{workload.name}, {label}: batch {found}",
-            f"{milliseconds(seconds)}; {workload.units(found) / seconds:,.0f} {workload.unit}/s",
-            f"peak {peak_flops / 1e12:.4g} TFLOP/s ({compute_dtype(precision)})" if peak_flops else "no peak known",
-            f"MFU {mfu:.1%}" if mfu is not None else "-",
-            f">= {target:.0%} MFU" if checked else "-",
-            ("yes" if mfu >= target else "**no**") if checked and mfu is not None else "-",
-            f"{memory}; batch: the largest power of two <= {workload.max_batch} that fits; fused AdamW; "
-            f"{workload.flops(found) / 1e12:.3g} TFLOP per step (trident.training.flops)",
-        ))
-        del step
-    _free_memory(settings.device)
+def ratio_to_plain(result: Measured, variant: Variant, measured: dict[str, Measured]) -> float | None:
+    """A sharded variant's time per item (token, target token, image) over its plain variant's (same task), where
+    both were measured: the step times' ratio at equal batches, and still the rates' where the sharded step fit only
+    a smaller batch (it starts from the plain variant's and halves on OOM), whose shorter step must not pass."""
+    plain = measured.get(f"{result.name.split('-', 1)[0]}-{variant.plain}") if variant.plain else None
+    if plain is None or not plain.seconds or not result.seconds or not plain.units or not result.units:
+        return None
+    return (result.seconds / result.units) / (plain.seconds / plain.units)
+
+
+def target_of(result: Measured, variant: Variant, measured: dict[str, Measured]) -> tuple[str, str]:
+    """(target, met) of a row: the time per item against plain's for a sharded variant, the task's MFU in bf16."""
+    if variant.plain is not None:
+        ratio = ratio_to_plain(result, variant, measured)
+        return f"<= {FSDP_TARGET}x {variant.plain}'s time per item", "-" if ratio is None else ("yes" if ratio <= FSDP_TARGET else "**no**")
+    if BF16 not in variant.overrides or result.target is None:
+        return "-", "-"
+    mfu = result.mfu
+    return f">= {result.target:.0%} MFU", "-" if mfu is None else ("yes" if mfu >= result.target else "**no**")
+
+
+def as_row(group: str, result: Measured, variant: Variant, measured: dict[str, Measured]) -> Row:
+    target, met = target_of(result, variant, measured)
+    if result.status != "ok":
+        return Row(group, f"{result.workload}, {variant.name}", result.status, "-", "-", target, "-",
+                   " ".join(variant.overrides))
+    assert result.seconds is not None and result.units is not None and result.flops is not None
+    ratio = ratio_to_plain(result, variant, measured)
+    mfu = result.mfu
+    return Row(
+        group, f"{result.workload}, {variant.name}: batch {result.batch}",
+        f"{milliseconds(result.seconds)}; {result.units / result.seconds:,.0f} {result.unit}/s",
+        f"peak {result.peak_flops / 1e12:.4g} TFLOP/s ({result.dtype})" if result.peak_flops else "no peak known",
+        (f"MFU {mfu:.1%}" if mfu is not None else "-") + (f"; {ratio:.2f}x {variant.plain}'s time per item" if ratio else ""),
+        target, met,
+        f"{' '.join(variant.overrides)}; first step {result.first_seconds:.1f} s; "
+        + (f"peak memory {result.memory_gib:.1f} GiB; " if result.memory_gib is not None else "")
+        + f"{result.flops / 1e12:.3g} TFLOP per step (the task's flops_per_batch)",
+    )
+
+
+def workload_rows(group: str, variants: tuple[Variant, ...], settings: Settings) -> list[Row]:
+    rows = []
+    for kind in WORKLOADS:
+        measured: dict[str, Measured] = {}
+        for variant, result in zip(variants, measure_variants(kind(settings.quick), variants, settings), strict=False):
+            measured[result.name] = result
+            rows.append(as_row(group, result, variant, measured))
     return rows
 
 
 def mfu_rows(settings: Settings) -> list[Row]:
-    return [*workload_rows(lm_workload(settings), "mfu", settings, LM_MFU_TARGET),
-            *workload_rows(vit_workload(settings), "mfu", settings, None)]
+    # --quick is a smoke test of the rows: one variant (fp16 matmuls crawl on CPUs; compiling takes minutes).
+    return workload_rows("mfu", PRECISION_VARIANTS[:1] if settings.quick else PRECISION_VARIANTS, settings)
+
+
+def speed_rows(settings: Settings) -> list[Row]:
+    return workload_rows("speed", SPEED_VARIANTS, settings)

@@ -61,8 +61,10 @@ def training_step(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     optimizer: torch.optim.Optimizer | None = None,
+    clip: float | None = None,
 ) -> Callable[[], None]:
-    """A closure doing one optimizer step: forward (under autocast) and loss, backward, AdamW."""
+    """A closure doing one optimizer step: forward (under autocast) and loss, backward, the gradients' norm clipped
+    to ``clip`` where given (``trainer.gradient_clip_val``, as Lightning clips them), AdamW."""
     model.train()
     optimizer = optimizer or adamw(model)
 
@@ -71,6 +73,8 @@ def training_step(
         with autocast(device, dtype):
             value = loss()
         value.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
         optimizer.step()
         synchronize(device)
 
