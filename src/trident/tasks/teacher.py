@@ -71,6 +71,13 @@ def distills(cfg: DictConfig) -> bool:
     return str((cfg.get("distill") or {}).get("name", OFF)) != OFF
 
 
+def student_alone(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What a task read from a checkpoint (its hyperparameters ``settings``) to evaluate, sample or export takes over
+    them (trident.weights.checkpoints.load_task_checkpoint): a distilled run's student alone, without building its
+    teacher or reading the teacher's copy (``<run>/init/teacher.*``), which serves the training loss only."""
+    return {"distill": None} if settings.get("distill") is not None else {}
+
+
 def check_distill_run(task: type[TaskWithTeacher], cfg: DictConfig) -> None:
     """One line, before any work, for a distillation the run's task or objective cannot take, or bad settings."""
     if not distills(cfg):

@@ -29,6 +29,7 @@ from trident.parallel.distributed_checkpoint import read_sharded_checkpoint, rep
 from trident.tasks.base import TridentTask
 from trident.tasks.frozen_base import FROZEN_BASE_KEY, BaseFinder, reading
 from trident.tasks.networks import companions_beside
+from trident.tasks.teacher import student_alone
 from trident.weights.checkpoint_files import READ_ERRORS, checkpoint_of, read_checkpoint, unreadable_checkpoint
 
 __all__ = ["READ_ERRORS", "RETIRED_SETTINGS", "AtomicCheckpointIO", "check_checkpoint_fits", "checkpoint_of",
@@ -92,9 +93,7 @@ def load_task_checkpoint(task_class: type[TaskT], path: Path, find_base: BaseFin
             f"checkpoint {str(path)!r} is not a trident {task_name} checkpoint (it has the setting {foreign[0]!r}): "
             f"use a checkpoint of a task={task_name} run (last.ckpt or best-*.ckpt)"
         )
-    # A distilled run's teacher (distill=kd) serves its training loss alone: a task read to evaluate, sample or export
-    # is the student, without building the teacher or needing its files (<run>/init/teacher.*).
-    student = {"distill": None} if settings.get("distill") is not None else {}
+    student = student_alone(settings)  # a distilled run's student, without its teacher
     try:
         # Lightning rebuilds a task from a file: a sharded checkpoint comes as one, in memory, its weights gathered.
         source = path if path.is_file() else _in_memory(read_checkpoint(path, "the checkpoint argument"))
