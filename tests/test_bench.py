@@ -264,6 +264,26 @@ def test_fsdp_ratio_compares_time_per_token_when_the_sharded_step_ran_a_smaller_
     assert ratio_to_plain(measured["lm-bf16-fsdp"], fsdp, measured) == pytest.approx(1.5)
 
 
+def test_a_process_killed_while_writing_the_record_leaves_the_last_complete_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_check.sh kills a task's bench process at its deadline, maybe while it rewrites speed.json: the rows kept so
+    far must stay readable, or every later process (and call) would fail on the record and measure nothing."""
+    record = tmp_path / "speed.json"
+    first = {"lm-bf16": Measured("lm-bf16", "LM", "ok", 64, 0.2, 40.0, 65536, "tokens", 10**14, 1e15, "bf16", 60.0, 0.45)}
+    speed.write_record(record, first)
+    write_text = Path.write_text
+
+    def killed_halfway(path: Path, text: str, *args: object, **kwargs: object) -> int:
+        write_text(path, text[: len(text) // 2])
+        raise KeyboardInterrupt  # (the process stops here)
+
+    monkeypatch.setattr(Path, "write_text", killed_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        speed.write_record(record, {**first, "lm-bf16-fsdp": dataclasses.replace(first["lm-bf16"], name="lm-bf16-fsdp")})
+    monkeypatch.undo()
+    assert speed.read_record(record) == first
+
+
 def test_speed_command_keeps_each_row_and_a_second_call_measures_only_what_is_missing(
         tmp_path: Path, single_thread: None) -> None:
     """``python -m trident.bench.speed``: the record (JSON) and the table (markdown) hold each row once measured; a

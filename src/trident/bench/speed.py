@@ -18,6 +18,7 @@ import argparse
 import fnmatch
 import json
 import logging
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -46,8 +47,12 @@ def read_record(path: Path | None) -> dict[str, Measured]:
 
 
 def write_record(path: Path, measured: dict[str, Measured]) -> None:
+    """Written beside, then renamed over the last: gpu_check.sh kills a process at its deadline, perhaps mid-write,
+    and a torn record would stop every later process (and a later call) at reading it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([asdict(row) for row in measured.values()], indent=1))
+    staged = path.with_name(path.name + ".partial")
+    staged.write_text(json.dumps([asdict(row) for row in measured.values()], indent=1))
+    os.replace(staged, path)
 
 
 def table(measured: dict[str, Measured]) -> list[str]:
