@@ -35,6 +35,7 @@ from trident.backbone.positional import (
     register_pos_encoding,
 )
 from trident.backbone.stack import Decoder, Encoder, TransformerStack
+from trident.backbone.vocabulary_head import VocabularyHead, scored
 
 __all__ = [
     "ACTIVATIONS",
@@ -65,6 +66,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
+    "VocabularyHead",
     "adapters_off",
     "add_lora",
     "available_pos_encodings",
@@ -79,4 +81,5 @@ __all__ = [
     "pos_encoding_class",
     "redraw_features",
     "register_pos_encoding",
+    "scored",
 ]

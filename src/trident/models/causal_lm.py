@@ -14,9 +14,10 @@ from trident.backbone import (
     SegmentMemory,
     TokenEmbedding,
     TransformerConfig,
+    VocabularyHead,
+    scored,
 )
 from trident.errors import ConfigError
-from trident.models.vocabulary_head import VocabularyHead, scored
 
 
 class CausalLM(nn.Module):

@@ -12,10 +12,11 @@ from trident.backbone import (
     ParallelPlan,
     TokenEmbedding,
     TransformerConfig,
+    VocabularyHead,
     make_norm,
+    scored,
 )
 from trident.errors import ConfigError
-from trident.models.vocabulary_head import VocabularyHead, scored
 
 
 class MaskedLM(nn.Module):

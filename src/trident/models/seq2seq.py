@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig
+from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig, VocabularyHead, scored
 from trident.errors import ConfigError
-from trident.models.vocabulary_head import VocabularyHead, scored
 
 # all: encoder embedding = decoder embedding = output projection (the paper, section 3.4; needs
 # a shared vocabulary); decoder: decoder embedding = output projection; embeddings: encoder embedding = decoder

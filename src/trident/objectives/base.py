@@ -10,7 +10,7 @@ reference policy for preference tuning, a teacher for distillation) asks the tas
 receives the task and the batch, not only the outputs (the task that holds such a network lets ``outputs`` name it).
 
 A task with a vocabulary head and ``task.loss_chunk`` > 0 hands over the head and the hidden states it scores
-(:class:`trident.models.vocabulary_head.VocabularyHead`) instead of the logits: :attr:`Outputs.scores` is then the
+(:class:`trident.backbone.vocabulary_head.VocabularyHead`) instead of the logits: :attr:`Outputs.scores` is then the
 head, which the token objectives score chunk by chunk (trident.training.chunked_loss), never holding the whole
 batch's logits; anything that reads :attr:`Outputs.logits` (a metric, a preference objective's sequence
 log-probabilities, distillation) gets them whole, computed on first use, as a network's forward returns them.
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 
 from torch import Tensor, nn
 
-from trident.models.vocabulary_head import VocabularyHead
+from trident.backbone import VocabularyHead
 
 # The stage of a batch, as Lightning's hooks name them: "train", "val" or "test".
 TRAIN = "train"

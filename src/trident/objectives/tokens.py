@@ -4,7 +4,7 @@ Every position that trains nothing holds one label, :data:`IGNORE_INDEX` (F.cros
 and padding of chat data, unmasked MLM positions, the padding of a translation target.
 
 Each scores either whole logits or, where the task hands over its vocabulary head (``task.loss_chunk`` > 0,
-:class:`~trident.models.vocabulary_head.VocabularyHead`), the head's hidden states chunk by chunk
+:class:`~trident.backbone.vocabulary_head.VocabularyHead`), the head's hidden states chunk by chunk
 (trident.training.chunked_loss): the same loss and gradients without the whole batch's logits.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trident.backbone import VocabularyHead
 from trident.data.masking import IGNORE_INDEX
-from trident.models.vocabulary_head import VocabularyHead
 from trident.objectives.base import Loss, Objective, Outputs
 from trident.training.chunked_loss import chunked_cross_entropy
 from trident.training.losses import label_smoothed_cross_entropy

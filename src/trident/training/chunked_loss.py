@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from trident.backbone import VocabularyHead
 from trident.errors import ConfigError, is_int
-from trident.models.vocabulary_head import VocabularyHead
 
 #: The default ``task.loss_chunk``: tokens scored at a time. The logits of a chunk at a vocabulary of 50,304 are
 #: 200 MB in fp32; a chunk larger than the batch's tokens is the whole batch in one piece.
