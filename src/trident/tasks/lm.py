@@ -91,6 +91,7 @@ class LanguageModelTask(TridentTask):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
         check_memory_run(cfg)
 

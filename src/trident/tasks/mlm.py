@@ -84,6 +84,7 @@ class MaskedLanguageModelTask(TridentTask):
     def validate_config(cls, cfg: DictConfig) -> None:
         """Checked before any work: text data, masking rates, room for a mask, a bidirectional encoding."""
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
             raise ConfigError(
                 f"data={cfg.data.name} is not text data for task={cfg.task.name}: choose a language-modelling data option "

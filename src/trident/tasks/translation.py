@@ -174,6 +174,7 @@ class TranslationTask(TridentTask):
         """Also: with a decoder start (BART's), the decoder's input is one token longer than the data's target, which
         the position table must hold."""
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         start, longest, table = cfg.task.get("decoder_start_id"), cfg.data.get("max_len"), cfg.data.get("max_seq_len")
         if start is not None and longest is not None and table is not None and longest >= table:
             # A source's table is fixed (BART's max_position_embeddings); trident's own follows data.max_len by default.
