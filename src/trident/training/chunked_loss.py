@@ -144,22 +144,24 @@ def _scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, flat: Tensor, i
                 loss += nll.sum()
             if grads is None:
                 continue
-            # d loss / d logits of a trained row: softmax - (1 - eps) * one_hot - eps / V; of an ignored row: 0.
+            # d loss / d logits of a trained row: softmax - (1 - eps) * one_hot - eps / V. An ignored row's is 0: its
+            # rows of the (n, D) states and of their gradient are zeroed below, not the (n, V) rows here (a pass
+            # over the chunk's logits, as long as half a matmul on a GPU).
             grad = log_probs.exp_()
             if epsilon:
                 grad -= epsilon / vocab
             grad.scatter_add_(1, safe[:, None], torch.full_like(grad[:, :1], -(1.0 - epsilon)))
-            grad *= keep[:, None]
             if softcap is not None:  # through cap * tanh(u / cap): d/du = 1 - (logits / cap)^2
                 grad *= 1.0 - (logits / softcap).square()
             grad = grad.to(dtype)  # (n, V) the matmuls' dtype, as the plain head's backward under autocast
+            trained = keep[:, None].to(dtype)  # (n, 1)
             grad_hidden, grad_weight, grad_bias = grads
             if grad_hidden is not None:
-                grad_hidden[start : start + chunk] = grad @ w  # (n, D)
+                grad_hidden[start : start + chunk] = (grad @ w) * trained  # (n, D)
             if grad_weight is not None:
-                grad_weight += grad.T @ h  # (V, D) summed in fp32
+                grad_weight += grad.T @ (h * trained)  # (V, D) summed in fp32
             if grad_bias is not None:
-                grad_bias += grad.sum(dim=0, dtype=grad_bias.dtype)  # (V,)
+                grad_bias += (trained.T @ grad).squeeze(0)  # (V,) summed in fp32
     return loss, nll_sum
 
 
