@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import trident.training.chunked_loss as chunked_loss
 from trident.backbone import VocabularyHead
 from trident.data.masking import IGNORE_INDEX
+from trident.training import chunked_loss
 
 VOCAB, WIDTH, TOKENS = 50_304, 768, 8_192
 
