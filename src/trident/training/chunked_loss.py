@@ -163,7 +163,10 @@ def _scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, flat: Tensor, i
             if grad_hidden is not None:
                 grad_hidden[start : start + chunk] = (grad @ w) * trained  # (n, D)
             if grad_weight is not None:
-                grad_weight += grad.T @ (h * trained)  # (V, D) summed in fp32
+                if grad_weight.dtype == grad.dtype:  # fp32: added in place, no (V, D) temporary
+                    grad_weight.addmm_(grad.T, h * trained)
+                else:  # a bf16 / fp16 chunk's product, summed in fp32
+                    grad_weight += grad.T @ (h * trained)
             if grad_bias is not None:
                 grad_bias += (trained.T @ grad).squeeze(0)  # (V,) summed in fp32
     return loss, nll_sum
