@@ -58,12 +58,12 @@ def chunked_cross_entropy(head: VocabularyHead, targets: Tensor, *, ignore_index
     flat = targets.flatten()  # (N,)
     count = flat.ne(ignore_index).sum()
     weight = head.linear.weight  # (V, D)
+    if isinstance(weight, DTensor):
+        # A head split over devices (tensor parallelism's vocabulary plan): its own module scores the whole batch,
+        # through the plan's hooks that gather the pieces, as the plain loss does.
+        return _plain(head.logits().flatten(0, -2), flat, ignore_index, label_smoothing) + (count,)
     bias = head.linear.bias if head.bias is None else (head.bias if head.linear.bias is None
                                                        else head.linear.bias + head.bias)  # (V,) or None
-    if isinstance(weight, DTensor):
-        # A head split over devices (tensor parallelism, or FSDP's sharded weight outside the network's forward):
-        # its own module scores the whole batch, which knows how to gather the pieces.
-        return _plain(head.logits().flatten(0, -2), flat, ignore_index, label_smoothing) + (count,)
     if LIGER and hidden.is_cuda and label_smoothing == 0.0:
         # Liger's kernel returns the loss only: with label smoothing the NLL part needs the torch version.
         loss = _liger(hidden, weight, bias, flat, ignore_index, head.softcap)
