@@ -144,7 +144,7 @@ def test_under_bf16_autocast_the_loss_is_fp32_and_the_weights_gradient_summed_in
         assert loss.dtype == torch.float32
         grad = gradients(loss, [linear.weight])[0]
         assert grad.dtype == torch.float32
-        errors[chunk] = (abs(float(loss) - float(truth)) / float(truth),
+        errors[chunk] = (abs(float(loss.detach()) - float(truth.detach())) / float(truth.detach()),
                          float((grad.double() - truth_grad).abs().max() / truth_grad.abs().max()))
     assert errors[32][0] < 1e-2 and errors[32][1] < 2 * errors[0][1] + 1e-3, errors
 
@@ -268,3 +268,35 @@ def test_zero_and_null_mean_the_plain_loss(tmp_path: Path) -> None:
         task = LanguageModelTask(BACKBONE, VOCAB, {}, {}, loss_chunk=cfg.task.loss_chunk)
         assert task.loss_chunk == 0
         assert isinstance(task.outputs((torch.zeros(1, 4, dtype=torch.long),) * 2, "train").scores, Tensor)
+
+
+class _FakeLigerLoss(nn.Module):
+    """Liger's LigerFusedLinearCrossEntropyLoss as its API takes it (weight first, then the states), computed plainly."""
+
+    def __init__(self, ignore_index: int, reduction: str, softcap: float | None = None) -> None:
+        super().__init__()
+        self.ignore_index, self.reduction, self.softcap = ignore_index, reduction, softcap
+
+    def forward(self, lin_weight: Tensor, _input: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
+        logits = F.linear(_input, lin_weight, bias).float()
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+def test_the_liger_call_passes_the_weight_states_bias_and_softcap_as_its_api_takes_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logic behind tests/gpu/test_gpu_chunked_loss.py on a CPU: Liger's module (faked) gets the weight, the
+    states, the targets and the bias in its order, ``reduction="sum"`` and the softcap; its loss is the summed one."""
+    import sys
+    import types
+
+    from trident.training import chunked_loss
+
+    module = types.ModuleType("liger_kernel.transformers.fused_linear_cross_entropy")
+    module.LigerFusedLinearCrossEntropyLoss = _FakeLigerLoss  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.fused_linear_cross_entropy", module)
+    hidden, linear, targets = head_and_targets(torch.float64, bias=True)
+    head = VocabularyHead(hidden, linear, softcap=3.0)
+    loss = chunked_loss._liger(hidden.flatten(0, 1), linear.weight, linear.bias, targets.flatten(), IGNORE_INDEX, 3.0)
+    torch.testing.assert_close(loss.double(), plain_loss(head, targets), rtol=1e-6, atol=0)
