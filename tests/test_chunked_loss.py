@@ -300,3 +300,22 @@ def test_the_liger_call_passes_the_weight_states_bias_and_softcap_as_its_api_tak
     head = VocabularyHead(hidden, linear, softcap=3.0)
     loss = chunked_loss._liger(hidden.flatten(0, 1), linear.weight, linear.bias, targets.flatten(), IGNORE_INDEX, 3.0)
     torch.testing.assert_close(loss.double(), plain_loss(head, targets), rtol=1e-6, atol=0)
+
+
+def test_no_row_at_all_is_a_loss_of_zero() -> None:
+    """task=mlm's batch that masked no token: (0, D) states."""
+    hidden, linear, _ = head_and_targets(torch.float32, bias=True)
+    empty = hidden[:0, 0]  # (0, D)
+    loss, _, count = chunked_cross_entropy(VocabularyHead(empty, linear, chunk=4), torch.zeros(0, dtype=torch.long),
+                                           ignore_index=IGNORE_INDEX)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and int(count) == 0 and float(linear.weight.grad.abs().max()) == 0.0
+
+
+def test_every_vocabulary_task_defaults_to_the_chunk_its_constructor_takes(tmp_path: Path) -> None:
+    """The yaml's task.loss_chunk and the constructor's default (a checkpoint older than the key) agree."""
+    import inspect
+
+    for name, task in (("lm", LanguageModelTask), ("translation", TranslationTask), ("mlm", MaskedLanguageModelTask)):
+        assert compose_config([f"task={name}"], output_dir=tmp_path).task.loss_chunk == DEFAULT_LOSS_CHUNK
+        assert inspect.signature(task).parameters["loss_chunk"].default == DEFAULT_LOSS_CHUNK

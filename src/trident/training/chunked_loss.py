@@ -68,7 +68,7 @@ def chunked_cross_entropy(head: VocabularyHead, targets: Tensor, *, ignore_index
         # Liger's kernel returns the loss only: with label smoothing the NLL part needs the torch version.
         loss = _liger(hidden, weight, bias, flat, ignore_index, head.softcap)
         return loss, loss.detach(), count
-    chunk = head.chunk or hidden.size(0)
+    chunk = head.chunk or max(1, hidden.size(0))  # 0: the whole batch in one piece (of at least a row)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))):
         with torch.no_grad():
             loss, nll = _scores(hidden, weight, bias, flat, ignore_index, label_smoothing, head.softcap, chunk, None)
