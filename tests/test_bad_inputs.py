@@ -297,6 +297,8 @@ CASES: list[tuple[str, str, list[str], list[str]]] = [
     ("eval-missing-checkpoint", "eval.py", ["ckpt_path=nowhere.ckpt"], ["nowhere.ckpt", "not found"]),
     ("eval-without-checkpoint", "eval.py", ["task.beam_size=1"], ["ckpt_path="]),
     ("sample-corrupt-checkpoint", "trident.commands.sample", ["corrupt.ckpt"], ["corrupt.ckpt", "corrupt"]),
+    ("loss-chunk-negative", "train.py", ["task.loss_chunk=-1"], ["task.loss_chunk", ">= 0", "-1", "task.loss_chunk=1024"]),
+    ("loss-chunk-not-a-number", "train.py", ["task=translation", "task.loss_chunk=many"], ["task.loss_chunk", "'many'"]),
     # Masked language modelling
     ("mlm-mask-rate-zero", "train.py", ["task=mlm", "task.mask_rate=0"], ["task.mask_rate", "(0, 1)", "0.15"]),
     ("mlm-mask-rate-above-one", "train.py", ["task=mlm", "task.mask_rate=1.2"], ["task.mask_rate", "(0, 1)"]),

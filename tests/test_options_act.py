@@ -145,13 +145,13 @@ def test_label_smoothing_shapes_the_image_loss(smoothing: float, trained_task: T
 def test_label_smoothing_reaches_the_translation_loss(smoothing: float, trained_task: TrainedTask, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[float] = []
-    loss_function = trident.objectives.tokens.label_smoothed_cross_entropy
+    loss_function = trident.objectives.tokens.chunked_cross_entropy  # task.loss_chunk's default: on
 
-    def spy(*args: Any, epsilon: float, **kwargs: Any) -> Any:
-        seen.append(epsilon)
-        return loss_function(*args, epsilon=epsilon, **kwargs)
+    def spy(*args: Any, label_smoothing: float, **kwargs: Any) -> Any:
+        seen.append(label_smoothing)
+        return loss_function(*args, label_smoothing=label_smoothing, **kwargs)
 
-    monkeypatch.setattr(trident.objectives.tokens, "label_smoothed_cross_entropy", spy)
+    monkeypatch.setattr(trident.objectives.tokens, "chunked_cross_entropy", spy)
     trained_task([*SMALL_MT, *ONE_STEP, f"task.label_smoothing={smoothing}"], tmp_path)
     assert seen == [smoothing]
 

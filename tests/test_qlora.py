@@ -149,7 +149,11 @@ QLORA = ["finetune=qlora", "finetune.scaler_block_size=64"]
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The base (trained 20 steps: a base whose predictions NF4 can disturb), LoRA and QLoRA runs on it, same seed."""
     root = tmp_path_factory.mktemp("qlora")
-    train(compose_config([*RUN, "test=false", "trainer.max_steps=20", "optimizer.lr=0.01"], output_dir=root / "base"))
+    # The base's 20 steps at lr 0.01 turn chaotic from step ~12: a rounding difference (the chunked loss's order of
+    # summation, 1e-7) gives another base, whose NF4 error the tolerances below were not measured on. The base the
+    # tolerances were measured on trains on whole logits; the tuning runs take the default chunked loss.
+    train(compose_config([*RUN, "task.loss_chunk=0", "test=false", "trainer.max_steps=20", "optimizer.lr=0.01"],
+                         output_dir=root / "base"))
     tuning = [*RUN, *CSV, *TUNE, f"init_from={root / 'base'}"]
     found: dict[str, Any] = {"base": root / "base"}
     for name, mode in (("lora", ["finetune=lora"]), ("qlora", QLORA)):

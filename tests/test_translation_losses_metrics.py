@@ -77,8 +77,8 @@ class FixedLogits(torch.nn.Module):
         super().__init__()
         self.logits = logits
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.logits
+    def forward(self, *inputs: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+        return self.logits  # whole logits whatever the chunk asked (task.loss_chunk): the plain loss scores them
 
 
 def test_perplexity_is_exp_of_the_plain_nll_not_of_the_smoothed_loss(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,7 +183,9 @@ def test_nfd_references_score_100_for_exact_outputs(monkeypatch: pytest.MonkeyPa
 def test_a_sentence_whose_scores_turn_non_finite_keeps_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beam search dropped such a sentence and the shorter list was zipped against the references: every later
     hypothesis was scored against the wrong reference. Now it is the empty translation, in its place."""
-    task = TranslationTask(BACKBONE, vocab_size=12, optimizer={}, scheduler={}, val_beam_size=2, max_len_b=4).eval()
+    # task.loss_chunk=0: the validation loss reads the whole logits the stub below edits.
+    task = TranslationTask(BACKBONE, vocab_size=12, optimizer={}, scheduler={}, val_beam_size=2, max_len_b=4,
+                           loss_chunk=0).eval()
     src = torch.tensor([[5, 6, 2], [7, 2, 0], [8, 9, 2]])
     expected = [" ".join(map(str, h.tokens)) for h in task.decode_ids(src, beam_size=2)]
     decode = task.net.decode

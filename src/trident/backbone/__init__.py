@@ -36,6 +36,7 @@ from trident.backbone.positional import (
     register_pos_encoding,
 )
 from trident.backbone.stack import Decoder, Encoder, TransformerStack
+from trident.backbone.vocabulary_head import VocabularyHead, scored
 
 __all__ = [
     "ACTIVATIONS",
@@ -66,6 +67,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
+    "VocabularyHead",
     "adapters_off",
     "add_lora",
     "apply_rotary",
@@ -81,4 +83,5 @@ __all__ = [
     "pos_encoding_class",
     "redraw_features",
     "register_pos_encoding",
+    "scored",
 ]

@@ -9,6 +9,7 @@
     python -m trident.bench --only sharding      # FSDP over 1, 2, 4 processes and tensor parallelism vs DDP, per rank
     python -m trident.bench --only startup       # each command's --help, and trident-export of a nano run, from cold
     python -m trident.bench --only linear_attention  # softmax vs Performer vs Linformer, lengths 512 to 16,384
+    python -m trident.bench --only loss_chunk    # cross-entropy at a 50,304 vocabulary: whole logits vs chunked
     python -m trident.bench --quick --out /tmp/bench.md   # tiny shapes: checks the command, times nothing useful
     python -m trident.bench --device cuda --out bench.md  # on a GPU: every row, plus model=base MFU rows
     python -m trident.bench --device cuda --only speed     # issue #57's table (also: python -m trident.bench.speed)
@@ -60,6 +61,7 @@ ROWS: dict[str, Callable[[Settings], list[Row]]] = {
     "checkpointing": rows_of("levers", "checkpointing_rows"),
     "passes": rows_of("passes", "passes_rows"),
     "linear_attention": rows_of("linear_attention", "linear_attention_rows"),
+    "loss_chunk": rows_of("chunked_loss", "loss_chunk_rows"),
     "workers": rows_of("data", "workers_rows"),
     "data": rows_of("preparation", "preparation_rows"),
     "data_2gb": rows_of("preparation", "big_corpus_rows"),

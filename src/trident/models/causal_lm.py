@@ -14,6 +14,8 @@ from trident.backbone import (
     SegmentMemory,
     TokenEmbedding,
     TransformerConfig,
+    VocabularyHead,
+    scored,
 )
 from trident.errors import ConfigError
 
@@ -47,8 +49,10 @@ class CausalLM(nn.Module):
         key_padding_mask: Tensor | None = None,
         positions: Tensor | None = None,
         memory: SegmentMemory | None = None,
-    ) -> Tensor:
-        """``ids``: (B, T) token ids -> logits (B, T, V). With ``cache``, ``ids`` are the new tokens only.
+        chunk: int = 0,
+    ) -> Tensor | VocabularyHead:
+        """``ids``: (B, T) token ids -> logits (B, T, V); with ``chunk`` > 0 (``task.loss_chunk``) the head and the
+        hidden states (B, T, D) it scores, which a chunked loss scores ``chunk`` rows at a time. With ``cache``, ``ids`` are the new tokens only.
         ``documents``: (B, T) document ids of packed rows (see :class:`trident.backbone.stack.StackInputs`).
         ``key_padding_mask``: (B, T_total) True at padding, e.g. the left padding of a batch of prompts (transformers'
         ``attention_mask == 0``), the cached positions included; no position attends to a padded one.
@@ -59,16 +63,17 @@ class CausalLM(nn.Module):
         that the previous batch's rows filled, generation the one its cache (:meth:`new_cache`) holds."""
         if self.cfg.memory_length:
             # The stack refuses padding, packed documents and per-row positions with a memory.
-            return self._forward_segments(ids, cache, memory, (key_padding_mask, documents, positions))
+            hidden = self._forward_segments(ids, cache, memory, (key_padding_mask, documents, positions))
+            return scored(self.vocabulary_head(hidden, chunk))
         if memory is not None:
             raise ValueError("memory is for a model with model.memory_length > 0")
         hidden = self.decoder(self.embed(ids), cache=cache, documents=documents, key_padding_mask=key_padding_mask,
                               positions=positions)
-        return self._logits(hidden)
+        return scored(self.vocabulary_head(hidden, chunk))
 
     def _forward_segments(self, ids: Tensor, cache: KVCache | None, memory: SegmentMemory | None,
                           refused: tuple[Tensor | None, Tensor | None, Tensor | None]) -> Tensor:
-        """(B, T) ids -> (B, T, V) logits, in pieces that end where a segment ends (there the memory rolls, and a
+        """(B, T) ids -> (B, T, D) hidden states, in pieces that end where a segment ends (there the memory rolls, and a
         cache starts the next segment's keys from it). ``refused``: the padding mask, documents and positions given to
         :meth:`forward`, which the stack refuses with a memory."""
         if cache is not None:
@@ -76,17 +81,17 @@ class CausalLM(nn.Module):
                 raise TypeError("a model with model.memory_length decodes with its own cache: use model.new_cache()")
             memory = cache.memory
         memory = memory if memory is not None else self.new_memory()
-        logits, start = [], 0
+        hidden, start = [], 0
         while start < ids.size(1):
             piece = ids[:, start : start + memory.segment - memory.filled]  # (B, <= S)
             padding, documents, positions = refused  # all None: the stack refuses each with a memory
-            hidden = self.decoder(self.embed(piece), cache=cache, recurrence=memory, key_padding_mask=padding,
-                                  documents=documents, positions=positions)
-            logits.append(self._logits(hidden))
+            hidden.append(self.decoder(self.embed(piece), cache=cache, recurrence=memory, key_padding_mask=padding,
+                                       documents=documents, positions=positions))
             if memory.advance(piece.size(1)) and cache is not None:
                 cache.restart()
             start += piece.size(1)
-        return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
+        # The head scores each position alone: the pieces' hidden states joined, then scored, are their logits joined.
+        return hidden[0] if len(hidden) == 1 else torch.cat(hidden, dim=1)
 
     def new_memory(self) -> SegmentMemory:
         """An empty memory of ``model.memory_length`` states per layer for segments of ``max_seq_len`` tokens."""
@@ -99,13 +104,12 @@ class CausalLM(nn.Module):
             raise ConfigError(f"a model with model.memory_length reads {ids.size(1)} tokens in segments of "
                               f"{self.cfg.max_seq_len}, each with its own weights to show: show one segment at a time")
         hidden, weights = self.decoder.forward_with_attention(self.embed(ids))
-        return self._logits(hidden), weights
+        return self.vocabulary_head(hidden).logits(), weights
 
-    def _logits(self, hidden: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, V); with ``model.final_logit_softcap`` (Gemma 2) capped at +-cap, smoothly."""
-        logits = self.head(hidden)
-        cap = self.cfg.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+    def vocabulary_head(self, hidden: Tensor, chunk: int = 0) -> VocabularyHead:
+        """The head on (B, T, D) ``hidden``: logits (B, T, V), with ``model.final_logit_softcap`` (Gemma 2) capped at
+        +-cap, smoothly."""
+        return VocabularyHead(hidden, self.head, softcap=self.cfg.final_logit_softcap, chunk=chunk)
 
     def new_cache(self, max_len: int) -> KVCache:
         """A KV cache for up to ``max_len`` positions; with ``model.memory_length`` a :class:`RecurrentCache`, which

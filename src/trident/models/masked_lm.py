@@ -12,7 +12,9 @@ from trident.backbone import (
     ParallelPlan,
     TokenEmbedding,
     TransformerConfig,
+    VocabularyHead,
     make_norm,
+    scored,
 )
 from trident.errors import ConfigError
 
@@ -43,14 +45,16 @@ class MaskedLM(nn.Module):
         """The embedding and its tied head split by vocabulary (the transform stays whole)."""
         return VOCABULARY_PLAN
 
-    def forward(self, ids: Tensor, *, key_padding_mask: Tensor | None = None, select: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, *, key_padding_mask: Tensor | None = None, select: Tensor | None = None,
+                chunk: int = 0) -> Tensor | VocabularyHead:
         """``ids``: (B, T); ``key_padding_mask``: (B, T) True at padding. Returns logits (B, T, V), or
         with ``select`` ((B, T) bool) the logits of the selected positions only, (N, V): the head,
-        the largest matmul of a small model, then runs on the ~15% of positions that are predicted."""
+        the largest matmul of a small model, then runs on the ~15% of positions that are predicted. With ``chunk`` > 0
+        (``task.loss_chunk``): the vocabulary projection and the transformed states it scores, for a chunked loss."""
         hidden = self.encoder(self.embed(ids), key_padding_mask=key_padding_mask)  # (B, T, D)
         if select is not None:
             hidden = hidden[select]  # (N, D)
-        return self.head(self.transform(hidden))
+        return scored(VocabularyHead(self.transform(hidden), self.head, chunk=chunk))
 
 
 class HeadActivation(nn.Module):

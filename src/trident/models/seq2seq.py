@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig
+from trident.backbone import Decoder, Encoder, KVCache, TokenEmbedding, TransformerConfig, VocabularyHead, scored
 from trident.errors import ConfigError
 
 # all: encoder embedding = decoder embedding = output projection (the paper, section 3.4; needs
@@ -79,8 +79,10 @@ class EncoderDecoder(nn.Module):
         padding = src.eq(self.pad_id)  # (B, S)
         return self.encoder(self.src_embed(src), key_padding_mask=padding), padding
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, memory_padding_mask: Tensor, *, cache: KVCache | None = None) -> Tensor:
-        """``tgt_in``: (B, T) target prefix (with ``cache``: only the new tokens) -> logits (B, T, V).
+    def decode(self, tgt_in: Tensor, memory: Tensor, memory_padding_mask: Tensor, *, cache: KVCache | None = None,
+               chunk: int = 0) -> Tensor | VocabularyHead:
+        """``tgt_in``: (B, T) target prefix (with ``cache``: only the new tokens) -> logits (B, T, V); with ``chunk``
+        > 0 (``task.loss_chunk``) the head and the hidden states it scores, for a loss computed chunk by chunk.
 
         No target padding mask is needed: targets are right-padded, so under the causal mask
         no real position ever attends to padding (and SDPA keeps its fused causal path).
@@ -90,13 +92,14 @@ class EncoderDecoder(nn.Module):
         hidden = self.decoder(
             self.tgt_embed(tgt_in), memory=memory, memory_padding_mask=memory_padding_mask, cache=cache
         )  # (B, T, D)
-        logits = self.head(hidden if self.head_scale == 1.0 else hidden * self.head_scale)  # (B, T, V)
-        return logits if self.logits_bias is None else logits + self.logits_bias
+        head = VocabularyHead(hidden if self.head_scale == 1.0 else hidden * self.head_scale, self.head,
+                              bias=self.logits_bias, chunk=chunk)
+        return scored(head)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: (B, S) source, (B, T) decoder input -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, chunk: int = 0) -> Tensor | VocabularyHead:
+        """Teacher forcing: (B, S) source, (B, T) decoder input -> logits (B, T, V) (``chunk``: :meth:`decode`)."""
         memory, padding = self.encode(src)
-        return self.decode(tgt_in, memory, padding)
+        return self.decode(tgt_in, memory, padding, chunk=chunk)
 
     def new_cache(self, max_len: int) -> KVCache:
         return self.decoder.new_cache(max_len)

@@ -8,6 +8,12 @@ sequences or images) and their count: the task hands both to the one loss reduct
 keeps the outputs for its metrics. An objective that needs another network's outputs on the same batch (a frozen
 reference policy for preference tuning, a teacher for distillation) asks the task again: :meth:`Objective.forward`
 receives the task and the batch, not only the outputs (the task that holds such a network lets ``outputs`` name it).
+
+A task with a vocabulary head and ``task.loss_chunk`` > 0 hands over the head and the hidden states it scores
+(:class:`trident.backbone.vocabulary_head.VocabularyHead`) instead of the logits: :attr:`Outputs.scores` is then the
+head, which the token objectives score chunk by chunk (trident.training.chunked_loss), never holding the whole
+batch's logits; anything that reads :attr:`Outputs.logits` (a metric, a preference objective's sequence
+log-probabilities, distillation) gets them whole, computed on first use, as a network's forward returns them.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar, Protocol
 
 from torch import Tensor, nn
+
+from trident.backbone import VocabularyHead
 
 # The stage of a batch, as Lightning's hooks name them: "train", "val" or "test".
 TRAIN = "train"
@@ -28,10 +37,17 @@ TRAIN = "train"
 class Outputs:
     """What a network made of a batch, beside what it should have made."""
 
-    logits: Tensor  # the network's scores: (..., V) per token, (B, C) per sequence or image
+    # The network's scores: logits (..., V) per token, (B, C) per sequence or image; or a vocabulary head and the
+    # hidden states (..., D) it scores, whose logits are computed where they are read (task.loss_chunk).
+    scores: Tensor | VocabularyHead
     # The truth the scores are trained towards: label ids shaped as ``logits`` less its last axis (IGNORE_INDEX where
     # nothing trains), or class probabilities shaped as ``logits`` (soft targets, e.g. Mixup's).
     targets: Tensor
+
+    @cached_property
+    def logits(self) -> Tensor:
+        """The logits, (..., V) or (B, C): a head's computed whole on first use (kept while the outputs live)."""
+        return self.scores.logits() if isinstance(self.scores, VocabularyHead) else self.scores
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,10 @@
 
 Every position that trains nothing holds one label, :data:`IGNORE_INDEX` (F.cross_entropy's default): prompt tokens
 and padding of chat data, unmasked MLM positions, the padding of a translation target.
+
+Each scores either whole logits or, where the task hands over its vocabulary head (``task.loss_chunk`` > 0,
+:class:`~trident.backbone.vocabulary_head.VocabularyHead`), the head's hidden states chunk by chunk
+(trident.training.chunked_loss): the same loss and gradients without the whole batch's logits.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trident.backbone import VocabularyHead
 from trident.data.masking import IGNORE_INDEX
 from trident.objectives.base import Loss, Objective, Outputs
+from trident.training.chunked_loss import chunked_cross_entropy
 from trident.training.losses import label_smoothed_cross_entropy
 
 
@@ -20,6 +26,9 @@ class NextToken(Objective):
     NAME = "next_token"
 
     def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        if isinstance(outputs.scores, VocabularyHead):
+            summed, _, count = chunked_cross_entropy(outputs.scores, outputs.targets, ignore_index=IGNORE_INDEX)
+            return Loss(summed, count)
         logits, targets = outputs.logits, outputs.targets  # (B, T, V), (B, T)
         summed = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
                                  reduction="sum")
@@ -33,6 +42,9 @@ class MaskedTokens(Objective):
     NAME = "masked_tokens"
 
     def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        if isinstance(outputs.scores, VocabularyHead):
+            summed = chunked_cross_entropy(outputs.scores, outputs.targets, ignore_index=IGNORE_INDEX)[0]
+            return Loss(summed, torch.tensor(outputs.targets.numel(), device=summed.device))
         summed = F.cross_entropy(outputs.logits, outputs.targets, reduction="sum")
         return Loss(summed, torch.tensor(outputs.targets.numel(), device=summed.device))
 
@@ -48,6 +60,10 @@ class TargetSequence(Objective):
         self.label_smoothing = label_smoothing
 
     def reduce(self, outputs: Outputs, stage: str) -> Loss:
+        if isinstance(outputs.scores, VocabularyHead):
+            summed, nll_summed, count = chunked_cross_entropy(outputs.scores, outputs.targets, ignore_index=IGNORE_INDEX,
+                                                              label_smoothing=self.label_smoothing)
+            return Loss(summed, count, {"nll_loss": (nll_summed / count.clamp(min=1), count)})
         loss, nll, count = label_smoothed_cross_entropy(outputs.logits, outputs.targets, epsilon=self.label_smoothing,
                                                         ignore_index=IGNORE_INDEX)
         # The function's means over the real tokens, times their count: the summed loss (0 when there is none).

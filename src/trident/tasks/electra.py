@@ -178,6 +178,9 @@ class ElectraTask(TridentTask):
         inputs, targets = mask_tokens(ids, self.masking, mask_id=self.mask_id,
                                       num_regular_tokens=self.num_regular_tokens, generator=generator)
         select = targets != IGNORE_INDEX  # (B, T)
+        # Whole logits, no task.loss_chunk: the sampler draws every masked position's replacement from its softmax over
+        # the whole vocabulary, so the (N, V) logits (N: ~15 % of the tokens) exist in any case, and a loss computed
+        # chunk by chunk beside them would run the generator's head a second time.
         masked = self.generator(inputs, select=select).float()  # (N, V)
         originals = ids[select]  # (N,)
         sampled = sample_replacements(masked, (self.mask_id, self.pad_id), generator)  # (N,)

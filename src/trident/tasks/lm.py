@@ -25,6 +25,7 @@ from trident.tasks.network_builders import causal_lm
 from trident.tasks.networks import can_switch_off
 from trident.tasks.teacher import add_teacher, taught, teacher_flops
 from trident.tracking.text_logging import log_text_table
+from trident.training.chunked_loss import DEFAULT_LOSS_CHUNK, check_loss_chunk
 from trident.training.flops import causal_lm_flops
 
 if TYPE_CHECKING:
@@ -62,11 +63,13 @@ class LanguageModelTask(TridentTask):
         objective: dict[str, Any] | None = None,
         reference: str | None = None,
         distill: dict[str, Any] | None = None,
+        loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = causal_lm(self.backbone_config, vocab_size=vocab_size, embedding_rows=embedding_rows,
                              tie_embeddings=tie_embeddings, scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
+        self.loss_chunk = check_loss_chunk(loss_chunk)  # tokens per chunk of the loss (trident.training.chunked_loss)
         # reference: where a frozen copy of the initial policy is read (DPO in full fine-tuning; a run names
         # <run>/init/reference.safetensors, trident.runs.lifecycle): a companion, sharded like net, never saved.
         if reference is not None and self.objective.copies_initial(can_switch_off(converters_of(self.hparams))):
@@ -88,6 +91,7 @@ class LanguageModelTask(TridentTask):
     @classmethod
     def validate_config(cls, cfg: DictConfig) -> None:
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         check_preference_run(cfg)  # a preference objective with data=preference (and DPO with init_from)
         check_memory_run(cfg)
 
@@ -126,19 +130,23 @@ class LanguageModelTask(TridentTask):
 
     def outputs(self, batch: tuple[Tensor, ...], stage: str) -> Outputs:
         """``batch``: inputs and targets (B, T), and for rows packed with several documents (``data=chat``) their
-        document ids (B, T), which keep each document's attention to itself -> the logits (B, T, V) and the targets
-        (IGNORE_INDEX at prompt tokens of chat data and padding)."""
+        document ids (B, T), which keep each document's attention to itself -> the logits (B, T, V), or with
+        ``task.loss_chunk`` the head and its hidden states (B, T, D) (trident.objectives.base), and the targets
+        (IGNORE_INDEX at prompt tokens of chat data and padding). The objectives that read whole logits (DPO, KTO,
+        ORPO's sequence log-probabilities, distillation's student against its teacher) get them from the head."""
         inputs, targets, *documents = batch  # (B, T), (B, T), [(B, T)]
-        def scores(net: nn.Module) -> Tensor:  # (B, T, V)
+        def scores(net: nn.Module, chunk: int = 0) -> Any:  # (B, T, V) logits, or the head with chunk > 0
+            settings: dict[str, Any] = {"chunk": chunk} if chunk else {}  # a teacher is asked for its logits only
             if documents:
-                return net(inputs, documents=documents[0])
+                return net(inputs, documents=documents[0], **settings)
             # model.memory_length: the batch's rows continue the previous batch's of the stage (data.contiguous, which
             # the student's memory turns on): the student and a teacher with a memory each carry their own.
             if self.backbone_config.memory_length and net.cfg.memory_length:
-                return net(inputs, memory=self.stage_memory(stage if net is self.net else f"{stage}/teacher", net))
-            return net(inputs)
+                settings["memory"] = self.stage_memory(stage if net is self.net else f"{stage}/teacher", net)
+            return net(inputs, **settings)
 
-        return taught(self, Outputs(scores(self.net), targets), stage, scores)  # distill=kd: the teacher's too
+        # distill=kd: the teacher's too (a teacher's logits are read whole).
+        return taught(self, Outputs(scores(self.net, self.loss_chunk), targets), stage, scores)
 
     def stage_memory(self, stage: str, net: CausalLM | None = None) -> SegmentMemory:
         """The memory (model.memory_length) that ``stage``'s batches carry from one to the next (of ``net``, default

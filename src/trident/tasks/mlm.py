@@ -20,10 +20,11 @@ from trident.data.tokenization import plain_encoder
 from trident.errors import ConfigError, is_int
 from trident.models import MaskedLM
 from trident.models.properties import MAX_SEQ_LEN, SCALED_EMBEDDING
-from trident.objectives import Outputs
+from trident.objectives import TRAIN, Outputs
 from trident.tasks.base import FILL_MASK, NetInput, TridentTask, token_input
 from trident.tasks.network_builders import masked_lm
 from trident.tracking.text_logging import log_text_table
+from trident.training.chunked_loss import DEFAULT_LOSS_CHUNK, check_loss_chunk
 from trident.training.flops import masked_lm_flops
 from trident.training.run_checks import check_seed
 
@@ -65,10 +66,12 @@ class MaskedLanguageModelTask(TridentTask):
         lora: dict[str, Any] | None = None,
         nf4: dict[str, Any] | None = None,
         objective: dict[str, Any] | None = None,
+        loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         self.net = masked_lm(self.backbone_config, vocab_size=vocab_size, scale_embeddings=scale_embeddings)
         self.objective = self.chosen_objective()
+        self.loss_chunk = check_loss_chunk(loss_chunk)  # tokens per chunk of the loss (trident.training.chunked_loss)
         self.masking = Masking(mask_rate, mask_token_fraction, random_token_fraction)
         self.mask_id, self.pad_id, self.num_regular_tokens = mask_id, pad_id, num_regular_tokens
         self.seed, self.num_examples = seed, num_examples
@@ -81,6 +84,7 @@ class MaskedLanguageModelTask(TridentTask):
     def validate_config(cls, cfg: DictConfig) -> None:
         """Checked before any work: text data, masking rates, room for a mask, a bidirectional encoding."""
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         if "block_size" not in cfg.data or "tokenizer" not in cfg.data:
             raise ConfigError(
                 f"data={cfg.data.name} is not text data for task={cfg.task.name}: choose a language-modelling data option "
@@ -142,9 +146,14 @@ class MaskedLanguageModelTask(TridentTask):
 
     def outputs(self, batch: tuple[Tensor, Tensor], stage: str) -> Outputs:
         """``batch``: masked inputs and their targets (B, T) (:meth:`mask`) -> the logits of the selected positions
-        only (N, V) and their original tokens (N,): N, the count of trained tokens, may be 0."""
+        only (N, V), in training with ``task.loss_chunk`` the head and its states (N, D) (trident.objectives.base),
+        and their original tokens (N,): N, the count of trained tokens, may be 0."""
         inputs, targets = batch
         select = targets != IGNORE_INDEX  # (B, T)
+        if stage == TRAIN and self.loss_chunk:
+            return Outputs(self.net(inputs, select=select, chunk=self.loss_chunk), targets[select])
+        # Validation and test read the whole logits for their accuracy and examples (no graph holds them there): a
+        # chunked loss beside them would run the head twice.
         return Outputs(self.net(inputs, select=select).float(), targets[select])
 
     def _loss(self, inputs: Tensor, targets: Tensor, stage: str = "train") -> tuple[Tensor, Tensor, Outputs]:

@@ -39,6 +39,7 @@ from trident.tasks.base import TRANSLATE, NetInput, TridentTask, token_ids
 from trident.tasks.network_builders import encoder_decoder
 from trident.tasks.teacher import add_teacher, taught, teacher_flops
 from trident.tracking.text_logging import log_text_table
+from trident.training.chunked_loss import DEFAULT_LOSS_CHUNK, check_loss_chunk
 from trident.training.flops import encoder_decoder_flops
 
 # sacreBLEU's choice by target language (its BLEU(trg_lang=...): zh, ja-mecab, ko-mecab; 13a otherwise), less the
@@ -130,6 +131,7 @@ class TranslationTask(TridentTask):
         source_bos: bool = False,
         source_prefix: str = "",
         decoder_start: str = SEQ_START_TOKEN,
+        loss_chunk: int | None = DEFAULT_LOSS_CHUNK,
     ) -> None:
         super().__init__(backbone, optimizer, scheduler, tokenizer_json, lora=lora, nf4=nf4, objective=objective)
         if scoring not in ("auto", *SCORINGS):
@@ -151,6 +153,7 @@ class TranslationTask(TridentTask):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.source_bos = source_bos  # the data's (data.source_bos): free text to translate starts with <s> too
         self.objective = self.chosen_objective(label_smoothing=label_smoothing)
+        self.loss_chunk = check_loss_chunk(loss_chunk)  # tokens per chunk of the loss (trident.training.chunked_loss)
         add_teacher(self, distill, vocab_size=self.net.vocab_size)  # distill=kd: a teacher of the same vocabulary
         # Decoding settings as attributes, so the translate command can override them per call.
         self.beam_size, self.val_beam_size, self.length_penalty = beam_size, val_beam_size, length_penalty
@@ -171,6 +174,7 @@ class TranslationTask(TridentTask):
         """Also: with a decoder start (BART's), the decoder's input is one token longer than the data's target, which
         the position table must hold."""
         super().validate_config(cfg)
+        check_loss_chunk(cfg.task.get("loss_chunk"))
         start, longest, table = cfg.task.get("decoder_start_id"), cfg.data.get("max_len"), cfg.data.get("max_seq_len")
         if start is not None and longest is not None and table is not None and longest >= table:
             # A source's table is fixed (BART's max_position_embeddings); trident's own follows data.max_len by default.
@@ -212,13 +216,14 @@ class TranslationTask(TridentTask):
                                                         training=False))
 
     def outputs(self, batch: TranslationBatch, stage: str) -> Outputs:
-        """The decoder's logits (B, T, V) under teacher forcing and the target tokens (B, T), IGNORE_INDEX at the
-        target's padding."""
+        """The decoder's logits (B, T, V) under teacher forcing, or with ``task.loss_chunk`` its head and hidden
+        states (B, T, D) (trident.objectives.base), and the target tokens (B, T), IGNORE_INDEX at the target's
+        padding."""
         tgt_in, tgt_out = self.decoder_io(batch)
-        logits = self.net(batch["src"], tgt_in)  # (B, T, V)
+        scores = self.net(batch["src"], tgt_in, chunk=self.loss_chunk)  # (B, T, V) or the head
         targets = tgt_out.masked_fill(tgt_out == self.pad_id, IGNORE_INDEX)
         # distill=kd: the teacher scores the same target prefixes, teacher-forced as the student.
-        return taught(self, Outputs(logits, targets), stage, lambda teacher: teacher(batch["src"], tgt_in))
+        return taught(self, Outputs(scores, targets), stage, lambda teacher: teacher(batch["src"], tgt_in))
 
     def decoder_io(self, batch: TranslationBatch) -> tuple[Tensor, Tensor]:
         """The decoder's input and targets (B, T): the data's ``<s> tokens`` -> ``tokens </s>``; with a decoder start
