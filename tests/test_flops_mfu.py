@@ -237,6 +237,53 @@ def test_a_validation_between_steps_stays_out_of_the_window(monkeypatch: pytest.
                                                "throughput/mfu": 0.1}))]
 
 
+def validate(callback: Throughput, trainer: FakeTrainer, module: SimpleNamespace) -> None:
+    callback.on_validation_start(trainer, module)
+    callback.on_validation_end(trainer, module)
+
+
+RATE = {"throughput/tokens_per_sec": 100.0, "throughput/flops_per_sec": 1e6, "throughput/mfu": 0.1}
+
+
+def test_the_validation_after_an_epochs_last_step_stays_out_of_its_last_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning validates at an epoch's end after the last batch's hooks and before on_train_epoch_end: steps end at
+    10-14, a validation runs from 14.5 to 34.5, then the epoch's row covers its 4 steps after the first, 4 seconds
+    (the pass ran after the window's last step: it must not shorten the window, here to -16 s)."""
+    clock = iter([10.0, 11.0, 12.0, 13.0, 14.0, 14.5, 34.5])
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    module, trainer = counting_module(), FakeTrainer()
+    callback = Throughput(window=20, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    callback.on_train_epoch_start(trainer, module)
+    for _ in range(5):
+        trainer.batch_end(callback, module)
+    validate(callback, trainer, module)
+    callback.on_train_epoch_end(trainer, module)
+    assert trainer.rows == [(4, pytest.approx(RATE))]
+
+
+def test_a_validation_after_every_step_over_two_epochs_stays_out_of_every_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """val_check_interval=1: 1 s of training per step, each step followed by a 10 s validation, 3 steps an epoch and a
+    window of 2: each epoch one full window (2 steps after the first) and nothing else, each at 100 tokens/s."""
+    times = []
+    for epoch_start in (0.0, 100.0):
+        for step in range(3):  # step end, then a validation from 0.5 s to 10.5 s after it
+            end = epoch_start + 11.0 * step + 1.0
+            times += [end, end + 0.5, end + 10.5]
+    clock = iter(times)
+    monkeypatch.setattr("trident.training.callbacks.time.perf_counter", lambda: next(clock))
+    module, trainer = counting_module(), FakeTrainer()
+    callback = Throughput(window=2, peak_flops=1e7)
+    callback.on_fit_start(trainer, module)
+    for _ in range(2):
+        callback.on_train_epoch_start(trainer, module)
+        for _ in range(3):
+            trainer.batch_end(callback, module)
+            validate(callback, trainer, module)
+        callback.on_train_epoch_end(trainer, module)
+    assert trainer.rows == [(2, pytest.approx(RATE)), (5, pytest.approx(RATE))]
+
+
 def test_throughput_counts_data_parallel_replicas_not_tensor_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """4 processes as 2 tensor-parallel groups of 2: two batches per step, not four (the ranks of a group share
     one); MFU is over the peak of all 4 devices."""

@@ -20,7 +20,7 @@ from trident.tasks.networks import compile_network
 from trident.training.optim import build_optimizer, fused_allowed, kernel_options
 
 from .backbone_helpers import make_cfg, perturb_
-from .conftest import compose_config
+from .conftest import SMALL, compose_config
 
 
 def training_loss_and_grads(
@@ -131,15 +131,49 @@ def test_optimizer_fused_must_be_a_boolean() -> None:
 
 @pytest.mark.parametrize(
     ("precision", "clip", "fused"),
-    [("32-true", 1.0, True), ("bf16-mixed", None, True), ("bf16-mixed", 0.0, True), ("bf16-mixed", 1.0, False),
-     ("16-mixed", 1.0, False), ("bf16-true", 1.0, True)],
+    [("32-true", 1.0, True), ("bf16-mixed", None, True), ("bf16-mixed", 0.0, True), ("bf16-mixed", 1.0, True),
+     ("16-mixed", 1.0, False), ("16-mixed", None, True), ("bf16-true", 1.0, True)],
 )
-def test_fused_optimizer_gives_way_to_lightning_mixed_precision_clipping(
+def test_fused_optimizer_gives_way_to_clipping_only_under_the_fp16_grad_scaler(
     precision: str, clip: float | None, fused: bool
 ) -> None:
     cfg = {"name": "adamw", "lr": 1e-3, "fused": True}
     assert fused_allowed(cfg, precision, clip) == {**cfg, "fused": fused}
     assert cfg["fused"] is True  # the caller's config is left alone
+
+
+class ClipProbe(L.Callback):
+    """Records the optimizer's kernel and each step's gradient norm after clipping (the gradients the step took)."""
+
+    last: ClipProbe | None = None
+
+    def __init__(self) -> None:
+        self.fused: bool | None = None
+        self.norms: list[float] = []
+        ClipProbe.last = self
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        optimizer = trainer.optimizers[0]
+        self.fused = optimizer.defaults.get("fused")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = lambda: float(torch.linalg.vector_norm(torch.stack([p.grad.double().norm() for p in params])))
+        optimizer.register_step_post_hook(lambda *_: self.norms.append(norm()))
+
+
+@pytest.mark.slow
+def test_bf16_mixed_clips_the_global_batch_gradient_under_the_fused_optimizer(tmp_path: Path) -> None:
+    """trainer=gpu's default (bf16-mixed, fused AdamW, clipping) on a CPU through the pipeline: Lightning's
+    MixedPrecision refuses to clip a fused optimizer's gradients; TridentTask clips them itself (no GradScaler to
+    unscale under bf16), after the global-batch rescale of two accumulated micro-batches: each step's norm is clip_val."""
+    from trident.runs.pipeline import train
+
+    clip = 1e-3  # far below a fresh network's gradient norm: every step is clipped
+    train(compose_config([*SMALL, "precision=bf16", "optimizer.fused=true", f"trainer.gradient_clip_val={clip}",
+                          "trainer.accumulate_grad_batches=2", "trainer.max_steps=2", "logger=none", "test=false",
+                          f"+callbacks.probe._target_={__name__}.ClipProbe"], output_dir=tmp_path))
+    probe = ClipProbe.last
+    assert probe is not None and probe.fused is True
+    assert probe.norms == pytest.approx([clip, clip], rel=1e-4)
 
 
 class _Task(L.LightningModule):

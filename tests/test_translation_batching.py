@@ -150,3 +150,41 @@ def test_bucketed_epoch_takes_few_shapes_drops_no_token_and_leaves_the_loss_unch
                                       ignore_index=0, reduction="sum") for b in (batch, unpadded)]
         assert batch["tgt_out"].ne(0).sum() == unpadded["tgt_out"].ne(0).sum()
         assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("decoder_start", [None, 2])
+def test_filler_rows_train_nothing_whatever_the_decoder_starts_from(tmp_path: Path, decoder_start: int | None) -> None:
+    """Through compose and the pipeline's task: each bucketed training batch's loss, its trained-token count (the
+    global-batch mean's denominator) and its gradients equal those of its real pairs alone, padded to their longest
+    (float64 network; the objective's cross-entropy runs in float32); with a decoder start (BART's task.decoder_start_id) the decoder predicts <s> first, but a filler row,
+    which has no target, must not train that <s>."""
+    from trident.objectives import TRAIN
+    from trident.runs.pipeline import build_data_and_task, check_config
+
+    from .conftest import compose_config
+
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{'word ' * (1 + i % 13)}{i}\t{'Wort ' * (1 + (i * 7) % 17)}{i}\n" for i in range(200)))
+    cfg = compose_config(["task=translation", "model=nano", "data=parallel_files", f"data.files={path}", "data.max_len=32",
+                          "data.max_tokens=256", "data.length_multiple=8", "data.vocab_size=300", "model.dropout=0.0", "data.max_seq_len=33",
+                          f"data.cache_dir={tmp_path / 'cache'}", f"task.decoder_start_id={decoder_start or 'null'}"],
+                         output_dir=tmp_path / "run")
+    datamodule, task = build_data_and_task(cfg, check_config(cfg), "fit")
+    task.double()
+    batches = [b for b in datamodule.train_dataloader() if not bool(b["tgt_out"].ne(0).any(1).all())][:3]
+    assert batches, "batches with filler rows"
+    for batch in batches:
+        keep = batch["tgt_out"].ne(0).any(1)
+        items = [(s[s != 0].numpy(), np.concatenate(([t_in[0].item()], t[t != 0].numpy())), "", "")
+                 for s, t_in, t in zip(batch["src"][keep], batch["tgt_in"][keep], batch["tgt_out"][keep])]
+        results = []
+        for case in (batch, collate_pairs(items)):
+            task.zero_grad()
+            loss, _ = task.objective(task, case, TRAIN)
+            loss.summed.backward()
+            results.append((float(loss.summed), int(loss.count), [p.grad.clone() for p in task.net.parameters()]))
+        (bucketed, bucketed_count, bucketed_grads), (plain, plain_count, plain_grads) = results
+        assert bucketed_count == plain_count
+        assert bucketed == pytest.approx(plain, rel=1e-5)
+        for got, expected in zip(bucketed_grads, plain_grads):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)

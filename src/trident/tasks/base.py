@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from tokenizers import Tokenizer
 from torch import Tensor, nn
@@ -392,9 +394,18 @@ class TridentTask(TaskInCheckpoint, L.LightningModule, ABC, metaclass=NetworkLif
     def configure_gradient_clipping(self, optimizer: Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Under tensor parallelism the parameters live on two device meshes, whose gradient norms torch's
-        ``clip_grad_norm_`` cannot stack: the norm is taken mesh by mesh (trident.parallel.tensor_parallel)."""
+        ``clip_grad_norm_`` cannot stack: the norm is taken mesh by mesh (trident.parallel.tensor_parallel).
+        Under bf16-mixed (no GradScaler) the gradients are clipped here too: Lightning's MixedPrecision refuses any
+        fused optimizer (it would unscale fp16 gradients inside its step, after clipping), though without a scaler
+        there is nothing to unscale, so trainer=gpu's fused AdamW keeps its kernel under clipping (fp16 keeps foreach:
+        trident.training.optim.fused_allowed)."""
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and is_tensor_parallel(self.net):
             clip_grad_norm([p for group in optimizer.param_groups for p in group["params"]], float(gradient_clip_val))
+            return
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, float(gradient_clip_val), algorithm)  # without the refusal
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -233,8 +233,10 @@ class TranslationTask(TridentTask):
         start = self.decoder_start_id
         if start is None:
             return tgt_in, tgt_out
-        return (torch.cat((torch.full_like(tgt_in[:, :1], start), tgt_in), dim=1),
-                torch.cat((torch.full_like(tgt_out[:, :1], self.bos_id), tgt_out), dim=1))
+        # A length bucket's filler rows (trident.data.batching.collate_pairs) have no target: their <s> stays padding.
+        first = torch.full_like(tgt_out[:, :1], self.bos_id).masked_fill(tgt_out.eq(self.pad_id).all(1, keepdim=True),
+                                                                           self.pad_id)  # (B, 1)
+        return torch.cat((torch.full_like(tgt_in[:, :1], start), tgt_in), dim=1), torch.cat((first, tgt_out), dim=1)
 
     def training_step(self, batch: TranslationBatch, batch_idx: int) -> Tensor:
         loss, _ = self.objective(self, batch, TRAIN)

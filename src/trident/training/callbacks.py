@@ -59,13 +59,14 @@ class Throughput(L.Callback):
         self._last_step = 0
         self._steps = 0
         self._validation_start: float | None = None
+        self._paused = 0.0  # seconds of validation since the window's last step: left out at the next step's end
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dtype = compute_dtype(str(trainer.precision))
         self._device_peak = self.peak_flops or device_peak_flops(pl_module.device, dtype)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._counts, self._steps = None, {}, 0
+        self._start, self._counts, self._steps, self._paused = None, {}, 0, 0.0
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -82,6 +83,9 @@ class Throughput(L.Callback):
         if self._start is None:
             self._start, self._counts = now, {}
             return
+        # A validation that ran since the last step's end is taken out here, not when it ends: the one Lightning runs
+        # after an epoch's last step lies outside that epoch's last window (logged at on_train_epoch_end).
+        self._start, self._paused = self._start + self._paused, 0.0
         self._steps, self._last_end, self._last_step = self._steps + 1, now, training_row_step(trainer)
         if self._steps >= self.window:
             self._log(trainer)
@@ -91,7 +95,7 @@ class Throughput(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._start is not None and self._validation_start is not None:  # a window under way: it skips the pass
-            self._start += time.perf_counter() - self._validation_start
+            self._paused += time.perf_counter() - self._validation_start
         self._validation_start = None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -88,13 +88,12 @@ def kernel_options(optimizer_class: type, fused: bool) -> dict[str, bool]:
 
 
 def fused_allowed(optimizer_cfg: dict[str, Any], precision: str, gradient_clip_val: float | None) -> dict[str, Any]:
-    """``optimizer_cfg`` with ``fused`` turned off (foreach instead) where Lightning cannot run it:
-    its mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them
-    itself, as fused ones do."""
-    mixed = "mixed" in precision
-    if optimizer_cfg.get("fused") and mixed and gradient_clip_val:
-        log.info("optimizer.fused: using foreach kernels, as Lightning cannot clip the gradients of a fused "
-                 "optimizer under precision=%s", precision)
+    """``optimizer_cfg`` with ``fused`` turned off (foreach instead) where gradients cannot be clipped before its
+    step: under 16-mixed a fused optimizer unscales the GradScaler's gradients inside its step, after clipping.
+    bf16-mixed has no scaler: TridentTask.configure_gradient_clipping clips before the fused step."""
+    if optimizer_cfg.get("fused") and precision in ("16", "16-mixed") and gradient_clip_val:
+        log.info("optimizer.fused: using foreach kernels, as a fused optimizer unscales fp16 gradients only in its "
+                 "step, after gradient clipping, under precision=%s", precision)
         return {**optimizer_cfg, "fused": False}
     return optimizer_cfg
 
