@@ -149,11 +149,10 @@ QLORA = ["finetune=qlora", "finetune.scaler_block_size=64"]
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The base (trained 20 steps: a base whose predictions NF4 can disturb), LoRA and QLoRA runs on it, same seed."""
     root = tmp_path_factory.mktemp("qlora")
-    # The base's 20 steps at lr 0.01 turn chaotic from step ~12: a rounding difference (the chunked loss's order of
-    # summation, 1e-7) gives another base, whose NF4 error the tolerances below were not measured on. The base the
-    # tolerances were measured on trains on whole logits; the tuning runs take the default chunked loss.
-    train(compose_config([*RUN, "task.loss_chunk=0", "test=false", "trainer.max_steps=20", "optimizer.lr=0.01"],
-                         output_dir=root / "base"))
+    # The base's 20 steps at lr 0.003: at 0.01 they turned chaotic from step ~12, and a rounding difference (the
+    # chunked loss's order of summation, 1e-7) gave another base with another NF4 error (step-0 gaps of 0.0003 and
+    # 0.0034 nats); at 0.003 both orders give the same base to 4 decimals of every gap below.
+    train(compose_config([*RUN, "test=false", "trainer.max_steps=20", "optimizer.lr=0.003"], output_dir=root / "base"))
     tuning = [*RUN, *CSV, *TUNE, f"init_from={root / 'base'}"]
     found: dict[str, Any] = {"base": root / "base"}
     for name, mode in (("lora", ["finetune=lora"]), ("qlora", QLORA)):
@@ -170,16 +169,16 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 def test_qlora_trains_as_lora_does_within_the_nf4_error_of_its_base(runs: dict[str, Any]) -> None:
     """The same batches and optimizer steps on the same base, float or NF4. At step 0 the adapters add nothing
-    (B = 0): the gap is the NF4 error of the base alone, measured 0.0002 nats (the base's quantized weights are off
+    (B = 0): the gap is the NF4 error of the base alone, measured 0.0006 nats (the base's quantized weights are off
     by 9 % of their norm, relative RMS). From then on each adapter follows a gradient taken through weights 9 % off,
     and AdamW's normalised steps carry that difference into the adapters undamped: the gap measured over the six
-    steps (loss 3.2-3.5) peaks at 0.0037. The tolerance, 0.01 nats (0.3 % of the loss), is 2.7 times that peak:
-    room for other CPUs' rounding, not for a different training."""
+    steps (loss 3.2-3.5) peaks at 0.0024, the same with the chunked loss and whole logits. The tolerances, 0.002
+    nats at step 0 and 0.01 after (0.3 % of the loss), are 3-4 times those: room for other CPUs' rounding, not for a different training."""
     lora, qlora = _losses(runs["lora"]), _losses(runs["qlora"])
     assert sorted(lora) == sorted(qlora) == list(range(6))
     assert 0 < abs(qlora[0] - lora[0]) < 0.002  # NF4 changes the base, a little
     for step in lora:
-        assert abs(qlora[step] - lora[step]) <= 0.01, (step, lora[step], qlora[step])
+        assert abs(qlora[step] - lora[step]) <= 0.01, (step, lora[step], qlora[step], lora, qlora)
     hparams = yaml.safe_load(next(runs["qlora"].glob("csv/version_*/hparams.yaml")).read_text())
     assert 4 < hparams["params/nf4_bits_per_value"] < 4.5 and hparams["params/nf4_bytes"] > 0
 
