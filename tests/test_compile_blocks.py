@@ -20,6 +20,7 @@ import trident.runs.lifecycle
 from trident.backbone import TransformerBlock, TransformerConfig
 from trident.errors import ConfigError
 from trident.models import CausalLM, EncoderDecoder
+from trident.models.decoding import Decoding, beam_search, greedy_decode
 from trident.parallel.fsdp import DATA_PARALLEL, parallelize
 from trident.runs.pipeline import train
 from trident.tasks.networks import compile_network
@@ -141,4 +142,31 @@ def test_compile_blocks_trains_an_lm_with_eager_losses(tmp_path: Path, monkeypat
     assert task.net._compiled_call_impl is None
     assert len(compiled) == 2
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+
+
+def test_an_encoder_decoder_validates_and_decodes_within_the_recompile_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An encoder's and a decoder's blocks share TransformerBlock.forward's code, whose variants dynamo caps at
+    recompile_limit (8): training, evaluation, a KV cache's prefill and steps, greedy and beam search passed it
+    within one validation, and the rest ran eagerly. compile=blocks gives each stack the cap."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # torch's default; restored after the test
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    net = EncoderDecoder(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq_len=32, dropout=0.1),
+                         vocab_size=50)
+    compile_network(_Task(net), "blocks")
+    for batch, length in ((3, 7), (4, 9)):  # a second shape: dynamo's recompile with dynamic sizes
+        net(torch.randint(3, 50, (batch, length)), torch.randint(3, 50, (batch, length + 1))).sum().backward()
+    net.eval()
+    src = torch.randint(3, 50, (3, 7))
+    decoding = Decoding(bos_id=1, eos_id=2, max_len_b=4)
+    with torch.no_grad():
+        net(src, torch.randint(3, 50, (3, 8)))
+        greedy_decode(net, src, decoding)
+        beam_search(net, src, decoding, beam_size=2)
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] == frames["total"], "a block's variant ran eagerly: dynamo's recompile limit was hit"
     torch._dynamo.reset()
