@@ -19,7 +19,8 @@ from torch.distributed.fsdp import FSDPModule
 import trident.runs.lifecycle
 from trident.backbone import TransformerBlock, TransformerConfig
 from trident.errors import ConfigError
-from trident.models import CausalLM, EncoderDecoder
+from trident.models import CausalLM, EncoderDecoder, generate
+from trident.models.decoding import Decoding, beam_search, greedy_decode
 from trident.parallel.fsdp import DATA_PARALLEL, parallelize
 from trident.runs.pipeline import train
 from trident.tasks.networks import compile_network
@@ -142,3 +143,56 @@ def test_compile_blocks_trains_an_lm_with_eager_losses(tmp_path: Path, monkeypat
     assert len(compiled) == 2
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def default_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Dynamo with torch's default recompile_limit (8, restored after the test: compile_network raises it), its
+    counters cleared and its eager backend (the guards and variants are inductor's, without code generation)."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=8):
+        yield
+    torch._dynamo.reset()
+
+
+def test_an_encoder_decoder_validates_and_decodes_within_the_recompile_limit(default_recompile_limit: None) -> None:
+    """An encoder's and a decoder's blocks share TransformerBlock.forward's code, whose variants dynamo caps at
+    recompile_limit (8): training, evaluation, a KV cache's prefill and steps, greedy and beam search passed it
+    within one validation, and the rest ran eagerly. compile=blocks gives each stack the cap."""
+    torch.manual_seed(0)
+    net = EncoderDecoder(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq_len=32, dropout=0.1),
+                         vocab_size=50)
+    compile_network(_Task(net), "blocks")
+    for batch, length in ((3, 7), (4, 9)):  # a second shape: dynamo's recompile with dynamic sizes
+        net(torch.randint(3, 50, (batch, length)), torch.randint(3, 50, (batch, length + 1))).sum().backward()
+    net.eval()
+    src = torch.randint(3, 50, (3, 7))
+    decoding = Decoding(bos_id=1, eos_id=2, max_len_b=4)
+    with torch.no_grad():
+        net(src, torch.randint(3, 50, (3, 8)))
+        greedy_decode(net, src, decoding)
+        beam_search(net, src, decoding, beam_size=2)
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] == frames["total"], "a block's variant ran eagerly: dynamo's recompile limit was hit"
+
+
+def test_an_lm_trains_validates_and_samples_within_the_recompile_limit(default_recompile_limit: None) -> None:
+    """One stack's variants: training at two shapes, evaluation and sampling under inference_mode and no_grad,
+    left-padded prompts (per-row rope tables) passed torch's 8 as well: compile=blocks gives a stack 16."""
+    torch.manual_seed(0)
+    net = CausalLM(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq_len=32, dropout=0.1,
+                                     pos_encoding="rope"), vocab_size=50)
+    compile_network(_Task(net), "blocks")
+    for batch, length in ((2, 8), (3, 12)):
+        net(torch.randint(0, 50, (batch, length))).sum().backward()
+    net.eval()
+    padding = torch.tensor([[True, True, False, False, False], [False] * 5])  # the first prompt left-padded
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            net(torch.randint(0, 50, (2, 8)))
+            generate(net, torch.randint(0, 50, (1, 5)), 3, temperature=0.0)
+            generate(net, torch.randint(0, 50, (2, 5)), 3, temperature=0.0, padding=padding)
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] == frames["total"], "a block's variant ran eagerly: dynamo's recompile limit was hit"

@@ -157,3 +157,30 @@ def test_decoder_with_a_kv_cache_equals_the_full_pass() -> None:
     steps = torch.cat([decoder(x[:, :4], cache=cache)] + [decoder(x[:, t : t + 1], cache=cache) for t in range(4, 10)],
                       dim=1)
     torch.testing.assert_close(steps, decoder(x), rtol=1e-4, atol=1e-5)
+
+
+def test_tables_that_require_grad_get_their_gradient() -> None:
+    """apply_rotary is public: tables that train (learned frequencies) get their gradient, which the hand-written
+    Function (None for cos and sin) would silently drop."""
+    torch.manual_seed(0)
+    cos, sin = (t.double().requires_grad_() for t in encoding().rotary(torch.arange(4)))
+    x = torch.randn(1, 2, 4, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(apply_rotary, (x, cos, sin))
+    grad = torch.randn(1, 2, 4, HEAD_DIM, dtype=torch.float64)
+    ours = torch.autograd.grad(apply_rotary(x, cos, sin), (x, cos), grad)
+    expected = torch.autograd.grad(old_apply_rotary(x, cos, sin), (x, cos), grad)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+
+
+def test_torch_func_transforms_go_through_the_rotation() -> None:
+    """torch.func.grad and vmap (per-sample gradients) over the rotation, as over the cat form before."""
+    torch.manual_seed(0)
+    cos, sin = (t.double() for t in encoding().rotary(torch.arange(5)))
+    x = torch.randn(3, 2, 5, HEAD_DIM, dtype=torch.float64)
+
+    def loss(rotate: Any) -> Any:
+        return lambda t: rotate(t, cos, sin).pow(2).mul(torch.arange(HEAD_DIM, dtype=t.dtype)).sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss(apply_rotary)))(x)
+    torch.testing.assert_close(per_sample, torch.func.vmap(torch.func.grad(loss(old_apply_rotary)))(x),
+                               rtol=0, atol=1e-12)

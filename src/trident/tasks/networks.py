@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from trident.backbone import TransformerBlock
+from trident.backbone import TransformerBlock, TransformerStack
 from trident.converters import Converter, converters_of
 from trident.errors import ConfigError, DataError
 
@@ -229,6 +229,11 @@ def shard_networks(task: TaskNetworks, mesh: DeviceMesh, precision: str) -> None
         parallelize(net, mesh, precision)
 
 
+#: The compiled variants each stack's blocks may take under compile=blocks (twice torch's default recompile_limit: an
+#: LM run with validation, sampling and a test passed 8 with one stack).
+RECOMPILES_PER_STACK = 16
+
+
 def compile_network(task: TaskNetworks, mode: Any) -> None:
     """``compile=true``: torch.compile each network of ``task`` in place (``nn.Module.compile``), so parameter
     names, checkpoints and the LightningModule hooks stay as they are. ``compile=blocks``: each Transformer block
@@ -246,5 +251,12 @@ def compile_network(task: TaskNetworks, mode: Any) -> None:
         if not blocks:
             raise ConfigError(f"compile=blocks found no Transformer block in {type(task).__name__}'s networks: "
                               "use compile=true (the whole network)")
+        # Every stack's blocks share TransformerBlock.forward's code, whose compiled variants (training, evaluation,
+        # a KV cache's prefill and steps, a second shape...) dynamo caps at recompile_limit for all of them: an
+        # encoder-decoder passed torch's 8 within one validation and beam search, the rest running eagerly; an LM run
+        # with validation, sampling and a test took 10.
+        stacks = sum(isinstance(module, TransformerStack) for net in all_networks(task) for module in net.modules())
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, RECOMPILES_PER_STACK * max(stacks, 1))
         for block in blocks:
             block.compile()

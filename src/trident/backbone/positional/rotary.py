@@ -62,7 +62,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if torch.compiler.is_compiling():
         return _rotate_traced(x, cos, sin)
-    if x.requires_grad and torch.is_grad_enabled():
+    # The Function gives no gradient to the tables, and its ctx form has no rule for torch.func's transforms (grad,
+    # vmap, jacrev): tables that train, or a transform, take the plain functions, which autograd differentiates.
+    if (x.requires_grad and torch.is_grad_enabled() and not (cos.requires_grad or sin.requires_grad)
+            and not torch._C._are_functorch_transforms_active()):
         return _Rotation.apply(x, cos, sin)
     return _rotate(x, cos, sin, 1)  # no graph to record (decoding, evaluation): no Function's call either
 
