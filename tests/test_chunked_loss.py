@@ -334,6 +334,21 @@ def test_a_liger_without_its_functional_keywords_leaves_the_loss_to_the_torch_ve
                                    None) is None
 
 
+def test_a_head_trained_on_frozen_states_leaves_the_loss_to_the_torch_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liger computes the weight's gradient only beside the states' (no gradient at all for a head trained on frozen
+    states): None there, the torch version scores the head; with the states trained, or without gradients, Liger."""
+    from trident.training import chunked_loss
+
+    _fake_liger(monkeypatch, _fake_liger_functional)
+    hidden, linear, targets = head_and_targets(torch.float32, bias=True)
+    frozen = hidden.detach().flatten(0, 1)
+    assert chunked_loss._liger(frozen, linear.weight, linear.bias, targets.flatten(), IGNORE_INDEX, None) is None
+    assert chunked_loss._liger(hidden.flatten(0, 1), linear.weight, None, targets.flatten(), IGNORE_INDEX,
+                               None) is not None
+    with torch.no_grad():
+        assert chunked_loss._liger(frozen, linear.weight, None, targets.flatten(), IGNORE_INDEX, None) is not None
+
+
 def test_no_row_at_all_is_a_loss_of_zero() -> None:
     """task=mlm's batch that masked no token: (0, D) states."""
     hidden, linear, _ = head_and_targets(torch.float32, bias=True)

@@ -97,7 +97,12 @@ def _liger(hidden: Tensor, weight: Tensor, bias: Tensor | None, flat: Tensor, ig
     Its functional API, by keyword, not ``LigerFusedLinearCrossEntropyLoss``: versions of that module accept
     ``reduction`` and do not pass it on (a mean where the sum is asked, silently 1 / tokens of the gradient), and the
     Function's positional order changed between versions. The weight's gradient is summed over Liger's chunks in fp32
-    (``accum_dtype``, where this Liger takes it), as the torch version's is; else in the head's dtype."""
+    (``accum_dtype``, where this Liger takes it), as the torch version's is; else in the head's dtype. Liger computes
+    the weight's and bias's gradients only beside the states' (its ``input_requires_grad``): a head that trains on
+    states that do not is left to the torch version too."""
+    if torch.is_grad_enabled() and not hidden.requires_grad and any(
+            t is not None and t.requires_grad for t in (weight, bias)):
+        return None
     try:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as fused
     except ImportError:
