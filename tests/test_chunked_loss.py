@@ -271,35 +271,82 @@ def test_zero_and_null_mean_the_plain_loss(tmp_path: Path) -> None:
 
 
 class _FakeLigerLoss(nn.Module):
-    """Liger's LigerFusedLinearCrossEntropyLoss as its API takes it (weight first, then the states), computed plainly."""
+    """Liger's LigerFusedLinearCrossEntropyLoss as some of its versions are: ``reduction`` accepted and not passed on
+    to the kernel, which returns the mean over the trained targets."""
 
-    def __init__(self, ignore_index: int, reduction: str, softcap: float | None = None) -> None:
+    def __init__(self, ignore_index: int, reduction: str = "mean", softcap: float | None = None) -> None:
         super().__init__()
-        self.ignore_index, self.reduction, self.softcap = ignore_index, reduction, softcap
+        self.ignore_index = ignore_index
 
     def forward(self, lin_weight: Tensor, _input: Tensor, target: Tensor, bias: Tensor | None = None) -> Tensor:
-        logits = F.linear(_input, lin_weight, bias).float()
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)
+        return F.cross_entropy(F.linear(_input, lin_weight, bias).float(), target, ignore_index=self.ignore_index)
 
 
-def test_the_liger_call_passes_the_weight_states_bias_and_softcap_as_its_api_takes_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The logic behind tests/gpu/test_gpu_chunked_loss.py on a CPU: Liger's module (faked) gets the weight, the
-    states, the targets and the bias in its order, ``reduction="sum"`` and the softcap; its loss is the summed one."""
+def _fake_liger_functional(input: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None,
+                           ce_weight: Tensor | None = None, ignore_index: int = -100, lse_square_scale: float = 0.0,
+                           label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
+                           return_z_loss: bool = False, accum_dtype: torch.dtype | None = None) -> Tensor:
+    """Liger's functional ``liger_fused_linear_cross_entropy`` (its keywords), computed plainly."""
+    assert accum_dtype == torch.float32  # the weight's gradient summed in fp32, as the torch version's
+    logits = F.linear(input, weight, bias).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+
+
+def _fake_liger(monkeypatch: pytest.MonkeyPatch, functional: Any) -> None:
     import sys
     import types
 
+    modules = {name: types.ModuleType(name) for name in
+               ("liger_kernel.transformers.fused_linear_cross_entropy", "liger_kernel.transformers.functional")}
+    modules["liger_kernel.transformers.fused_linear_cross_entropy"].LigerFusedLinearCrossEntropyLoss = _FakeLigerLoss  # type: ignore[attr-defined]
+    if functional is not None:
+        modules["liger_kernel.transformers.functional"].liger_fused_linear_cross_entropy = functional  # type: ignore[attr-defined]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_the_liger_call_is_the_summed_loss_with_the_weight_states_bias_and_softcap_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logic behind tests/gpu/test_gpu_chunked_loss.py on a CPU: Liger (faked) gets the states, the weight, the
+    targets and the bias by name, ``reduction="sum"``, the softcap and an fp32 gradient sum; its loss is the summed
+    one, also where Liger's loss module would drop ``reduction`` and return the mean (1 / tokens of the gradient)."""
     from trident.training import chunked_loss
 
-    module = types.ModuleType("liger_kernel.transformers.fused_linear_cross_entropy")
-    module.LigerFusedLinearCrossEntropyLoss = _FakeLigerLoss  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.fused_linear_cross_entropy", module)
+    _fake_liger(monkeypatch, _fake_liger_functional)
     hidden, linear, targets = head_and_targets(torch.float64, bias=True)
     head = VocabularyHead(hidden, linear, softcap=3.0)
     loss = chunked_loss._liger(hidden.flatten(0, 1), linear.weight, linear.bias, targets.flatten(), IGNORE_INDEX, 3.0)
     torch.testing.assert_close(loss.double(), plain_loss(head, targets), rtol=1e-6, atol=0)
+
+
+def test_a_liger_without_its_functional_keywords_leaves_the_loss_to_the_torch_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older Liger: no functional API, or one that is the Function's positional ``apply``: None (the torch
+    version scores the head), never its loss module's mean."""
+    from trident.training import chunked_loss
+
+    hidden, linear, targets = head_and_targets(torch.float64, bias=False)
+    for functional in (None, lambda *args: _fake_liger_functional(*args)):
+        _fake_liger(monkeypatch, functional)
+        assert chunked_loss._liger(hidden.flatten(0, 1), linear.weight, None, targets.flatten(), IGNORE_INDEX,
+                                   None) is None
+
+
+def test_a_head_trained_on_frozen_states_leaves_the_loss_to_the_torch_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liger computes the weight's gradient only beside the states' (no gradient at all for a head trained on frozen
+    states): None there, the torch version scores the head; with the states trained, or without gradients, Liger."""
+    from trident.training import chunked_loss
+
+    _fake_liger(monkeypatch, _fake_liger_functional)
+    hidden, linear, targets = head_and_targets(torch.float32, bias=True)
+    frozen = hidden.detach().flatten(0, 1)
+    assert chunked_loss._liger(frozen, linear.weight, linear.bias, targets.flatten(), IGNORE_INDEX, None) is None
+    assert chunked_loss._liger(hidden.flatten(0, 1), linear.weight, None, targets.flatten(), IGNORE_INDEX,
+                               None) is not None
+    with torch.no_grad():
+        assert chunked_loss._liger(frozen, linear.weight, None, targets.flatten(), IGNORE_INDEX, None) is not None
 
 
 def test_no_row_at_all_is_a_loss_of_zero() -> None:

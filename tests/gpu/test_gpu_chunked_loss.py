@@ -51,6 +51,8 @@ def test_the_chunked_loss_on_a_gpu_equals_the_plain_one(liger: bool, cuda: torch
         pytest.importorskip("liger_kernel", reason="Liger-Kernel is not installed: pip install liger-kernel")
     monkeypatch.setattr(chunked_loss, "LIGER", liger)
     hidden, head, targets = _inputs(cuda)
+    if liger:  # this Liger's functional API is the one called (not the torch version in its place)
+        assert chunked_loss._liger(hidden, head.weight, None, targets, IGNORE_INDEX, None) is not None
     plain = _loss_and_grads(hidden, head, targets, 0)
     _assert_close(_loss_and_grads(hidden, head, targets, 1024), plain)
 

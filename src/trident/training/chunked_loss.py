@@ -21,6 +21,7 @@ bias's gradients are summed over the chunks in fp32.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from typing import Any
 
 import torch
@@ -67,7 +68,8 @@ def chunked_cross_entropy(head: VocabularyHead, targets: Tensor, *, ignore_index
     if LIGER and hidden.is_cuda and label_smoothing == 0.0:
         # Liger's kernel returns the loss only: with label smoothing the NLL part needs the torch version.
         loss = _liger(hidden, weight, bias, flat, ignore_index, head.softcap)
-        return loss, loss.detach(), count
+        if loss is not None:
+            return loss, loss.detach(), count
     chunk = head.chunk or max(1, hidden.size(0))  # 0: the whole batch in one piece (of at least a row)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))):
         with torch.no_grad():
@@ -88,17 +90,37 @@ def _plain(logits: Tensor, flat: Tensor, ignore_index: int, label_smoothing: flo
 
 
 def _liger(hidden: Tensor, weight: Tensor, bias: Tensor | None, flat: Tensor, ignore_index: int,
-           softcap: float | None) -> Tensor:
-    """Liger-Kernel's fused linear cross entropy (Triton, CUDA), summed over the trained targets."""
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+           softcap: float | None) -> Tensor | None:
+    """Liger-Kernel's fused linear cross entropy (Triton, CUDA), summed over the trained targets; None where the
+    installed Liger has no functional API taking ``reduction`` by name (the torch version then scores the head).
 
+    Its functional API, by keyword, not ``LigerFusedLinearCrossEntropyLoss``: versions of that module accept
+    ``reduction`` and do not pass it on (a mean where the sum is asked, silently 1 / tokens of the gradient), and the
+    Function's positional order changed between versions. The weight's gradient is summed over Liger's chunks in fp32
+    (``accum_dtype``, where this Liger takes it), as the torch version's is; else in the head's dtype. Liger computes
+    the weight's and bias's gradients only beside the states' (its ``input_requires_grad``): a head that trains on
+    states that do not is left to the torch version too."""
+    if torch.is_grad_enabled() and not hidden.requires_grad and any(
+            t is not None and t.requires_grad for t in (weight, bias)):
+        return None
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as fused
+    except ImportError:
+        return None
+    names = inspect.signature(fused).parameters
+    if not {"input", "weight", "target", "bias", "ignore_index", "reduction"} <= names.keys():
+        return None  # an older alias of the Function's apply: positional only
+    if softcap is not None and "softcap" not in names:
+        return None
     dtype = _compute_dtype(hidden)
     settings: dict[str, Any] = {"ignore_index": ignore_index, "reduction": "sum"}
-    if softcap is not None:  # a keyword of Liger >= 0.3 only
+    if softcap is not None:
         settings["softcap"] = softcap
+    if "accum_dtype" in names:
+        settings["accum_dtype"] = torch.float32
     with torch.autocast(hidden.device.type, enabled=False):  # the kernel takes the head's dtype, not autocast's
-        loss = LigerFusedLinearCrossEntropyLoss(**settings)(
-            weight.to(dtype), hidden.to(dtype), flat, None if bias is None else bias.to(dtype))
+        loss = fused(input=hidden.to(dtype), weight=weight.to(dtype), target=flat,
+                     bias=None if bias is None else bias.to(dtype), **settings)
     loss = loss[0] if isinstance(loss, tuple) else getattr(loss, "loss", loss)  # newer versions return a record
     return loss.float()
 
