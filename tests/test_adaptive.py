@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,6 +32,7 @@ from trident.report.adaptive import (
 from trident.report.sequential import Design, replay
 
 from .conftest import SMALL
+from .entry_points import run_in_process
 
 METRIC = "best/val/loss"
 ALPHA = 0.05
@@ -198,11 +202,24 @@ def test_the_command_runs_the_loop_and_writes_the_report(tmp_path: Path, monkeyp
 
 @pytest.mark.slow
 def test_a_real_sweep_of_two_tiny_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """train.py jobs through the real runner: 2 settings, 1 first seed, at most 2 (each job is a fresh
-    process: 4 are enough to show seeds added to a real sweep); then the same call again runs nothing
-    (every job is reused)."""
+    """train.py jobs through the real runner: 2 settings, 1 first seed, at most 2 (4 jobs are enough to show
+    seeds added to a real sweep); then the same call again runs nothing (every job is reused). The first job
+    is the runner's fresh process; the other 3 run its same command line in this process (a fresh one each
+    would only add ~8 CPU-seconds of imports: the process boundary is the first job's to show)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    started: list[list[str]] = []
+
+    def first_fresh_then_here(command: list[str], check: bool = False) -> subprocess.CompletedProcess[str]:
+        started.append(command)
+        if len(started) == 1:
+            return subprocess.run(command, check=check)
+        assert command[1:3] == ["-m", "trident.commands.train"], command
+        done = run_in_process(command[2], command[3:], tmp_path, monkeypatch)
+        return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)
+
+    # The runner's module alone sees the replacement (subprocess.run stays itself for everyone else).
+    monkeypatch.setattr("trident.report.adaptive.subprocess", SimpleNamespace(run=first_fresh_then_here))
     tiny = [o for o in SMALL if not o.startswith(("trainer.max_steps", "callbacks."))]
     overrides = ["experiment=ablation_norm", *tiny, "trainer.max_steps=2", "callbacks=none", "logger=none",
                  "data.sample_prompts=[]", f"paths.output_root={tmp_path}"]
@@ -216,6 +233,7 @@ def test_a_real_sweep_of_two_tiny_settings(tmp_path: Path, monkeypatch: pytest.M
     assert len(statuses) == 4 and all(s["status"] == "completed" for s in statuses)
     assert all(math.isfinite(s["metrics"][METRIC]) for s in statuses)
     assert len({s["sweep"] for s in statuses}) == 1, "every job of the continued sweep is one W&B sweep"
+    assert len(started) == 4 and started[0][0] == sys.executable
     calls: list[tuple[str, int]] = []
     add_seeds(plan, lambda setting, seed, number: calls.append((setting.label, seed)))
     assert calls == [] and os.listdir(sweep_dir).count("sweep.json") == 1

@@ -129,34 +129,42 @@ def test_export_sample_and_chat_of_a_run_import_no_configs_loggers_or_data_sets(
     assert not unused & set(found["trident-chat"])  # chat reads the run's config (omegaconf): its template
 
 
-# trident-export --format hf of a checkpoint in a fresh process, then the modules it loaded.
+# trident-export --format hf of each checkpoint in turn in one fresh process (arguments: checkpoint, out, checkpoint,
+# out, ...), then after each the modules loaded so far: modules accumulate, so the first export that imports one is
+# the one whose list first holds it.
 EXPORT_HF = """
 import contextlib, io, json, sys
 from trident.commands import export
-with contextlib.redirect_stdout(io.StringIO()):
-    export.main([sys.argv[1], "--format", "hf", "--out", sys.argv[2]])
-print(json.dumps(sorted(sys.modules)))
+for checkpoint, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        export.main([checkpoint, "--format", "hf", "--out", out])
+    print(json.dumps(sorted(sys.modules)))
 """
+HF_EXPORTED = ["lm-lora", "mlm", "vit"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lm-lora", "mlm", "vit"])
-def test_the_hf_export_reads_the_network_without_lightning_and_writes_without_transformers(name: str,
-                                                                                          tmp_path: Path) -> None:
+def test_the_hf_export_reads_the_network_without_lightning_and_writes_without_transformers(tmp_path: Path) -> None:
     """The network is read without its task (trident.weights.network): no Lightning, and so none of what it imports
     (torchmetrics, and through it matplotlib); the directory is written without transformers (its import with the
-    model classes took longer than torch's: trident.weights.adapters.hf_writing). A LoRA run's adapters are merged."""
-    checkpoint = saved(TASK_BUILDS[name](), tmp_path / "task.ckpt")
-    result = subprocess.run([sys.executable, "-c", EXPORT_HF, str(checkpoint), str(tmp_path / "hf")],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
+    model classes took longer than torch's: trident.weights.adapters.hf_writing). A LoRA run's adapters are merged.
+    One process exports the three tasks' checkpoints (a fresh one each would only add torch's imports)."""
+    arguments = [str(path) for name in HF_EXPORTED
+                 for path in (saved(TASK_BUILDS[name](), tmp_path / f"{name}.ckpt"), tmp_path / f"{name}-hf")]
+    result = subprocess.run([sys.executable, "-c", EXPORT_HF, *arguments], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    modules = json.loads(result.stdout.splitlines()[-1])
-    assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "config.json").is_file()
-    modeling = [module for module in modules if re.fullmatch(r"transformers\.models\.\w+\.modeling_\w+", module)]
-    assert not modeling, modeling[:5]
-    imported = {module.split(".")[0] for module in modules}
-    assert not {"transformers", "huggingface_hub", "lightning", "torchmetrics", "hydra", "omegaconf", "wandb", "mlflow",
-                "datasets", "matplotlib"} & imported
+    loaded = result.stdout.splitlines()[-len(HF_EXPORTED):]
+    assert len(loaded) == len(HF_EXPORTED), result.stdout[-3000:]
+    for name, listed in zip(HF_EXPORTED, loaded, strict=True):
+        modules = json.loads(listed)
+        hf = tmp_path / f"{name}-hf"
+        assert (hf / "model.safetensors").is_file() and (hf / "config.json").is_file(), name
+        modeling = [module for module in modules if re.fullmatch(r"transformers\.models\.\w+\.modeling_\w+", module)]
+        assert not modeling, (name, modeling[:5])
+        imported = {module.split(".")[0] for module in modules}
+        assert not {"transformers", "huggingface_hub", "lightning", "torchmetrics", "hydra", "omegaconf", "wandb",
+                    "mlflow", "datasets", "matplotlib"} & imported, name
 
 
 def test_the_lm_measures_its_costs_whatever_the_callbacks_and_no_other_task_does() -> None:
