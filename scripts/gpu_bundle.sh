@@ -43,6 +43,7 @@ PACKAGES=(
     datasets dill multiprocess
     mlxtend
     submitit
+    liger-kernel
 )
 # Source-only releases: built into a wheel here (pure Python, so the wheel runs on any CPython 3).
 SOURCE_ONLY=(antlr4-python3-runtime)

@@ -99,7 +99,9 @@ def test_throughput_counts_real_tokens_and_flops_count_every_row() -> None:
     batch = (ids, padding, torch.zeros(3, dtype=torch.long))
     assert task.throughput_units(batch) == {"tokens": 5 + 2 + 4, "samples": 3}
     head = 3 * 2 * 32 * 3 * 3  # forward and backward (3) x 2 x d_model x classes x rows
-    assert task.flops_per_batch(batch) == stack_flops(task.net.cfg, 3, 5, causal=False) + head
+    # task.pool=cls: the network prepends its learned [CLS] vector, one more position in every layer.
+    assert task.net.prepends_cls
+    assert task.flops_per_batch(batch) == stack_flops(task.net.cfg, 3, 5 + 1, causal=False) + head
 
 
 def test_the_tasks_groups_decay_from_the_head_down_to_the_embedding() -> None:

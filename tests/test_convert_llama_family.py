@@ -473,7 +473,7 @@ def test_a_source_of_the_other_kind_is_one_line_naming_every_family_the_task_rea
         check_source_task(TASKS["vit"], read_pretrained(tmp_path / "llama"))
     with pytest.raises(ConfigError, match=r"pass the weights of a text model \(a trident lm, mlm, classify or electra run, a "
                                           r"Hugging Face directory of model_type gpt2, bert, llama, mistral, qwen2, qwen3, "
-                                          r"gemma2, gemma3_text, albert, roberta, electra, bart, t5\), or"):
+                                          r"gemma2, gemma3_text, albert, roberta, electra, bart, t5, mt5\), or"):
         check_source_task(TASKS["lm"], read_pretrained(tmp_path / "vit"))
 
 
