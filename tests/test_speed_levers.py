@@ -160,7 +160,6 @@ class ClipProbe(L.Callback):
         optimizer.register_step_post_hook(lambda *_: self.norms.append(norm()))
 
 
-@pytest.mark.slow
 def test_bf16_mixed_clips_the_global_batch_gradient_under_the_fused_optimizer(tmp_path: Path) -> None:
     """trainer=gpu's default (bf16-mixed, fused AdamW, clipping) on a CPU through the pipeline: Lightning's
     MixedPrecision refuses to clip a fused optimizer's gradients; TridentTask clips them itself (no GradScaler to
