@@ -240,15 +240,16 @@ for version in sys.argv[2:]:
 
 @pytest.mark.slow
 def test_the_oldest_allowed_transformers_reads_the_t5_export_as_trident_computes_it(tmp_path: Path) -> None:
-    """transformers 4 reads tie_word_embeddings as the tying and the scaling both: v1.0's export (tied, scaled) and
-    v1.1's (its own lm_head, unscaled) give trident's logits there too."""
+    """transformers 4 reads tie_word_embeddings as the tying and the scaling both: v1.0's export (tied, scaled),
+    v1.1's and mT5's (their own lm_head, unscaled; mT5's written with tie_word_embeddings false) give trident's
+    logits there too."""
     import subprocess
 
     from tests.test_export_older_transformers import older_python, transformers_floor
 
     python = older_python(transformers_floor())
     expected = {}
-    for version in ("v1.0", "v1.1"):
+    for version in ("v1.0", "v1.1", "mt5"):
         save_t5(tmp_path / version / "source", version)
         weights = read_pretrained(tmp_path / version / "source")
         net = t5_net(weights)
